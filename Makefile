@@ -1,0 +1,26 @@
+# `make demo` and `make test` work from a clean clone: they create .venv and install what they need.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test bench install clean
+
+$(VENV)/.installed-dev: pyproject.toml scripts/install.sh
+	bash scripts/install.sh $(VENV) dev
+
+$(VENV)/.installed-dev-bench: pyproject.toml scripts/install.sh
+	bash scripts/install.sh $(VENV) dev,bench
+
+install: $(VENV)/.installed-dev
+
+demo: $(VENV)/.installed-dev
+	$(PY) examples/demo.py
+
+test: $(VENV)/.installed-dev
+	$(PY) -m pytest
+
+bench: $(VENV)/.installed-dev-bench
+	$(PY) benchmarks/bench_engine.py
+	$(PY) benchmarks/bench_collator.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

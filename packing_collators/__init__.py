@@ -1,0 +1,21 @@
+"""Pack sequences instead of padding them, for fine-tuning with Hugging Face Transformers.
+
+The public API; everything else lives in private modules:
+
+- :func:`pack_lengths` - the packing engine (lengths in, rows of indices out);
+- :func:`pack_sequences`, :func:`concatenate_and_pack` - token lists to padded packed rows;
+- :class:`FlatteningCollator` - a minibatch to one flat row with ``cu_seq_lens`` (online flattening).
+"""
+
+from ._engine import PackingResult, pack_lengths
+from ._flattening import FlatteningCollator
+from ._rows import concatenate_and_pack, pack_sequences
+
+__all__ = [
+    "FlatteningCollator",
+    "PackingResult",
+    "concatenate_and_pack",
+    "pack_lengths",
+    "pack_sequences",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,260 @@
+"""The packing engine: example lengths in, rows of example indices out.
+
+A packing of lengths ``[5, 2, 4, 1, 3]`` into rows of capacity 8 (best-fit decreasing)::
+
+    row 0: indices [0, 4]     tokens  S0 S0 S0 S0 S0 S4 S4 S4    8/8
+    row 1: indices [1, 2, 3]  tokens  S1 S1 S2 S2 S2 S2 S3 --    7/8
+
+Rows hold example *indices*, listed in ascending (dataset) order within a row;
+rows come in the order the strategy opened them. Cost: one sort of the lengths
+plus, for ``"bfd"``, a loop over (length, free-space) classes that does not grow
+with the number of examples: 10 million ``sft`` lengths pack in a few seconds
+at >99.9% efficiency (``benchmarks/bench_engine.py``).
+
+Examples longer than the capacity follow ``overflow``; zero-length examples are
+never put in a row: they are listed in ``empty_indices`` and counted in the
+statistics. No torch, transformers or datasets here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Sequence, get_args
+
+import numpy as np
+
+from ._strategies import best_fit_decreasing, first_fit_decreasing, next_fit
+
+__all__ = ["PackingResult", "Strategy", "Overflow", "pack_lengths"]
+
+Strategy = Literal["bfd", "ffd", "next_fit"]
+Overflow = Literal["error", "truncate", "drop"]
+
+_STRATEGIES = {"bfd": best_fit_decreasing, "ffd": first_fit_decreasing, "next_fit": next_fit}
+
+
+@dataclass(frozen=True, eq=False)
+class PackingResult:
+    """Rows of example indices, with what was truncated, dropped or empty.
+
+    The rows are stored flat (CSR): row ``r`` holds ``indices[row_offsets[r]:row_offsets[r+1]]``
+    and the tokens each of those examples contributes are ``seq_lengths`` at the same
+    positions (``capacity`` for a truncated example).
+
+    Attributes:
+        capacity: tokens per row.
+        strategy: the strategy that made the rows.
+        indices: int64 (num_packed,) example indices, row after row.
+        seq_lengths: int64 (num_packed,) tokens of each packed example (after truncation).
+        row_offsets: int64 (num_rows + 1,) where each row starts in ``indices``.
+        input_tokens: tokens in all examples given, before truncation or dropping.
+        truncated_indices: examples cut to ``capacity`` tokens (``overflow="truncate"``).
+        dropped_indices: examples left out for being too long (``overflow="drop"``).
+        empty_indices: zero-length examples, which no row holds.
+
+    >>> result = pack_lengths([5, 2, 4, 1, 3], capacity=8)
+    >>> result.rows
+    [[0, 4], [1, 2, 3]]
+    >>> result.num_rows, result.total_tokens, result.lower_bound_rows, round(result.efficiency, 4)
+    (2, 15, 2, 0.9375)
+    """
+
+    capacity: int
+    strategy: str
+    indices: np.ndarray
+    seq_lengths: np.ndarray
+    row_offsets: np.ndarray
+    input_tokens: int
+    truncated_indices: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    dropped_indices: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    empty_indices: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    dropped_tokens: int = 0
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def __getitem__(self, row: int) -> list[int]:
+        start, end = self.row_offsets[row], self.row_offsets[row + 1]
+        return self.indices[start:end].tolist()
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    @property
+    def rows(self) -> list[list[int]]:
+        """The rows as lists of example indices."""
+        return [part.tolist() for part in np.split(self.indices, self.row_offsets[1:-1])]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_offsets) - 1
+
+    @property
+    def row_tokens(self) -> np.ndarray:
+        """int64 (num_rows,) tokens in each row."""
+        ends = np.cumsum(np.r_[0, self.seq_lengths])
+        return ends[self.row_offsets[1:]] - ends[self.row_offsets[:-1]]
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens placed in rows."""
+        return int(self.seq_lengths.sum())
+
+    @property
+    def efficiency(self) -> float:
+        """Tokens placed / (rows * capacity); 1.0 for no rows."""
+        return self.total_tokens / (self.num_rows * self.capacity) if self.num_rows else 1.0
+
+    @property
+    def lower_bound_rows(self) -> int:
+        """ceil(total_tokens / capacity): no packing of these tokens has fewer rows."""
+        return math.ceil(self.total_tokens / self.capacity)
+
+    @property
+    def num_truncated(self) -> int:
+        return len(self.truncated_indices)
+
+    @property
+    def truncated_tokens(self) -> int:
+        """Tokens cut off the ends of truncated examples."""
+        return self.input_tokens - self.total_tokens - self.dropped_tokens
+
+    @property
+    def num_dropped(self) -> int:
+        return len(self.dropped_indices)
+
+    @property
+    def num_empty(self) -> int:
+        return len(self.empty_indices)
+
+    def stats(self) -> dict:
+        """The statistics as a plain dict (for logging or JSON)."""
+        return {
+            "strategy": self.strategy,
+            "capacity": self.capacity,
+            "rows": self.num_rows,
+            "lower_bound_rows": self.lower_bound_rows,
+            "examples_packed": len(self.indices),
+            "input_tokens": self.input_tokens,
+            "packed_tokens": self.total_tokens,
+            "efficiency": self.efficiency,
+            "truncated_examples": self.num_truncated,
+            "truncated_tokens": self.truncated_tokens,
+            "dropped_examples": self.num_dropped,
+            "dropped_tokens": self.dropped_tokens,
+            "empty_examples": self.num_empty,
+        }
+
+    def summary(self) -> str:
+        """One line for a log.
+
+        >>> pack_lengths([6, 0, 9, 2], capacity=8, overflow="truncate").summary()
+        'bfd: 2 rows (lower bound 2) of 8, efficiency 100.00%, 16 of 17 tokens packed; truncated 1 examples (1 tokens), dropped 0 (0 tokens), empty 1'
+        """
+        return (
+            f"{self.strategy}: {self.num_rows} rows (lower bound {self.lower_bound_rows}) of {self.capacity}, "
+            f"efficiency {self.efficiency:.2%}, {self.total_tokens} of {self.input_tokens} tokens packed; "
+            f"truncated {self.num_truncated} examples ({self.truncated_tokens} tokens), "
+            f"dropped {self.num_dropped} ({self.dropped_tokens} tokens), empty {self.num_empty}"
+        )
+
+
+def validate_lengths(lengths: Sequence[int] | np.ndarray, *, what: str = "lengths") -> np.ndarray:
+    """``lengths`` as int64, or a clear error naming the first bad example."""
+    array = np.asarray(lengths)
+    if array.ndim != 1:
+        raise ValueError(f"{what} must be one-dimensional (one length per example), got shape {array.shape}.")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        if np.issubdtype(array.dtype, np.floating) and np.all(np.mod(array, 1) == 0):
+            array = array.astype(np.int64)
+        else:
+            raise TypeError(f"{what} must be integers (token counts), got dtype {array.dtype}.")
+    array = array.astype(np.int64, copy=False)
+    negative = np.flatnonzero(array < 0)
+    if len(negative):
+        i = int(negative[0])
+        raise ValueError(f"Example {i} has a negative length ({array[i]}); lengths are token counts, >= 0.")
+    return array
+
+
+def validate_choice(name: str, value: str, literal) -> None:
+    """Raise a ValueError naming the allowed values when ``value`` is not one of them."""
+    allowed = get_args(literal)
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}.")
+
+
+def pack_lengths(
+    lengths: Sequence[int] | np.ndarray,
+    capacity: int,
+    *,
+    strategy: Strategy = "bfd",
+    overflow: Overflow = "error",
+) -> PackingResult:
+    """Assign examples to rows of at most ``capacity`` tokens.
+
+    Args:
+        lengths: token count of each example (list or 1-D integer array).
+        capacity: tokens per row (>= 1).
+        strategy: ``"bfd"`` best-fit decreasing (default, tightest), ``"ffd"``
+            first-fit decreasing, or ``"next_fit"`` (keeps dataset order: a row is
+            closed when the next example does not fit).
+        overflow: for an example longer than ``capacity``: ``"error"`` (default),
+            ``"truncate"`` (keep its first ``capacity`` tokens, in a row of its own) or
+            ``"drop"``. Both are counted on the result.
+
+    Returns:
+        A :class:`PackingResult`. Zero-length examples are in no row; they are
+        listed in ``empty_indices``. The same input always gives the same rows.
+
+    >>> pack_lengths([3, 2, 4, 3], capacity=8, strategy="next_fit").rows
+    [[0, 1], [2, 3]]
+    >>> pack_lengths([3, 12, 4], capacity=8)
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 1 has 12 tokens, more than capacity=8 (1 example(s) too long, the longest 12 tokens). Pass overflow='truncate' or overflow='drop', or raise the capacity.
+    """
+    validate_choice("strategy", strategy, Strategy)
+    validate_choice("overflow", overflow, Overflow)
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
+        raise ValueError(f"capacity must be a positive integer, got {capacity!r}.")
+    capacity = int(capacity)
+    lengths = validate_lengths(lengths)
+    too_long = lengths > capacity
+    if overflow == "error" and too_long.any():
+        first = int(np.flatnonzero(too_long)[0])
+        raise ValueError(
+            f"Example {first} has {lengths[first]} tokens, more than capacity={capacity} "
+            f"({int(too_long.sum())} example(s) too long, the longest {int(lengths.max())} tokens). "
+            "Pass overflow='truncate' or overflow='drop', or raise the capacity."
+        )
+    empty = np.flatnonzero(lengths == 0)
+    keep = lengths > 0
+    dropped = np.empty(0, np.int64)
+    dropped_tokens = 0
+    if overflow == "drop":
+        dropped = np.flatnonzero(too_long)
+        dropped_tokens = int(lengths[dropped].sum())
+        keep &= ~too_long
+    truncated = np.flatnonzero(too_long) if overflow == "truncate" else np.empty(0, np.int64)
+    items = np.flatnonzero(keep)
+    item_lengths = np.minimum(lengths[items], capacity)
+    bin_of_item, num_bins = _STRATEGIES[strategy](item_lengths, capacity)
+    if np.all(bin_of_item[1:] >= bin_of_item[:-1]):
+        order = np.arange(len(items))  # next_fit: rows already in dataset order
+    else:
+        order = np.argsort(bin_of_item, kind="stable")  # keeps dataset order inside a row
+    counts = np.bincount(bin_of_item, minlength=num_bins)
+    return PackingResult(
+        capacity=capacity,
+        strategy=strategy,
+        indices=items[order],
+        seq_lengths=item_lengths[order],
+        row_offsets=np.r_[0, np.cumsum(counts)].astype(np.int64),
+        input_tokens=int(lengths.sum()),
+        truncated_indices=truncated,
+        dropped_indices=dropped,
+        empty_indices=empty,
+        dropped_tokens=dropped_tokens,
+    )

@@ -1,0 +1,170 @@
+"""Packing token sequences into padded rows of fixed length (the tensor API).
+
+Four sequences packed into rows of 8 (next-fit, the default, keeps their order)::
+
+    tokens = [[ 1,  2,  3,  4,  5,  0,  0,  0],     S0 S0 S0 S1 S1 pad pad pad
+              [ 6,  7,  8,  9, 10, 11, 12,  0]]     S2 S2 S2 S2 S3 S3  S3 pad
+    boundaries = [[(0, 3), (3, 5)], [(0, 4), (4, 7)]]
+
+Rows are built with one scatter of the concatenated tokens (no loop over tokens).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._engine import Overflow, PackingResult, Strategy, pack_lengths
+from ._tokens import concat_tokens, sequence_lengths
+
+__all__ = ["concatenate_and_pack", "pack_sequences"]
+
+
+def _warn_losses(result: PackingResult) -> None:
+    """Say, by count, what did not make it into the rows whole."""
+    parts = []
+    if result.num_truncated:
+        parts.append(f"truncated {result.num_truncated} sequence(s) to {result.capacity} tokens ({result.truncated_tokens} tokens cut)")
+    if result.num_dropped:
+        parts.append(f"dropped {result.num_dropped} sequence(s) longer than {result.capacity} ({result.dropped_tokens} tokens)")
+    if result.num_empty:
+        parts.append(f"skipped {result.num_empty} empty sequence(s) (indices {result.empty_indices[:10].tolist()})")
+    if parts:
+        warnings.warn("Packing " + "; ".join(parts) + ".", stacklevel=3)
+
+
+def _scatter_rows(flat: np.ndarray, result: PackingResult, starts: np.ndarray, fill: int) -> np.ndarray:
+    """int64 (rows, capacity): the packed examples' tokens placed row by row, ``fill`` elsewhere.
+
+    ``flat`` holds every example laid end to end and ``starts`` where each begins.
+    """
+    n_rows, width = result.num_rows, result.capacity
+    lengths = result.seq_lengths
+    row_of_entry = np.repeat(np.arange(n_rows), np.diff(result.row_offsets))
+    entry_ends = np.cumsum(lengths)
+    row_start_in_entries = np.r_[0, entry_ends][result.row_offsets[:-1]]
+    column_of_entry = entry_ends - lengths - row_start_in_entries[row_of_entry]
+    token_entry = np.repeat(np.arange(len(lengths)), lengths)
+    offset_in_entry = np.arange(int(entry_ends[-1]) if len(lengths) else 0) - np.repeat(entry_ends - lengths, lengths)
+    source = starts[result.indices][token_entry] + offset_in_entry
+    target = (row_of_entry * width + column_of_entry)[token_entry] + offset_in_entry
+    out = np.full(n_rows * width, fill, dtype=np.int64)
+    out[target] = flat[source]
+    return out.reshape(n_rows, width)
+
+
+def _boundaries(result: PackingResult) -> list[list[tuple[int, int]]]:
+    ends = np.cumsum(result.seq_lengths)
+    row_base = np.r_[0, ends][result.row_offsets[:-1]]
+    bounds = []
+    for row in range(result.num_rows):
+        lo, hi = result.row_offsets[row], result.row_offsets[row + 1]
+        stop = (ends[lo:hi] - row_base[row]).tolist()
+        start = [0] + stop[:-1]
+        bounds.append(list(zip(start, stop)))
+    return bounds
+
+
+def _pack_flat(sequences, max_length, strategy, overflow, what="sequences"):
+    lengths = sequence_lengths(sequences, what=what)
+    flat = concat_tokens(sequences, int(lengths.sum()), what=what)
+    result = pack_lengths(lengths, max_length, strategy=strategy, overflow=overflow)
+    _warn_losses(result)
+    starts = np.r_[0, np.cumsum(lengths)[:-1]] if len(lengths) else np.empty(0, np.int64)
+    return lengths, flat, result, starts
+
+
+def pack_sequences(
+    sequences: Sequence[Any],
+    max_length: int,
+    pad_token_id: int,
+    *,
+    return_boundaries: bool = False,
+    strategy: Strategy = "next_fit",
+    overflow: Overflow = "error",
+):
+    """Pack token sequences into a ``torch.long`` tensor of rows, right-padded with ``pad_token_id``.
+
+    Args:
+        sequences: 1-D tensors, numpy arrays or lists of token ids.
+        max_length: tokens per row.
+        pad_token_id: fills the end of each row.
+        return_boundaries: also return, per row, the ``(start, end)`` of each sequence in it.
+        strategy: ``"next_fit"`` (default: sequences stay in order, a row is closed when the
+            next one does not fit), ``"bfd"`` or ``"ffd"`` (fewer rows, order changes).
+        overflow: for a sequence longer than ``max_length``: ``"error"``, ``"truncate"`` or ``"drop"``
+            (counted in a warning). Empty sequences are skipped with a warning.
+
+    Returns:
+        int64 (rows, max_length), and the boundaries if asked for.
+
+    >>> import torch
+    >>> from torch import tensor
+    >>> pack_sequences([tensor([1,2,3]), tensor([4,5]), tensor([6,7,8,9]), tensor([10,11,12])],
+    ...                max_length=8, pad_token_id=0)
+    tensor([[ 1,  2,  3,  4,  5,  0,  0,  0],
+            [ 6,  7,  8,  9, 10, 11, 12,  0]])
+    >>> rows, bounds = pack_sequences([[1, 2, 3], [4, 5]], max_length=4, pad_token_id=0, return_boundaries=True)
+    >>> rows.tolist(), bounds
+    ([[1, 2, 3, 0], [4, 5, 0, 0]], [[(0, 3)], [(0, 2)]])
+    """
+    import torch
+
+    _, flat, result, starts = _pack_flat(sequences, max_length, strategy, overflow)
+    rows = torch.from_numpy(_scatter_rows(flat, result, starts, pad_token_id))
+    if return_boundaries:
+        return rows, _boundaries(result)
+    return rows
+
+
+def concatenate_and_pack(
+    input_sequences: Sequence[Any],
+    label_sequences: Sequence[Any],
+    attention_masks: Sequence[Any],
+    max_length: int,
+    pad_token_id: int,
+    label_pad_id: int = -100,
+    *,
+    strategy: Strategy = "next_fit",
+    overflow: Overflow = "error",
+):
+    """Pack inputs, labels and attention masks together, so each label stays with its token.
+
+    The first label of every sequence becomes ``label_pad_id``: a causal LM would
+    otherwise be trained to predict it from the previous sequence's last token
+    (for a sequence on its own that label is never used, so the loss matches padding).
+    Padding is ``pad_token_id`` in inputs, ``label_pad_id`` in labels and 0 in masks.
+
+    Returns:
+        ``(packed_inputs, packed_labels, packed_masks)``, each int64 (rows, max_length).
+
+    >>> inputs, labels, masks = concatenate_and_pack(
+    ...     [[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5]], [[1, 1, 1], [1, 1]], max_length=6, pad_token_id=0)
+    >>> inputs.tolist(), labels.tolist(), masks.tolist()
+    ([[1, 2, 3, 4, 5, 0]], [[-100, 2, 3, -100, 5, -100]], [[1, 1, 1, 1, 1, 0]])
+    >>> concatenate_and_pack([[1, 2]], [[1]], [[1, 1]], max_length=4, pad_token_id=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 0: labels has 1 tokens but input_ids has 2; they must be the same length.
+    """
+    import torch
+
+    lengths, flat_inputs, result, starts = _pack_flat(input_sequences, max_length, strategy, overflow, "input_ids")
+    tables = [flat_inputs]
+    for key, column in (("labels", label_sequences), ("attention_mask", attention_masks)):
+        if len(column) != len(lengths):
+            raise ValueError(f"Got {len(lengths)} input sequences but {len(column)} {key}; give one per example.")
+        column_lengths = sequence_lengths(column, what=key)
+        bad = np.flatnonzero(column_lengths != lengths)
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(
+                f"Example {i}: {key} has {column_lengths[i]} tokens but input_ids has {lengths[i]}; "
+                "they must be the same length."
+            )
+        tables.append(concat_tokens(column, int(lengths.sum()), what=key))
+    tables[1][starts[lengths > 0]] = label_pad_id
+    fills = (pad_token_id, label_pad_id, 0)
+    return tuple(torch.from_numpy(_scatter_rows(t, result, starts, f)) for t, f in zip(tables, fills))

@@ -1,0 +1,63 @@
+"""Turning many token sequences (lists, numpy arrays or tensors) into one flat int64 array.
+
+The fast paths matter: a 64-example batch of Python lists is read with one
+``np.fromiter`` over a chained iterator (no intermediate list), and numpy or
+torch inputs with a single ``concatenate``.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["concat_tokens", "sequence_lengths"]
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch")
+
+
+def sequence_lengths(sequences: Sequence[Any], *, what: str = "input_ids") -> np.ndarray:
+    """int64 (n,) length of each sequence, or an error naming the first that is not 1-D.
+
+    >>> sequence_lengths([[1, 2, 3], np.array([4, 5])]).tolist()
+    [3, 2]
+    """
+    try:
+        return np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+    except TypeError:
+        pass
+    for i, seq in enumerate(sequences):
+        shape = getattr(seq, "shape", None)
+        if shape is not None and len(shape) != 1:
+            raise ValueError(f"Example {i}: {what} must be one-dimensional, got shape {tuple(shape)}.")
+        if not hasattr(seq, "__len__"):
+            raise TypeError(f"Example {i}: {what} must be a list, numpy array or tensor of token ids, got {type(seq).__name__}.")
+    raise TypeError(f"{what} must be a sequence of token sequences.")
+
+
+def concat_tokens(sequences: Sequence[Any], total: int, *, what: str = "input_ids") -> np.ndarray:
+    """The sequences laid end to end as int64 (total,).
+
+    >>> concat_tokens([[1, 2], np.array([3]), [4, 5, 6]], 6).tolist()
+    [1, 2, 3, 4, 5, 6]
+    """
+    first = sequences[0] if len(sequences) else None
+    if isinstance(first, np.ndarray) or _is_tensor(first):
+        arrays = [np.asarray(s.numpy(force=True) if _is_tensor(s) else s) for s in sequences]
+        for i, array in enumerate(arrays):
+            if array.ndim != 1:
+                raise ValueError(f"Example {i}: {what} must be one-dimensional, got shape {array.shape}.")
+        flat = np.concatenate(arrays) if arrays else np.empty(0, np.int64)
+        if flat.size and not np.issubdtype(flat.dtype, np.integer):
+            raise TypeError(f"{what} must hold integer token ids, got dtype {flat.dtype}.")
+        return flat.astype(np.int64, copy=False)
+    try:
+        return np.fromiter(chain.from_iterable(sequences), dtype=np.int64, count=total)
+    except (TypeError, ValueError) as error:
+        for i, seq in enumerate(sequences):
+            if any(not isinstance(t, (int, np.integer)) or isinstance(t, bool) for t in seq):
+                raise TypeError(f"Example {i}: {what} must hold integer token ids, got {list(seq)[:8]}...") from error
+        raise
