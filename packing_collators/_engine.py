@@ -84,6 +84,8 @@ class PackingResult:
     @property
     def rows(self) -> list[list[int]]:
         """The rows as lists of example indices."""
+        if not self.num_rows:
+            return []
         return [part.tolist() for part in np.split(self.indices, self.row_offsets[1:-1])]
 
     @property

@@ -25,6 +25,8 @@ __all__ = ["best_fit_decreasing", "first_fit_decreasing", "next_fit"]
 
 def _runs_of_equal_length(sorted_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(values, starts, counts) of the runs in a sorted array."""
+    if not len(sorted_lengths):
+        return sorted_lengths, np.empty(0, np.int64), np.empty(0, np.int64)
     starts = np.flatnonzero(np.r_[True, sorted_lengths[1:] != sorted_lengths[:-1]])
     counts = np.diff(np.r_[starts, len(sorted_lengths)])
     return sorted_lengths[starts], starts, counts

@@ -54,10 +54,16 @@ def concat_tokens(sequences: Sequence[Any], total: int, *, what: str = "input_id
         if flat.size and not np.issubdtype(flat.dtype, np.integer):
             raise TypeError(f"{what} must hold integer token ids, got dtype {flat.dtype}.")
         return flat.astype(np.int64, copy=False)
-    try:
-        return np.fromiter(chain.from_iterable(sequences), dtype=np.int64, count=total)
-    except (TypeError, ValueError) as error:
-        for i, seq in enumerate(sequences):
-            if any(not isinstance(t, (int, np.integer)) or isinstance(t, bool) for t in seq):
-                raise TypeError(f"Example {i}: {what} must hold integer token ids, got {list(seq)[:8]}...") from error
-        raise
+    _check_first_tokens_are_ints(sequences, what)
+    return np.fromiter(chain.from_iterable(sequences), dtype=np.int64, count=total)
+
+
+def _check_first_tokens_are_ints(sequences: Sequence[Any], what: str) -> None:
+    """Refuse lists of non-integers (np.fromiter would silently floor 1.5 to 1).
+
+    Only each sequence's first token is looked at, which keeps the list path fast
+    and catches what real mistakes look like (text, floats, nested lists).
+    """
+    for i, seq in enumerate(sequences):
+        if len(seq) and (isinstance(seq[0], bool) or not isinstance(seq[0], (int, np.integer))):
+            raise TypeError(f"Example {i}: {what} must hold integer token ids, got {type(seq[0]).__name__} {seq[0]!r}.")
