@@ -49,8 +49,13 @@ class SegmentLayout:
         >>> segment_layout([3, 2, 4]).position_ids().tolist()
         [0, 1, 2, 0, 1, 0, 1, 2, 3]
         """
-        offsets = np.repeat(self.starts - start, self.lengths)
-        return np.arange(self.total, dtype=np.int64) - offsets
+        if not self.total or self.lengths.min() == 0:
+            return np.arange(self.total, dtype=np.int64) - np.repeat(self.starts - start, self.lengths)
+        # ones everywhere, a step back to `start` at each segment's first token, then cumsum
+        steps = np.ones(self.total, dtype=np.int64)
+        steps[self.cu_seq_lens[1:-1]] = 1 - self.lengths[:-1]
+        steps[0] = start
+        return np.cumsum(steps, out=steps)
 
     def seq_idx(self) -> np.ndarray:
         """int32 (total,) index of the segment each token belongs to.

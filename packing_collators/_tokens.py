@@ -8,6 +8,7 @@ torch inputs with a single ``concatenate``.
 from __future__ import annotations
 
 from itertools import chain
+from operator import itemgetter
 from typing import Any, Sequence
 
 import numpy as np
@@ -45,17 +46,35 @@ def concat_tokens(sequences: Sequence[Any], total: int, *, what: str = "input_id
     [1, 2, 3, 4, 5, 6]
     """
     first = sequences[0] if len(sequences) else None
-    if isinstance(first, np.ndarray) or _is_tensor(first):
-        arrays = [np.asarray(s.numpy(force=True) if _is_tensor(s) else s) for s in sequences]
-        for i, array in enumerate(arrays):
-            if array.ndim != 1:
-                raise ValueError(f"Example {i}: {what} must be one-dimensional, got shape {array.shape}.")
-        flat = np.concatenate(arrays) if arrays else np.empty(0, np.int64)
-        if flat.size and not np.issubdtype(flat.dtype, np.integer):
-            raise TypeError(f"{what} must hold integer token ids, got dtype {flat.dtype}.")
-        return flat.astype(np.int64, copy=False)
-    _check_first_tokens_are_ints(sequences, what)
-    return np.fromiter(chain.from_iterable(sequences), dtype=np.int64, count=total)
+    if _is_tensor(first):
+        import torch
+
+        try:
+            flat = torch.cat(list(sequences)).numpy(force=True)
+        except (RuntimeError, TypeError):
+            flat = None
+        if flat is None or flat.ndim != 1:
+            flat = np.concatenate([_one_dimensional(s, i, what) for i, s in enumerate(sequences)])
+    elif isinstance(first, np.ndarray):
+        try:
+            flat = np.concatenate(sequences)
+        except ValueError:
+            flat = np.concatenate([_one_dimensional(s, i, what) for i, s in enumerate(sequences)])
+        if flat.ndim != 1:
+            flat = np.concatenate([_one_dimensional(s, i, what) for i, s in enumerate(sequences)])
+    else:
+        _check_first_tokens_are_ints(sequences, what)
+        return np.fromiter(chain.from_iterable(sequences), dtype=np.int64, count=total)
+    if flat.size and not np.issubdtype(flat.dtype, np.integer):
+        raise TypeError(f"{what} must hold integer token ids, got dtype {flat.dtype}.")
+    return flat.astype(np.int64, copy=False)
+
+
+def _one_dimensional(sequence: Any, index: int, what: str) -> np.ndarray:
+    array = np.asarray(sequence.numpy(force=True) if _is_tensor(sequence) else sequence)
+    if array.ndim != 1:
+        raise ValueError(f"Example {index}: {what} must be one-dimensional, got shape {array.shape}.")
+    return array
 
 
 def _check_first_tokens_are_ints(sequences: Sequence[Any], what: str) -> None:
@@ -64,6 +83,11 @@ def _check_first_tokens_are_ints(sequences: Sequence[Any], what: str) -> None:
     Only each sequence's first token is looked at, which keeps the list path fast
     and catches what real mistakes look like (text, floats, nested lists).
     """
+    try:
+        if set(map(type, map(itemgetter(0), sequences))) <= {int}:
+            return
+    except (IndexError, KeyError, TypeError):
+        pass  # an empty sequence: look one by one
     for i, seq in enumerate(sequences):
         if len(seq) and (isinstance(seq[0], bool) or not isinstance(seq[0], (int, np.integer))):
             raise TypeError(f"Example {i}: {what} must hold integer token ids, got {type(seq[0]).__name__} {seq[0]!r}.")
