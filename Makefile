@@ -13,7 +13,7 @@ $(VENV)/.installed-dev-bench: pyproject.toml scripts/install.sh
 install: $(VENV)/.installed-dev
 
 demo: $(VENV)/.installed-dev
-	$(PY) examples/demo.py
+	$(PY) examples/packing_report.py
 
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest
