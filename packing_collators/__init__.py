@@ -9,12 +9,16 @@ The public API; everything else lives in private modules:
 
 from ._engine import PackingResult, pack_lengths
 from ._flattening import FlatteningCollator
+from ._lengths import lengths_from_dataset
 from ._rows import concatenate_and_pack, pack_sequences
+from ._sampler import MultipackBatchSampler
 
 __all__ = [
     "FlatteningCollator",
+    "MultipackBatchSampler",
     "PackingResult",
     "concatenate_and_pack",
+    "lengths_from_dataset",
     "pack_lengths",
     "pack_sequences",
 ]

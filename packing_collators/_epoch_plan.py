@@ -1,0 +1,283 @@
+"""One epoch of token-budget batches for every rank: shuffle, pack, pad or drop, balance.
+
+The plan for ``R`` ranks is a grid of ``S`` steps x ``R`` batches; batch ``(s, r)`` is what
+rank ``r`` trains on at step ``s``. Lengths ``[5, 2, 4, 1, 3, 6]``, a budget of 8 tokens,
+2 ranks, no shuffling (``S4`` is a token of example 4)::
+
+    step 0:  rank 0  [1, 5]   S1 S1 S5 S5 S5 S5 S5 S5    8/8
+             rank 1  [0, 4]   S0 S0 S0 S0 S0 S4 S4 S4    8/8
+    step 1:  rank 0  [2, 3]   S2 S2 S2 S2 S3 -- -- --    5/8
+             rank 1  [0, 1]   S0 S0 S0 S0 S0 S1 S1 --    7/8   repeated, to pad the last round
+
+Each epoch (``seed`` and ``epoch`` seed one generator, so every process computes the same
+plan without talking to the others):
+
+1. drop zero-length examples (counted) and those over the budget (``overflow="drop"``,
+   counted; ``"error"`` names the first one);
+2. shuffle the example indices and cut them into groups of ``group_size`` (default: one group);
+3. pack each group into bins of at most ``max_tokens_per_batch`` tokens with the engine
+   (:func:`pack_lengths`, best-fit decreasing by default);
+4. make the number of bins a multiple of ``R``: ``drop_last=False`` adds bins of examples
+   repeated from the start of the epoch (never an empty batch), ``drop_last=True`` drops the
+   bins with the fewest tokens; both are counted;
+5. balance: sort the bins by cost, deal them ``R`` per step in snake order (so the bins in
+   a step cost about the same, and every rank's total too), then shuffle the steps.
+
+Cost model: ``cost = tokens + sum(length**2) / max_tokens_per_batch``, i.e. the linear
+layers (tokens) plus attention (sum of squared example lengths), scaled so one example
+filling the whole budget costs twice what the same tokens in short examples cost.
+
+Cost in numbers (``benchmarks/bench_sampler.py``): an epoch of 1,000,000 ``sft`` examples
+at a 16k budget is planned in about a quarter of a second on a 2-core machine (most of it
+the engine's packing), fills 99.99% of the budget, and the 8-rank cost imbalance is
+below 0.01%. Pure numpy; no torch here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+
+from ._engine import Strategy, pack_lengths, validate_choice, validate_lengths
+
+__all__ = ["Balance", "EpochPlan", "SamplerOverflow", "plan_epoch"]
+
+Balance = Literal["cost", "tokens", "attention", "none"]
+SamplerOverflow = Literal["error", "drop"]
+
+_EMPTY = np.empty(0, np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class EpochPlan:
+    """The batches of one epoch for every rank, stored flat (CSR), step after step.
+
+    Batch ``b`` (step ``b // num_replicas``, rank ``b % num_replicas``) holds
+    ``indices[batch_offsets[b]:batch_offsets[b + 1]]``.
+
+    Attributes:
+        max_tokens_per_batch: the token budget of a batch.
+        num_replicas: ranks the epoch is split over.
+        indices: int64 (examples in batches,) dataset indices, batch after batch.
+        batch_offsets: int64 (num_batches + 1,) where each batch starts in ``indices``.
+        batch_tokens: int64 (num_batches,) tokens in each batch.
+        batch_attention: int64 (num_batches,) sum of squared example lengths of each batch.
+        stats_base: the counts behind :meth:`stats` (examples, dropped, repeated, ...).
+
+    >>> plan = plan_epoch([5, 2, 4, 1, 3, 6], 8, num_replicas=2, shuffle=False)
+    >>> plan.batches(rank=0), plan.batches(rank=1)
+    ([[1, 5], [2, 3]], [[0, 4], [0, 1]])
+    >>> plan.num_steps, plan.batch_tokens.tolist()
+    (2, [8, 8, 5, 7])
+    """
+
+    max_tokens_per_batch: int
+    num_replicas: int
+    indices: np.ndarray
+    batch_offsets: np.ndarray
+    batch_tokens: np.ndarray
+    batch_attention: np.ndarray
+    stats_base: dict
+
+    @property
+    def num_batches(self) -> int:
+        """Batches over all ranks (``num_steps * num_replicas``)."""
+        return len(self.batch_offsets) - 1
+
+    @property
+    def num_steps(self) -> int:
+        """Batches each rank gets (the same on every rank)."""
+        return self.num_batches // self.num_replicas
+
+    def batch(self, step: int, rank: int) -> list[int]:
+        """The dataset indices rank ``rank`` trains on at step ``step``."""
+        b = step * self.num_replicas + rank
+        return self.indices[self.batch_offsets[b] : self.batch_offsets[b + 1]].tolist()
+
+    def batches(self, rank: int) -> list[list[int]]:
+        """All of ``rank``'s batches, in order."""
+        return [self.batch(step, rank) for step in range(self.num_steps)]
+
+    def rank_costs(self) -> dict[str, np.ndarray]:
+        """float64 (num_replicas,) total tokens, attention and cost of each rank's batches."""
+        tokens = self.batch_tokens.reshape(-1, self.num_replicas)
+        attention = self.batch_attention.reshape(-1, self.num_replicas).astype(np.float64)
+        cost = tokens + attention / self.max_tokens_per_batch
+        return {"tokens": tokens.sum(0).astype(np.float64), "attention": attention.sum(0), "cost": cost.sum(0)}
+
+    def stats(self) -> dict:
+        """Statistics of the epoch as a plain dict (for logging or JSON).
+
+        ``efficiency`` is tokens / (batches * budget), over all ranks' batches; the
+        ``imbalance*`` values are max over ranks of a rank's epoch total / the mean - 1
+        (by the cost model, by tokens, by attention); ``step_imbalance`` is the cost
+        lost to waiting at each step: sum over steps of the slowest rank's cost / sum of
+        the mean cost - 1.
+
+        >>> stats = plan_epoch([5, 2, 4, 1, 3, 6], 8, num_replicas=2, shuffle=False).stats()
+        >>> stats["batches_per_epoch"], stats["padded_batches"], stats["repeated_examples"]
+        (2, 1, 2)
+        >>> round(stats["efficiency"], 4), round(stats["imbalance_tokens"], 4)
+        (0.875, 0.0714)
+        """
+        total = self.num_batches
+        tokens = int(self.batch_tokens.sum())
+        costs = self.rank_costs()
+        stats = {
+            "max_tokens_per_batch": self.max_tokens_per_batch,
+            "num_replicas": self.num_replicas,
+            "batches_per_epoch": self.num_steps,
+            "total_batches": total,
+            "tokens": tokens,
+            "lower_bound_batches": math.ceil(tokens / self.max_tokens_per_batch),
+            "efficiency": tokens / (total * self.max_tokens_per_batch) if total else 1.0,
+        }
+        stats.update(self.stats_base)
+        for name in ("cost", "tokens", "attention"):
+            key = "imbalance" if name == "cost" else f"imbalance_{name}"
+            stats[key] = _imbalance(costs[name])
+        step_cost = (self.batch_tokens + self.batch_attention / self.max_tokens_per_batch).reshape(-1, self.num_replicas)
+        mean = step_cost.mean(1).sum() if total else 0.0
+        stats["step_imbalance"] = float(step_cost.max(1).sum() / mean - 1) if mean else 0.0
+        return stats
+
+
+def _imbalance(per_rank: np.ndarray) -> float:
+    """max / mean - 1 (0.0 when nothing is planned)."""
+    mean = per_rank.mean() if len(per_rank) else 0.0
+    return float(per_rank.max() / mean - 1) if mean else 0.0
+
+
+def _check_overflow(lengths: np.ndarray, budget: int, overflow: str) -> np.ndarray:
+    """Boolean (n,) mask of examples over the budget, or the error naming the first one."""
+    too_long = lengths > budget
+    if overflow == "error" and too_long.any():
+        first = int(np.flatnonzero(too_long)[0])
+        raise ValueError(
+            f"Example {first} has {lengths[first]} tokens, more than max_tokens_per_batch={budget} "
+            f"({int(too_long.sum())} example(s) too long, the longest {int(lengths.max())} tokens). "
+            "Raise max_tokens_per_batch, truncate the dataset to it when tokenizing, "
+            "or pass overflow='drop' to leave such examples out (counted in stats)."
+        )
+    return too_long
+
+
+def _pack_groups(order: np.ndarray, lengths: np.ndarray, budget: int, strategy: str, group_size: int | None):
+    """Bins (CSR: indices, counts) packing each group of ``order`` on its own."""
+    num_groups = 1 if group_size is None else max(1, len(order) // group_size)
+    parts, counts = [], []
+    for group in np.array_split(order, num_groups) if num_groups > 1 else [order]:
+        result = pack_lengths(lengths[group], budget, strategy=strategy)
+        parts.append(group[result.indices])
+        counts.append(np.diff(result.row_offsets))
+    return np.concatenate(parts), np.concatenate(counts)
+
+
+def _repeat_bins(order: np.ndarray, lengths: np.ndarray, budget: int, count: int):
+    """``count`` bins of examples repeated from the start of ``order`` (next-fit, each full)."""
+    cumulative = np.cumsum(lengths[order])
+    prefix = order[: int(np.searchsorted(cumulative, count * budget)) + 1]
+    result = pack_lengths(lengths[prefix], budget, strategy="next_fit")
+    rows = np.arange(count) % result.num_rows  # tiny epochs: cycle over what there is
+    starts, ends = result.row_offsets[rows], result.row_offsets[rows + 1]
+    return prefix[result.indices[_ranges(starts, ends)]], ends - starts
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, e)`` for each pair, without a Python loop."""
+    sizes = ends - starts
+    firsts = np.cumsum(sizes) - sizes  # where each range starts in the output
+    return np.repeat(starts - firsts, sizes) + np.arange(int(sizes.sum()))
+
+
+def _deal(cost: np.ndarray, num_replicas: int, balance: str) -> np.ndarray:
+    """Bin order (steps x ranks, flattened): by cost, descending, snake-dealt over the ranks."""
+    if balance == "none":
+        return np.arange(len(cost))
+    grid = np.argsort(-cost, kind="stable").reshape(-1, num_replicas)
+    grid[1::2] = grid[1::2, ::-1]
+    return grid.ravel()
+
+
+def plan_epoch(
+    lengths: Sequence[int] | np.ndarray,
+    max_tokens_per_batch: int,
+    *,
+    num_replicas: int = 1,
+    epoch: int = 0,
+    seed: int = 0,
+    shuffle: bool = True,
+    strategy: Strategy = "bfd",
+    group_size: int | None = None,
+    balance: Balance = "cost",
+    drop_last: bool = False,
+    overflow: SamplerOverflow = "error",
+) -> EpochPlan:
+    """Plan one epoch of token-budget batches for ``num_replicas`` ranks (the module docstring says how).
+
+    Args: as :class:`MultipackBatchSampler`, plus ``epoch``. The same arguments give the
+    same plan in every process.
+
+    >>> plan = plan_epoch([3, 5, 2, 8, 1, 4, 7, 2], 8, num_replicas=2, seed=0)
+    >>> plan.batches(rank=0), plan.batches(rank=1)
+    ([[3], [2, 5, 7]], [[4, 6], [0, 1]])
+    >>> plan_epoch([3, 9], 8)
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 1 has 9 tokens, more than max_tokens_per_batch=8 (1 example(s) too long, the longest 9 tokens). Raise max_tokens_per_batch, truncate the dataset to it when tokenizing, or pass overflow='drop' to leave such examples out (counted in stats).
+    """
+    validate_choice("strategy", strategy, Strategy)
+    validate_choice("balance", balance, Balance)
+    validate_choice("overflow", overflow, SamplerOverflow)
+    lengths = validate_lengths(lengths)
+    budget = int(max_tokens_per_batch)
+    too_long = _check_overflow(lengths, budget, overflow)
+    usable = np.flatnonzero((lengths > 0) & ~too_long)
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(usable) if shuffle else usable
+
+    indices, counts = _pack_groups(order, lengths, budget, strategy, group_size)
+    bins = rng.permutation(len(counts)) if shuffle else np.arange(len(counts))
+    base = {
+        "examples": len(lengths),
+        "empty_examples": int((lengths == 0).sum()),
+        "overflow_dropped_examples": int(too_long.sum()) if overflow == "drop" else 0,
+        "overflow_dropped_tokens": int(lengths[too_long].sum()) if overflow == "drop" else 0,
+        "padded_batches": 0,
+        "repeated_examples": 0,
+        "repeated_tokens": 0,
+        "dropped_examples": 0,
+        "dropped_tokens": 0,
+    }
+    extra = -len(counts) % num_replicas
+    if extra and not drop_last:
+        more, more_counts = _repeat_bins(order, lengths, budget, extra)
+        bins = np.r_[bins, np.arange(len(counts), len(counts) + extra)]
+        indices, counts = np.r_[indices, more], np.r_[counts, more_counts]
+        base.update(padded_batches=extra, repeated_examples=len(more), repeated_tokens=int(lengths[more].sum()))
+    offsets = np.r_[0, np.cumsum(counts)]
+    example_tokens = lengths[indices]
+    tokens = np.add.reduceat(example_tokens, offsets[:-1]) if len(counts) else _EMPTY
+    attention = np.add.reduceat(example_tokens**2, offsets[:-1]) if len(counts) else _EMPTY
+    if extra and drop_last:  # drop the bins with the fewest tokens
+        dropped = np.argsort(tokens[bins], kind="stable")[: len(bins) % num_replicas]
+        base.update(dropped_examples=int(counts[bins[dropped]].sum()), dropped_tokens=int(tokens[bins[dropped]].sum()))
+        bins = np.delete(bins, dropped)
+    cost = {"tokens": tokens, "attention": attention}.get(balance, tokens + attention / budget)[bins]
+    dealt = _deal(cost.astype(np.float64), num_replicas, balance)
+    if shuffle and balance != "none":
+        steps = rng.permutation(len(dealt) // num_replicas)
+        dealt = dealt.reshape(-1, num_replicas)[steps].ravel()
+    chosen = bins[dealt]
+    return EpochPlan(
+        max_tokens_per_batch=budget,
+        num_replicas=num_replicas,
+        indices=indices[_ranges(offsets[chosen], offsets[chosen + 1])],
+        batch_offsets=np.r_[0, np.cumsum(counts[chosen])].astype(np.int64),
+        batch_tokens=tokens[chosen],
+        batch_attention=attention[chosen],
+        stats_base=base,
+    )

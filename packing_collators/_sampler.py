@@ -1,0 +1,243 @@
+"""A DataLoader batch sampler that packs example indices into token-budget micro-batches.
+
+The dataset is not rewritten: each epoch, :func:`plan_epoch` shuffles the indices,
+packs them into bins of at most ``max_tokens_per_batch`` tokens with the packing
+engine, pads or drops the last round so every rank gets the same number of batches,
+and deals the bins to ranks so each step's work is balanced. This rank's batches are
+then yielded as lists of dataset indices, for a collator that flattens each one::
+
+    DataLoader(dataset, batch_sampler=MultipackBatchSampler(lengths, 16384),
+               collate_fn=FlatteningCollator())
+
+Cost: planning is numpy plus one engine call per group; an epoch of 1,000,000 ``sft``
+examples at a 16k budget plans in about 0.3 s on a 2-core machine and fills 99.99% of
+the budget (``benchmarks/bench_sampler.py``). The plan of the current epoch is cached,
+so ``len()``, iteration and ``stats()`` plan it once.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+from ._engine import Strategy, validate_choice, validate_lengths
+from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, _check_overflow, plan_epoch
+
+__all__ = ["MultipackBatchSampler"]
+
+_STATE_VERSION = 1
+
+
+def _positive_int(name: str, value, *, allow_zero: bool = False) -> int:
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
+    return int(value)
+
+
+def _distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """``num_replicas`` and ``rank``, from ``torch.distributed`` when not given (1 and 0 without it)."""
+    initialised = dist.is_available() and dist.is_initialized()
+    if num_replicas is None:
+        num_replicas = dist.get_world_size() if initialised else 1
+    if rank is None:
+        rank = dist.get_rank() if initialised else 0
+    num_replicas = _positive_int("num_replicas", num_replicas)
+    rank = _positive_int("rank", rank, allow_zero=True)
+    if rank >= num_replicas:
+        raise ValueError(f"rank={rank} is out of range for num_replicas={num_replicas}; use 0 <= rank < num_replicas.")
+    return num_replicas, rank
+
+
+class MultipackBatchSampler(Sampler[list[int]]):
+    """Token-budget micro-batches of dataset indices, the same number on every rank.
+
+    Args:
+        lengths: tokens of each example (list, numpy array or tensor; see
+            :func:`lengths_from_dataset` to read them from a ``datasets.Dataset``).
+        max_tokens_per_batch: the most tokens a batch may hold.
+        strategy: the engine's packing strategy: ``"bfd"`` (default), ``"ffd"`` or ``"next_fit"``.
+        shuffle: shuffle examples, bins and steps each epoch (seeded by ``seed`` and the epoch).
+            With ``False`` the examples are packed in dataset order and the steps run
+            from the costliest down (an out-of-memory shows at the first step).
+        seed: seed of the shuffle; it must be the same on every rank.
+        num_replicas, rank: ranks and this rank; by default from ``torch.distributed``
+            when it is initialised, else 1 and 0.
+        drop_last: ``False`` (default) pads the last round with batches of examples repeated
+            from the epoch (counted in ``stats()["repeated_examples"]``); ``True`` drops the
+            bins with the fewest tokens instead (counted in ``stats()["dropped_examples"]``).
+        group_size: pack the shuffled examples in groups of about this many (each group on
+            its own: more variety within a batch, slightly lower efficiency, about 0.1 s per
+            group at a 16k budget). ``None`` (default) packs the whole epoch as one group.
+        balance: cost that decides which rank gets which bin: ``"cost"`` (default:
+            ``tokens + sum(length**2) / max_tokens_per_batch``), ``"tokens"``, ``"attention"``
+            (sum of squared lengths) or ``"none"`` (bins in shuffled order).
+        overflow: an example longer than ``max_tokens_per_batch``: ``"error"`` (default,
+            raised at construction, naming it) or ``"drop"`` (left out every epoch, counted
+            in ``stats()["overflow_dropped_examples"]``). There is no ``"truncate"``: a
+            sampler chooses indices and cannot cut tokens; truncate when tokenizing.
+
+    Zero-length examples are never batched (the collator would refuse them); they are
+    counted in ``stats()["empty_examples"]``.
+
+    ``len(sampler)`` is the number of batches the next iteration yields on this rank
+    (after :meth:`load_state_dict`, the batches still to come in that epoch);
+    ``stats()["batches_per_epoch"]`` is the whole epoch's. It can differ by a few batches
+    from one epoch to the next. Call :meth:`set_epoch` before each epoch, as with
+    ``DistributedSampler``, or every epoch repeats the same order.
+
+    >>> lengths = [5, 2, 4, 1, 3, 6, 7, 2]
+    >>> sampler = MultipackBatchSampler(lengths, max_tokens_per_batch=8)
+    >>> list(sampler), len(sampler)
+    ([[3, 6], [4, 0], [2, 7], [5, 1]], 4)
+    >>> sampler.set_epoch(1)
+    >>> list(sampler)
+    [[3, 6], [7, 2], [1, 5], [0, 4]]
+
+    Three ranks: 4 bins, so 2 more are made of repeated examples (``[6]``, ``[2, 4, 3]``):
+
+    >>> [list(MultipackBatchSampler(lengths, 8, num_replicas=3, rank=r)) for r in range(3)]
+    [[[3, 6], [2, 7]], [[6], [2, 4, 3]], [[5, 1], [4, 0]]]
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray,
+        max_tokens_per_batch: int,
+        *,
+        strategy: Strategy = "bfd",
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+        group_size: int | None = None,
+        balance: Balance = "cost",
+        overflow: SamplerOverflow = "error",
+    ) -> None:
+        super().__init__()
+        validate_choice("strategy", strategy, Strategy)
+        validate_choice("balance", balance, Balance)
+        validate_choice("overflow", overflow, SamplerOverflow)
+        self.max_tokens_per_batch = _positive_int("max_tokens_per_batch", max_tokens_per_batch)
+        self.seed = _positive_int("seed", seed, allow_zero=True)
+        self.group_size = None if group_size is None else _positive_int("group_size", group_size)
+        self.num_replicas, self.rank = _distributed_defaults(num_replicas, rank)
+        self.lengths = validate_lengths(np.asarray(lengths))
+        _check_overflow(self.lengths, self.max_tokens_per_batch, overflow)
+        self.strategy = strategy
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.balance = balance
+        self.overflow = overflow
+        self.epoch = 0
+        self._start = 0  # batches to skip at the next iteration (resuming mid-epoch)
+        self._yielded = 0  # batches of this epoch handed out so far
+        self._plan: EpochPlan | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"MultipackBatchSampler({len(self.lengths)} examples, max_tokens_per_batch={self.max_tokens_per_batch}, "
+            f"strategy={self.strategy!r}, shuffle={self.shuffle}, seed={self.seed}, num_replicas={self.num_replicas}, "
+            f"rank={self.rank}, drop_last={self.drop_last}, group_size={self.group_size}, balance={self.balance!r}, "
+            f"overflow={self.overflow!r}, epoch={self.epoch})"
+        )
+
+    def plan(self) -> EpochPlan:
+        """This epoch's plan for every rank (computed once per epoch, then cached)."""
+        if self._plan is None:
+            self._plan = plan_epoch(
+                self.lengths,
+                self.max_tokens_per_batch,
+                num_replicas=self.num_replicas,
+                epoch=self.epoch,
+                seed=self.seed,
+                shuffle=self.shuffle,
+                strategy=self.strategy,
+                group_size=self.group_size,
+                balance=self.balance,
+                drop_last=self.drop_last,
+                overflow=self.overflow,
+            )
+        return self._plan
+
+    def __len__(self) -> int:
+        return self.plan().num_steps - self._start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        plan = self.plan()
+        start = self._start
+        self._yielded = start
+        for step in range(start, plan.num_steps):
+            batch = plan.batch(step, self.rank)
+            self._yielded = step + 1
+            yield batch
+        self._start = 0  # a finished epoch, iterated again, starts from its beginning
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s plan from now on (a new epoch starts from its first batch).
+
+        Setting the epoch that :meth:`load_state_dict` restored keeps its resume point, so
+        a training loop that calls ``set_epoch`` at the start of every epoch resumes right.
+        """
+        epoch = _positive_int("epoch", epoch, allow_zero=True)
+        if epoch != self.epoch:
+            self.epoch, self._start, self._yielded, self._plan = epoch, 0, 0, None
+
+    def stats(self) -> dict:
+        """This epoch's statistics as a plain dict (see :meth:`EpochPlan.stats`), plus ``epoch``.
+
+        >>> stats = MultipackBatchSampler([5, 2, 4, 1, 3, 6, 7, 2], 8, num_replicas=3).stats()
+        >>> stats["batches_per_epoch"], round(stats["efficiency"], 4), stats["padded_batches"], stats["repeated_examples"]
+        (2, 0.9375, 2, 4)
+        """
+        return {"epoch": self.epoch, **self.plan().stats()}
+
+    def state_dict(self) -> dict:
+        """Where this rank is: the epoch and how many of its batches were handed out.
+
+        Every rank yields the same number of batches, so rank 0's state resumes every
+        rank. A DataLoader prefetches, so the count can run ahead of the batches trained
+        on; a training loop that knows its step in the epoch can pass
+        ``{**state, "batches_yielded": step}`` to :meth:`load_state_dict` instead.
+
+        >>> sampler = MultipackBatchSampler([5, 2, 4, 1, 3, 6, 7, 2], 8)
+        >>> batches = iter(sampler); first = next(batches)
+        >>> state = sampler.state_dict(); state["epoch"], state["batches_yielded"]
+        (0, 1)
+        >>> resumed = MultipackBatchSampler([5, 2, 4, 1, 3, 6, 7, 2], 8)
+        >>> resumed.load_state_dict(state)
+        >>> len(resumed), list(resumed) == list(batches)
+        (3, True)
+        """
+        return {
+            "version": _STATE_VERSION,
+            "epoch": self.epoch,
+            "batches_yielded": self._yielded,
+            "seed": self.seed,
+            "num_replicas": self.num_replicas,
+            "max_tokens_per_batch": self.max_tokens_per_batch,
+            "num_examples": len(self.lengths),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the next iteration yields epoch ``state["epoch"]`` from batch ``state["batches_yielded"]``."""
+        mine = self.state_dict()
+        for key in ("seed", "num_replicas", "max_tokens_per_batch", "num_examples"):
+            if key in state and state[key] != mine[key]:
+                raise ValueError(
+                    f"The state was saved with {key}={state[key]!r} but this sampler has {key}={mine[key]!r}; "
+                    "the epoch's plan would differ. Build the sampler with the same settings to resume."
+                )
+        self.set_epoch(state["epoch"])
+        done = _positive_int("batches_yielded", state["batches_yielded"], allow_zero=True)
+        total = self.plan().num_steps
+        if done > total:
+            raise ValueError(
+                f"The state says {done} batches were yielded in epoch {self.epoch}, but it has only {total} "
+                "on this rank; it was saved for a different dataset or settings."
+            )
+        self._start = self._yielded = done
