@@ -7,6 +7,8 @@ The public API; everything else lives in private modules:
 - :class:`FlatteningCollator` - a minibatch to one flat row with ``cu_seq_lens`` (online flattening).
 """
 
+from ._attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
+from ._checks import check_packing_support
 from ._engine import PackingResult, pack_lengths
 from ._flattening import FlatteningCollator
 from ._lengths import lengths_from_dataset
@@ -17,9 +19,13 @@ __all__ = [
     "FlatteningCollator",
     "MultipackBatchSampler",
     "PackingResult",
+    "VARLEN_ATTENTION",
+    "check_packing_support",
     "concatenate_and_pack",
     "lengths_from_dataset",
     "pack_lengths",
     "pack_sequences",
+    "register_varlen_attention",
+    "varlen_attention_forward",
 ]
 __version__ = "0.1.0"

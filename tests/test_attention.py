@@ -1,0 +1,141 @@
+"""The packing_varlen attention backend: registration, argument plumbing, refusals.
+
+The CUDA kernel does not run here; a reference kernel with varlen_attn's signature
+(tests/_tiny_models.py) stands in, so what is tested is what reaches the kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import pytest
+import torch
+from _tiny_models import random_examples, reference_varlen_attn, tiny_model
+
+from packing_collators import FlatteningCollator, register_varlen_attention, varlen_attention_forward
+from packing_collators import _attention
+
+
+def recording(kernel, calls):
+    @functools.wraps(kernel)
+    def wrapper(*args, **kwargs):
+        calls.append((args, kwargs))
+        return kernel(*args, **kwargs)
+
+    return wrapper
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    register_varlen_attention()
+    seen = []
+    monkeypatch.setattr(_attention, "_load_varlen_attn", lambda query: recording(reference_varlen_attn, seen))
+    return seen
+
+
+def test_register_is_idempotent_and_refuses_builtin_names():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    assert register_varlen_attention() == register_varlen_attention() == "packing_varlen"
+    assert AttentionInterface._global_mapping["packing_varlen"] is varlen_attention_forward
+    assert AttentionMaskInterface._global_mapping["packing_varlen"] is flash_attention_mask
+    assert register_varlen_attention("my_varlen") == "my_varlen"
+    with pytest.raises(ValueError, match="'sdpa' cannot be used"):
+        register_varlen_attention("sdpa")
+
+
+def test_kernel_gets_collator_lengths_gqa_scale_and_causal_window(calls):
+    model = tiny_model("llama", attn="packing_varlen")
+    batch = FlatteningCollator()(random_examples([4, 6, 3]))
+    model(**batch)
+    assert len(calls) == model.config.num_hidden_layers
+    (q, k, v, cu_q, cu_k, max_q, max_k), options = calls[0]
+    assert q.shape == (13, 4, 8) and k.shape == v.shape == (13, 2, 8)  # k/v not repeated
+    assert cu_q.tolist() == cu_k.tolist() == [0, 4, 10, 13] and cu_q.dtype == torch.int32
+    assert (max_q, max_k) == (6, 6)
+    assert options == {"enable_gqa": True, "scale": 8**-0.5, "window_size": (-1, 0)}
+
+
+def test_sliding_window_maps_to_left_window(calls):
+    model = tiny_model("mistral", attn="packing_varlen", sliding_window=3)
+    model(**FlatteningCollator()(random_examples([5, 2])))
+    assert calls[0][1]["window_size"] == (2, 0)
+    calls.clear()
+    model(**FlatteningCollator()(random_examples([3, 2])))  # no example longer than the window
+    assert calls[0][1]["window_size"] == (-1, 0)
+
+
+def _old_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False):
+    """An older varlen_attn signature: no enable_gqa, scale or window_size."""
+    return reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=is_causal)
+
+
+def test_older_kernel_signature_repeats_kv_and_folds_scale(monkeypatch):
+    register_varlen_attention()
+    seen = []
+    monkeypatch.setattr(_attention, "_load_varlen_attn", lambda query: recording(_old_kernel, seen))
+    q, k, v = torch.randn(1, 4, 9, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    out, weights = varlen_attention_forward(None, q, k, v, None, scaling=0.5, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=5, max_length_k=5)
+    (_, k_seen, *_), options = seen[0]
+    assert k_seen.shape == (9, 4, 8) and options == {"is_causal": True} and weights is None
+    want = reference_varlen_attn(
+        q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, 5, 5, scale=0.5, window_size=(-1, 0), enable_gqa=True
+    )
+    torch.testing.assert_close(out[0], want)
+    with pytest.raises(ValueError, match="has no window_size"):
+        varlen_attention_forward(None, q, k, v, None, sliding_window=3, cu_seq_lens_q=cu, max_length_q=5)
+
+
+def test_max_length_as_tensor_and_int64_cu_seq_lens_are_accepted(calls):
+    q = k = v = torch.randn(1, 2, 5, 4)
+    cu = torch.tensor([0, 2, 5])
+    out, _ = varlen_attention_forward(None, q, k, v, None, cu_seq_lens_q=cu, max_length_q=torch.tensor(3))
+    (_, _, _, cu_q, cu_k, max_q, max_k), _ = calls[0]
+    assert cu_q.dtype == torch.int32 and cu_k.tolist() == [0, 2, 5] and (max_q, max_k) == (3, 3)
+    assert out.shape == (1, 5, 2, 4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"attention_mask": torch.ones(1, 5, dtype=torch.bool)}, "got an attention_mask"),
+        ({"softcap": 30.0}, "no logit softcapping"),
+        ({"s_aux": torch.zeros(2)}, "no attention sinks"),
+        ({"dropout": 0.1}, "no attention dropout"),
+        ({"cu_seq_lens_q": None}, "needs cu_seq_lens_q/k"),
+        ({"cu_seq_lens_q": torch.tensor([[0, 5]], dtype=torch.int32)}, "must be 1-D"),
+    ],
+)
+def test_refusals(kwargs, match, calls):
+    q = k = v = torch.randn(1, 2, 5, 4)
+    options = {"attention_mask": None, "cu_seq_lens_q": torch.tensor([0, 5], dtype=torch.int32), "max_length_q": 5, **kwargs}
+    mask = options.pop("attention_mask")
+    with pytest.raises(ValueError, match=match):
+        varlen_attention_forward(None, q, k, v, mask, **options)
+    assert not calls
+
+
+def test_decoding_with_a_cache_is_refused(calls):
+    q, kv = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 6, 4)
+    cu = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(ValueError, match="differ in length, as when decoding"):
+        varlen_attention_forward(None, q, kv, kv, None, cu_seq_lens_q=cu, max_length_q=1)
+
+
+def test_the_real_loader_refuses_cpu_and_fp32():
+    with pytest.raises(ValueError, match="needs a CUDA device; the model is on cpu"):
+        _attention._load_varlen_attn(torch.zeros(1))
+    fake_cuda = type("FakeCuda", (), {"device": torch.device("cuda"), "dtype": torch.float32})()
+    with pytest.raises(ValueError, match="needs bf16 or fp16 activations, got torch.float32"):
+        _attention._load_varlen_attn(fake_cuda)
+
+
+def test_kernel_keywords_match_this_torch():
+    # Guards the keyword names used above against the installed PyTorch's varlen_attn.
+    varlen = pytest.importorskip("torch.nn.attention.varlen")
+    params = set(inspect.signature(varlen.varlen_attn).parameters)
+    assert {"query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k"} <= params
+    assert {"scale", "window_size", "enable_gqa"} <= params or "is_causal" in params
