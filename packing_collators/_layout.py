@@ -43,16 +43,16 @@ class SegmentLayout:
     def total(self) -> int:
         return int(self.cu_seq_lens[-1])
 
-    def position_ids(self, start: int = 0) -> np.ndarray:
-        """int64 (total,) position of each token inside its segment, plus ``start``.
+    def position_ids(self, start: int = 0, dtype=np.int64) -> np.ndarray:
+        """int64 (total,) position of each token inside its segment, plus ``start`` (``dtype`` to store int32).
 
         >>> segment_layout([3, 2, 4]).position_ids().tolist()
         [0, 1, 2, 0, 1, 0, 1, 2, 3]
         """
         if not self.total or self.lengths.min() == 0:
-            return np.arange(self.total, dtype=np.int64) - np.repeat(self.starts - start, self.lengths)
+            return (np.arange(self.total, dtype=np.int64) - np.repeat(self.starts - start, self.lengths)).astype(dtype, copy=False)
         # ones everywhere, a step back to `start` at each segment's first token, then cumsum
-        steps = np.ones(self.total, dtype=np.int64)
+        steps = np.ones(self.total, dtype=dtype)
         steps[self.cu_seq_lens[1:-1]] = 1 - self.lengths[:-1]
         steps[0] = start
         return np.cumsum(steps, out=steps)
