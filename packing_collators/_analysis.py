@@ -27,7 +27,6 @@ from typing import Literal, Sequence
 import numpy as np
 
 from ._engine import pack_lengths, validate_choice, validate_lengths
-from ._row_plan import wrapped_plan
 
 __all__ = ["Analysis", "Packing", "Padding", "Recommendation", "analyze_lengths", "check_max_length"]
 
@@ -178,6 +177,20 @@ def _padding(lengths: np.ndarray, batch_size: int, seed: int) -> tuple[Padding, 
     )
 
 
+def _split_examples(lengths: np.ndarray, capacity: int, seed: int) -> int:
+    """Examples that span two or more rows when wrapped in ``pack_dataset``'s default order (shuffled by ``seed``).
+
+    Seed 0 puts ``[3, 5, 2]`` in the order ``[2, 0, 1]``: rows ``S2 S2 S0 S0 | S0 S1 S1 S1 | S1 S1``.
+
+    >>> _split_examples(np.array([3, 5, 2]), 4, seed=0), _split_examples(np.array([4, 4]), 4, seed=0)
+    (2, 0)
+    """
+    stream = lengths[np.random.default_rng(seed).permutation(len(lengths))]
+    stream = stream[stream > 0]
+    ends = np.cumsum(stream)
+    return int(((ends - stream) // capacity != (ends - 1) // capacity).sum())
+
+
 def _row_packings(lengths, max_length, batch_size, overflow, seed, padded) -> list[Packing]:
     packings = []
     for strategy in ROW_STRATEGIES:
@@ -197,22 +210,20 @@ def _row_packings(lengths, max_length, batch_size, overflow, seed, padded) -> li
                 speedup=padded / (result.num_rows * max_length) if result.num_rows else 1.0,
             )
         )
-    # The order pack_dataset(strategy="wrapped") uses by default (shuffle_rows=True, seed).
-    plan = wrapped_plan(lengths, max_length, np.random.default_rng(seed).permutation(len(lengths)))
-    tokens = int(lengths.sum())
+    tokens, rows = int(lengths.sum()), math.ceil(int(lengths.sum()) / max_length)
     packings.append(
         Packing(
             strategy="wrapped",
             capacity=max_length,
-            rows=plan.num_rows,
-            steps=math.ceil(plan.num_rows / batch_size),
-            lower_bound=math.ceil(tokens / max_length),
+            rows=rows,
+            steps=math.ceil(rows / batch_size),
+            lower_bound=rows,
             tokens=tokens,
             truncated_examples=0,
             dropped_examples=0,
-            split_examples=int((np.bincount(plan.segment_example, minlength=len(plan.order)) > 1).sum()),
+            split_examples=_split_examples(lengths, max_length, seed),
             keeps_boundaries=False,
-            speedup=padded / (plan.num_rows * max_length) if plan.num_rows else 1.0,
+            speedup=padded / (rows * max_length) if rows else 1.0,
         )
     )
     return packings
@@ -274,7 +285,7 @@ def _recommend(analysis: dict, lengths: np.ndarray) -> Recommendation:
             f"{WORTH_PACKING - 1:.0%} of the compute"
         )
     reasons.append(
-        f"token budget {budget:,} = {batch_size} x {recommended_length}: the memory of one padded batch "
+        f"token budget {budget:,} = {batch_size} x {recommended_length:,}: the memory of one padded batch "
         f"of {batch_size} examples at the max length"
     )
     wrapped = next(p for p in packings if p.strategy == "wrapped")

@@ -1,0 +1,269 @@
+"""The command line's DATA argument: open it as a ``datasets.Dataset``, pick its column, count tokens.
+
+DATA may be::
+
+    a save_to_disk folder         load_from_disk (a DatasetDict: --split picks one, default "train")
+    a folder of data files        load_dataset(folder)
+    data.parquet, data.arrow      read with pyarrow (the .arrow file memory-mapped), no cache written
+    data.json(l), data.csv        load_dataset("json" or "csv", data_files=...)
+    owner/name                    load_dataset(name) from the Hugging Face Hub
+
+The column (``--column``; by default the first of ``input_ids``, ``messages``, ``text``)::
+
+    list of integers   token ids     lengths read from the Arrow offsets (lengths_from_dataset)
+    integer            lengths       read as they are (the fast path: 1M examples in milliseconds)
+    string             text          tokenized with --tokenizer
+    list of structs    messages      chat messages, tokenized with the tokenizer's chat template
+
+Tokenizing is a batched ``Dataset.map`` over ``num_proc`` processes with a progress bar,
+kept in memory (nothing is written next to the user's data). Every problem is a
+``ValueError``/``TypeError``/``FileNotFoundError`` whose message is one line naming the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ._lengths import lengths_from_dataset
+
+__all__ = ["ColumnKind", "column_kind", "choose_column", "example_lengths", "open_dataset", "token_ids", "load_tokenizer"]
+
+ColumnKind = Literal["tokens", "lengths", "text", "messages"]
+AUTO_COLUMNS = ("input_ids", "messages", "text")
+FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+PARALLEL_FROM = 10_000  # examples; below this, one process tokenizes faster than starting more
+
+
+def _looks_like_path(data: str) -> bool:
+    """A DATA that cannot be a Hub name (``owner/name``): a file suffix, a path prefix, or deeper nesting."""
+    return (
+        Path(data).suffix.lower() in FILE_BUILDERS
+        or data.startswith((".", "/", "~"))
+        or data.count("/") > 1
+        or os.sep in data.replace("/", "")
+    )
+
+
+def _pick_split(splits: Any, split: str | None, data: str):
+    """One split of a DatasetDict: ``split``, else its only split, else ``"train"``."""
+    names = list(splits)
+    if split is not None:
+        if split not in splits:
+            raise ValueError(f"{data!r} has no split {split!r} (its splits: {names}); pass --split with one of them.")
+        return splits[split]
+    if len(names) == 1:
+        return splits[names[0]]
+    if "train" in splits:
+        return splits["train"]
+    raise ValueError(f"{data!r} has several splits {names} and none is 'train'; pass --split with one of them.")
+
+
+def open_dataset(data: str, *, split: str | None = None):
+    """DATA as a ``datasets.Dataset`` (one split), or a one-line error that says what is wrong.
+
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> path = os.path.join(tempfile.mkdtemp(), "lengths.parquet")
+    >>> pq.write_table(pa.table({"length": [3, 1, 2]}), path)
+    >>> open_dataset(path).to_dict()
+    {'length': [3, 1, 2]}
+    >>> open_dataset("no/such/file.jsonl")
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: DATA 'no/such/file.jsonl' does not exist: no such file or folder (a Hub dataset is named like 'owner/name').
+    """
+    import datasets
+
+    path = Path(data).expanduser()
+    if not path.exists():
+        if _looks_like_path(data):
+            raise FileNotFoundError(
+                f"DATA {data!r} does not exist: no such file or folder (a Hub dataset is named like 'owner/name')."
+            )
+        loaded = datasets.load_dataset(data, split=split)
+    elif path.is_dir():
+        if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+            loaded = datasets.load_from_disk(str(path))
+        else:
+            loaded = datasets.load_dataset(str(path))
+    else:
+        loaded = _open_file(path, data)
+    if isinstance(loaded, (datasets.DatasetDict, dict)):
+        loaded = _pick_split(loaded, split, data)
+    return loaded
+
+
+def _open_file(path: Path, data: str):
+    import datasets
+
+    builder = FILE_BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise ValueError(
+            f"DATA {data!r} is not a file type this command reads; use a save_to_disk folder or a "
+            f"{', '.join(sorted(FILE_BUILDERS))} file."
+        )
+    if builder == "arrow":
+        return datasets.Dataset.from_file(str(path))  # memory-mapped, as save_to_disk wrote it
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+        from datasets.table import InMemoryTable
+
+        return datasets.Dataset(InMemoryTable(pq.read_table(path)))
+    return datasets.load_dataset(builder, data_files=str(path), split="train")
+
+
+def column_kind(dataset: Any, column: str) -> ColumnKind:
+    """What ``column`` holds: token ids, lengths, text or messages; a TypeError for anything else.
+
+    >>> from datasets import Dataset
+    >>> data = Dataset.from_dict({"input_ids": [[1, 2]], "length": [2], "text": ["a b"], "score": [[0.5, 1.0]]})
+    >>> [column_kind(data, name) for name in ("input_ids", "length", "text")]
+    ['tokens', 'lengths', 'text']
+    >>> column_kind(data, "score")
+    Traceback (most recent call last):
+    ...
+    TypeError: Column 'score' holds list<item: double>, not token data: it must hold token ids (a list of integers per example) or lengths (one integer per example), or be text or messages to tokenize with --tokenizer.
+    """
+    import pyarrow as pa
+
+    kind = dataset.data.schema.field(column).type
+    if pa.types.is_integer(kind):
+        return "lengths"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "text"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        value = kind.value_type
+        if pa.types.is_integer(value):
+            return "tokens"
+        if pa.types.is_struct(value) and value.get_field_index("content") >= 0:
+            return "messages"
+    raise TypeError(
+        f"Column {column!r} holds {kind}, not token data: it must hold token ids (a list of integers per example) "
+        "or lengths (one integer per example), or be text or messages to tokenize with --tokenizer."
+    )
+
+
+def choose_column(dataset: Any, column: str | None = None) -> tuple[str, ColumnKind]:
+    """``(column, kind)``: the named column, or the first of ``input_ids``, ``messages``, ``text``.
+
+    >>> from datasets import Dataset
+    >>> choose_column(Dataset.from_dict({"text": ["a b"], "input_ids": [[1, 2]]}))
+    ('input_ids', 'tokens')
+    >>> choose_column(Dataset.from_dict({"text": ["a b"]}), "labels")
+    Traceback (most recent call last):
+    ...
+    ValueError: The dataset has no column 'labels' (its columns: ['text']); pass --column with one of them.
+    """
+    names = list(dataset.column_names)
+    if column is None:
+        column = next((name for name in AUTO_COLUMNS if name in names), None)
+        if column is None:
+            raise ValueError(
+                f"The dataset has none of the columns {list(AUTO_COLUMNS)} (its columns: {names}); pass --column "
+                "with the one holding token ids, lengths, text or messages."
+            )
+    elif column not in names:
+        raise ValueError(f"The dataset has no column {column!r} (its columns: {names}); pass --column with one of them.")
+    return column, column_kind(dataset, column)
+
+
+def load_tokenizer(name: str):
+    """``AutoTokenizer.from_pretrained(name)`` (a local folder or a Hub name)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
+
+
+def _needs_tokenizer(column: str, kind: str, tokenizer: Any) -> None:
+    if tokenizer is None:
+        raise ValueError(
+            f"Column {column!r} holds {kind}; pass --tokenizer NAME_OR_PATH to count its tokens "
+            "(or --column with token ids or lengths)."
+        )
+    if kind == "messages" and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"Column {column!r} holds chat messages, but the tokenizer has no chat template; "
+            "pass --tokenizer with a chat model's tokenizer, or --column with text or token ids."
+        )
+
+
+class _Tokenize:
+    """A picklable batched map function: text or messages in, ``input_ids`` (or only their lengths) out."""
+
+    def __init__(self, tokenizer: Any, column: str, kind: str, output: str) -> None:
+        self.tokenizer, self.column, self.kind, self.output = tokenizer, column, kind, output
+
+    def __call__(self, batch: dict) -> dict:
+        values = batch[self.column]
+        if self.kind == "messages":
+            ids = self.tokenizer.apply_chat_template(values, tokenize=True, return_dict=False)
+        else:
+            ids = self.tokenizer(values, return_attention_mask=False)["input_ids"]
+        return {self.output: [len(x) for x in ids] if self.output == "length" else ids}
+
+
+def _map_tokens(dataset, column, kind, tokenizer, num_proc, output, remove):
+    if num_proc is None:
+        num_proc = min(os.cpu_count() or 1, 8) if len(dataset) >= PARALLEL_FROM else None
+    return dataset.map(
+        _Tokenize(tokenizer, column, kind, output),
+        batched=True,
+        num_proc=num_proc if num_proc and num_proc > 1 else None,
+        remove_columns=remove,
+        keep_in_memory=True,
+        desc=f"Tokenizing {column!r}",
+    )
+
+
+def example_lengths(
+    dataset: Any, *, column: str | None = None, tokenizer: Any = None, num_proc: int | None = None
+) -> tuple[np.ndarray, str, ColumnKind]:
+    """``(lengths, column, kind)``: int64 (n,) tokens of each example, and where they came from.
+
+    Token ids and lengths are read from Arrow; text and messages are tokenized (all
+    columns but the lengths are dropped from the map's output, so only they are kept).
+
+    >>> from datasets import Dataset
+    >>> lengths, column, kind = example_lengths(Dataset.from_dict({"input_ids": [[1, 2, 3], [4]]}))
+    >>> lengths.tolist(), column, kind
+    ([3, 1], 'input_ids', 'tokens')
+    """
+    column, kind = choose_column(dataset, column)
+    if kind in ("text", "messages"):
+        _needs_tokenizer(column, kind, tokenizer)
+        dataset = _map_tokens(dataset, column, kind, tokenizer, num_proc, "length", dataset.column_names)
+        return lengths_from_dataset(dataset, "length"), column, kind
+    return lengths_from_dataset(dataset, column), column, kind
+
+
+def token_ids(dataset: Any, *, column: str | None = None, tokenizer: Any = None, num_proc: int | None = None):
+    """The dataset with its tokens in ``input_ids`` (what ``pack_dataset`` packs), tokenizing text or messages.
+
+    The text or messages column is replaced by ``input_ids``; a token-id column of another
+    name is renamed to ``input_ids``.
+
+    >>> from datasets import Dataset
+    >>> token_ids(Dataset.from_dict({"tokens": [[1, 2, 3]]}), column="tokens")[0]
+    {'input_ids': [1, 2, 3]}
+    """
+    column, kind = choose_column(dataset, column)
+    if kind == "lengths":
+        raise ValueError(
+            f"Column {column!r} holds lengths only; packing needs the token ids: pass --column with a "
+            "token-id column, or text/messages with --tokenizer."
+        )
+    if kind in ("text", "messages"):
+        _needs_tokenizer(column, kind, tokenizer)
+        if "input_ids" in dataset.column_names:
+            raise ValueError(
+                f"The dataset has both {column!r} and 'input_ids'; pass --column input_ids to pack the token ids it has."
+            )
+        return _map_tokens(dataset, column, kind, tokenizer, num_proc, "input_ids", [column])
+    if column != "input_ids":
+        if "input_ids" in dataset.column_names:
+            raise ValueError(f"The dataset has both {column!r} and 'input_ids'; pack 'input_ids' or remove it first.")
+        dataset = dataset.rename_column(column, "input_ids")
+    return dataset

@@ -1,0 +1,166 @@
+"""The ``packing-collators`` command line (also ``python -m packing_collators``).
+
+Argument parsing and printing only: the numbers come from ``_analysis``, the data from
+``_data_loading``, the packing from :func:`pack_dataset`. A user error (a missing file, a
+column that is not there, non-integer token data, a max length every example exceeds)
+is one line on stderr, ``packing-collators: error: ...``, and exit code 2.
+
+    packing-collators analyze DATA --max-length N [--column C] [--tokenizer T] [--json] [--plot F.png]
+    packing-collators pack DATA OUT --max-length N [--strategy S] [--overflow O]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ["main"]
+
+PROG = "packing-collators"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("data", metavar="DATA", help="save_to_disk folder, .parquet/.arrow/.json/.jsonl/.csv file, or Hub name")
+    parser.add_argument("--max-length", type=_positive_int, required=True, help="tokens per packed row")
+    parser.add_argument("--column", help="token ids, integer lengths, text or messages (default: input_ids, messages or text)")
+    parser.add_argument("--tokenizer", help="tokenizer (folder or Hub name) for a text or messages column")
+    parser.add_argument("--split", help="split of a DatasetDict or Hub dataset (default: its only split, else 'train')")
+    parser.add_argument("--num-proc", type=_positive_int, help="tokenizing processes (default: up to 8 for 10,000+ examples)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the shuffles (default 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Should I pack, and how? Analyze a dataset's lengths, or pack it to disk.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    analyze = commands.add_parser("analyze", help="lengths, padding waste and each packing strategy's numbers")
+    _add_data_arguments(analyze)
+    analyze.add_argument("--batch-size", type=_positive_int, default=8, help="examples per padded batch, rows per step (default 8)")
+    analyze.add_argument("--max-tokens-per-batch", type=_positive_int, help="the sampler's token budget (default batch size x max length)")
+    analyze.add_argument("--overflow", choices=("truncate", "drop"), default="truncate", help="examples over the max length (default truncate)")
+    analyze.add_argument("--json", action="store_true", help="print machine-readable JSON instead of the table")
+    analyze.add_argument("--plot", metavar="FILE.png", help="write a length histogram and each strategy's efficiency (needs matplotlib)")
+    analyze.set_defaults(run=_analyze)
+
+    pack = commands.add_parser("pack", help="pack with pack_dataset and write the rows to disk")
+    _add_data_arguments(pack)
+    pack.add_argument("out", metavar="OUT", help="output: a save_to_disk folder, or a .parquet file")
+    pack.add_argument("--strategy", choices=("bfd", "ffd", "next_fit", "wrapped"), default="bfd", help="default bfd")
+    pack.add_argument("--overflow", choices=("error", "truncate", "drop"), default="error", help="examples over the max length (default error)")
+    pack.add_argument("--keep-column", action="append", default=[], metavar="NAME", help="per-example column kept as a list per row (repeatable)")
+    pack.add_argument("--no-shuffle", action="store_true", help="keep packing order instead of shuffling the rows")
+    pack.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    pack.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    pack.set_defaults(run=_pack)
+    return parser
+
+
+def _lengths(args):
+    from ._data_loading import example_lengths, load_tokenizer, open_dataset
+
+    dataset = open_dataset(args.data, split=args.split)
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    return example_lengths(dataset, column=args.column, tokenizer=tokenizer, num_proc=args.num_proc)
+
+
+def _analyze(args) -> int:
+    from ._analysis import analyze_lengths
+    from ._analysis_report import format_analysis, plot_analysis, require_matplotlib
+
+    if args.plot:
+        require_matplotlib()  # before the work, not after it
+    lengths, column, kind = _lengths(args)
+    analysis = analyze_lengths(
+        lengths,
+        args.max_length,
+        batch_size=args.batch_size,
+        max_tokens_per_batch=args.max_tokens_per_batch,
+        overflow=args.overflow,
+        seed=args.seed,
+    )
+    if args.json:
+        print(json.dumps({"data": args.data, "column": column, "kind": kind, **analysis.as_dict()}, indent=2))
+    else:
+        print(format_analysis(analysis, source=f"{args.data}: column {column!r} ({kind})"))
+    if args.plot:
+        plot_analysis(lengths, analysis, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _pack(args) -> int:
+    from . import lengths_from_dataset, pack_dataset
+    from ._analysis import check_max_length
+    from ._data_loading import load_tokenizer, open_dataset, token_ids
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise ValueError(f"OUT {args.out!r} exists; pass --overwrite to replace it, or choose another path.")
+    dataset = open_dataset(args.data, split=args.split)
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    dataset = token_ids(dataset, column=args.column, tokenizer=tokenizer, num_proc=args.num_proc)
+    if args.strategy != "wrapped":  # wrapping cuts long examples into rows by design
+        check_max_length(lengths_from_dataset(dataset), args.max_length)
+    packed, stats = pack_dataset(
+        dataset,
+        args.max_length,
+        strategy=args.strategy,
+        overflow=args.overflow,
+        shuffle_rows=not args.no_shuffle,
+        seed=args.seed,
+        keep_columns=args.keep_column,
+        num_proc=args.num_proc,
+        return_stats=True,
+    )
+    if out.suffix.lower() == ".parquet":
+        packed.to_parquet(str(out))
+    else:
+        packed.save_to_disk(str(out))
+    if args.json:
+        print(json.dumps({"data": args.data, "out": args.out, **stats.as_dict()}, indent=2))
+        return 0
+    print(stats.summary())
+    width = max(map(len, stats.as_dict()))
+    for key, value in stats.as_dict().items():
+        shown = f"{value:.4%}" if key == "efficiency" else f"{value:,}" if isinstance(value, int) else value
+        print(f"  {key:<{width}}  {shown}")
+    print(f"wrote {stats.rows:,} rows to {args.out}")
+    return 0
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    if isinstance(error, KeyError):  # str(KeyError) is the repr of its key
+        text = text.strip("'\"")
+    return text or type(error).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit code (0, or 2 for a user error).
+
+    >>> main(["pack", "no/such/data.jsonl", "out", "--max-length", "8"])
+    2
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return args.run(args)
+    except (ValueError, TypeError, OSError, ImportError) as error:
+        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+        return 2
