@@ -1,0 +1,377 @@
+"""GPU training throughput: padding vs packing vs a no-padding oracle, on the same examples.
+
+Fine-tunes a Llama-style model built from a config (random weights, bf16) for a fixed number
+of optimizer steps on synthetic token data whose lengths follow the standard distributions,
+and compares, on the same GPU in one run:
+
+    padded_random    B examples per micro-batch, random order, padded to the longest (sdpa + mask)
+    padded_grouped   the same examples per step, sorted by length before cutting micro-batches
+    flattened        the same examples per step and order as padded_random, flattened (online)
+    prepacked_bfd    all examples packed offline into rows of --max-length (bfd), rows flattened
+    prepacked_wrapped  tokens laid end to end and cut into rows (boundaries not kept), plain causal
+    multipack        MultipackBatchSampler at --tokens-per-step, one micro-batch per step
+    uniform          the ceiling: rows all of the mean length, same tokens per step, plain causal
+
+Packed modes run on each --attn backend (the library's torch varlen backend, flex_attention,
+flash_attention_2 where installed). Data loading runs in DataLoader workers with pinned memory
+and non-blocking copies. The tokens follow a fixed random Markov chain (4 successors per token),
+so the loss curves mean something: the floor is ln 4 = 1.386.
+
+Per mode: real (non-pad) tokens/s, steps/s, model FLOPs utilisation, peak memory, padding
+fraction, and training / validation loss curves. Writes results.json and a plot to --out.
+
+Usage (GPU):  python benchmarks/train_throughput.py --size 200m --out benchmarks/results/train_throughput
+Smoke (CPU):  python benchmarks/train_throughput.py --smoke --out /tmp/tt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from _common import lengths_of
+from packing_collators import FlatteningCollator, MultipackBatchSampler, pack_lengths
+
+SIZES = {  # hidden, layers, heads, kv_heads, intermediate
+    "tiny": (64, 2, 4, 2, 128),
+    "200m": (1024, 12, 16, 4, 2816),
+    "1b": (2048, 16, 32, 8, 5632),
+}
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}
+PACKED_MODES = ("flattened", "prepacked_bfd", "multipack")
+ALL_MODES = ("padded_random", "padded_grouped", *PACKED_MODES, "prepacked_wrapped", "uniform")
+
+
+# ----------------------------------------------------------------------------- data
+def markov_tokens(lengths: np.ndarray, vocab: int, seed: int) -> list[np.ndarray]:
+    """One token array per example, drawn from a fixed chain where each token has 4 successors."""
+    rng = np.random.default_rng(seed)
+    successors = np.random.default_rng(1234).integers(0, vocab, size=(vocab, 4))
+    width = int(lengths.max())
+    grid = np.empty((len(lengths), width), dtype=np.int64)
+    grid[:, 0] = rng.integers(0, vocab, len(lengths))
+    choice = rng.integers(0, 4, size=(len(lengths), width))
+    for t in range(1, width):
+        grid[:, t] = successors[grid[:, t - 1], choice[:, t]]
+    return [grid[i, :n] for i, n in enumerate(lengths)]
+
+
+@dataclass
+class Plan:
+    """What one mode trains on: a list of steps, each a list of micro-batches (lists of features)."""
+
+    steps: list[list[list[dict]]]
+    layout: str  # "padded", "flat" or "rows"
+
+
+def padded_batch(features: list[dict]) -> dict:
+    width = max(len(f["input_ids"]) for f in features)
+    ids = torch.zeros(len(features), width, dtype=torch.long)
+    labels = torch.full((len(features), width), -100, dtype=torch.long)
+    mask = torch.zeros(len(features), width, dtype=torch.long)
+    for i, f in enumerate(features):
+        n = len(f["input_ids"])
+        ids[i, :n] = torch.from_numpy(f["input_ids"])
+        labels[i, :n] = torch.from_numpy(f["input_ids"])
+        mask[i, :n] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def rows_batch(rows: list[np.ndarray]) -> dict:
+    ids = torch.from_numpy(np.stack(rows))
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+class MicroBatches(torch.utils.data.Dataset):
+    """Collates micro-batch i in a DataLoader worker, so collation is off the GPU's critical path."""
+
+    def __init__(self, plan: Plan):
+        self.items = [mb for step in plan.steps for mb in step]
+        self.layout = plan.layout
+        self.flatten = FlatteningCollator()
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        if self.layout == "flat":
+            return self.flatten(self.items[i])
+        if self.layout == "rows":
+            return rows_batch(self.items[i])
+        return padded_batch(self.items[i])
+
+
+def make_plans(examples, lengths, args, rng) -> dict[str, Plan]:
+    """The same examples for every mode; the first three modes also share each step's examples."""
+    per_step = max(1, round(args.tokens_per_step / lengths.mean()))
+    order = rng.permutation(len(examples))
+    step_sets = [order[s * per_step : (s + 1) * per_step] for s in range(args.warmup + args.steps)]
+    feats = [{"input_ids": e} for e in examples]
+
+    def cut(indices, size):
+        return [[feats[i] for i in indices[j : j + size]] for j in range(0, len(indices), size)]
+
+    def budget_cut(indices):  # next-fit into micro-batches of at most tokens_per_micro tokens
+        result = pack_lengths(lengths[indices], args.micro_tokens, strategy="next_fit")
+        return [[feats[indices[k]] for k in row] for row in result.rows]
+
+    plans = {
+        "padded_random": Plan([cut(s, args.batch_size) for s in step_sets], "padded"),
+        "padded_grouped": Plan([cut(s[np.argsort(lengths[s])], args.batch_size) for s in step_sets], "padded"),
+        "flattened": Plan([budget_cut(s) for s in step_sets], "flat"),
+    }
+    n_steps = args.warmup + args.steps
+    rows_per_step = max(1, args.tokens_per_step // args.max_length)
+    packed = pack_lengths(lengths, args.max_length)
+    row_order = rng.permutation(packed.num_rows)[: n_steps * rows_per_step]
+    bfd_steps = [[[feats[i] for r in row_order[s * rows_per_step : (s + 1) * rows_per_step] for i in packed[r]]] for s in range(n_steps)]
+    plans["prepacked_bfd"] = Plan(bfd_steps, "flat")
+    stream = np.concatenate([examples[i] for i in order])
+    wrapped = np.resize(stream, n_steps * rows_per_step * args.max_length).reshape(n_steps, rows_per_step, args.max_length)
+    plans["prepacked_wrapped"] = Plan([[list(step)] for step in wrapped], "rows")
+    sampler = MultipackBatchSampler(lengths, args.tokens_per_step, seed=args.seed, num_replicas=1, rank=0)
+    batches = list(sampler)[:n_steps]
+    plans["multipack"] = Plan([[[feats[i] for i in b]] for b in batches], "flat")
+    mean = int(round(lengths.mean()))
+    uniform = np.resize(stream, n_steps * (args.tokens_per_step // mean) * mean).reshape(n_steps, -1, mean)
+    plans["uniform"] = Plan([[list(step)] for step in uniform], "rows")
+    return plans
+
+
+# ----------------------------------------------------------------------------- model
+def build_model(args, attn: str, device, dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, layers, heads, kv, inter = SIZES[args.size]
+    config = LlamaConfig(
+        vocab_size=args.vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=max(args.max_length, 8192),
+        use_cache=False, tie_word_embeddings=False,
+    )
+    torch.manual_seed(args.seed)
+    model = LlamaForCausalLM(config).to(device=device, dtype=dtype)
+    model.config._attn_implementation = attn
+    model.train()
+    return model
+
+
+def flops_per_step(n_params: int, layers: int, hidden: int, segments: list[int]) -> float:
+    """6 N per token for the matmuls plus causal attention: 6 * layers * hidden * sum(s^2) (fwd + bwd)."""
+    return 6 * n_params * sum(segments) + 6 * layers * hidden * sum(s * s for s in segments)
+
+
+def segment_lengths(batch: dict, layout: str) -> list[int]:
+    if layout == "flat":
+        return np.diff(batch["cu_seq_lens_q"].numpy()).tolist()
+    if layout == "padded":
+        return batch["attention_mask"].sum(1).tolist()
+    return [batch["input_ids"].shape[1]] * batch["input_ids"].shape[0]
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
+    model = build_model(args, attn, device, dtype)
+    n_params = sum(p.numel() for p in model.parameters())
+    hidden, layers = SIZES[args.size][0], SIZES[args.size][1]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, **({"fused": True} if device.type == "cuda" else {}))
+    loader = torch.utils.data.DataLoader(
+        MicroBatches(plan), batch_size=None, shuffle=False, num_workers=args.workers,
+        pin_memory=device.type == "cuda", prefetch_factor=4 if args.workers else None, persistent_workers=False,
+    )
+    batches = iter(loader)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    losses, val_losses, slots, flops, step_times = [], [], 0, 0.0, []
+    for step, micro_batches in enumerate(plan.steps):
+        sync(device)
+        start = time.perf_counter()
+        cpu_batches = [next(batches) for _ in micro_batches]
+        n_items = sum(int((b["labels"][:, 1:] != -100).sum()) for b in cpu_batches)
+        total = 0.0
+        for cpu_batch in cpu_batches:
+            batch = to_device(cpu_batch, device)
+            loss = model(**batch, num_items_in_batch=n_items).loss
+            loss.backward()
+            total += loss.detach()
+            if step >= args.warmup:
+                segs = segment_lengths(cpu_batch, plan.layout)
+                flops += flops_per_step(n_params, layers, hidden, segs)
+                slots += cpu_batch["input_ids"].numel()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(total))
+        sync(device)
+        if step >= args.warmup:
+            step_times.append(time.perf_counter() - start)
+        if args.eval_every and (step + 1) % args.eval_every == 0:
+            val_losses.append((step + 1, evaluate(model, val_batches, device)))
+    seconds = sum(step_times)
+    real = sum(len(f["input_ids"]) if isinstance(f, dict) else len(f) for st in plan.steps[args.warmup:] for mb in st for f in mb)
+    result = {
+        "real_tokens_per_s": real / seconds,
+        "steps_per_s": args.steps / seconds,
+        "padding_fraction": 1 - real / slots,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+        "achieved_tflops": flops / seconds / 1e12,
+        "train_loss": losses,
+        "val_loss": val_losses,
+        "params": n_params,
+    }
+    del model, optimizer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+@torch.no_grad()
+def evaluate(model, val_batches, device) -> float:
+    model.eval()
+    n_items = sum(int((b["labels"][:, 1:] != -100).sum()) for b in val_batches)
+    total = sum(float(model(**to_device(b, device), num_items_in_batch=n_items).loss) for b in val_batches)
+    model.train()
+    return total
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------- report
+def card_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def mfu(tflops: float) -> float | None:
+    for key, peak in PEAK_BF16_FLOPS.items():
+        if key in card_name():
+            return tflops * 1e12 / peak
+    return None
+
+
+def report(results: dict, args) -> str:
+    lines = [f"## Training throughput: {args.size} Llama-style, bf16, {card_name()}", "",
+             f"{args.steps} timed steps after {args.warmup} warm-up, ~{args.tokens_per_step} tokens per step, "
+             f"max length {args.max_length}. Command: `{args.command}`", ""]
+    for dist, modes in results.items():
+        ref = modes.get("padded_random|sdpa", {}).get("real_tokens_per_s")
+        grouped = modes.get("padded_grouped|sdpa", {}).get("real_tokens_per_s")
+        oracle = modes.get("uniform|sdpa", {}).get("real_tokens_per_s")
+        lines += [f"### {dist}", "", "| mode | attention | real tokens/s | vs padded | vs grouped | vs oracle | MFU | peak GiB | padding | final loss |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for key, r in modes.items():
+            mode, attn = key.split("|")
+            tps = r["real_tokens_per_s"]
+            m, mem = mfu(r["achieved_tflops"]), r["peak_memory_gib"]
+            m_text = "" if m is None else f"{m:.1%}"
+            mem_text = "" if mem is None else f"{mem:.1f}"
+            lines.append(
+                f"| {mode} | {attn} | {tps:,.0f} | {tps / ref:.2f}x | {tps / grouped:.2f}x | {tps / oracle:.1%} | "
+                f"{m_text} | {mem_text} | {r['padding_fraction']:.1%} | {r['train_loss'][-1]:.4f} |"
+            )
+        if "flattened|" + args.attn[0] in modes and "padded_random|sdpa" in modes:
+            a = np.array(modes["padded_random|sdpa"]["train_loss"])
+            b = np.array(modes["flattened|" + args.attn[0]]["train_loss"])
+            lines += ["", f"Loss curve, flattened vs padded (same examples per step): max |diff| {np.abs(a - b).max():.4f}, "
+                          f"mean |diff| {np.abs(a - b).mean():.4f} over {len(a)} steps."]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(results: dict, out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    fig, axes = plt.subplots(len(results), 2, figsize=(14, 4 * len(results)), squeeze=False)
+    for row, (dist, modes) in enumerate(results.items()):
+        names = list(modes)
+        axes[row, 0].barh(names, [modes[n]["real_tokens_per_s"] for n in names])
+        axes[row, 0].set_title(f"{dist}: real tokens/s")
+        for n in names:
+            axes[row, 1].plot(modes[n]["train_loss"], label=n)
+        axes[row, 1].set_title(f"{dist}: training loss per step")
+        axes[row, 1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out / "train_throughput.png", dpi=90)
+
+
+# ----------------------------------------------------------------------------- main
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(SIZES), default="200m")
+    parser.add_argument("--distributions", default="flan_like,orcamath_like,sft")
+    parser.add_argument("--modes", default=",".join(ALL_MODES))
+    parser.add_argument("--attn", default="packing_varlen,flex_attention", help="backends for the packed modes")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--tokens-per-step", type=int, default=16384)
+    parser.add_argument("--micro-tokens", type=int, default=16384, help="token budget of a flattened micro-batch")
+    parser.add_argument("--batch-size", type=int, default=8, help="examples per padded micro-batch")
+    parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--examples", type=int, default=20000)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true", help="tiny fp32 CPU run with sdpa (checks the script)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    import sys
+
+    args.command = "python " + " ".join(sys.argv)
+    if args.smoke:
+        args.size, args.vocab, args.steps, args.warmup, args.examples = "tiny", 128, 4, 1, 3000
+        args.tokens_per_step = args.micro_tokens = 2048
+        args.max_length, args.attn, args.workers, args.eval_every = 512, "sdpa", 0, 2
+    args.attn = args.attn.split(",")
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if "packing_varlen" in args.attn:
+        from packing_collators import register_varlen_attention
+
+        register_varlen_attention()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for dist in args.distributions.split(","):
+        rng = np.random.default_rng(args.seed)
+        lengths = np.minimum(lengths_of(dist, args.examples, seed=args.seed), args.max_length)
+        if args.smoke:
+            lengths = np.maximum(lengths // 8, 2)
+        examples = markov_tokens(lengths, args.vocab, args.seed)
+        plans = make_plans(examples, lengths, args, rng)
+        val = [FlatteningCollator()([{"input_ids": e} for e in examples[-64:]])]
+        results[dist] = {}
+        for mode in args.modes.split(","):
+            backends = args.attn if mode in PACKED_MODES else ["sdpa"]
+            for attn in backends:
+                val_batches = val if attn != "sdpa" or mode in PACKED_MODES else [padded_batch([{"input_ids": e} for e in examples[-64:]])]
+                r = train(plans[mode], attn, args, device, dtype, val_batches)
+                results[dist][f"{mode}|{attn}"] = r
+                print(f"{dist:14s} {mode:18s} {attn:15s} {r['real_tokens_per_s']:>12,.0f} tok/s  "
+                      f"pad {r['padding_fraction']:.1%}  loss {r['train_loss'][-1]:.4f}  "
+                      f"mem {r['peak_memory_gib'] or 0:.1f} GiB", flush=True)
+        (args.out / "results.json").write_text(json.dumps({"card": card_name(), "args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
+    markdown = report(results, args)
+    (args.out / "train_throughput.md").write_text(markdown)
+    print(markdown)
+    plot(results, args.out)
+
+
+if __name__ == "__main__":
+    main()
