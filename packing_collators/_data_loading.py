@@ -30,7 +30,16 @@ import numpy as np
 
 from ._lengths import lengths_from_dataset
 
-__all__ = ["ColumnKind", "column_kind", "choose_column", "example_lengths", "open_dataset", "token_ids", "load_tokenizer"]
+__all__ = [
+    "ColumnKind",
+    "choose_column",
+    "column_kind",
+    "example_lengths",
+    "load_tokenizer",
+    "open_dataset",
+    "packable_columns",
+    "token_ids",
+]
 
 ColumnKind = Literal["tokens", "lengths", "text", "messages"]
 AUTO_COLUMNS = ("input_ids", "messages", "text")
@@ -266,4 +275,46 @@ def token_ids(dataset: Any, *, column: str | None = None, tokenizer: Any = None,
         if "input_ids" in dataset.column_names:
             raise ValueError(f"The dataset has both {column!r} and 'input_ids'; pack 'input_ids' or remove it first.")
         dataset = dataset.rename_column(column, "input_ids")
+    return dataset
+
+
+def _per_token(kind) -> bool:
+    import pyarrow as pa
+
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return False
+    value = kind.value_type
+    return pa.types.is_integer(value) or pa.types.is_floating(value) or pa.types.is_boolean(value)
+
+
+def packable_columns(dataset: Any, *, keep_columns=(), remove_columns=()):
+    """The dataset without ``remove_columns``, once every other column can go into packed rows.
+
+    A column goes into packed rows if it is per token (a list of numbers, concatenated) or
+    kept (``--keep-column``: one value per example, as a list per row). All the others are
+    named in one error, with both fixes.
+
+    >>> from datasets import Dataset
+    >>> data = Dataset.from_dict({"input_ids": [[1, 2]], "id": [7], "source": ["web"]})
+    >>> packable_columns(data, keep_columns=["source"], remove_columns=["id"]).column_names
+    ['input_ids', 'source']
+    >>> packable_columns(data)
+    Traceback (most recent call last):
+    ...
+    ValueError: Columns ['id', 'source'] are not per-token, so they cannot be concatenated into packed rows; pass --keep-column NAME to keep one as a list per row (one value per example), or --remove-column NAME to leave it out.
+    """
+    names = list(dataset.column_names)
+    unknown = [name for name in [*keep_columns, *remove_columns] if name not in names]
+    if unknown:
+        raise ValueError(f"The dataset has no column(s) {unknown} (its columns: {names}); check --keep-column and --remove-column.")
+    if remove_columns:
+        dataset = dataset.remove_columns(list(remove_columns))
+    schema = dataset.data.schema
+    refused = [n for n in dataset.column_names if n not in keep_columns and not _per_token(schema.field(n).type)]
+    if refused:
+        raise ValueError(
+            f"Columns {refused} are not per-token, so they cannot be concatenated into packed rows; pass "
+            "--keep-column NAME to keep one as a list per row (one value per example), or --remove-column NAME "
+            "to leave it out."
+        )
     return dataset

@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--strategy", choices=("bfd", "ffd", "next_fit", "wrapped"), default="bfd", help="default bfd")
     pack.add_argument("--overflow", choices=("error", "truncate", "drop"), default="error", help="examples over the max length (default error)")
     pack.add_argument("--keep-column", action="append", default=[], metavar="NAME", help="per-example column kept as a list per row (repeatable)")
+    pack.add_argument("--remove-column", action="append", default=[], metavar="NAME", help="column left out of the packed rows (repeatable)")
     pack.add_argument("--no-shuffle", action="store_true", help="keep packing order instead of shuffling the rows")
     pack.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     pack.add_argument("--json", action="store_true", help="print the statistics as JSON")
@@ -104,7 +105,7 @@ def _analyze(args) -> int:
 def _pack(args) -> int:
     from . import lengths_from_dataset, pack_dataset
     from ._analysis import check_max_length
-    from ._data_loading import load_tokenizer, open_dataset, token_ids
+    from ._data_loading import load_tokenizer, open_dataset, packable_columns, token_ids
 
     out = Path(args.out)
     if out.exists() and not args.overwrite:
@@ -112,6 +113,7 @@ def _pack(args) -> int:
     dataset = open_dataset(args.data, split=args.split)
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     dataset = token_ids(dataset, column=args.column, tokenizer=tokenizer, num_proc=args.num_proc)
+    dataset = packable_columns(dataset, keep_columns=args.keep_column, remove_columns=args.remove_column)
     if args.strategy != "wrapped":  # wrapping cuts long examples into rows by design
         check_max_length(lengths_from_dataset(dataset), args.max_length)
     packed, stats = pack_dataset(
