@@ -1,0 +1,255 @@
+"""Benchmark MultipackBatchSampler against padded batching: planning time, efficiency, rank balance.
+
+Contenders, each planning one epoch of the same `sft` lengths for a budget of
+`--budget` tokens per micro-batch and handing out every batch as a list of indices:
+- ours `MultipackBatchSampler(lengths, budget)`: packed batches (no padding), 1 rank and 8 ranks
+  (the 8-rank time plans all ranks and lists one rank's batches, as each process does);
+- torch `BatchSampler(RandomSampler)` with batch size budget // longest example (so a padded
+  batch always fits the budget): padded to the batch's longest example;
+- transformers `LengthGroupedSampler` (`group_by_length=True`), same batch size, padded;
+- group_by_length with a token budget: transformers' mega-batches sorted by length, each cut
+  greedily into batches of as many examples as fit the budget padded (fairseq `max_tokens` style).
+
+Efficiency = real tokens / (batches * budget); "padding" = padded tokens / all tokens computed.
+Then: the cost imbalance of 8 simulated ranks per balancing mode, efficiency on the other
+standard distributions, and `lengths_from_dataset` against a Python loop over the rows.
+
+Usage: python benchmarks/bench_sampler.py [--examples 1000000] [--budget 16384] [--repeats 5]
+       [--ranks 8] [--lengths-rows 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import BatchSampler, RandomSampler
+
+from _common import alternate, command, lengths_of, machine, median, write_results
+from packing_collators import MultipackBatchSampler, lengths_from_dataset
+
+
+def versions() -> str:
+    import transformers
+
+    return f"numpy {np.__version__}, torch {torch.__version__}, transformers {transformers.__version__}"
+
+
+def padded_stats(batches: list[list[int]], lengths: np.ndarray, budget: int) -> dict:
+    """Efficiency of padded batches (each padded to its longest example)."""
+    sizes = np.fromiter(map(len, batches), np.int64, len(batches))
+    flat = np.fromiter((i for b in batches for i in b), np.int64, int(sizes.sum()))
+    starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    longest = np.maximum.reduceat(lengths[flat], starts)
+    real, computed = int(lengths[flat].sum()), int((sizes * longest).sum())
+    return {
+        "batches": len(batches),
+        "efficiency": real / (len(batches) * budget),
+        "padding": 1 - real / computed,
+        "over_budget": int((sizes * longest > budget).sum()),
+    }
+
+
+def length_grouped_token_budget(lengths: np.ndarray, budget: int, batch_size: int, seed: int) -> list[list[int]]:
+    """transformers' length-grouped order, cut into batches that fit the budget when padded."""
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
+    generator = torch.Generator().manual_seed(seed)
+    order = get_length_grouped_indices(lengths.tolist(), batch_size, generator=generator)
+    order_lengths = lengths[order].tolist()
+    batches, start, n = [], 0, len(order)
+    while start < n:
+        longest, end = order_lengths[start], start + 1
+        while end < n and (end - start + 1) * max(longest, order_lengths[end]) <= budget:
+            longest = max(longest, order_lengths[end])
+            end += 1
+        batches.append(order[start:end])
+        start = end
+    return batches
+
+
+def planning(lengths: np.ndarray, budget: int, ranks: int, repeats: int):
+    padded_batch = budget // int(lengths.max())
+    out: dict[str, list] = {}
+
+    def ours(num_replicas):
+        def run():
+            out[f"ours_{num_replicas}"] = list(MultipackBatchSampler(lengths, budget, num_replicas=num_replicas, rank=0))
+        return run
+
+    def batch_sampler():
+        generator = torch.Generator().manual_seed(0)
+        out["batch_sampler"] = list(BatchSampler(RandomSampler(range(len(lengths)), generator=generator), padded_batch, False))
+
+    def length_grouped():
+        from transformers.trainer_pt_utils import LengthGroupedSampler
+
+        generator = torch.Generator().manual_seed(0)
+        sampler = LengthGroupedSampler(padded_batch, lengths=lengths.tolist(), generator=generator)
+        out["length_grouped"] = list(BatchSampler(sampler, padded_batch, False))
+
+    def length_grouped_budget():
+        out["length_grouped_budget"] = length_grouped_token_budget(lengths, budget, padded_batch, 0)
+
+    contenders = {
+        "ours_1": ours(1),
+        f"ours_{ranks}": ours(ranks),
+        "batch_sampler": batch_sampler,
+        "length_grouped": length_grouped,
+        "length_grouped_budget": length_grouped_budget,
+    }
+    return alternate(contenders, repeats), out, padded_batch
+
+
+def balance_table(lengths: np.ndarray, budget: int, ranks: int) -> dict:
+    rows = {}
+    for balance in ("cost", "attention", "tokens", "none"):
+        stats = MultipackBatchSampler(lengths, budget, num_replicas=ranks, rank=0, balance=balance).stats()
+        rows[balance] = {k: stats[k] for k in ("imbalance", "imbalance_tokens", "imbalance_attention", "step_imbalance")}
+    return rows
+
+
+def lengths_timing(rows: int, repeats: int) -> dict:
+    """``lengths_from_dataset`` against a Python loop over the rows (datasets' own, when installed)."""
+    sizes = lengths_of("flan_like", rows, seed=2)
+    offsets = np.r_[0, np.cumsum(sizes)].astype(np.int32)
+    column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.zeros(int(offsets[-1]), np.int32)))
+    table = pa.table({"input_ids": column})
+    try:
+        from datasets import Dataset
+    except ImportError:  # e.g. a machine without datasets: the Arrow table itself
+        dataset, loop_label = table, '[len(ids) for ids in table.column("input_ids").to_pylist()]'
+        rows_of = lambda: table.column("input_ids").to_pylist()  # noqa: E731
+    else:
+        dataset, loop_label = Dataset(table).shuffle(seed=0), '[len(ids) for ids in ds["input_ids"]]'
+        rows_of = lambda: dataset["input_ids"]  # noqa: E731
+    result = {}
+
+    def arrow():
+        result["arrow"] = lengths_from_dataset(dataset)
+
+    def loop():
+        result["loop"] = np.array([len(ids) for ids in rows_of()])
+
+    times = alternate({"arrow": arrow, "loop": loop}, repeats)
+    assert np.array_equal(result["arrow"], result["loop"])
+    return {"rows": rows, "arrow_s": median(times["arrow"]), "loop_s": median(times["loop"]), "loop": loop_label,
+            "shuffled": not isinstance(dataset, pa.Table)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--examples", type=int, default=1_000_000)
+    parser.add_argument("--budget", type=int, default=16384, help="max_tokens_per_batch")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ranks", type=int, default=8, help="simulated ranks for the balance numbers")
+    parser.add_argument("--lengths-rows", type=int, default=100_000, help="rows for lengths_from_dataset (0 skips)")
+    args = parser.parse_args()
+    budget, ranks = args.budget, args.ranks
+    lengths = lengths_of("sft", args.examples)
+    lower = int(np.ceil(lengths.sum() / budget))
+
+    times, out, padded_batch = planning(lengths, budget, ranks, args.repeats)
+    plan_s = {name: median(values) for name, values in times.items()}
+    ours = MultipackBatchSampler(lengths, budget).stats()
+    ours_ranks = MultipackBatchSampler(lengths, budget, num_replicas=ranks, rank=0).stats()
+    quality = {
+        "ours_1": {"batches": ours["total_batches"], "efficiency": ours["efficiency"], "padding": 0.0, "over_budget": 0},
+        f"ours_{ranks}": {"batches": ours_ranks["total_batches"], "efficiency": ours_ranks["efficiency"], "padding": 0.0, "over_budget": 0},
+    }
+    for name in ("batch_sampler", "length_grouped", "length_grouped_budget"):
+        quality[name] = padded_stats(out[name], lengths, budget)
+    labels = {
+        "ours_1": "ours `MultipackBatchSampler`, 1 rank",
+        f"ours_{ranks}": f"ours `MultipackBatchSampler`, {ranks} ranks (plan all, list rank 0)",
+        "batch_sampler": f"torch `BatchSampler(RandomSampler)`, {padded_batch} per batch, padded",
+        "length_grouped": f"transformers `LengthGroupedSampler` (group_by_length), {padded_batch} per batch, padded",
+        "length_grouped_budget": "group_by_length mega-batches cut to the token budget, padded",
+    }
+    base = plan_s["ours_1"]
+    lines = [
+        f"## Multipack sampler: {args.examples:,} `sft` examples, {budget:,}-token micro-batches",
+        "",
+        f"Machine: {machine()}, {os.cpu_count()} cores; {versions()}. Median of {args.repeats} alternating runs. Command: `{command()}`",
+        "",
+        "Each contender plans one epoch and lists its batches of indices. Efficiency = real tokens / "
+        "(batches x budget); padding = pad tokens / tokens computed. "
+        f"Lower bound: {lower:,} batches.",
+        "",
+        "| contender | plan an epoch (s) | vs ours | batches (all ranks) | efficiency | padding | batches over budget |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, label in labels.items():
+        q = quality[name]
+        lines.append(
+            f"| {label} | {plan_s[name]:.3f} | {plan_s[name] / base:.2f}x | {q['batches']:,} | {q['efficiency']:.4%} | "
+            f"{q['padding']:.1%} | {q['over_budget']} |"
+        )
+    balance = balance_table(lengths, budget, ranks)
+    lines += [
+        "",
+        f"### Balance over {ranks} simulated ranks (max over ranks of epoch total / mean - 1)",
+        "",
+        f"{ours_ranks['padded_batches']} batches of repeated examples pad the last round ({ours_ranks['repeated_examples']} examples, "
+        f"{ours_ranks['repeated_tokens']:,} tokens).",
+        "",
+        "| balance | cost imbalance | token imbalance | attention imbalance | step imbalance (time lost waiting) |",
+        "|---|---|---|---|---|",
+    ]
+    for mode, row in balance.items():
+        lines.append(
+            f"| `{mode}`{' (default)' if mode == 'cost' else ''} | {row['imbalance']:.4%} | {row['imbalance_tokens']:.4%} | "
+            f"{row['imbalance_attention']:.4%} | {row['step_imbalance']:.4%} |"
+        )
+    groups = {}
+    lines += ["", "### `group_size`: packing the shuffled epoch in groups (1 rank, median of 3)", "",
+              "| group_size | plan an epoch (s) | batches | efficiency |", "|---|---|---|---|"]
+    for group_size in (None, 100_000, 10_000):
+        seconds = []
+        for _ in range(3):
+            start = time.perf_counter()
+            stats = MultipackBatchSampler(lengths, budget, group_size=group_size).stats()
+            seconds.append(time.perf_counter() - start)
+        groups[str(group_size)] = {"seconds": median(seconds), "batches": stats["total_batches"], "efficiency": stats["efficiency"]}
+        lines.append(f"| {group_size if group_size else 'None (default: one group)'} | {median(seconds):.3f} | "
+                     f"{stats['total_batches']:,} | {stats['efficiency']:.4%} |")
+    others = {}
+    lines += ["", f"### Other distributions, {args.examples:,} examples, 1 rank", "",
+              "| distribution | batches | lower bound | efficiency |", "|---|---|---|---|"]
+    for distribution in ("flan_like", "orcamath_like", "long_tail"):
+        stats = MultipackBatchSampler(lengths_of(distribution, args.examples), budget).stats()
+        others[distribution] = stats
+        lines.append(f"| `{distribution}` | {stats['total_batches']:,} | {stats['lower_bound_batches']:,} | {stats['efficiency']:.4%} |")
+    data = {
+        "examples": args.examples, "budget": budget, "ranks": ranks, "repeats": args.repeats, "machine": f"{machine()}, {os.cpu_count()} cores; {versions()}",
+        "command": command(), "lower_bound_batches": lower, "plan_seconds": plan_s, "plan_seconds_all": times,
+        "quality": quality, "balance": balance, "padded_batch_size": padded_batch,
+        "ours_stats": ours, f"ours_{ranks}_stats": ours_ranks,
+        "group_size": groups,
+        "other_distributions": {k: {"efficiency": v["efficiency"], "batches": v["total_batches"]} for k, v in others.items()},
+    }
+    if args.lengths_rows:
+        timing = lengths_timing(args.lengths_rows, max(3, args.repeats // 2))
+        data["lengths_from_dataset"] = timing
+        lines += [
+            "",
+            f"### `lengths_from_dataset`: {timing['rows']:,} `flan_like` rows"
+            + (" of a shuffled `Dataset` (indices mapping)" if timing["shuffled"] else " of an Arrow table"),
+            "",
+            "| how | time (s) |", "|---|---|",
+            f"| `lengths_from_dataset(ds)` (Arrow `list_value_length`) | {timing['arrow_s']:.4f} |",
+            f"| `{timing['loop']}` | {timing['loop_s']:.3f} |",
+            "",
+            f"Speed-up: **{timing['loop_s'] / timing['arrow_s']:.0f}x**.",
+        ]
+    markdown = "\n".join(lines) + "\n"
+    print(markdown)
+    write_results("sampler", markdown, data)
+
+
+if __name__ == "__main__":
+    main()
