@@ -1,0 +1,130 @@
+"""Which columns of an Arrow table of examples can be packed, and how: checked before any work.
+
+Three kinds of column::
+
+    input_ids       [[5, 6, 7], [8, 9]]         per token: concatenated into rows (lengths must match)
+    attention_mask  [[1, 1, 1], [1, 1]]         per token too (any list of numbers or bools)
+    source          ["web", "math"]             per example: kept as a list per row, only if named
+                                                in ``keep_columns``; otherwise an error
+
+Nothing is dropped silently: a column that is neither per-token nor named is
+refused with the fix. Cost: one ``list_value_length`` per per-token column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["ExampleColumns", "example_columns", "token_lengths", "RESERVED_COLUMNS"]
+
+RESERVED_COLUMNS = ("position_ids", "seq_lengths")
+
+
+@dataclass(frozen=True)
+class ExampleColumns:
+    """The packable columns: ``tokens`` (``input_ids`` first), ``labels`` among them or None, ``keep``."""
+
+    tokens: tuple[str, ...]
+    labels: str | None
+    keep: tuple[str, ...]
+
+
+def _is_numeric_list(dtype: pa.DataType) -> bool:
+    if not (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)):
+        return False
+    value = dtype.value_type
+    return pa.types.is_integer(value) or pa.types.is_floating(value) or pa.types.is_boolean(value)
+
+
+def example_columns(schema: pa.Schema, keep_columns: Sequence[str] = ()) -> ExampleColumns:
+    """Classify a table's columns, or raise an error that says how to fix them.
+
+    >>> schema = pa.schema([("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int64())),
+    ...                     ("source", pa.string())])
+    >>> example_columns(schema, keep_columns=["source"])
+    ExampleColumns(tokens=('input_ids', 'labels'), labels='labels', keep=('source',))
+    >>> example_columns(schema)
+    Traceback (most recent call last):
+    ...
+    ValueError: Column 'source' (string) is not a per-token column, so it cannot be concatenated into packed rows. Name it in keep_columns=['source'] to keep its values as a list per row, or remove it first (dataset.remove_columns(['source'])).
+    """
+    names = list(schema.names)
+    if isinstance(keep_columns, str):
+        keep_columns = [keep_columns]
+    if "input_ids" not in names:
+        raise ValueError(
+            f"The dataset has no 'input_ids' column (its columns: {names}). Tokenize it first, e.g. "
+            "dataset.map(lambda ex: tokenizer(ex['text']), remove_columns=['text'])."
+        )
+    for name in RESERVED_COLUMNS:
+        if name in names:
+            raise ValueError(
+                f"The dataset already has a {name!r} column; pack_dataset writes it, so the dataset looks packed "
+                f"already. Pack unpacked examples, or remove it first (dataset.remove_columns([{name!r}]))."
+            )
+    unknown = [name for name in keep_columns if name not in names]
+    if unknown:
+        raise ValueError(f"keep_columns names {unknown}, which the dataset does not have (its columns: {names}).")
+    if "input_ids" in keep_columns:
+        raise ValueError("keep_columns cannot name 'input_ids': it is always packed per token.")
+    tokens = []
+    for name in names:
+        dtype = schema.field(name).type
+        if name in keep_columns:
+            continue
+        if not _is_numeric_list(dtype):
+            raise ValueError(
+                f"Column {name!r} ({dtype}) is not a per-token column, so it cannot be concatenated into packed "
+                f"rows. Name it in keep_columns=[{name!r}] to keep its values as a list per row, or remove it "
+                f"first (dataset.remove_columns([{name!r}]))."
+            )
+        tokens.append(name)
+    for name in ("input_ids", "labels"):
+        if name in tokens and not pa.types.is_integer(schema.field(name).type.value_type):
+            raise TypeError(f"Column {name!r} must hold integer token ids, got {schema.field(name).type}.")
+    tokens.sort(key=lambda name: (name != "input_ids", name != "labels"))
+    return ExampleColumns(tuple(tokens), "labels" if "labels" in tokens else None, tuple(keep_columns))
+
+
+def _first_null(column: pa.ChunkedArray) -> int:
+    return int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+
+
+def token_lengths(table: pa.Table, columns: ExampleColumns, *, first_index: int = 0) -> np.ndarray:
+    """int64 (n,) tokens per example, after checking every per-token column matches ``input_ids``.
+
+    Errors number the examples from ``first_index`` (where the table starts in a stream).
+
+    >>> table = pa.table({"input_ids": [[1, 2, 3], [4]], "attention_mask": [[1, 1, 1], [1, 1]]})
+    >>> token_lengths(table, example_columns(table.schema))
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 1: attention_mask has 2 values but input_ids has 1 tokens; every per-token column must have one value per token (or name 'attention_mask' in keep_columns to keep it per example).
+    """
+    lengths = None
+    for name in columns.tokens:
+        column = table.column(name)
+        if column.null_count:
+            i = _first_null(column)
+            raise ValueError(f"Example {first_index + i} has no {name} (null); drop it or give it a list of values.")
+        values_nulls = sum(chunk.flatten().null_count for chunk in column.chunks)
+        if values_nulls:
+            raise ValueError(f"Column {name!r} has {values_nulls} null value(s) inside its lists; fill or drop them first.")
+        column_lengths = pc.list_value_length(column).to_numpy().astype(np.int64)
+        if lengths is None:
+            lengths = column_lengths
+            continue
+        bad = np.flatnonzero(column_lengths != lengths)
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(
+                f"Example {first_index + i}: {name} has {column_lengths[i]} values but input_ids has {lengths[i]} tokens; every "
+                f"per-token column must have one value per token (or name {name!r} in keep_columns to keep it "
+                "per example)."
+            )
+    return lengths

@@ -1,0 +1,55 @@
+"""The options of :func:`pack_dataset`, validated once at entry and shared by the in-memory and streaming packers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ._engine import Overflow, validate_choice
+
+__all__ = ["DatasetStrategy", "PackOptions"]
+
+DatasetStrategy = Literal["bfd", "ffd", "next_fit", "wrapped"]
+
+
+def _positive_int(name: str, value, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {value!r}.")
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """Validated :func:`pack_dataset` options.
+
+    >>> PackOptions(max_length=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_length must be a positive integer, got 0.
+    >>> PackOptions(max_length=8, strategy="best")
+    Traceback (most recent call last):
+    ...
+    ValueError: strategy='best' is not supported; choose one of 'bfd', 'ffd', 'next_fit', 'wrapped'.
+    """
+
+    max_length: int
+    strategy: DatasetStrategy = "bfd"
+    overflow: Overflow = "error"
+    shuffle_rows: bool = True
+    seed: int = 0
+    keep_columns: tuple[str, ...] = ()
+    label_pad_id: int = -100
+    num_proc: int | None = None
+    buffer_size: int = 10_000
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        _positive_int("max_length", self.max_length)
+        validate_choice("strategy", self.strategy, DatasetStrategy)
+        validate_choice("overflow", self.overflow, Overflow)
+        _positive_int("num_proc", self.num_proc, allow_none=True)
+        _positive_int("buffer_size", self.buffer_size)
+        if isinstance(self.keep_columns, str) or not all(isinstance(c, str) for c in self.keep_columns):
+            raise TypeError(f"keep_columns must be a list of column names, got {self.keep_columns!r}.")
+        object.__setattr__(self, "keep_columns", tuple(self.keep_columns))

@@ -1,0 +1,111 @@
+"""What a dataset packing did, in numbers: rows, efficiency and the gap to the lower bound, losses.
+
+Efficiency is ``packed_tokens / (rows * capacity)``; the lower bound is
+``ceil(packed_tokens / capacity)`` rows, which no packing of those tokens beats.
+A streaming packing adds its buffers' statistics up as it goes (:meth:`PackStats.add`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+from ._engine import PackingResult
+
+__all__ = ["PackStats"]
+
+
+@dataclass
+class PackStats:
+    """Statistics of one packing (one split, or a whole stream).
+
+    Attributes:
+        strategy: the packing strategy.
+        capacity: tokens per row (``max_length``).
+        examples: examples read.
+        rows: packed rows written.
+        packed_examples: examples with tokens in some row (each counted once, also when split).
+        input_tokens: tokens in all examples read.
+        packed_tokens: tokens in the rows.
+        truncated_examples / truncated_tokens: examples cut to ``capacity`` and the tokens cut off.
+        dropped_examples / dropped_tokens: examples left out for being longer than ``capacity``.
+        empty_examples: zero-length examples (in no row).
+        split_examples: examples whose tokens span two or more rows (``"wrapped"`` only).
+
+    >>> from packing_collators import pack_lengths
+    >>> stats = PackStats.from_result(pack_lengths([5, 2, 4, 1, 3], capacity=8))
+    >>> stats.rows, stats.lower_bound_rows, stats.efficiency
+    (2, 2, 0.9375)
+    >>> stats.summary()
+    'bfd: 2 rows (lower bound 2, +0.00%) of 8 tokens, efficiency 93.75%; 5 examples, 15 of 15 tokens packed; truncated 0 (0 tokens), dropped 0 (0 tokens), empty 0'
+    """
+
+    strategy: str
+    capacity: int
+    examples: int = 0
+    rows: int = 0
+    packed_examples: int = 0
+    input_tokens: int = 0
+    packed_tokens: int = 0
+    truncated_examples: int = 0
+    truncated_tokens: int = 0
+    dropped_examples: int = 0
+    dropped_tokens: int = 0
+    empty_examples: int = 0
+    split_examples: int = 0
+
+    @classmethod
+    def from_result(cls, result: PackingResult, *, rows: int | None = None, packed_tokens: int | None = None) -> PackStats:
+        """The statistics of an engine result (of all its rows unless ``rows``/``packed_tokens`` say otherwise)."""
+        return cls(
+            strategy=result.strategy,
+            capacity=result.capacity,
+            examples=len(result.indices) + result.num_dropped + result.num_empty,
+            rows=result.num_rows if rows is None else rows,
+            packed_examples=len(result.indices),
+            input_tokens=result.input_tokens,
+            packed_tokens=result.total_tokens if packed_tokens is None else packed_tokens,
+            truncated_examples=result.num_truncated,
+            truncated_tokens=result.truncated_tokens,
+            dropped_examples=result.num_dropped,
+            dropped_tokens=result.dropped_tokens,
+            empty_examples=result.num_empty,
+        )
+
+    @property
+    def lower_bound_rows(self) -> int:
+        """ceil(packed_tokens / capacity)."""
+        return math.ceil(self.packed_tokens / self.capacity)
+
+    @property
+    def efficiency(self) -> float:
+        """packed_tokens / (rows * capacity); 1.0 for no rows."""
+        return self.packed_tokens / (self.rows * self.capacity) if self.rows else 1.0
+
+    @property
+    def rows_over_lower_bound(self) -> float:
+        """How many more rows than the lower bound, as a fraction (0.0 is optimal)."""
+        return self.rows / self.lower_bound_rows - 1 if self.lower_bound_rows else 0.0
+
+    def add(self, other: PackStats) -> None:
+        """Add another packing's counts to these (streaming: one buffer at a time)."""
+        for f in fields(self):
+            if f.type in ("int", int) and f.name != "capacity":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict:
+        """Every count plus ``efficiency`` and ``lower_bound_rows``, as a plain dict (for JSON)."""
+        return {**asdict(self), "lower_bound_rows": self.lower_bound_rows, "efficiency": self.efficiency}
+
+    def summary(self) -> str:
+        """One line for a log."""
+        text = (
+            f"{self.strategy}: {self.rows} rows (lower bound {self.lower_bound_rows}, "
+            f"+{self.rows_over_lower_bound:.2%}) of {self.capacity} tokens, efficiency {self.efficiency:.2%}; "
+            f"{self.examples} examples, {self.packed_tokens} of {self.input_tokens} tokens packed; "
+            f"truncated {self.truncated_examples} ({self.truncated_tokens} tokens), "
+            f"dropped {self.dropped_examples} ({self.dropped_tokens} tokens), empty {self.empty_examples}"
+        )
+        if self.split_examples:
+            text += f", split across rows {self.split_examples}"
+        return text
