@@ -92,10 +92,10 @@ class MultipackBatchSampler(Sampler[list[int]]):
     >>> lengths = [5, 2, 4, 1, 3, 6, 7, 2]
     >>> sampler = MultipackBatchSampler(lengths, max_tokens_per_batch=8)
     >>> list(sampler), len(sampler)
-    ([[3, 6], [4, 0], [2, 7], [5, 1]], 4)
+    ([[5, 1], [3, 6], [2, 7], [4, 0]], 4)
     >>> sampler.set_epoch(1)
     >>> list(sampler)
-    [[3, 6], [7, 2], [1, 5], [0, 4]]
+    [[7, 2], [3, 6], [1, 5], [0, 4]]
 
     Three ranks: 4 bins, so 2 more are made of repeated examples (``[6]``, ``[2, 4, 3]``):
 
