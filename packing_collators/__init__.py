@@ -18,7 +18,9 @@ from ._sampler import MultipackBatchSampler
 __all__ = [
     "FlatteningCollator",
     "MultipackBatchSampler",
+    "PackingCheckCallback",
     "PackingResult",
+    "PackingTrainer",
     "VARLEN_ATTENTION",
     "check_packing_support",
     "concatenate_and_pack",
@@ -29,3 +31,12 @@ __all__ = [
     "varlen_attention_forward",
 ]
 __version__ = "0.1.0"
+
+def __getattr__(name: str):
+    # PackingTrainer / PackingCheckCallback subclass transformers' Trainer classes, whose import
+    # takes seconds; they load on first use so `import packing_collators` stays fast.
+    if name in ("PackingCheckCallback", "PackingTrainer"):
+        from . import _trainer
+
+        return getattr(_trainer, name)
+    raise AttributeError(f"module 'packing_collators' has no attribute {name!r}")

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["check_packing_support"]
+__all__ = ["check_collated_features", "check_packing_support"]
 
 _FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
 _MASKED = ("sdpa", "eager", "flex_attention")
@@ -239,3 +239,61 @@ def check_packing_support(model, batch: Mapping[str, Any] | None = None) -> str:
             "(FlatteningCollator(return_seq_idx=True) makes one)."
         )
     return implementation
+
+
+def _feature_boundaries(features) -> np.ndarray:
+    """Token offsets where an example starts, within and between features (pre-packed rows count each segment)."""
+    starts, offset = [], 0
+    for feature in features:
+        length = len(feature["input_ids"])
+        if feature.get("seq_lengths") is not None:
+            inner = np.cumsum(_numpy(feature["seq_lengths"]))[:-1]
+        elif feature.get("position_ids") is not None:
+            inner = np.flatnonzero(np.diff(_numpy(feature["position_ids"]).reshape(-1)) != 1) + 1
+        else:
+            inner = np.empty(0, np.int64)
+        starts.append(np.r_[0, inner] + offset)
+        offset += length
+    return np.concatenate(starts).astype(np.int64) if starts else np.empty(0, np.int64)
+
+
+def check_collated_features(features, batch: Mapping[str, Any]) -> None:
+    """Raise a ValueError if the collated ``batch`` joins examples that ``features`` keep apart.
+
+    Every feature starts an example, and a pre-packed feature (``seq_lengths`` or
+    restarting ``position_ids``, as ``pack_dataset`` writes) starts several; each of
+    those starts must start a segment of the flattened batch too. Batches that are
+    not flattened (more than one row) are not checked.
+
+    >>> prepacked = [{"input_ids": [1, 2, 3, 4], "position_ids": [0, 1, 0, 1]}]
+    >>> check_collated_features(prepacked, {"input_ids": np.zeros((1, 4)), "cu_seq_lens_q": np.array([0, 2, 4])})
+    >>> check_collated_features(prepacked, {"input_ids": np.zeros((1, 4)), "cu_seq_lens_q": np.array([0, 4])})
+    Traceback (most recent call last):
+    ...
+    ValueError: The collator joined examples that the dataset keeps apart: an example starts at token 2 of the batch, but the batch has no boundary there (its segments start at [0]). The dataset looks pre-packed (rows carry position_ids or seq_lengths, e.g. from pack_dataset), and this collator treats each row as one example. Train on the unpacked dataset (FlatteningCollator / PackingTrainer pack it per batch), or use a collator that keeps the rows' position_ids.
+    """
+    ids = batch.get("input_ids")
+    if ids is None or _numpy(ids).ndim != 2 or _numpy(ids).shape[0] != 1:
+        return
+    if batch.get("cu_seq_lens_q") is not None:
+        cu = _numpy(batch["cu_seq_lens_q"]).astype(np.int64)
+        have = cu[:-1][np.diff(cu) > 0]
+    elif batch.get("position_ids") is not None:
+        have = _segments_from_positions(_numpy(batch["position_ids"]))[:-1]
+    else:
+        return
+    want = _feature_boundaries(features)
+    missing = np.setdiff1d(want, have)
+    if len(missing):
+        prepacked = any(f.get("seq_lengths") is not None or f.get("position_ids") is not None for f in features)
+        hint = (
+            " The dataset looks pre-packed (rows carry position_ids or seq_lengths, e.g. from pack_dataset), and this "
+            "collator treats each row as one example. Train on the unpacked dataset (FlatteningCollator / "
+            "PackingTrainer pack it per batch), or use a collator that keeps the rows' position_ids."
+            if prepacked
+            else " Use FlatteningCollator, which starts a segment at every example."
+        )
+        raise ValueError(
+            f"The collator joined examples that the dataset keeps apart: an example starts at token {int(missing[0])} "
+            f"of the batch, but the batch has no boundary there (its segments start at {have.tolist()[:8]})." + hint
+        )

@@ -1,0 +1,242 @@
+"""``PackingTrainer``: ``transformers.Trainer`` with token-budget (multipack) micro-batches.
+
+Switching a Trainer script is one line::
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds)         # padded batches
+    trainer = PackingTrainer(model=model, args=args, train_dataset=ds)  # packed micro-batches
+
+What changes underneath::
+
+    sampler     MultipackBatchSampler(lengths, max_tokens_per_batch, num_replicas=world, rank=rank)
+                -> each rank gets its own, equally many, index lists per epoch
+    collator    FlatteningCollator()  (unless you pass one) -> one flat row per micro-batch
+    accelerate  its batch-sampler shard wrapper is made a pass-through (no double sharding)
+    checks      check_packing_support(model, first collated batch) before the first step
+
+Everything else is the stock Trainer: gradient accumulation with ``num_items_in_batch``
+(a token-weighted loss, as with padding), LR schedule from ``len(train_dataloader)``
+(the sampler's exact count for this rank), ``set_epoch`` each epoch, mid-epoch resume
+(the Trainer skips the batches already trained; the sampler is deterministic per epoch).
+Cost: one pass over the lengths column per epoch to plan it (~0.3 s per million examples).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import numpy as np
+
+from ._checks import check_packing_support, check_collated_features
+from ._engine import Strategy, validate_choice
+from ._flattening import FlatteningCollator
+
+try:
+    from transformers import Trainer, TrainerCallback
+except ImportError as error:  # pragma: no cover - transformers is a dependency
+    raise ImportError("PackingTrainer needs transformers (pip install transformers).") from error
+
+__all__ = ["PackingCheckCallback", "PackingTrainer"]
+
+logger = logging.getLogger(__name__)
+
+# Columns a pre-packed dataset (pack_dataset) carries that the model's forward may not name.
+_PACKING_COLUMNS = ("position_ids", "seq_lengths")
+
+EvalPacking = Literal["off", "multipack"]
+
+
+def _dataset_lengths(dataset, column: str) -> np.ndarray:
+    """Tokens per example: the Arrow column for a ``datasets.Dataset``, else ``len(dataset[i][column])``."""
+    try:
+        import datasets
+
+        if isinstance(dataset, datasets.Dataset):
+            from ._lengths import lengths_from_dataset
+
+            return lengths_from_dataset(dataset, column)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        return np.fromiter((len(dataset[i][column]) for i in range(len(dataset))), dtype=np.int64, count=len(dataset))
+    except (KeyError, TypeError) as error:
+        raise ValueError(
+            f"PackingTrainer reads example lengths from the {column!r} column, which dataset[0] lacks "
+            f"({error!r}); pass length_column= with the tokenized column."
+        ) from None
+
+
+def _probe_batch(dataset, collate_fn, count: int = 4):
+    """The first ``count`` examples and their collated batch, without touching any sampler's RNG."""
+    features = [dataset[i] for i in range(min(count, len(dataset)))]
+    return features, collate_fn(features)
+
+
+class PackingCheckCallback(TrainerCallback):
+    """Run the packing checks on the first collated examples when training begins (for a stock ``Trainer``).
+
+    It collates the train dataset's first examples with the dataloader's collator (no
+    sampler is touched, so the data order is unchanged) and raises, before the first
+    step, what :func:`check_packing_support` or a pre-packed dataset whose packing
+    the collator would ignore reports. ``PackingTrainer`` adds it itself.
+
+    >>> PackingCheckCallback()
+    PackingCheckCallback()
+    """
+
+    def __repr__(self) -> str:
+        return "PackingCheckCallback()"
+
+    def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+        if model is None or train_dataloader is None:
+            return
+        dataset, collate_fn = train_dataloader.dataset, train_dataloader.collate_fn
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__") or not len(dataset):
+            check_packing_support(model)
+            return
+        features, batch = _probe_batch(dataset, collate_fn)
+        check_collated_features(features, batch)
+        check_packing_support(model, batch)
+
+
+class PackingTrainer(Trainer):
+    """A ``transformers.Trainer`` whose training micro-batches hold up to ``max_tokens_per_batch`` tokens.
+
+    Args (keyword-only; everything else goes to ``Trainer``):
+        max_tokens_per_batch: token budget of one micro-batch on one rank. ``None``
+            (default): ``per_device_train_batch_size`` times the mean example length
+            (at least the longest example), so a step sees about as many examples as
+            the padded run did, with less memory than its worst padded batch.
+        packing_strategy: the sampler's bin-packing strategy (``"bfd"``, ``"ffd"``, ``"next_fit"``).
+        length_column: the column whose lengths are packed (``"input_ids"``).
+        eval_packing: ``"off"`` (default: the stock eval sampler, batches still flattened
+            by the collator) or ``"multipack"`` (token-budget eval batches, in dataset order).
+
+    ``data_collator`` defaults to :class:`FlatteningCollator`. Before the first step the
+    model and the first collated batch go through :func:`check_packing_support`.
+
+    >>> PackingTrainer.__mro__[1].__name__
+    'Trainer'
+    >>> PackingTrainer(max_tokens_per_batch=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_tokens_per_batch must be a positive integer or None (derived from the batch size), got 0.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        max_tokens_per_batch: int | None = None,
+        packing_strategy: Strategy = "bfd",
+        length_column: str = "input_ids",
+        eval_packing: EvalPacking = "off",
+        **kwargs: Any,
+    ) -> None:
+        validate_choice("packing_strategy", packing_strategy, Strategy)
+        validate_choice("eval_packing", eval_packing, EvalPacking)
+        if max_tokens_per_batch is not None and (
+            isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int) or max_tokens_per_batch < 1
+        ):
+            raise ValueError(
+                "max_tokens_per_batch must be a positive integer or None (derived from the batch size), "
+                f"got {max_tokens_per_batch!r}."
+            )
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.packing_strategy = packing_strategy
+        self.length_column = length_column
+        self.eval_packing = eval_packing
+        self._train_batch_sampler = None
+        if len(args) < 3 and kwargs.get("data_collator") is None:
+            kwargs["data_collator"] = FlatteningCollator()
+        super().__init__(*args, **kwargs)
+        self.add_callback(PackingCheckCallback())
+
+    def _set_signature_columns_if_needed(self) -> None:
+        """Keep a pre-packed dataset's position_ids / seq_lengths through remove_unused_columns."""
+        super()._set_signature_columns_if_needed()
+        self._signature_columns = list(self._signature_columns) + [
+            c for c in _PACKING_COLUMNS if c not in self._signature_columns
+        ]
+
+    def token_budget(self, lengths: np.ndarray, batch_size: int) -> int:
+        """The micro-batch token budget for these example lengths (see ``max_tokens_per_batch``)."""
+        if self.max_tokens_per_batch is not None:
+            return self.max_tokens_per_batch
+        if not len(lengths):
+            return 1
+        return max(int(lengths.max()), int(round(batch_size * float(lengths.mean()))))
+
+    def get_train_dataloader(self):
+        if self.train_dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        loader, sampler = self._multipack_dataloader(
+            self.train_dataset, "Training", self._train_batch_size, shuffle=True
+        )
+        self._train_batch_sampler = sampler
+        return loader
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        if self.eval_packing == "off":
+            return super().get_eval_dataloader(eval_dataset)
+        if eval_dataset is None and self.eval_dataset is None:
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        if isinstance(eval_dataset, str):
+            eval_dataset = self.eval_dataset[eval_dataset]
+        elif eval_dataset is None:
+            eval_dataset = self.eval_dataset
+        loader, _ = self._multipack_dataloader(eval_dataset, "Evaluation", self.args.eval_batch_size, shuffle=False)
+        return loader
+
+    def _multipack_dataloader(self, dataset, description: str, batch_size: int, *, shuffle: bool):
+        from torch.utils.data import DataLoader, IterableDataset
+
+        from ._sampler import MultipackBatchSampler
+
+        if isinstance(dataset, IterableDataset):
+            raise ValueError(
+                f"PackingTrainer needs a map-style {description.lower()} dataset (it packs by example lengths); "
+                "got an IterableDataset. Use Trainer with FlatteningCollator for streaming data."
+            )
+        collator = self.data_collator
+        try:
+            import datasets
+
+            is_arrow = isinstance(dataset, datasets.Dataset)
+        except ImportError:  # pragma: no cover
+            is_arrow = False
+        if is_arrow:
+            dataset = self._remove_unused_columns(dataset, description=description)
+        else:
+            collator = self._get_collator_with_removed_columns(collator, description=description)
+        lengths = _dataset_lengths(dataset, self.length_column)
+        args = self.args
+        sampler = MultipackBatchSampler(
+            lengths,
+            self.token_budget(lengths, batch_size),
+            strategy=self.packing_strategy,
+            shuffle=shuffle,
+            seed=args.data_seed if args.data_seed is not None else args.seed,
+            num_replicas=args.world_size,
+            rank=args.process_index,
+            drop_last=args.dataloader_drop_last,
+        )
+        options: dict[str, Any] = {"num_workers": args.dataloader_num_workers, "pin_memory": args.dataloader_pin_memory}
+        if args.dataloader_num_workers > 0:
+            options["persistent_workers"] = args.dataloader_persistent_workers
+            if args.dataloader_prefetch_factor is not None:
+                options["prefetch_factor"] = args.dataloader_prefetch_factor
+        loader = self.accelerator.prepare(DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, **options))
+        # The sampler already gives this rank its share; accelerate's shard wrapper would shard
+        # it again (each rank would train on 1/world of its batches). Make the wrapper a pass-through.
+        wrapper = getattr(loader, "batch_sampler", None)
+        if wrapper is not None and wrapper is not sampler and getattr(wrapper, "batch_sampler", None) is sampler:
+            wrapper.num_processes, wrapper.process_index = 1, 0
+        return loader, sampler
+
+    def _run_epoch(self, *args: Any, **kwargs: Any):
+        # On a mid-epoch resume the Trainer wraps the dataloader to skip batches, and its
+        # set_epoch no longer reaches the sampler; set it here so the skipped plan is this epoch's.
+        epoch = kwargs.get("epoch")
+        if self._train_batch_sampler is not None and epoch is not None:
+            self._train_batch_sampler.set_epoch(int(epoch))
+        return super()._run_epoch(*args, **kwargs)

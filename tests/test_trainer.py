@@ -1,0 +1,198 @@
+"""Stock Trainer with FlatteningCollator, PackingTrainer (multipack), resume, checks, loss curves."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from _tiny_models import padded_batch, random_examples, tiny_model
+
+from packing_collators import FlatteningCollator, PackingCheckCallback, PackingTrainer
+
+datasets = pytest.importorskip("datasets")
+from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+
+LENGTHS = [9, 4, 15, 7, 3, 12, 6, 10, 5, 8, 14, 2, 11, 6, 9, 4]
+
+
+def training_args(tmp_path, **overrides):
+    options = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        max_steps=4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        dataloader_pin_memory=False,
+    )
+    return TrainingArguments(**{**options, **overrides})
+
+
+def dataset(lengths=LENGTHS, **extra_columns):
+    rows = random_examples(lengths, seed=7, completion_only=True)
+    for name, values in extra_columns.items():
+        for row, value in zip(rows, values):
+            row[name] = value
+    return datasets.Dataset.from_list(rows)
+
+
+def losses(trainer):
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def test_stock_trainer_logs_the_same_losses_packed_and_padded(tmp_path):
+    # Same data order (same seed, same dataset length), gradient accumulation 2, completion-only
+    # labels so micro-batches hold different label counts: num_items_in_batch must weight them.
+    text = [f"example {i}" for i in range(len(LENGTHS))]  # a column remove_unused_columns drops
+    runs = {}
+    for name, collator in {"packed": FlatteningCollator(), "padded": padded_batch}.items():
+        trainer = Trainer(
+            model=tiny_model("llama"),
+            args=training_args(tmp_path / name),
+            train_dataset=dataset(text=text),
+            data_collator=collator,
+            callbacks=[PackingCheckCallback()] if name == "packed" else None,
+        )
+        trainer.train()
+        runs[name] = losses(trainer)
+    assert len(runs["packed"]) == 4
+    np.testing.assert_allclose(runs["packed"], runs["padded"], rtol=1e-4)
+    assert len(set(runs["packed"])) > 1  # it trained
+
+
+def test_packing_trainer_is_a_one_line_switch_and_counts_steps(tmp_path):
+    trainer = PackingTrainer(
+        model=tiny_model("qwen2"),
+        args=training_args(tmp_path, max_steps=-1, num_train_epochs=2),
+        train_dataset=dataset(),
+        max_tokens_per_batch=32,
+    )
+    assert isinstance(trainer.data_collator, FlatteningCollator)
+    loader = trainer.get_train_dataloader()
+    sampler = trainer._train_batch_sampler
+    batches = list(sampler)
+    assert all(sum(LENGTHS[i] for i in batch) <= 32 for batch in batches)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(LENGTHS)))
+    assert len(loader) == len(sampler) == len(batches)
+    trainer.train()
+    steps_per_epoch = math.ceil(len(batches) / 2)
+    assert trainer.state.max_steps == trainer.state.global_step == 2 * steps_per_epoch
+    assert trainer._train_batch_sampler.epoch == 1  # set_epoch reached the sampler train() built
+    assert all(np.isfinite(losses(trainer)))
+
+
+def test_default_token_budget_follows_the_batch_size(tmp_path):
+    trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset())
+    lengths = np.array(LENGTHS)
+    assert trainer.token_budget(lengths, 4) == round(4 * lengths.mean()) == 31
+    assert trainer.token_budget(np.array([3, 50]), 1) == 50  # never below the longest example
+
+
+class _StopAt(TrainerCallback):
+    """Stop (after saving) at a step, keeping the full run's LR schedule."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_save = control.should_training_stop = True
+
+
+def test_resume_mid_epoch_continues_the_same_losses(tmp_path):
+    def run(output, resume=None, callbacks=None):
+        trainer = PackingTrainer(
+            model=tiny_model("llama"),
+            args=training_args(output, max_steps=-1, num_train_epochs=2, gradient_accumulation_steps=1),
+            train_dataset=dataset(),
+            max_tokens_per_batch=40,
+            callbacks=callbacks,
+        )
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    full = run(tmp_path / "full")
+    steps = full.state.global_step
+    per_epoch = steps // 2
+    assert per_epoch >= 3
+    stop = per_epoch + 1  # inside the second epoch
+    first = run(tmp_path / "part", callbacks=[_StopAt(stop)])
+    assert first.state.global_step == stop
+    resumed = run(tmp_path / "part", resume=str(tmp_path / "part" / f"checkpoint-{stop}"))
+    assert resumed.state.global_step == steps
+    np.testing.assert_allclose(losses(resumed)[-(steps - stop) :], losses(full)[stop:], rtol=1e-4)
+    np.testing.assert_allclose(losses(first), losses(full)[:stop], rtol=1e-4)
+
+
+def test_eval_packing(tmp_path):
+    trainer = PackingTrainer(
+        model=tiny_model("mistral"),
+        args=training_args(tmp_path, per_device_eval_batch_size=4),
+        train_dataset=dataset(),
+        eval_dataset=dataset(),
+        eval_packing="multipack",
+        max_tokens_per_batch=32,
+    )
+    metrics = trainer.evaluate()
+    assert np.isfinite(metrics["eval_loss"])
+    stock = PackingTrainer(model=tiny_model("mistral"), args=training_args(tmp_path), eval_dataset=dataset())
+    assert np.isfinite(stock.evaluate()["eval_loss"])
+
+
+def _prepacked():
+    # Two rows of two examples each, as pack_dataset writes them.
+    return datasets.Dataset.from_list(
+        [
+            {"input_ids": [5, 6, 7, 8, 9], "labels": [-100, 6, 7, -100, 9], "position_ids": [0, 1, 2, 0, 1], "seq_lengths": [3, 2]},
+            {"input_ids": [3, 4, 5, 6], "labels": [-100, 4, -100, 6], "position_ids": [0, 1, 0, 1], "seq_lengths": [2, 2]},
+        ]
+    )
+
+
+def test_prepacked_rows_through_flattening_collator_are_refused(tmp_path):
+    args = training_args(tmp_path, per_device_train_batch_size=2)
+    stock = Trainer(
+        model=tiny_model("llama"), args=args, train_dataset=_prepacked(), data_collator=FlatteningCollator(), callbacks=[PackingCheckCallback()]
+    )
+    with pytest.raises(ValueError, match="looks pre-packed"):
+        stock.train()
+    packing = PackingTrainer(model=tiny_model("llama"), args=args, train_dataset=_prepacked(), max_tokens_per_batch=16)
+    packing._set_signature_columns_if_needed()
+    assert {"position_ids", "seq_lengths"} <= set(packing._signature_columns)
+    with pytest.raises(ValueError, match="looks pre-packed"):
+        packing.train()
+
+
+def test_safety_checks_run_before_the_first_step(tmp_path):
+    # The Trainer copies args.use_cache (default False) into model.config.use_cache.
+    trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path, use_cache=True), train_dataset=dataset())
+    with pytest.raises(ValueError, match="use_cache is True"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+    def with_mask(features):
+        batch = FlatteningCollator()(features)
+        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+        return batch
+
+    trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset(), data_collator=with_mask)
+    with pytest.raises(ValueError, match="also has an attention_mask"):
+        trainer.train()
+
+
+def test_option_validation_and_streaming_refusal(tmp_path):
+    with pytest.raises(ValueError, match="packing_strategy='best' is not supported"):
+        PackingTrainer(packing_strategy="best")
+    with pytest.raises(ValueError, match="eval_packing='on' is not supported"):
+        PackingTrainer(eval_packing="on")
+    streaming = dataset().to_iterable_dataset()
+    trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=streaming)
+    with pytest.raises(ValueError, match="needs a map-style training dataset"):
+        trainer.get_train_dataloader()
