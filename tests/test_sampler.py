@@ -218,3 +218,15 @@ def test_a_dataloader_with_the_flattening_collator_gets_budget_sized_rows():
 
 def test_repr_names_the_settings():
     assert repr(MultipackBatchSampler([3], 8)).startswith("MultipackBatchSampler(1 examples, max_tokens_per_batch=8,")
+
+
+def test_accelerate_sharding_a_one_rank_sampler_covers_the_epoch_with_equal_counts():
+    # what accelerator.prepare(dataloader) does on 3 processes: deal the sampler's batches round-robin
+    from accelerate.data_loader import BatchSamplerShard
+
+    lengths = random_lengths(10, n=400)
+    sampler = MultipackBatchSampler(lengths, 900, num_replicas=1, rank=0)
+    shards = [list(BatchSamplerShard(sampler, num_processes=3, process_index=r)) for r in range(3)]
+    assert len({len(shard) for shard in shards}) == 1
+    assert {i for shard in shards for batch in shard for i in batch} == set(range(400))
+    assert all(lengths[batch].sum() <= 900 for shard in shards for batch in shard)
