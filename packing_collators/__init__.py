@@ -9,22 +9,28 @@ The public API; everything else lives in private modules:
 
 from ._attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
 from ._checks import check_packing_support
+from ._dataset_packing import pack_dataset
 from ._engine import PackingResult, pack_lengths
 from ._flattening import FlatteningCollator
 from ._lengths import lengths_from_dataset
+from ._pack_stats import PackStats
+from ._prepacked import PrePackedCollator
 from ._rows import concatenate_and_pack, pack_sequences
 from ._sampler import MultipackBatchSampler
 
 __all__ = [
     "FlatteningCollator",
     "MultipackBatchSampler",
+    "PackStats",
     "PackingCheckCallback",
     "PackingResult",
     "PackingTrainer",
+    "PrePackedCollator",
     "VARLEN_ATTENTION",
     "check_packing_support",
     "concatenate_and_pack",
     "lengths_from_dataset",
+    "pack_dataset",
     "pack_lengths",
     "pack_sequences",
     "register_varlen_attention",

@@ -1,0 +1,122 @@
+"""PrePackedCollator: flattened rows match FlatteningCollator, padded rows keep examples apart, errors."""
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from transformers.masking_utils import find_packed_sequence_indices
+
+from packing_collators import FlatteningCollator, PrePackedCollator, pack_dataset
+
+
+def packed_rows(seed, n=80, with_labels=True):
+    rng = np.random.default_rng(seed)
+    ids = [rng.integers(0, 1000, int(k)).tolist() for k in rng.integers(1, 50, n)]
+    data = {"input_ids": ids}
+    if with_labels:
+        data["labels"] = [[-100] * (len(x) // 2) + x[len(x) // 2 :] for x in ids]  # completion-only
+    return list(pack_dataset(Dataset.from_dict(data), 64, seed=seed)), data
+
+
+def examples_in(rows, data):
+    """The original examples (as FlatteningCollator features), in the order the rows hold them."""
+    by_tokens = {}
+    for i, x in enumerate(data["input_ids"]):
+        by_tokens.setdefault(tuple(x), []).append(i)
+    features = []
+    for row in rows:
+        ends = np.cumsum(row["seq_lengths"])
+        for start, end in zip(np.r_[0, ends[:-1]], ends):
+            i = by_tokens[tuple(row["input_ids"][start:end])].pop()
+            features.append({key: data[key][i] for key in data})
+    return features
+
+
+@pytest.mark.parametrize("with_labels", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_flatten_equals_flattening_collator_on_the_same_examples(seed, with_labels):
+    rows, data = packed_rows(seed, with_labels=with_labels)
+    batch_rows = rows[:5]
+    ours = PrePackedCollator(return_seq_idx=True)(batch_rows)
+    theirs = FlatteningCollator(return_seq_idx=True)(examples_in(batch_rows, data))
+    assert set(ours) == set(theirs)
+    for key, value in theirs.items():
+        if isinstance(value, torch.Tensor):
+            assert ours[key].dtype == value.dtype and torch.equal(ours[key], value), key
+        else:
+            assert ours[key] == value and type(ours[key]) is int, key
+    assert "attention_mask" not in ours
+
+
+def test_flatten_masks_the_first_label_of_a_row_that_starts_mid_example():
+    data = Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5, 6]], "labels": [[1, 2, 3, 4, 5, 6]]})
+    rows = list(pack_dataset(data, 4, strategy="wrapped", shuffle_rows=False))
+    assert rows[1]["labels"] == [5, 6]  # stored: kept (a causal LM never uses a row's first label)
+    batch = PrePackedCollator(return_tensors="np")(rows)
+    assert batch["labels"].tolist() == [[-100, 2, 3, 4, -100, 6]]
+    assert batch["cu_seq_lens_q"].tolist() == [0, 4, 6]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pad_rows_keep_tokens_and_separate_examples(seed):
+    rows, data = packed_rows(seed)
+    batch = PrePackedCollator(mode="pad", max_length=64, pad_token_id=7, return_seq_idx=True)(rows[:4])
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (4, 64)
+    assert all(v.dtype == torch.int64 for k, v in batch.items() if k != "seq_idx")
+    assert batch["seq_idx"].dtype == torch.int32
+    assert "cu_seq_lens_q" not in batch and "attention_mask" not in batch
+    segments = find_packed_sequence_indices(batch["position_ids"])
+    for r, row in enumerate(rows[:4]):
+        n = len(row["input_ids"])
+        assert batch["input_ids"][r, :n].tolist() == row["input_ids"]
+        assert batch["input_ids"][r, n:].eq(7).all() and batch["labels"][r, n:].eq(-100).all()
+        assert batch["labels"][r, :n].tolist() == row["labels"]
+        expected = np.repeat(np.arange(len(row["seq_lengths"]) + (n < 64)), row["seq_lengths"] + ([64 - n] if n < 64 else []))
+        assert segments[r].tolist() == expected.tolist()  # transformers' masks see each example (and the pad) apart
+        assert batch["seq_idx"][r].tolist() == expected.tolist()
+
+
+def test_pad_literal_and_pad_to_multiple_of():
+    rows = [{"input_ids": [1, 2, 3], "seq_lengths": [1, 2]}]
+    batch = PrePackedCollator(mode="pad", max_length=5, return_tensors="np")(rows)
+    assert batch["position_ids"].tolist() == [[0, 0, 1, 0, 1]]
+    assert batch["labels"].tolist() == [[-100, -100, 3, -100, -100]]
+    flat = PrePackedCollator(pad_to_multiple_of=4, return_tensors="np")(rows)
+    assert flat["cu_seq_lens_q"].tolist() == [0, 1, 3, 4] and flat["input_ids"].shape == (1, 4)
+
+
+def test_reloaded_dataset_collates(tmp_path):
+    rows, data = packed_rows(0)
+    dataset = pack_dataset(Dataset.from_dict(data), 64, seed=0)
+    dataset.save_to_disk(str(tmp_path / "d"))
+    from datasets import load_from_disk
+
+    reloaded = list(load_from_disk(str(tmp_path / "d")))
+    collate = PrePackedCollator()
+    assert all(torch.equal(collate(reloaded[:3])[k], collate(rows[:3])[k]) for k in ("input_ids", "labels", "position_ids"))
+
+
+@pytest.mark.parametrize(
+    "rows, kwargs, match",
+    [
+        ([{"input_ids": [1, 2, 3], "seq_lengths": [2]}], {}, r"Row 0: seq_lengths sum to 2 but input_ids has 3 tokens"),
+        ([{"input_ids": [1], "seq_lengths": [1]}, {"input_ids": [1, 2], "seq_lengths": [1, 0, 1]}], {}, r"Row 1: seq_lengths has a length of 0"),
+        ([{"input_ids": [1, 2]}], {}, r"Example 0 has no 'seq_lengths'"),
+        ([{"input_ids": [1, 2], "seq_lengths": [2], "labels": [1]}], {}, r"Row 0: labels has 1 tokens but input_ids has 2"),
+        ([{"input_ids": [1, 2, 3], "seq_lengths": [3]}], {"mode": "pad", "max_length": 2}, r"Row 0 has 3 tokens, more than max_length=2"),
+        ([{"input_ids": [1, 2], "seq_lengths": [2], "attention_mask": [1, 0]}], {}, r"attention_mask zeros"),
+        ([], {}, r"empty batch"),
+    ],
+)
+def test_bad_rows_give_clear_errors(rows, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PrePackedCollator(**kwargs)(rows)
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match=r"mode='pad' needs max_length"):
+        PrePackedCollator(mode="pad")
+    with pytest.raises(ValueError, match=r"mode='rows' is not supported"):
+        PrePackedCollator(mode="rows")
+    with pytest.raises(ValueError, match=r"pad_to_multiple_of is for mode='flatten'"):
+        PrePackedCollator(mode="pad", max_length=8, pad_to_multiple_of=8)
