@@ -122,7 +122,7 @@ def plot_analysis(lengths, analysis: Analysis, path: str) -> None:
     hist.set_ylabel("examples")
     hist.set_title(f"{analysis.examples:,} examples, {analysis.tokens:,} tokens")
     hist.legend()
-    names = [f"padded\n{p.order}" for p in analysis.padding] + [p.strategy for p in analysis.packings]
+    names = [f"padded\n{p.order.split('-')[-1]}" for p in analysis.padding] + [p.strategy for p in analysis.packings]
     values = [1 - p.waste for p in analysis.padding] + [p.efficiency for p in analysis.packings]
     colors = ["#8c8c8c"] * len(analysis.padding) + ["#55a868"] * len(analysis.packings)
     bars.bar(names, values, color=colors)

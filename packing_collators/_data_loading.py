@@ -180,10 +180,26 @@ def choose_column(dataset: Any, column: str | None = None) -> tuple[str, ColumnK
 
 
 def load_tokenizer(name: str):
-    """``AutoTokenizer.from_pretrained(name)`` (a local folder or a Hub name)."""
+    """``AutoTokenizer.from_pretrained(name)`` (a local folder or a Hub name), or a one-line error naming ``name``.
+
+    >>> load_tokenizer("./no-such-tokenizer")
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: --tokenizer './no-such-tokenizer' does not exist: no such folder (a Hub tokenizer is named like 'owner/name').
+    """
+    if not Path(name).expanduser().exists() and _looks_like_path(name):
+        raise FileNotFoundError(
+            f"--tokenizer {name!r} does not exist: no such folder (a Hub tokenizer is named like 'owner/name')."
+        )
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(name)
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"--tokenizer {name!r} could not be loaded ({' '.join(str(error).split())}); pass a folder saved with "
+            "save_pretrained, or a Hub name."
+        ) from None
 
 
 def _needs_tokenizer(column: str, kind: str, tokenizer: Any) -> None:

@@ -148,8 +148,11 @@ def test_tokenizer_errors(tmp_path, tokenizer):
     plain = load_tokenizer(make_tokenizer(tmp_path / "plain", chat_template=None))
     with pytest.raises(ValueError, match="Column 'messages' holds chat messages, but the tokenizer has no chat template"):
         example_lengths(data, tokenizer=plain)
-    with pytest.raises(OSError):
+    with pytest.raises(FileNotFoundError, match="--tokenizer '.*no-tokenizer-here' does not exist: no such folder"):
         load_tokenizer(str(tmp_path / "no-tokenizer-here"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="--tokenizer '.*empty' could not be loaded"):
+        load_tokenizer(str(tmp_path / "empty"))
 
 
 def test_token_ids_for_pack():
