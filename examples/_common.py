@@ -350,6 +350,18 @@ class BatchCounter:
         self.batches.append((lengths, trained, int(batch["input_ids"].numel())))
         return batch
 
+    def reset_on_train_begin(self):
+        """A ``TrainerCallback`` that forgets batches collated before training (e.g. a check's probe batch)."""
+        from transformers import TrainerCallback
+
+        counter = self
+
+        class Reset(TrainerCallback):
+            def on_train_begin(self, *args, **kwargs):
+                counter.batches.clear()
+
+        return Reset()
+
     def totals(self, batch_size: int, num_batches: int | None = None, seed: int = 0) -> dict:
         """Sums over the first ``num_batches`` batches (those trained on: a DataLoader may fetch one more),
         summed over all processes when ``torch.distributed`` is initialised."""
@@ -396,16 +408,18 @@ def training_arguments(args, **overrides):
     import torch
     from transformers import TrainingArguments
 
-    return TrainingArguments(
+    defaults = dict(
         output_dir=str(CACHE / "runs"), per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs,
         max_steps=args.max_steps, learning_rate=args.lr, lr_scheduler_type="cosine", warmup_steps=0.05,
         logging_steps=args.logging_steps, save_strategy="no", report_to="none", seed=args.seed,
-        use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), **overrides,
+        use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(),
     )
+    return TrainingArguments(**{**defaults, **overrides})
 
 
 def train_and_summarize(title: str, trainer, counter: BatchCounter, args, dataset, extra: dict | None = None) -> None:
     """``trainer.train()``, then the summary (from rank 0) and, with ``--save-dir``, the model."""
+    trainer.add_callback(counter.reset_on_train_begin())  # last: after the packing checks' probe batch
     result = trainer.train()
     state = trainer.state
     totals = counter.totals(args.batch_size, state.global_step * trainer.args.gradient_accumulation_steps, args.seed)

@@ -23,7 +23,7 @@ from transformers import Trainer
 
 from _common import BatchCounter, add_common_args, load_model, load_tokenizer, sft_dataset, train_and_summarize
 from _common import training_arguments
-from packing_collators import FlatteningCollator
+from packing_collators import FlatteningCollator, PackingCheckCallback
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
                        max_length=args.max_length, seed=args.seed)
     collator = BatchCounter(FlatteningCollator())
     trainer = Trainer(model=model, args=training_arguments(args), train_dataset=dataset, data_collator=collator,
-                      processing_class=tokenizer)
+                      processing_class=tokenizer, callbacks=[PackingCheckCallback()])  # refuses unsafe set-ups
     train_and_summarize("Trainer + FlatteningCollator", trainer, collator, args, dataset)
 
 
