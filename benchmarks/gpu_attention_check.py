@@ -1,0 +1,288 @@
+"""GPU check of the packed attention paths: bf16 loss/gradients vs padded sdpa, and tokens/s.
+
+On a CUDA machine this builds a small Llama-style model (random weights, bf16) and:
+
+1. correctness: for the same examples, the loss and every parameter's gradient of the
+   packed batch (FlatteningCollator) through ``packing_varlen`` (PyTorch's Flash varlen
+   kernel), ``flex_attention`` and ``sdpa`` are compared with the padded batch through
+   ``sdpa``. The bf16 noise floor is measured alongside: padded sdpa in bf16 vs fp32.
+2. speed: real tokens/s of forward+backward for ``packing_varlen``, ``flex_attention`` and
+   ``sdpa`` on the *same* packed micro-batches (MultipackBatchSampler, token budget), plus
+   the same examples padded, alternating the implementations over repeats (median).
+
+It writes ``gpu_attention.json`` and ``gpu_attention.md`` to ``--out`` and prints the card.
+``--smoke`` runs a tiny fp32 model on CPU with sdpa/eager only (checks the script itself).
+
+    python benchmarks/gpu_attention_check.py --out benchmarks/results/gpu_attention
+    python benchmarks/gpu_attention_check.py --smoke --out /tmp/gpu_attention_smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from packing_collators import FlatteningCollator, MultipackBatchSampler, register_varlen_attention
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu_attention"), help="output folder")
+    parser.add_argument("--smoke", action="store_true", help="tiny fp32 model on CPU, sdpa/eager only")
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=4, help="grouped-query attention when < --heads")
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--tokens-per-step", type=int, default=16384, help="token budget of one packed micro-batch")
+    parser.add_argument("--examples", type=int, default=2000, help="examples drawn (sft lengths) for the timing batches")
+    parser.add_argument("--steps", type=int, default=10, help="timed micro-batches per implementation and repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating repeats (median reported)")
+    parser.add_argument("--check-examples", type=int, default=8, help="examples in the correctness batch")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.layers, args.hidden, args.heads, args.kv_heads, args.vocab = 2, 64, 4, 2, 256
+        args.tokens_per_step, args.examples, args.steps, args.repeats, args.check_examples = 512, 64, 2, 2, 4
+    return args
+
+
+def sft_lengths(n: int, rng, high: int) -> np.ndarray:
+    """BENCHMARKS.md's ``sft`` distribution: lognormal(5.3, 0.9) clipped to [8, 2048] (and to ``high``)."""
+    return np.clip(rng.lognormal(5.3, 0.9, n), 8, min(2048, high)).astype(np.int64)
+
+
+def build_model(args, device, dtype):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=int(args.hidden * 2.75) // 64 * 64 or 64,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=4096,
+        use_cache=False,
+        initializer_range=0.02,
+    )
+    torch.manual_seed(args.seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
+    return model.to(device).train()
+
+
+def set_attention(model, name: str) -> None:
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:  # pragma: no cover - older transformers
+        model.config._attn_implementation = name
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def padded(examples, device) -> dict:
+    width = max(len(e["input_ids"]) for e in examples)
+    ids = torch.zeros(len(examples), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for i, e in enumerate(examples):
+        n = len(e["input_ids"])
+        ids[i, :n] = torch.as_tensor(e["input_ids"])
+        mask[i, :n] = 1
+        labels[i, :n] = torch.as_tensor(e["input_ids"])
+    return to_device({"input_ids": ids, "attention_mask": mask, "labels": labels}, device)
+
+
+def loss_and_grads(model, batch):
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch).loss
+    loss.backward()
+    grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return float(loss.detach()), grads
+
+
+def compare(result, reference) -> dict:
+    (loss, grads), (ref_loss, ref_grads) = result, reference
+    diff = sum(float((grads[n] - ref_grads[n]).pow(2).sum()) for n in ref_grads) ** 0.5
+    norm = sum(float(g.pow(2).sum()) for g in ref_grads.values()) ** 0.5
+    per_param = [float((grads[n] - ref_grads[n]).norm() / ref_grads[n].norm().clamp_min(1e-12)) for n in ref_grads]
+    return {
+        "loss": loss,
+        "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
+        "grad_rel_err_global": diff / norm,
+        "grad_rel_err_max_param": max(per_param),
+        "grad_rel_err_median_param": statistics.median(per_param),
+    }
+
+
+def correctness(args, device, dtype, implementations) -> dict:
+    rng = np.random.default_rng(args.seed)
+    lengths = sft_lengths(args.check_examples, rng, high=2048 if device.type == "cuda" else 96)
+    examples = [{"input_ids": rng.integers(1, args.vocab, n).tolist()} for n in lengths]
+    reference_model = build_model(args, device, torch.float32)
+    fp32 = loss_and_grads(reference_model, padded(examples, device))
+    del reference_model
+    model = build_model(args, device, dtype)
+    set_attention(model, "sdpa")
+    reference = loss_and_grads(model, padded(examples, device))
+    out = {"lengths": lengths.tolist(), "padded_sdpa": {"loss": reference[0]}, "noise_floor_vs_fp32": compare(reference, fp32)}
+    packed = to_device(FlatteningCollator()(examples), device)
+    floor = out["noise_floor_vs_fp32"]
+    for name in implementations:
+        set_attention(model, name)
+        try:
+            row = compare(loss_and_grads(model, packed), reference)
+        except Exception as error:  # report, keep checking the others
+            out[f"packed_{name}"] = {"error": f"{type(error).__name__}: {error}"}
+            continue
+        # Within the dtype's tolerance: no further from padded sdpa than a few times the bf16-vs-fp32
+        # gap of padded sdpa itself (and never beyond 1e-2 loss / 5e-2 gradient relative error).
+        row["within_tolerance"] = bool(
+            row["loss_rel_diff"] <= max(3 * floor["loss_rel_diff"], 1e-5 if dtype == torch.float32 else 1e-2)
+            and row["grad_rel_err_global"] <= max(3 * floor["grad_rel_err_global"], 1e-4 if dtype == torch.float32 else 5e-2)
+        )
+        out[f"packed_{name}"] = row
+    set_attention(model, "sdpa")
+    return out
+
+
+def timing(args, device, dtype, implementations) -> dict:
+    rng = np.random.default_rng(args.seed + 1)
+    lengths = sft_lengths(args.examples, rng, high=args.tokens_per_step)
+    sampler = MultipackBatchSampler(lengths, args.tokens_per_step, seed=args.seed, num_replicas=1, rank=0)
+    plan = list(sampler)[: args.steps + 2]  # 2 warm-up batches, then the timed ones
+    examples = [rng.integers(1, args.vocab, n).tolist() for n in lengths]
+    collate = FlatteningCollator()
+    packed = [to_device(collate([{"input_ids": examples[i]} for i in idx]), device) for idx in plan]
+    padded_batches = [padded([{"input_ids": examples[i]} for i in idx], device) for idx in plan]
+    tokens = [int(sum(lengths[i] for i in idx)) for idx in plan]
+    model = build_model(args, device, dtype)
+    runs = {name: [] for name in implementations}
+    runs["padded_sdpa"] = []
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def run(name):
+        batches = padded_batches if name == "padded_sdpa" else packed
+        set_attention(model, "sdpa" if name == "padded_sdpa" else name)
+        for batch in batches[:2]:  # warm-up (flex compiles here)
+            model(**batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+        sync()
+        start = time.perf_counter()
+        for batch in batches[2:]:
+            model(**batch).loss.backward()
+        sync()
+        model.zero_grad(set_to_none=True)
+        return sum(tokens[2:]) / (time.perf_counter() - start)
+
+    errors = {}
+    padded_tokens = max(len(idx) * int(max(lengths[i] for i in idx)) for idx in plan)
+    if padded_tokens > 4 * args.tokens_per_step:  # would likely run out of memory; say so instead
+        errors["padded_sdpa"] = f"skipped: a padded batch would hold {padded_tokens} tokens (> 4x the budget)"
+    for _ in range(args.repeats):  # alternate the implementations, repeat, take the median
+        for name in runs:
+            if name in errors:
+                continue
+            try:
+                runs[name].append(run(name))
+            except Exception as error:
+                errors[name] = f"{type(error).__name__}: {error}"
+                model.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    return {
+        "micro_batches_timed": len(plan) - 2,
+        "tokens_per_micro_batch_mean": float(np.mean(tokens[2:])),
+        "examples_per_micro_batch_mean": float(np.mean([len(p) for p in plan[2:]])),
+        "tokens_per_s_median": {n: statistics.median(v) for n, v in runs.items() if v},
+        "tokens_per_s_all": runs,
+        "errors": errors,
+    }
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"# Packed attention check on {report['device']}",
+        "",
+        f"`{report['command']}`  ",
+        f"torch {report['torch']}, transformers {report['transformers']}, dtype {report['dtype']}, model {report['model']}",
+        "",
+        "## Loss and gradients vs padded sdpa (same examples)",
+        "",
+        "| path | loss | loss rel diff | grad rel err (global) | grad rel err (max param) | within tolerance |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in report["correctness"].items():
+        if name in ("lengths", "padded_sdpa"):
+            continue
+        if "error" in row:
+            lines.append(f"| {name} | error: {row['error'][:120]} | | | | no |")
+        else:
+            lines.append(
+                f"| {name} | {row['loss']:.6f} | {row['loss_rel_diff']:.2e} | {row['grad_rel_err_global']:.2e} | "
+                f"{row['grad_rel_err_max_param']:.2e} | {row.get('within_tolerance', '(reference gap)')} |"
+            )
+    lines.append(f"\npadded sdpa loss: {report['correctness']['padded_sdpa']['loss']:.6f}; "
+                 "`noise_floor_vs_fp32` is padded sdpa in this dtype vs fp32 (the tolerance to judge by).")
+    t = report["timing"]
+    lines += [
+        "",
+        f"## Forward+backward tokens/s ({t['micro_batches_timed']} micro-batches, mean {t['tokens_per_micro_batch_mean']:.0f} "
+        f"real tokens / {t['examples_per_micro_batch_mean']:.1f} examples each, median of repeats)",
+        "",
+        "| path | tokens/s |",
+        "|---|---|",
+    ]
+    for name, value in sorted(t["tokens_per_s_median"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {name} | {value:,.0f} |")
+    for name, error in t["errors"].items():
+        lines.append(f"| {name} | error: {error[:120]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import transformers
+
+    if args.smoke:
+        device, dtype, implementations = torch.device("cpu"), torch.float32, ["sdpa", "eager"]
+    else:
+        if not torch.cuda.is_available():
+            print("No CUDA device: run with --smoke on CPU, or on a GPU machine.", file=sys.stderr)
+            return 2
+        device, dtype = torch.device("cuda"), torch.bfloat16
+        implementations = [register_varlen_attention(), "flex_attention", "sdpa"]
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()})"
+    print(f"device: {card}")
+    report = {
+        "device": card,
+        "command": "python benchmarks/gpu_attention_check.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "dtype": str(dtype).replace("torch.", ""),
+        "model": f"Llama-style {args.layers} layers, hidden {args.hidden}, {args.heads} heads / {args.kv_heads} kv heads",
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    }
+    report["correctness"] = correctness(args, device, dtype, implementations)
+    report["timing"] = timing(args, device, dtype, implementations)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_attention.json").write_text(json.dumps(report, indent=2))
+    text = markdown(report)
+    (args.out / "gpu_attention.md").write_text(text)
+    print(text)
+    print(f"wrote {args.out / 'gpu_attention.json'} and {args.out / 'gpu_attention.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
