@@ -163,7 +163,9 @@ def length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Ge
     n = len(lengths)
     megabatch = max(1, min(n // (batch_size * 4), 50)) * batch_size
     shuffled = rng.permutation(n)
-    return shuffled[np.lexsort((-lengths[shuffled], np.arange(n) // megabatch))]
+    longest = int(lengths.max(initial=0))
+    key = (np.arange(n, dtype=np.int64) // megabatch) * (longest + 1) + (longest - lengths[shuffled])
+    return shuffled[np.argsort(key, kind="stable")]  # by megabatch, then longest first
 
 
 def _padding(lengths: np.ndarray, batch_size: int, seed: int) -> tuple[Padding, Padding]:
@@ -266,12 +268,12 @@ def _recommend(analysis: dict, lengths: np.ndarray) -> Recommendation:
         share = analysis["longer_examples"] / analysis["examples"]
         verb = "truncates" if analysis["overflow"] == "truncate" else "drops"
         reasons.append(
-            f"max length {max_length} {verb} {analysis['longer_examples']:,} examples ({share:.2%}), "
+            f"max length {max_length:,} {verb} {analysis['longer_examples']:,} examples ({share:.2%}), "
             f"{analysis['lost_tokens']:,} tokens"
         )
         if p999 > max_length:
             recommended_length = _round_up(p999, 128)
-            reasons.append(f"max length {recommended_length} keeps 99.9% of examples whole")
+            reasons.append(f"max length {recommended_length:,} keeps 99.9% of examples whole")
     budget = batch_size * recommended_length
     if best.speedup >= WORTH_PACKING:
         how = "MultipackBatchSampler" if best.strategy == "sampler" else f"pack_dataset(strategy={best.strategy!r})"

@@ -22,6 +22,7 @@ kept in memory (nothing is written next to the user's data). Every problem is a
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -120,7 +121,9 @@ def _open_file(path: Path, data: str):
         import pyarrow.parquet as pq
         from datasets.table import InMemoryTable
 
-        return datasets.Dataset(InMemoryTable(pq.read_table(path)))
+        stat = path.stat()  # a fingerprint from the file, so datasets does not hash the whole table
+        fingerprint = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+        return datasets.Dataset(InMemoryTable(pq.read_table(path)), fingerprint=fingerprint)
     return datasets.load_dataset(builder, data_files=str(path), split="train")
 
 

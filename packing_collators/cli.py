@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -116,17 +117,23 @@ def _pack(args) -> int:
     dataset = packable_columns(dataset, keep_columns=args.keep_column, remove_columns=args.remove_column)
     if args.strategy != "wrapped":  # wrapping cuts long examples into rows by design
         check_max_length(lengths_from_dataset(dataset), args.max_length)
-    packed, stats = pack_dataset(
-        dataset,
-        args.max_length,
-        strategy=args.strategy,
-        overflow=args.overflow,
-        shuffle_rows=not args.no_shuffle,
-        seed=args.seed,
-        keep_columns=args.keep_column,
-        num_proc=args.num_proc,
-        return_stats=True,
-    )
+    library_log = logging.getLogger("packing_collators")
+    level = library_log.level
+    library_log.setLevel(logging.ERROR)  # its one-line summary is printed below, with the details
+    try:
+        packed, stats = pack_dataset(
+            dataset,
+            args.max_length,
+            strategy=args.strategy,
+            overflow=args.overflow,
+            shuffle_rows=not args.no_shuffle,
+            seed=args.seed,
+            keep_columns=args.keep_column,
+            num_proc=args.num_proc,
+            return_stats=True,
+        )
+    finally:
+        library_log.setLevel(level)
     if out.suffix.lower() == ".parquet":
         packed.to_parquet(str(out))
     else:
