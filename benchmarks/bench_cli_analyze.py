@@ -60,7 +60,7 @@ def main() -> None:
 
         def end_to_end():
             done = subprocess.run(cli, capture_output=True, text=True, check=True)
-            outputs["table"] = done.stdout
+            outputs["table"] = done.stdout.replace(str(path), path.name)
 
         times = alternate(
             {
@@ -88,6 +88,7 @@ def main() -> None:
         )
 
     total_s, startup_s = median(times["end to end"]), median(times["start-up"])
+    load = os.getloadavg()[0]
     print(outputs["table"])
     rows = [
         ("`packing-collators analyze FILE --column length --max-length "
@@ -102,7 +103,7 @@ def main() -> None:
         [
             f"## `packing-collators analyze`: {args.examples:,} `sft` lengths (a `length` column), max length {args.max_length:,}",
             "",
-            f"Machine: {machine()}, {os.cpu_count()} cores, shared and noisy. Median of {args.repeats} runs (subprocesses alternating). "
+            f"Machine: {machine()}, {os.cpu_count()} cores, shared and noisy (load average {load:.1f} at the end). Median of {args.repeats} runs (subprocesses alternating). "
             f"Command: `{command()}`",
             "",
             "| what | time (s) |",
@@ -110,8 +111,9 @@ def main() -> None:
             *(f"| {name.strip() if not name.startswith('  ') else '&nbsp;&nbsp;' + name.strip()} | {seconds:.2f} |" for name, seconds in rows),
             "",
             f"The analysis itself takes **{analysis_s:.1f} s** for {args.examples:,} examples; end to end the command "
-            f"takes {total_s:.1f} s, {startup_s / total_s:.0%} of it starting Python and importing torch, datasets "
-            "and transformers' dependencies. What it printed (bfd rows: "
+            f"takes {total_s:.1f} s, {startup_s / total_s:.0%} of it starting Python and importing torch (which "
+            "`packing_collators/__init__.py` imports for the collators and the sampler) and datasets. "
+            "What it printed (bfd rows: "
             f"{analysis.packing('bfd').rows:,}, lower bound {analysis.packing('bfd').lower_bound:,}):",
             "",
             "```",
@@ -131,6 +133,7 @@ def main() -> None:
             "examples": args.examples,
             "max_length": args.max_length,
             "repeats": args.repeats,
+            "load_average": load,
             "end_to_end_s": total_s,
             "startup_s": startup_s,
             "end_to_end_runs_s": times["end to end"],
