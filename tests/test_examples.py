@@ -1,0 +1,147 @@
+"""The example scripts, run end to end on the offline defaults (tiny random Llama, python-docs).
+
+Each script runs as a subprocess for one epoch over a few examples; its printed summary is
+parsed and checked against the dataset, tokenized here independently with the same helpers:
+every example and token trained exactly once (plus the sampler's declared repeats), padding
+avoided = padded equivalent - slots computed, a finite loss. The first call builds the
+python-docs dataset and tokenizer into ``examples/.cache`` (about 20 s), later ones reuse it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+SCRIPTS = ["demo.py", "sft_flattening.py", "sft_prepacked.py", "sft_packing_trainer.py", "sft_multipack.py"]
+TINY = ["--max-examples", "24", "--batch-size", "4", "--max-length", "96", "--logging-steps", "1"]
+
+sys.path.insert(0, str(EXAMPLES))
+import _common  # noqa: E402
+
+
+def run(*command: str, timeout: int = 300) -> str:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": "1"}  # tiny models: a second thread only adds contention
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done.stdout
+
+
+def number(text: str) -> float:
+    """The first number in ``text`` ('1,234', '56.7%' -> 0.567)."""
+    match = re.search(r"-?[\d,]*\.?\d+(%?)", text)
+    assert match, f"no number in {text!r}"
+    value = float(match.group(0).rstrip("%").replace(",", ""))
+    return value / 100 if match.group(1) else value
+
+
+def summary(stdout: str) -> dict[str, str]:
+    """The ``key: value`` lines after the ``== title ==`` line."""
+    assert "\n== " in stdout, f"no summary in:\n{stdout[-3000:]}"
+    lines = stdout.rsplit("\n== ", 1)[1].splitlines()[1:]
+    return dict(line.split(":", 1) for line in lines if ":" in line)
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    """The script's dataset under TINY settings: (examples, tokens, trained labels)."""
+    class Args:
+        dataset, split, max_examples, max_length = _common.OFFLINE_DATASET, "train", 24, 96
+
+    tokenized = _common.sft_dataset(Args, _common.offline_tokenizer())
+    tokens = sum(len(ids) for ids in tokenized["input_ids"])
+    trained = sum(sum(t != -100 for t in labels[1:]) for labels in tokenized["labels"])
+    return len(tokenized), tokens, trained
+
+
+def check_summary(s: dict[str, str], dataset, *, repeated_tokens: int = 0, repeated_examples: int = 0) -> None:
+    examples, tokens, trained = dataset
+    assert s["dataset"].strip() == f"{examples:,} examples, {tokens:,} tokens"
+    assert number(s["examples"]) == examples + repeated_examples
+    assert number(s["tokens"]) == tokens + repeated_tokens
+    if not repeated_tokens:
+        assert number(s["trained tokens"]) == trained  # each example's first label is masked, a prompt token
+    padded, slots = number(s["padded equivalent"]), number(s["packing efficiency"].split(" in ")[1])
+    assert padded > slots >= number(s["tokens"])
+    assert number(s["padding waste avoided"]) == padded - slots
+    assert 0 < number(s["packing efficiency"]) <= 1
+    assert math.isfinite(number(s["final loss"])) and 0 < number(s["final loss"]) < 20
+    assert number(s["tokens/s"]) > 0
+
+
+def test_every_script_has_help():
+    code = "; ".join(
+        f"sys.argv = ['{name}', '--help']; exec(\"try: runpy.run_path('{EXAMPLES / name}', run_name='__main__')\\n"
+        f"except SystemExit as e: assert e.code == 0, e\")"
+        for name in SCRIPTS
+    )
+    out = run(sys.executable, "-c", f"import runpy, sys; sys.path.insert(0, '{EXAMPLES}'); {code}")
+    for name in SCRIPTS:
+        assert f"usage: {name}" in out
+    assert out.count("--dataset") >= len(SCRIPTS) and out.count("--model") >= len(SCRIPTS)
+
+
+def test_local_files_prompt_completion_and_messages(tmp_path):
+    """--dataset with local jsonl/parquet files; prompt tokens masked, the answer and its end token trained."""
+    import datasets
+
+    rows = [{"prompt": "What is 2 + 2?", "completion": "It is 4."}]
+    datasets.Dataset.from_list(rows).to_json(tmp_path / "a.jsonl")
+    chats = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
+                           {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "And?"},
+                           {"role": "assistant", "content": "Bye."}]}]
+    datasets.Dataset.from_list(chats).to_parquet(tmp_path / "b.parquet")
+    tokenizer = _common.offline_tokenizer()
+    for path, answer in ((tmp_path / "a.jsonl", "It is 4."), (tmp_path / "b.parquet", "Bye.")):
+        example = _common.tokenize_sft(_common.load_conversations([str(path)]), tokenizer, 512)[0]
+        trained = [t for t, label in zip(example["input_ids"], example["labels"]) if label != -100]
+        assert tokenizer.decode(trained) == answer + "<|im_end|>\n"
+        assert tokenizer.decode(example["input_ids"]).endswith("<|im_start|>assistant\n" + answer + "<|im_end|>\n")
+    with pytest.raises(ValueError, match="needs 'messages'"):
+        datasets.Dataset.from_list([{"text": "x"}]).to_json(tmp_path / "c.jsonl")
+        _common.load_conversations([str(tmp_path / "c.jsonl")])
+
+
+@pytest.mark.parametrize("script", ["sft_flattening.py", "sft_prepacked.py", "sft_packing_trainer.py"])
+def test_trainer_scripts_train_every_example_once(script, dataset):
+    s = summary(run(sys.executable, f"examples/{script}", *TINY))
+    check_summary(s, dataset)
+    steps = number(s["optimizer steps"])
+    assert steps == number(s["micro-batches"])
+    if script == "sft_flattening.py":  # online flattening keeps the padded run's steps
+        assert steps == math.ceil(dataset[0] / 4)
+    if script == "sft_prepacked.py":
+        rows = number(s["packed rows"])
+        assert steps == math.ceil(rows / 2) and rows * 96 >= dataset[1]
+
+
+def test_multipack_loop_on_two_processes(dataset):
+    """torchrun with 2 CPU processes (gloo): the sampler's plan is trained exactly, repeats included."""
+    out = run(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "examples/sft_multipack.py", *TINY)
+    s = summary(out)
+    assert "(2 process(es))" in out
+    repeated = int(number(s["planned tokens"].split("(")[1]))
+    planned = number(s["planned tokens"])
+    check_summary(s, dataset, repeated_tokens=planned - dataset[1], repeated_examples=repeated)
+    assert number(s["micro-batches"]) == 2 * number(s["optimizer steps"]) == 2 * number(s["sampler plan"])
+
+
+def test_demo_padded_and_packed_agree(dataset):
+    out = run(sys.executable, "examples/demo.py", *TINY[:6])  # --max-examples 24: all of them, shuffled
+    table = {line[:28].strip(): line[28:].split() for line in out.splitlines() if line[:28].strip()}
+    padded, packed = zip(*(table[key] for key in ("tokens", "optimizer steps", "token slots computed")))
+    assert padded[:2] == packed[:2] == (f"{dataset[1]:,}", "6")
+    assert number(padded[2]) > number(packed[2]) == dataset[1]
+    assert table["padding fraction"][1] == "0.0%" and number(table["padding fraction"][0]) > 0
+    first = [float(x) for x in table["first-step loss"]]
+    final = [float(x) for x in table["final loss"]]
+    assert abs(first[0] - first[1]) < 1e-4 and abs(final[0] - final[1]) < 1e-2
+    assert "x faster than padded" in out
