@@ -71,8 +71,11 @@ class Plan:
     layout: str  # "padded", "flat" or "rows"
 
 
-def padded_batch(features: list[dict]) -> dict:
-    width = max(len(f["input_ids"]) for f in features)
+def padded_batch(features: list[dict], multiple: int = 64) -> dict:
+    """Right-padded to the longest example, rounded up to a multiple of 64 as careful users do
+    (`pad_to_multiple_of=64`): without it every batch has a new shape and cuDNN attention
+    re-plans each time, which made padding ~10x slower still in a first H200 run."""
+    width = -(-max(len(f["input_ids"]) for f in features) // multiple) * multiple
     ids = torch.zeros(len(features), width, dtype=torch.long)
     labels = torch.full((len(features), width), -100, dtype=torch.long)
     mask = torch.zeros(len(features), width, dtype=torch.long)
@@ -156,7 +159,8 @@ def build_model(args, attn: str, device, dtype):
         use_cache=False, tie_word_embeddings=False,
     )
     torch.manual_seed(args.seed)
-    model = LlamaForCausalLM(config).to(device=device, dtype=dtype)
+    with torch.device(device):  # initialise on the GPU: seconds instead of a minute on the CPU
+        model = LlamaForCausalLM(config).to(dtype=dtype)
     model.config._attn_implementation = attn
     model.train()
     return model
@@ -180,7 +184,9 @@ def to_device(batch: dict, device) -> dict:
 
 
 def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
+    began = time.perf_counter()
     model = build_model(args, attn, device, dtype)
+    built = time.perf_counter() - began
     n_params = sum(p.numel() for p in model.parameters())
     hidden, layers = SIZES[args.size][0], SIZES[args.size][1]
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, **({"fused": True} if device.type == "cuda" else {}))
@@ -216,6 +222,7 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         if args.eval_every and (step + 1) % args.eval_every == 0:
             val_losses.append((step + 1, evaluate(model, val_batches, device)))
     seconds = sum(step_times)
+    print(f"    [{attn}] build {built:.1f}s, whole run {time.perf_counter() - began:.1f}s, timed steps {seconds:.1f}s", flush=True)
     real = sum(len(f["input_ids"]) if isinstance(f, dict) else len(f) for st in plan.steps[args.warmup:] for mb in st for f in mb)
     result = {
         "real_tokens_per_s": real / seconds,
@@ -317,6 +324,8 @@ def main() -> None:
     parser.add_argument("--distributions", default="flan_like,orcamath_like,sft")
     parser.add_argument("--modes", default=",".join(ALL_MODES))
     parser.add_argument("--attn", default="packing_varlen,flex_attention", help="backends for the packed modes")
+    parser.add_argument("--all-attn-modes", default="flattened,multipack",
+                        help="packed modes run on every --attn backend; other packed modes on the first only")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--tokens-per-step", type=int, default=16384)
@@ -353,12 +362,14 @@ def main() -> None:
         lengths = np.minimum(lengths_of(dist, args.examples, seed=args.seed), args.max_length)
         if args.smoke:
             lengths = np.maximum(lengths // 8, 2)
+        began = time.perf_counter()
         examples = markov_tokens(lengths, args.vocab, args.seed)
         plans = make_plans(examples, lengths, args, rng)
+        print(f"{dist}: data and plans in {time.perf_counter() - began:.1f}s", flush=True)
         val = [FlatteningCollator()([{"input_ids": e} for e in examples[-64:]])]
         results[dist] = {}
         for mode in args.modes.split(","):
-            backends = args.attn if mode in PACKED_MODES else ["sdpa"]
+            backends = ["sdpa"] if mode not in PACKED_MODES else args.attn if mode in args.all_attn_modes.split(",") else args.attn[:1]
             for attn in backends:
                 val_batches = val if attn != "sdpa" or mode in PACKED_MODES else [padded_batch([{"input_ids": e} for e in examples[-64:]])]
                 r = train(plans[mode], attn, args, device, dtype, val_batches)
