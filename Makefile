@@ -13,7 +13,7 @@ $(VENV)/.installed-dev-bench: pyproject.toml scripts/install.sh
 install: $(VENV)/.installed-dev
 
 demo: $(VENV)/.installed-dev
-	$(PY) examples/packing_report.py
+	$(PY) examples/demo.py
 
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest
@@ -21,6 +21,10 @@ test: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev-bench
 	$(PY) benchmarks/bench_engine.py
 	$(PY) benchmarks/bench_collator.py
+	$(PY) benchmarks/bench_pack_dataset.py --out benchmarks/results/pack_dataset
+	$(PY) benchmarks/bench_sampler.py
+	$(PY) benchmarks/bench_cli_analyze.py
+	$(PY) benchmarks/collect_results.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -282,8 +282,9 @@ def report(results: dict, args) -> str:
             m, mem = mfu(r["achieved_tflops"]), r["peak_memory_gib"]
             m_text = "" if m is None else f"{m:.1%}"
             mem_text = "" if mem is None else f"{mem:.1f}"
+            ratio = lambda base, fmt: "" if not base else format(tps / base, fmt)  # noqa: E731
             lines.append(
-                f"| {mode} | {attn} | {tps:,.0f} | {tps / ref:.2f}x | {tps / grouped:.2f}x | {tps / oracle:.1%} | "
+                f"| {mode} | {attn} | {tps:,.0f} | {ratio(ref, '.2f')}x | {ratio(grouped, '.2f')}x | {ratio(oracle, '.1%')} | "
                 f"{m_text} | {mem_text} | {r['padding_fraction']:.1%} | {r['train_loss'][-1]:.4f} |"
             )
         if "flattened|" + args.attn[0] in modes and "padded_random|sdpa" in modes:
@@ -329,7 +330,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--tokens-per-step", type=int, default=16384)
-    parser.add_argument("--micro-tokens", type=int, default=16384, help="token budget of a flattened micro-batch")
+    parser.add_argument("--micro-tokens", type=int, default=32768,
+                        help="token budget of a flattened micro-batch (default: a whole step in one)")
     parser.add_argument("--batch-size", type=int, default=8, help="examples per padded micro-batch")
     parser.add_argument("--max-length", type=int, default=2048)
     parser.add_argument("--examples", type=int, default=20000)

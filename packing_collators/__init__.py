@@ -2,9 +2,17 @@
 
 The public API; everything else lives in private modules:
 
-- :func:`pack_lengths` - the packing engine (lengths in, rows of indices out);
+- :func:`pack_lengths` - the packing engine (lengths in, rows of indices out; no torch);
 - :func:`pack_sequences`, :func:`concatenate_and_pack` - token lists to padded packed rows;
-- :class:`FlatteningCollator` - a minibatch to one flat row with ``cu_seq_lens`` (online flattening).
+- :class:`FlatteningCollator` - a minibatch to one flat row with ``cu_seq_lens`` (online flattening);
+- :func:`pack_dataset`, :class:`PackStats`, :class:`PrePackedCollator` - offline pre-packing of a
+  ``datasets`` dataset or stream, and the collator for its rows;
+- :class:`MultipackBatchSampler`, :func:`lengths_from_dataset` - token-budget batches for a DataLoader;
+- :class:`PackingTrainer`, :class:`PackingCheckCallback`, :func:`check_packing_support` - Trainer wiring
+  and the safety checks;
+- :func:`register_varlen_attention` - an attention backend on ``torch.nn.attention.varlen``.
+
+The command line (``packing-collators analyze|pack``) lives in :mod:`packing_collators.cli`.
 """
 
 from ._attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
@@ -37,6 +45,7 @@ __all__ = [
     "varlen_attention_forward",
 ]
 __version__ = "0.1.0"
+
 
 def __getattr__(name: str):
     # PackingTrainer / PackingCheckCallback subclass transformers' Trainer classes, whose import
