@@ -24,7 +24,6 @@ from ._lengths import lengths_from_dataset
 from ._pack_stats import PackStats
 from ._prepacked import PrePackedCollator
 from ._rows import concatenate_and_pack, pack_sequences
-from ._sampler import MultipackBatchSampler
 
 __all__ = [
     "FlatteningCollator",
@@ -48,10 +47,15 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # PackingTrainer / PackingCheckCallback subclass transformers' Trainer classes, whose import
-    # takes seconds; they load on first use so `import packing_collators` stays fast.
+    # PackingTrainer / PackingCheckCallback subclass transformers' Trainer classes and the sampler
+    # subclasses torch's Sampler; importing those takes seconds, so they load on first use and
+    # `import packing_collators` (the engine, the collators, the command line) stays fast.
     if name in ("PackingCheckCallback", "PackingTrainer"):
         from . import _trainer
 
         return getattr(_trainer, name)
+    if name == "MultipackBatchSampler":
+        from ._sampler import MultipackBatchSampler
+
+        return MultipackBatchSampler
     raise AttributeError(f"module 'packing_collators' has no attribute {name!r}")

@@ -232,10 +232,9 @@ def _row_packings(lengths, max_length, batch_size, overflow, seed, padded) -> li
 
 
 def _sampler_packing(lengths, budget, seed, padded, *, truncated: int, dropped: int) -> Packing:
-    from ._sampler import MultipackBatchSampler
+    from ._epoch_plan import plan_epoch  # what MultipackBatchSampler plans, without importing torch
 
-    sampler = MultipackBatchSampler(lengths, budget, seed=seed, num_replicas=1, rank=0, overflow="drop")
-    stats = sampler.stats()
+    stats = plan_epoch(lengths, budget, seed=seed, num_replicas=1, overflow="drop").stats()
     batches = stats["batches_per_epoch"]
     return Packing(
         strategy="sampler",
