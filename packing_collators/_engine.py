@@ -32,6 +32,8 @@ Strategy = Literal["bfd", "ffd", "next_fit"]
 Overflow = Literal["error", "truncate", "drop"]
 
 _STRATEGIES = {"bfd": best_fit_decreasing, "ffd": first_fit_decreasing, "next_fit": next_fit}
+# What to do about an example over the capacity (the engine's, and the packers' built on it).
+OVERFLOW_FIX = "Pass overflow='truncate' or overflow='drop', or raise the capacity."
 
 
 @dataclass(frozen=True, eq=False)
@@ -187,6 +189,35 @@ def validate_choice(name: str, value: str, literal) -> None:
         raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}.")
 
 
+def check_not_too_long(
+    lengths: np.ndarray,
+    limit: int,
+    *,
+    limit_name: str,
+    fix: str,
+    item: str = "Example",
+    first_index: int = 0,
+    count: bool = True,
+) -> None:
+    """Raise a ValueError naming the first of ``lengths`` over ``limit``: its index, its length, the limit and ``fix``.
+
+    ``first_index`` numbers the items from where they start (a buffer in a stream);
+    ``count`` adds how many are too long and the longest (leave it off when ``lengths``
+    is only part of the input, where those numbers would mislead).
+
+    >>> check_not_too_long(np.array([3, 12, 9]), 8, limit_name="capacity", fix="Raise the capacity.")
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 1 has 12 tokens, more than capacity=8 (2 example(s) too long, the longest 12 tokens). Raise the capacity.
+    """
+    too_long = np.flatnonzero(lengths > limit)
+    if not len(too_long):
+        return
+    i = int(too_long[0])
+    counts = f" ({len(too_long)} example(s) too long, the longest {int(lengths[too_long].max())} tokens)" if count else ""
+    raise ValueError(f"{item} {first_index + i} has {lengths[i]} tokens, more than {limit_name}={limit}{counts}. {fix}")
+
+
 def pack_lengths(
     lengths: Sequence[int] | np.ndarray,
     capacity: int,
@@ -223,14 +254,9 @@ def pack_lengths(
         raise ValueError(f"capacity must be a positive integer, got {capacity!r}.")
     capacity = int(capacity)
     lengths = validate_lengths(lengths)
+    if overflow == "error":
+        check_not_too_long(lengths, capacity, limit_name="capacity", fix=OVERFLOW_FIX)
     too_long = lengths > capacity
-    if overflow == "error" and too_long.any():
-        first = int(np.flatnonzero(too_long)[0])
-        raise ValueError(
-            f"Example {first} has {lengths[first]} tokens, more than capacity={capacity} "
-            f"({int(too_long.sum())} example(s) too long, the longest {int(lengths.max())} tokens). "
-            "Pass overflow='truncate' or overflow='drop', or raise the capacity."
-        )
     empty = np.flatnonzero(lengths == 0)
     keep = lengths > 0
     dropped = np.empty(0, np.int64)

@@ -44,7 +44,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from ._engine import Strategy, pack_lengths, validate_choice, validate_lengths
+from ._engine import Strategy, check_not_too_long, pack_lengths, validate_choice, validate_lengths
 
 __all__ = ["Balance", "EpochPlan", "SamplerOverflow", "plan_epoch"]
 
@@ -156,16 +156,15 @@ def _imbalance(per_rank: np.ndarray) -> float:
 
 def _check_overflow(lengths: np.ndarray, budget: int, overflow: str) -> np.ndarray:
     """Boolean (n,) mask of examples over the budget, or the error naming the first one."""
-    too_long = lengths > budget
-    if overflow == "error" and too_long.any():
-        first = int(np.flatnonzero(too_long)[0])
-        raise ValueError(
-            f"Example {first} has {lengths[first]} tokens, more than max_tokens_per_batch={budget} "
-            f"({int(too_long.sum())} example(s) too long, the longest {int(lengths.max())} tokens). "
-            "Raise max_tokens_per_batch, truncate the dataset to it when tokenizing, "
-            "or pass overflow='drop' to leave such examples out (counted in stats)."
+    if overflow == "error":
+        check_not_too_long(
+            lengths,
+            budget,
+            limit_name="max_tokens_per_batch",
+            fix="Raise max_tokens_per_batch, truncate the dataset to it when tokenizing, "
+            "or pass overflow='drop' to leave such examples out (counted in stats).",
         )
-    return too_long
+    return lengths > budget
 
 
 def _pack_groups(order: np.ndarray, lengths: np.ndarray, budget: int, strategy: str, group_size: int | None):

@@ -21,7 +21,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
-from ._engine import validate_choice
+from ._engine import check_not_too_long, validate_choice
 from ._flattening import _check_unpadded, _column, flat_batch, to_tensors
 from ._layout import segment_layout
 from ._tokens import concat_tokens, sequence_lengths
@@ -158,13 +158,14 @@ class PrePackedCollator:
 
     def _pad(self, input_ids, labels, row_lengths, segments, segments_per_row):
         width, num_rows = self.max_length, len(row_lengths)
-        too_long = np.flatnonzero(row_lengths > width)
-        if len(too_long):
-            i = int(too_long[0])
-            raise ValueError(
-                f"Row {i} has {row_lengths[i]} tokens, more than max_length={width}. Pass the max_length the "
-                "dataset was packed with (or a larger one)."
-            )
+        check_not_too_long(
+            row_lengths,
+            width,
+            limit_name="max_length",
+            fix="Pass the max_length the dataset was packed with (or a larger one).",
+            item="Row",
+            count=False,
+        )
         pads = width - row_lengths
         # every row's segments, then its padding as one more segment (when it has any)
         ends = np.cumsum(segments_per_row)

@@ -29,7 +29,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from ._engine import pack_lengths
+from ._engine import OVERFLOW_FIX, check_not_too_long, pack_lengths
 from ._example_table import example_columns, token_lengths
 from ._pack_options import PackOptions
 from ._pack_stats import PackStats
@@ -68,16 +68,6 @@ def _rows_to_carry(row_tokens: np.ndarray, row_sizes: np.ndarray, capacity: int,
     return underfull[fits]
 
 
-def _check_overflow(lengths: np.ndarray, capacity: int, first_index: int) -> None:
-    too_long = np.flatnonzero(lengths > capacity)
-    if len(too_long):
-        i = int(too_long[0])
-        raise ValueError(
-            f"Example {first_index + i} has {lengths[i]} tokens, more than capacity={capacity}. "
-            "Pass overflow='truncate' or overflow='drop', or raise the capacity."
-        )
-
-
 def pack_stream(examples: Iterable[pa.Table], options: PackOptions, stats: PackStats) -> Iterator[dict]:
     """Packed rows (dicts of lists) from a stream of example tables; ``stats`` is filled as it goes.
 
@@ -106,7 +96,8 @@ def pack_stream(examples: Iterable[pa.Table], options: PackOptions, stats: PackS
             columns = example_columns(table.schema, options.keep_columns)
             lengths = token_lengths(table, columns, first_index=seen)
             if options.overflow == "error":
-                _check_overflow(lengths, capacity, seen)
+                # numbered in the whole stream, not the buffer; no totals, they would be this buffer's only
+                check_not_too_long(lengths, capacity, limit_name="capacity", fix=OVERFLOW_FIX, first_index=seen, count=False)
             new, seen = len(table), seen + len(table)
             table = table if carried is None else pa.concat_tables([carried, table], promote_options="permissive")
         else:
