@@ -6,7 +6,10 @@ and compares, on the same GPU in one run:
 
     padded_random    B examples per micro-batch, random order, padded to the longest (sdpa + mask)
     padded_grouped   the same examples per step, sorted by length before cutting micro-batches
-    flattened        the same examples per step and order as padded_random, flattened (online)
+    flattened        the same examples per step and order as padded_random, flattened (online),
+                     a whole step in one micro-batch (--micro-tokens)
+    flattened_like_padded  padded_random's very micro-batches (B examples each), flattened:
+                     like-for-like memory and speed against padding
     prepacked_bfd    all examples packed offline into rows of --max-length (bfd), rows flattened
     prepacked_wrapped  tokens laid end to end and cut into rows (boundaries not kept), plain causal
     multipack        MultipackBatchSampler at --tokens-per-step, one micro-batch per step
@@ -45,7 +48,7 @@ SIZES = {  # hidden, layers, heads, kv_heads, intermediate
     "1b": (2048, 16, 32, 8, 5632),
 }
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}
-PACKED_MODES = ("flattened", "prepacked_bfd", "multipack")
+PACKED_MODES = ("flattened", "flattened_like_padded", "prepacked_bfd", "multipack")
 ALL_MODES = ("padded_random", "padded_grouped", *PACKED_MODES, "prepacked_wrapped", "uniform")
 
 
@@ -129,6 +132,7 @@ def make_plans(examples, lengths, args, rng) -> dict[str, Plan]:
         "padded_random": Plan([cut(s, args.batch_size) for s in step_sets], "padded"),
         "padded_grouped": Plan([cut(s[np.argsort(lengths[s])], args.batch_size) for s in step_sets], "padded"),
         "flattened": Plan([budget_cut(s) for s in step_sets], "flat"),
+        "flattened_like_padded": Plan([cut(s, args.batch_size) for s in step_sets], "flat"),
     }
     n_steps = args.warmup + args.steps
     rows_per_step = max(1, args.tokens_per_step // args.max_length)
