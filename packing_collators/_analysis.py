@@ -26,7 +26,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from ._engine import pack_lengths, validate_choice, validate_lengths
+from ._engine import pack_lengths, validate_choice, validate_lengths, validate_positive_int
 
 __all__ = ["Analysis", "Packing", "Padding", "Recommendation", "analyze_lengths", "check_max_length"]
 
@@ -341,10 +341,8 @@ def analyze_lengths(
     (True, 'bfd')
     """
     validate_choice("overflow", overflow, AnalysisOverflow)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-    if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 1:
-        raise ValueError(f"max_length must be a positive integer, got {max_length!r}.")
+    validate_positive_int("batch_size", batch_size)
+    validate_positive_int("max_length", max_length)
     lengths = validate_lengths(lengths)
     check_max_length(lengths, max_length)
     budget = batch_size * max_length if max_tokens_per_batch is None else max_tokens_per_batch

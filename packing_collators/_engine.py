@@ -189,6 +189,21 @@ def validate_choice(name: str, value: str, literal) -> None:
         raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}.")
 
 
+def validate_positive_int(name: str, value, *, allow_none: bool = False) -> None:
+    """Raise a ValueError unless ``value`` is an integer >= 1 (or None, when allowed); bools are refused.
+
+    >>> validate_positive_int("pad_to_multiple_of", None, allow_none=True)
+    >>> validate_positive_int("capacity", 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: capacity must be a positive integer, got 0.
+    """
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {value!r}.")
+
+
 def check_not_too_long(
     lengths: np.ndarray,
     limit: int,
@@ -250,8 +265,7 @@ def pack_lengths(
     """
     validate_choice("strategy", strategy, Strategy)
     validate_choice("overflow", overflow, Overflow)
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
-        raise ValueError(f"capacity must be a positive integer, got {capacity!r}.")
+    validate_positive_int("capacity", capacity)
     capacity = int(capacity)
     lengths = validate_lengths(lengths)
     if overflow == "error":

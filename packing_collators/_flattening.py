@@ -25,7 +25,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
-from ._engine import validate_choice
+from ._engine import validate_choice, validate_positive_int
 from ._layout import SegmentLayout, segment_layout
 from ._tokens import concat_tokens, sequence_lengths
 
@@ -60,13 +60,63 @@ def _check_unpadded(features, lengths: np.ndarray) -> None:
         )
 
 
-def _check_same_lengths(other: np.ndarray, lengths: np.ndarray, key: str) -> None:
+def _check_same_lengths(other: np.ndarray, lengths: np.ndarray, key: str, item: str = "Example") -> None:
     bad = np.flatnonzero(other != lengths)
     if len(bad):
         i = int(bad[0])
         raise ValueError(
-            f"Example {i}: {key} has {other[i]} tokens but input_ids has {lengths[i]}; they must be the same length."
+            f"{item} {i}: {key} has {other[i]} tokens but input_ids has {lengths[i]}; they must be the same length."
         )
+
+
+class FlatOptions:
+    """The options :class:`FlatteningCollator` and :class:`PrePackedCollator` share, validated then stored."""
+
+    def __init__(
+        self,
+        *,
+        pad_to_multiple_of: int | None,
+        pad_token_id: int,
+        return_tensors: ReturnTensors,
+        position_ids_start: int,
+        return_seq_idx: bool,
+        label_pad_id: int,
+    ) -> None:
+        validate_choice("return_tensors", return_tensors, ReturnTensors)
+        validate_positive_int("pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.pad_token_id = pad_token_id
+        self.return_tensors = return_tensors
+        self.position_ids_start = position_ids_start
+        self.return_seq_idx = return_seq_idx
+        self.label_pad_id = label_pad_id
+
+    def _options_repr(self) -> str:
+        return (
+            f"pad_to_multiple_of={self.pad_to_multiple_of}, pad_token_id={self.pad_token_id}, "
+            f"return_tensors={self.return_tensors!r}, position_ids_start={self.position_ids_start}, "
+            f"return_seq_idx={self.return_seq_idx}, label_pad_id={self.label_pad_id}"
+        )
+
+
+def pad_to_multiple(input_ids, labels, segments, multiple: int | None, pad_token_id: int, label_pad_id: int):
+    """``(input_ids, labels, segments)`` with a padding segment appended so the length is a multiple of ``multiple``.
+
+    The padding is ``pad_token_id`` in the tokens and ``label_pad_id`` in the labels; unchanged
+    when ``multiple`` is None or the length is already a multiple of it.
+
+    >>> ids, labels, segments = pad_to_multiple(np.array([1, 2, 3]), np.array([1, 2, 3]), np.array([3]), 4, 0, -100)
+    >>> ids.tolist(), labels.tolist(), segments.tolist()
+    ([1, 2, 3, 0], [1, 2, 3, -100], [3, 1])
+    """
+    pad = -len(input_ids) % multiple if multiple else 0
+    if not pad:
+        return input_ids, labels, segments
+    return (
+        np.r_[input_ids, np.full(pad, pad_token_id, np.int64)],
+        np.r_[labels, np.full(pad, label_pad_id, np.int64)],
+        np.r_[segments, pad],
+    )
 
 
 def flat_batch(
@@ -111,7 +161,7 @@ def to_tensors(batch: dict[str, Any], return_tensors: str) -> dict[str, Any]:
     return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
 
 
-class FlatteningCollator:
+class FlatteningCollator(FlatOptions):
     """Flatten a minibatch of examples into one packed row (``data_collator=`` for a Trainer).
 
     Args:
@@ -153,22 +203,17 @@ class FlatteningCollator:
         return_seq_idx: bool = False,
         label_pad_id: int = -100,
     ) -> None:
-        validate_choice("return_tensors", return_tensors, ReturnTensors)
-        if pad_to_multiple_of is not None and (not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1):
-            raise ValueError(f"pad_to_multiple_of must be a positive integer or None, got {pad_to_multiple_of!r}.")
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.pad_token_id = pad_token_id
-        self.return_tensors = return_tensors
-        self.position_ids_start = position_ids_start
-        self.return_seq_idx = return_seq_idx
-        self.label_pad_id = label_pad_id
+        super().__init__(
+            pad_to_multiple_of=pad_to_multiple_of,
+            pad_token_id=pad_token_id,
+            return_tensors=return_tensors,
+            position_ids_start=position_ids_start,
+            return_seq_idx=return_seq_idx,
+            label_pad_id=label_pad_id,
+        )
 
     def __repr__(self) -> str:
-        return (
-            f"FlatteningCollator(pad_to_multiple_of={self.pad_to_multiple_of}, pad_token_id={self.pad_token_id}, "
-            f"return_tensors={self.return_tensors!r}, position_ids_start={self.position_ids_start}, "
-            f"return_seq_idx={self.return_seq_idx}, label_pad_id={self.label_pad_id})"
-        )
+        return f"FlatteningCollator({self._options_repr()})"
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not len(features):
@@ -191,7 +236,9 @@ class FlatteningCollator:
             labels = input_ids.copy()
         if "attention_mask" in features[0]:
             _check_unpadded(features, lengths)
-        input_ids, labels, lengths = self._pad(input_ids, labels, lengths)
+        input_ids, labels, lengths = pad_to_multiple(
+            input_ids, labels, lengths, self.pad_to_multiple_of, self.pad_token_id, self.label_pad_id
+        )
         batch = flat_batch(
             input_ids,
             labels,
@@ -201,15 +248,3 @@ class FlatteningCollator:
             return_seq_idx=self.return_seq_idx,
         )
         return to_tensors(batch, self.return_tensors)
-
-    def _pad(self, input_ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray):
-        if self.pad_to_multiple_of is None:
-            return input_ids, labels, lengths
-        pad = -len(input_ids) % self.pad_to_multiple_of
-        if not pad:
-            return input_ids, labels, lengths
-        return (
-            np.r_[input_ids, np.full(pad, self.pad_token_id, np.int64)],
-            np.r_[labels, np.full(pad, self.label_pad_id, np.int64)],
-            np.r_[lengths, pad],
-        )

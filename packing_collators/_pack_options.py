@@ -5,18 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ._engine import Overflow, validate_choice
+from ._engine import Overflow, validate_choice, validate_positive_int
 
 __all__ = ["DatasetStrategy", "PackOptions"]
 
 DatasetStrategy = Literal["bfd", "ffd", "next_fit", "wrapped"]
-
-
-def _positive_int(name: str, value, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {value!r}.")
 
 
 @dataclass(frozen=True)
@@ -45,11 +38,14 @@ class PackOptions:
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        _positive_int("max_length", self.max_length)
+        validate_positive_int("max_length", self.max_length)
         validate_choice("strategy", self.strategy, DatasetStrategy)
         validate_choice("overflow", self.overflow, Overflow)
-        _positive_int("num_proc", self.num_proc, allow_none=True)
-        _positive_int("buffer_size", self.buffer_size)
+        validate_positive_int("num_proc", self.num_proc, allow_none=True)
+        validate_positive_int("buffer_size", self.buffer_size)
+        for name in ("max_length", "num_proc", "buffer_size"):  # numpy integers become ints (for stats and JSON)
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(getattr(self, name)))
         if isinstance(self.keep_columns, str) or not all(isinstance(c, str) for c in self.keep_columns):
             raise TypeError(f"keep_columns must be a list of column names, got {self.keep_columns!r}.")
         object.__setattr__(self, "keep_columns", tuple(self.keep_columns))

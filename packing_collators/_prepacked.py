@@ -21,18 +21,26 @@ from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
-from ._engine import check_not_too_long, validate_choice
-from ._flattening import _check_unpadded, _column, flat_batch, to_tensors
+from ._engine import check_not_too_long, validate_choice, validate_positive_int
+from ._flattening import (
+    FlatOptions,
+    ReturnTensors,
+    _check_same_lengths,
+    _check_unpadded,
+    _column,
+    flat_batch,
+    pad_to_multiple,
+    to_tensors,
+)
 from ._layout import segment_layout
 from ._tokens import concat_tokens, sequence_lengths
 
 __all__ = ["PrePackedCollator"]
 
 Mode = Literal["flatten", "pad"]
-ReturnTensors = Literal["pt", "np"]
 
 
-class PrePackedCollator:
+class PrePackedCollator(FlatOptions):
     """Collate rows of a packed dataset (``data_collator=`` for a Trainer).
 
     Args:
@@ -83,30 +91,24 @@ class PrePackedCollator:
         label_pad_id: int = -100,
     ) -> None:
         validate_choice("mode", mode, Mode)
-        validate_choice("return_tensors", return_tensors, ReturnTensors)
-        for name, value in (("max_length", max_length), ("pad_to_multiple_of", pad_to_multiple_of)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer or None, got {value!r}.")
+        super().__init__(
+            pad_to_multiple_of=pad_to_multiple_of,
+            pad_token_id=pad_token_id,
+            return_tensors=return_tensors,
+            position_ids_start=position_ids_start,
+            return_seq_idx=return_seq_idx,
+            label_pad_id=label_pad_id,
+        )
+        validate_positive_int("max_length", max_length, allow_none=True)
         if mode == "pad" and max_length is None:
             raise ValueError("mode='pad' needs max_length (the packed rows' width, e.g. pack_dataset's max_length).")
         if mode == "pad" and pad_to_multiple_of is not None:
             raise ValueError("pad_to_multiple_of is for mode='flatten'; with mode='pad' every row is max_length wide.")
         self.mode = mode
         self.max_length = max_length
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.pad_token_id = pad_token_id
-        self.return_tensors = return_tensors
-        self.position_ids_start = position_ids_start
-        self.return_seq_idx = return_seq_idx
-        self.label_pad_id = label_pad_id
 
     def __repr__(self) -> str:
-        return (
-            f"PrePackedCollator(mode={self.mode!r}, max_length={self.max_length}, "
-            f"pad_to_multiple_of={self.pad_to_multiple_of}, pad_token_id={self.pad_token_id}, "
-            f"return_tensors={self.return_tensors!r}, position_ids_start={self.position_ids_start}, "
-            f"return_seq_idx={self.return_seq_idx}, label_pad_id={self.label_pad_id})"
-        )
+        return f"PrePackedCollator(mode={self.mode!r}, max_length={self.max_length}, {self._options_repr()})"
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not len(rows):
@@ -129,11 +131,7 @@ class PrePackedCollator:
         input_ids = concat_tokens(ids, total)
         if "labels" in rows[0]:
             label_column = _column(rows, "labels")
-            label_lengths = sequence_lengths(label_column, what="labels")
-            bad = np.flatnonzero(label_lengths != row_lengths)
-            if len(bad):
-                i = int(bad[0])
-                raise ValueError(f"Row {i}: labels has {label_lengths[i]} tokens but input_ids has {row_lengths[i]}; they must be the same length.")
+            _check_same_lengths(sequence_lengths(label_column, what="labels"), row_lengths, "labels", item="Row")
             labels = concat_tokens(label_column, total, what="labels")
         else:
             labels = input_ids.copy()
@@ -142,11 +140,9 @@ class PrePackedCollator:
         return input_ids, labels, row_lengths, segments, segments_per_row
 
     def _flatten(self, input_ids, labels, segments):
-        pad = -len(input_ids) % self.pad_to_multiple_of if self.pad_to_multiple_of else 0
-        if pad:
-            input_ids = np.r_[input_ids, np.full(pad, self.pad_token_id, np.int64)]
-            labels = np.r_[labels, np.full(pad, self.label_pad_id, np.int64)]
-            segments = np.r_[segments, pad]
+        input_ids, labels, segments = pad_to_multiple(
+            input_ids, labels, segments, self.pad_to_multiple_of, self.pad_token_id, self.label_pad_id
+        )
         return flat_batch(
             input_ids,
             labels,

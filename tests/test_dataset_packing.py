@@ -188,3 +188,10 @@ def test_bad_arguments():
         pack_dataset(data, 0)
     with pytest.raises(TypeError, match="pack_dataset takes a datasets.Dataset"):
         pack_dataset({"input_ids": [[1]]}, 8)
+
+
+def test_numpy_integer_options_are_plain_ints_in_the_stats():
+    data = Dataset.from_dict({"input_ids": [[1, 2], [3]]})
+    _, stats = pack_dataset(iter(data), np.int64(4), buffer_size=np.int64(8), return_stats=True)
+    assert type(stats.capacity) is int
+

@@ -125,6 +125,7 @@ def test_bad_batches(features, match):
     [
         (dict(return_tensors="tf"), r"return_tensors='tf' is not supported; choose one of 'pt', 'np'"),
         (dict(pad_to_multiple_of=0), r"pad_to_multiple_of must be a positive integer or None, got 0"),
+        (dict(pad_to_multiple_of=True), r"pad_to_multiple_of must be a positive integer or None, got True"),
     ],
 )
 def test_bad_options(kwargs, match):
