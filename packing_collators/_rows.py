@@ -32,7 +32,8 @@ def _warn_losses(result: PackingResult) -> None:
     if result.num_empty:
         parts.append(f"skipped {result.num_empty} empty sequence(s) (indices {result.empty_indices[:10].tolist()})")
     if parts:
-        warnings.warn("Packing " + "; ".join(parts) + ".", stacklevel=3)
+        # 4: the caller of pack_sequences / concatenate_and_pack (through _pack_flat and this function)
+        warnings.warn("Packing " + "; ".join(parts) + ".", stacklevel=4)
 
 
 def _scatter_rows(flat: np.ndarray, result: PackingResult, starts: np.ndarray, fill: int) -> np.ndarray:

@@ -56,6 +56,13 @@ def test_empty_and_overflow_are_reported_by_count():
     assert rows.tolist() == [[7, 0, 0, 0]]
 
 
+@pytest.mark.parametrize("pack", [lambda: pack_sequences([[1], []], 4, 0), lambda: concatenate_and_pack([[1], []], [[1], []], [[1], []], 4, 0)])
+def test_loss_warnings_point_at_the_callers_line(pack):
+    with pytest.warns(UserWarning, match="skipped 1 empty") as record:
+        pack()
+    assert record[0].filename == __file__
+
+
 def test_too_long_is_an_error_naming_the_sequence():
     with pytest.raises(ValueError, match=r"Example 1 has 5 tokens, more than capacity=4"):
         pack_sequences([[1], [1, 2, 3, 4, 5]], 4, 0)
