@@ -343,6 +343,7 @@ def analyze_lengths(
     validate_choice("overflow", overflow, AnalysisOverflow)
     validate_positive_int("batch_size", batch_size)
     validate_positive_int("max_length", max_length)
+    validate_positive_int("max_tokens_per_batch", max_tokens_per_batch, allow_none=True)
     lengths = validate_lengths(lengths)
     check_max_length(lengths, max_length)
     budget = batch_size * max_length if max_tokens_per_batch is None else max_tokens_per_batch

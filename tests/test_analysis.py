@@ -176,5 +176,7 @@ def test_errors():
         analyze_lengths([5], 8, batch_size=0)
     with pytest.raises(ValueError, match="max_length must be a positive integer"):
         analyze_lengths([5], 0)
+    with pytest.raises(ValueError, match="max_tokens_per_batch must be a positive integer or None, got 0"):
+        analyze_lengths([5], 8, max_tokens_per_batch=0)
     with pytest.raises(TypeError, match="must be integers"):
         analyze_lengths([1.5, 2.0], 8)
