@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._engine import Overflow, PackingResult, Strategy, pack_lengths
+from ._flattening import _check_same_lengths
 from ._tokens import concat_tokens, sequence_lengths
 
 __all__ = ["concatenate_and_pack", "pack_sequences"]
@@ -157,14 +158,7 @@ def concatenate_and_pack(
     for key, column in (("labels", label_sequences), ("attention_mask", attention_masks)):
         if len(column) != len(lengths):
             raise ValueError(f"Got {len(lengths)} input sequences but {len(column)} {key}; give one per example.")
-        column_lengths = sequence_lengths(column, what=key)
-        bad = np.flatnonzero(column_lengths != lengths)
-        if len(bad):
-            i = int(bad[0])
-            raise ValueError(
-                f"Example {i}: {key} has {column_lengths[i]} tokens but input_ids has {lengths[i]}; "
-                "they must be the same length."
-            )
+        _check_same_lengths(sequence_lengths(column, what=key), lengths, key)
         tables.append(concat_tokens(column, int(lengths.sum()), what=key))
     tables[1][starts[lengths > 0]] = label_pad_id
     fills = (pad_token_id, label_pad_id, 0)
