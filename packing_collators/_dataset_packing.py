@@ -25,9 +25,9 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ._engine import Overflow, pack_lengths
+from ._engine import Overflow, check_not_too_long, pack_lengths
 from ._example_table import example_columns, token_lengths
-from ._pack_options import DatasetStrategy, PackOptions
+from ._pack_options import MAX_LENGTH_FIX, DatasetStrategy, PackOptions
 from ._pack_stats import PackStats
 from ._packed_table import CHUNK_TOKENS, build_rows
 from ._row_plan import bin_plan, wrapped_plan
@@ -78,6 +78,8 @@ def pack_table(table, options: PackOptions, *, desc: str = "Packing rows"):
         plan = wrapped_plan(lengths, capacity, order)
         stats = _wrapped_stats(lengths, plan, capacity)
     else:
+        if options.overflow == "error":  # named as the user named it: max_length, not the engine's capacity
+            check_not_too_long(lengths, capacity, limit_name="max_length", fix=MAX_LENGTH_FIX)
         result = pack_lengths(lengths, capacity, strategy=options.strategy, overflow=options.overflow)
         plan = bin_plan(result, rng.permutation(result.num_rows) if options.shuffle_rows else None)
         stats = PackStats.from_result(result)
@@ -177,7 +179,7 @@ def pack_dataset(
     >>> pack_dataset(data, max_length=4)
     Traceback (most recent call last):
     ...
-    ValueError: Example 0 has 5 tokens, more than capacity=4 (1 example(s) too long, the longest 5 tokens). Pass overflow='truncate' or overflow='drop', or raise the capacity.
+    ValueError: Example 0 has 5 tokens, more than max_length=4 (1 example(s) too long, the longest 5 tokens). Pass overflow='truncate' or overflow='drop', or raise max_length.
     """
     import datasets
 

@@ -7,9 +7,12 @@ from typing import Literal
 
 from ._engine import Overflow, validate_choice, validate_positive_int
 
-__all__ = ["DatasetStrategy", "PackOptions"]
+__all__ = ["DatasetStrategy", "MAX_LENGTH_FIX", "PackOptions"]
 
 DatasetStrategy = Literal["bfd", "ffd", "next_fit", "wrapped"]
+
+MAX_LENGTH_FIX = "Pass overflow='truncate' or overflow='drop', or raise max_length."
+"""The fix :func:`pack_dataset` suggests for an example longer than ``max_length``."""
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from ._engine import OVERFLOW_FIX, check_not_too_long, pack_lengths
+from ._engine import check_not_too_long, pack_lengths
 from ._example_table import example_columns, token_lengths
-from ._pack_options import PackOptions
+from ._pack_options import MAX_LENGTH_FIX, PackOptions
 from ._pack_stats import PackStats
 from ._packed_table import build_rows
 from ._row_plan import bin_plan
@@ -97,7 +97,7 @@ def pack_stream(examples: Iterable[pa.Table], options: PackOptions, stats: PackS
             lengths = token_lengths(table, columns, first_index=seen)
             if options.overflow == "error":
                 # numbered in the whole stream, not the buffer; no totals, they would be this buffer's only
-                check_not_too_long(lengths, capacity, limit_name="capacity", fix=OVERFLOW_FIX, first_index=seen, count=False)
+                check_not_too_long(lengths, capacity, limit_name="max_length", fix=MAX_LENGTH_FIX, first_index=seen, count=False)
             new, seen = len(table), seen + len(table)
             table = table if carried is None else pa.concat_tables([carried, table], promote_options="permissive")
         else:

@@ -174,7 +174,7 @@ ERRORS = [
     (["analyze", "{tmp}/float_lengths.parquet", "--column", "length", "--max-length", "8"], "Column 'length' holds double, not token data"),
     (["analyze", "{tmp}/long.parquet", "--max-length", "8"], "Every example is longer than max length 8 (the shortest has 20 tokens); raise the max length (--max-length) to at least 20."),
     (["pack", "{tmp}/long.parquet", "{tmp}/o", "--max-length", "8"], "Every example is longer than max length 8"),
-    (["pack", "{tmp}/long.parquet", "{tmp}/o", "--max-length", "25"], "Example 1 has 30 tokens, more than capacity=25"),
+    (["pack", "{tmp}/long.parquet", "{tmp}/o", "--max-length", "25"], "Example 1 has 30 tokens, more than max_length=25"),
     (["pack", "{data}/tokens.parquet", "{tmp}/exists", "--max-length", "8"], "OUT '{tmp}/exists' exists; pass --overwrite"),
     (["pack", "{data}/lengths.parquet", "{tmp}/o", "--column", "length", "--max-length", "8"], "Column 'length' holds lengths only"),
     (["pack", "{data}/disk", "{tmp}/o", "--max-length", "1024"], "Columns ['source'] are not per-token"),

@@ -166,7 +166,7 @@ def test_stats_are_logged(caplog):
         ({"input_ids": [[1, 2], [3]], "attention_mask": [[1, 1], [1, 1]]}, {}, ValueError,
          r"Example 1: attention_mask has 2 values but input_ids has 1 tokens"),
         ({"input_ids": [[1, 2], [3]], "labels": [[1, 2], [3, 4]]}, {}, ValueError, r"Example 1: labels has 2 values"),
-        ({"input_ids": [[1] * 9]}, {}, ValueError, r"Example 0 has 9 tokens, more than capacity=8.*overflow='truncate'"),
+        ({"input_ids": [[1] * 9]}, {}, ValueError, r"Example 0 has 9 tokens, more than max_length=8.*overflow='truncate'.*raise max_length"),
         ({"input_ids": [[1]], "source": ["web"]}, {}, ValueError, r"Column 'source' \(string\) is not a per-token column.*keep_columns=\['source'\]"),
         ({"input_ids": [[1]], "seq_lengths": [[1]]}, {}, ValueError, r"already has a 'seq_lengths' column"),
         ({"input_ids": [[1]]}, {"keep_columns": ["nope"]}, ValueError, r"keep_columns names \['nope'\]"),

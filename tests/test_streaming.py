@@ -91,7 +91,7 @@ def test_truncation_and_empty_examples_counted_once():
 
 def test_errors_name_the_example_in_the_stream():
     stream = ({"input_ids": [1] * (50 if i == 12 else 3)} for i in range(20))
-    with pytest.raises(ValueError, match=r"Example 12 has 50 tokens, more than capacity=8"):
+    with pytest.raises(ValueError, match=r"Example 12 has 50 tokens, more than max_length=8"):
         list(pack_dataset(stream, 8, buffer_size=5))
     ragged = ({"input_ids": [1, 2], "attention_mask": [1] * (3 if i == 7 else 2)} for i in range(10))
     with pytest.raises(ValueError, match=r"Example 7: attention_mask has 3 values but input_ids has 2"):
