@@ -153,13 +153,14 @@ def concatenate_and_pack(
     """
     import torch
 
-    lengths, flat_inputs, result, starts = _pack_flat(input_sequences, max_length, strategy, overflow, "input_ids")
-    tables = [flat_inputs]
-    for key, column in (("labels", label_sequences), ("attention_mask", attention_masks)):
+    lengths = sequence_lengths(input_sequences, what="input_ids")
+    columns = (("labels", label_sequences), ("attention_mask", attention_masks))
+    for key, column in columns:  # checked before packing, so no loss warning precedes the error
         if len(column) != len(lengths):
             raise ValueError(f"Got {len(lengths)} input sequences but {len(column)} {key}; give one per example.")
         _check_same_lengths(sequence_lengths(column, what=key), lengths, key)
-        tables.append(concat_tokens(column, int(lengths.sum()), what=key))
+    lengths, flat_inputs, result, starts = _pack_flat(input_sequences, max_length, strategy, overflow, "input_ids")
+    tables = [flat_inputs] + [concat_tokens(column, int(lengths.sum()), what=key) for key, column in columns]
     tables[1][starts[lengths > 0]] = label_pad_id
     fills = (pad_token_id, label_pad_id, 0)
     return tuple(torch.from_numpy(_scatter_rows(t, result, starts, f)) for t, f in zip(tables, fills))

@@ -105,3 +105,12 @@ def test_concatenate_and_pack_keeps_labels_with_their_tokens(seed):
 def test_concatenate_and_pack_mismatches(labels, masks, match):
     with pytest.raises(ValueError, match=match):
         concatenate_and_pack([[5, 6]], labels, masks, 4, 0)
+
+
+def test_concatenate_and_pack_refuses_mismatches_before_warning_about_losses():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a loss warning before the error would fail here
+        with pytest.raises(ValueError, match=r"Example 1: labels has 1 tokens but input_ids has 2"):
+            concatenate_and_pack([[], [5, 6]], [[], [5]], [[], [1, 1]], 4, 0)
