@@ -75,12 +75,12 @@ class FlatOptions:
     def __init__(
         self,
         *,
-        pad_to_multiple_of: int | None,
-        pad_token_id: int,
-        return_tensors: ReturnTensors,
-        position_ids_start: int,
-        return_seq_idx: bool,
-        label_pad_id: int,
+        pad_to_multiple_of: int | None = None,
+        pad_token_id: int = 0,
+        return_tensors: ReturnTensors = "pt",
+        position_ids_start: int = 0,
+        return_seq_idx: bool = False,
+        label_pad_id: int = -100,
     ) -> None:
         validate_choice("return_tensors", return_tensors, ReturnTensors)
         validate_positive_int("pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
@@ -193,24 +193,7 @@ class FlatteningCollator(FlatOptions):
     array([[0, 1, 2, 0]])
     """
 
-    def __init__(
-        self,
-        *,
-        pad_to_multiple_of: int | None = None,
-        pad_token_id: int = 0,
-        return_tensors: ReturnTensors = "pt",
-        position_ids_start: int = 0,
-        return_seq_idx: bool = False,
-        label_pad_id: int = -100,
-    ) -> None:
-        super().__init__(
-            pad_to_multiple_of=pad_to_multiple_of,
-            pad_token_id=pad_token_id,
-            return_tensors=return_tensors,
-            position_ids_start=position_ids_start,
-            return_seq_idx=return_seq_idx,
-            label_pad_id=label_pad_id,
-        )
+    # __init__ is FlatOptions': the keyword-only options above, validated, then stored.
 
     def __repr__(self) -> str:
         return f"FlatteningCollator({self._options_repr()})"
