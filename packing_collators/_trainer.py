@@ -166,6 +166,28 @@ class PackingTrainer(Trainer):
             return 1
         return max(int(lengths.max()), int(round(batch_size * float(lengths.mean()))))
 
+    def make_batch_sampler(self, lengths: np.ndarray, batch_size: int, *, shuffle: bool):
+        """The batch sampler of a train (``shuffle=True``) or eval dataloader: this rank's index lists.
+
+        The default is a :class:`MultipackBatchSampler` over ``lengths`` at
+        :meth:`token_budget`, seeded by ``data_seed`` (else ``seed``), planned for
+        ``world_size`` ranks. Override it to plan micro-batches another way; the result
+        must yield lists of dataset indices and, for training, have ``set_epoch``.
+        """
+        from ._sampler import MultipackBatchSampler
+
+        args = self.args
+        return MultipackBatchSampler(
+            lengths,
+            self.token_budget(lengths, batch_size),
+            strategy=self.packing_strategy,
+            shuffle=shuffle,
+            seed=args.data_seed if args.data_seed is not None else args.seed,
+            num_replicas=args.world_size,
+            rank=args.process_index,
+            drop_last=args.dataloader_drop_last,
+        )
+
     def get_train_dataloader(self):
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
@@ -190,8 +212,6 @@ class PackingTrainer(Trainer):
     def _multipack_dataloader(self, dataset, description: str, batch_size: int, *, shuffle: bool):
         from torch.utils.data import DataLoader, IterableDataset
 
-        from ._sampler import MultipackBatchSampler
-
         if isinstance(dataset, IterableDataset):
             raise ValueError(
                 f"PackingTrainer needs a map-style {description.lower()} dataset (it packs by example lengths); "
@@ -210,16 +230,7 @@ class PackingTrainer(Trainer):
             collator = self._get_collator_with_removed_columns(collator, description=description)
         lengths = _dataset_lengths(dataset, self.length_column)
         args = self.args
-        sampler = MultipackBatchSampler(
-            lengths,
-            self.token_budget(lengths, batch_size),
-            strategy=self.packing_strategy,
-            shuffle=shuffle,
-            seed=args.data_seed if args.data_seed is not None else args.seed,
-            num_replicas=args.world_size,
-            rank=args.process_index,
-            drop_last=args.dataloader_drop_last,
-        )
+        sampler = self.make_batch_sampler(lengths, batch_size, shuffle=shuffle)
         options: dict[str, Any] = {"num_workers": args.dataloader_num_workers, "pin_memory": args.dataloader_pin_memory}
         if args.dataloader_num_workers > 0:
             options["persistent_workers"] = args.dataloader_persistent_workers

@@ -95,6 +95,60 @@ def test_default_token_budget_follows_the_batch_size(tmp_path):
     assert trainer.token_budget(np.array([3, 50]), 1) == 50  # never below the longest example
 
 
+class _BothRanks:
+    """Rank 0's then rank 1's batch of a 2-rank plan, step by step: what one process with
+    gradient accumulation 2 trains on to reproduce a 2-GPU run."""
+
+    def __init__(self, lengths, budget):
+        from packing_collators import MultipackBatchSampler
+
+        self.ranks = [MultipackBatchSampler(lengths, budget, num_replicas=2, rank=r, seed=0) for r in range(2)]
+
+    def set_epoch(self, epoch):
+        for sampler in self.ranks:
+            sampler.set_epoch(epoch)
+
+    def __len__(self):
+        return 2 * len(self.ranks[0])
+
+    def __iter__(self):
+        for pair in zip(*self.ranks):
+            yield from pair
+
+
+def test_make_batch_sampler_override_decides_the_micro_batches(tmp_path):
+    class BothRanksTrainer(PackingTrainer):
+        def make_batch_sampler(self, lengths, batch_size, *, shuffle):
+            return _BothRanks(lengths, self.max_tokens_per_batch)
+
+    seen = []
+
+    class Recording(FlatteningCollator):
+        def __call__(self, features):
+            seen.append(sorted(len(f["input_ids"]) for f in features))
+            return super().__call__(features)
+
+    args = training_args(tmp_path, max_steps=-1, num_train_epochs=1)
+    trainer = BothRanksTrainer(model=tiny_model("llama"), args=args, train_dataset=dataset(),
+                               data_collator=Recording(), max_tokens_per_batch=24)
+    trainer.add_callback(_ClearOnTrainBegin(seen))
+    trainer.train()
+    planned = [sorted(LENGTHS[i] for i in batch) for batch in _BothRanks(LENGTHS, 24)]
+    assert len(planned) % 2 == 0 and len(planned) >= 4
+    assert seen == planned  # every micro-batch, in order: rank 0's then rank 1's each step
+    assert trainer.state.global_step == len(planned) // 2
+
+
+class _ClearOnTrainBegin(TrainerCallback):
+    """Forget the probe batch the packing checks collate before the first step."""
+
+    def __init__(self, seen):
+        self.seen = seen
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.seen.clear()
+
+
 class _StopAt(TrainerCallback):
     """Stop (after saving) at a step, keeping the full run's LR schedule."""
 
