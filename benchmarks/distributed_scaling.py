@@ -132,7 +132,8 @@ def run(args) -> None:
 def compare(folder: Path) -> None:
     runs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
     base = next((r for r in runs.values() if r["world_size"] == 1), None)
-    lines = ["## Multi-GPU training with the multipack sampler", "",
+    runner = next(iter(runs.values())).get("runner", "a hand-written loop (distributed_scaling.py)")
+    lines = [f"## Multi-GPU training with the multipack sampler: {runner}", "",
              f"Card: {next(iter(runs.values()))['card']}. Commands: " + "; ".join(f"`{r['command']}`" for r in runs.values()), "",
              "| run | processes | steps per rank | real tokens/s | scaling vs 1 GPU | median step (s) | forward time per process (s) | max loss diff vs 1 GPU |",
              "|---|---|---|---|---|---|---|---|"]
