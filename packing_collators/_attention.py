@@ -17,8 +17,8 @@ Register it once, then pass its name as the attention implementation::
 The function reads ``cu_seq_lens_q/k`` and ``max_length_q/k`` from the keyword
 arguments that transformers forwards from ``model(**batch)`` to every attention
 layer; it never re-derives them (that would cost a device sync per layer).
-Grouped-query attention uses the kernel's ``enable_gqa`` when this PyTorch has it
-(else k/v heads are repeated), sliding windows map to ``window_size=(w - 1, 0)``
+Grouped-query attention passes the fewer k/v heads to the kernel as they are
+(``enable_gqa`` where this PyTorch has the flag; PyTorch 2.10 gets them repeated), sliding windows map to ``window_size=(w - 1, 0)``
 (transformers' convention: a token sees itself and ``w - 1`` earlier ones), and
 what the kernel cannot do (logit softcapping, attention sinks, dropout, padded
 batches, decoding with a cache) is refused with an error naming the alternative.
@@ -204,8 +204,10 @@ def varlen_attention_forward(
     if kv_heads != heads:
         if "enable_gqa" in params:
             options["enable_gqa"] = True
-        else:  # older PyTorch: repeat each kv head for its query group (what repeat_kv does)
+        elif "window_size" not in params:  # PyTorch 2.10: repeat each kv head for its query group (as repeat_kv)
             k, v = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v))
+        # PyTorch 2.11 (window_size, no enable_gqa flag yet): its Flash kernel takes the fewer k/v heads
+        # as they are; same output and gradients as repeated heads on an H200 (benchmarks/gpu_varlen_gqa_check.py)
     if scaling is not None:
         if "scale" in params:
             options["scale"] = scaling

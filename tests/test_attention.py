@@ -89,6 +89,28 @@ def test_older_kernel_signature_repeats_kv_and_folds_scale(monkeypatch):
         varlen_attention_forward(None, q, k, v, None, sliding_window=3, cu_seq_lens_q=cu, max_length_q=5)
 
 
+def _kernel_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                 window_size=(-1, -1)):
+    """PyTorch 2.11's varlen_attn signature: scale and window_size, no enable_gqa flag."""
+    gqa = key.shape[1] != query.shape[1]
+    return reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale,
+                                 window_size=window_size, enable_gqa=gqa)
+
+
+def test_kernel_without_gqa_flag_gets_kv_heads_unrepeated(monkeypatch):
+    register_varlen_attention()
+    seen = []
+    monkeypatch.setattr(_attention, "_load_varlen_attn", lambda query: recording(_kernel_2_11, seen))
+    q, k, v = torch.randn(1, 4, 9, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    out, _ = varlen_attention_forward(None, q, k, v, None, cu_seq_lens_q=cu, max_length_q=5)
+    (_, k_seen, v_seen, *_), options = seen[0]
+    assert k_seen.shape == v_seen.shape == (9, 2, 8) and options == {"window_size": (-1, 0)}
+    want = reference_varlen_attn(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, 5, 5,
+                                 window_size=(-1, 0), enable_gqa=True)
+    torch.testing.assert_close(out[0], want)
+
+
 def test_max_length_as_tensor_and_int64_cu_seq_lens_are_accepted(calls):
     q = k = v = torch.randn(1, 2, 5, 4)
     cu = torch.tensor([0, 2, 5])
