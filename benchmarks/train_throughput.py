@@ -259,6 +259,12 @@ def sync(device):
 
 
 # ----------------------------------------------------------------------------- report
+def median_round(rounds: list[dict]) -> dict:
+    """The round with the median tokens/s (all its numbers), plus every round's tokens/s."""
+    ranked = sorted(rounds, key=lambda r: r["real_tokens_per_s"])
+    return {**ranked[(len(ranked) - 1) // 2], "rounds_tokens_per_s": [r["real_tokens_per_s"] for r in rounds]}
+
+
 def card_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
@@ -272,7 +278,8 @@ def mfu(tflops: float) -> float | None:
 
 def report(results: dict, args) -> str:
     lines = [f"## Training throughput: {args.size} Llama-style, bf16, {card_name()}", "",
-             f"{args.steps} timed steps after {args.warmup} warm-up, ~{args.tokens_per_step} tokens per step, "
+             f"{args.steps} timed steps after {args.warmup} warm-up, median of {args.rounds} alternating round(s), "
+             f"~{args.tokens_per_step} tokens per step, "
              f"max length {args.max_length}. Command: `{args.command}`", ""]
     for dist, modes in results.items():
         ref = modes.get("padded_random|sdpa", {}).get("real_tokens_per_s")
@@ -344,6 +351,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every mode this many times, alternating, and report each mode's median round")
     parser.add_argument("--smoke", action="store_true", help="tiny fp32 CPU run with sdpa (checks the script)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -373,16 +382,18 @@ def main() -> None:
         plans = make_plans(examples, lengths, args, rng)
         print(f"{dist}: data and plans in {time.perf_counter() - began:.1f}s", flush=True)
         val = [FlatteningCollator()([{"input_ids": e} for e in examples[-64:]])]
-        results[dist] = {}
-        for mode in args.modes.split(","):
-            backends = ["sdpa"] if mode not in PACKED_MODES else args.attn if mode in args.all_attn_modes.split(",") else args.attn[:1]
-            for attn in backends:
-                val_batches = val if attn != "sdpa" or mode in PACKED_MODES else [padded_batch([{"input_ids": e} for e in examples[-64:]])]
-                r = train(plans[mode], attn, args, device, dtype, val_batches)
-                results[dist][f"{mode}|{attn}"] = r
-                print(f"{dist:14s} {mode:18s} {attn:15s} {r['real_tokens_per_s']:>12,.0f} tok/s  "
-                      f"pad {r['padding_fraction']:.1%}  loss {r['train_loss'][-1]:.4f}  "
-                      f"mem {r['peak_memory_gib'] or 0:.1f} GiB", flush=True)
+        runs: dict[str, list[dict]] = {}
+        for _ in range(args.rounds):  # modes alternate within each round; each mode reports its median round
+            for mode in args.modes.split(","):
+                backends = ["sdpa"] if mode not in PACKED_MODES else args.attn if mode in args.all_attn_modes.split(",") else args.attn[:1]
+                for attn in backends:
+                    val_batches = val if attn != "sdpa" or mode in PACKED_MODES else [padded_batch([{"input_ids": e} for e in examples[-64:]])]
+                    r = train(plans[mode], attn, args, device, dtype, val_batches)
+                    runs.setdefault(f"{mode}|{attn}", []).append(r)
+                    print(f"{dist:14s} {mode:18s} {attn:15s} {r['real_tokens_per_s']:>12,.0f} tok/s  "
+                          f"pad {r['padding_fraction']:.1%}  loss {r['train_loss'][-1]:.4f}  "
+                          f"mem {r['peak_memory_gib'] or 0:.1f} GiB", flush=True)
+        results[dist] = {key: median_round(rs) for key, rs in runs.items()}
         (args.out / "results.json").write_text(json.dumps({"card": card_name(), "args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
     markdown = report(results, args)
     (args.out / "train_throughput.md").write_text(markdown)
