@@ -162,12 +162,9 @@ def compare(folder: Path) -> None:
         pass
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path)
+def add_run_arguments(parser: argparse.ArgumentParser, *, steps: int) -> None:
+    """Model, data and schedule options shared with trainer_scaling.py."""
     parser.add_argument("--name", default="run")
-    parser.add_argument("--compare", type=Path, help="write the table and plot from the runs in this folder")
-    parser.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard per decoder layer) instead of DDP")
     parser.add_argument("--replicas", type=int, default=2, help="ranks the sampler plans for")
     parser.add_argument("--size", choices=sorted(SIZES), default="200m")
     parser.add_argument("--distribution", default="sft")
@@ -176,21 +173,34 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=2048)
     parser.add_argument("--examples", type=int, default=20000)
     parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="tiny fp32 model, sdpa, gloo (CPU check)")
-    args = parser.parse_args()
-    if args.compare:
-        return compare(args.compare)
+
+
+def finish_run_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    """The command line as launched, and --smoke's tiny settings."""
     import sys
 
     args.command = f"torchrun --nproc_per_node {os.environ.get('WORLD_SIZE', 1)} " + " ".join(sys.argv)
     if args.smoke:
         args.size, args.vocab, args.attn, args.examples, args.steps, args.warmup = "tiny", 128, "sdpa", 2000, 4, 1
         args.tokens_per_batch, args.max_length = 1024, 256
-    run(args)
+    return args
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--compare", type=Path, help="write the table and plot from the runs in this folder")
+    parser.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard per decoder layer) instead of DDP")
+    add_run_arguments(parser, steps=40)
+    args = parser.parse_args()
+    if args.compare:
+        return compare(args.compare)
+    run(finish_run_arguments(args))
 
 
 if __name__ == "__main__":

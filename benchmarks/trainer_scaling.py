@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,7 +35,8 @@ import torch
 
 from _common import lengths_of
 from packing_collators import MultipackBatchSampler, PackingTrainer
-from train_throughput import SIZES, build_model, markov_tokens
+from distributed_scaling import add_run_arguments, finish_run_arguments
+from train_throughput import build_model, markov_tokens
 
 
 class AllRanks:
@@ -189,27 +189,12 @@ def run(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--name", default="run")
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 through TrainingArguments(fsdp=...) instead of DDP")
-    parser.add_argument("--replicas", type=int, default=2, help="ranks the sampler plans for")
-    parser.add_argument("--size", choices=sorted(SIZES), default="200m")
-    parser.add_argument("--distribution", default="sft")
-    parser.add_argument("--attn", default="packing_varlen")
-    parser.add_argument("--tokens-per-batch", type=int, default=16384)
-    parser.add_argument("--max-length", type=int, default=2048)
-    parser.add_argument("--examples", type=int, default=20000)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="tiny fp32 model, sdpa, CPU (gloo)")
-    args = parser.parse_args()
-    args.command = f"torchrun --nproc_per_node {os.environ.get('WORLD_SIZE', 1)} " + " ".join(sys.argv)
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
+    add_run_arguments(parser, steps=30)
+    args = finish_run_arguments(parser.parse_args())
     if args.smoke:
-        args.size, args.vocab, args.attn, args.examples, args.steps, args.warmup = "tiny", 128, "sdpa", 2000, 4, 1
-        args.tokens_per_batch, args.max_length, args.workers = 1024, 256, 0
+        args.workers = 0
     run(args)
 
 
