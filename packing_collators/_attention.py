@@ -81,7 +81,8 @@ def _load_varlen_attn(query) -> Callable:
     if query.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(
             f"attn_implementation={VARLEN_ATTENTION!r} needs bf16 or fp16 activations, got {query.dtype}. "
-            "Load the model with dtype=torch.bfloat16 (or train with bf16=True), or use attn_implementation='sdpa'."
+            "Load the model with dtype=torch.bfloat16, or run under autocast (Trainer bf16=True / fp16=True), or use "
+            "attn_implementation='sdpa'."
         )
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -193,6 +194,7 @@ def varlen_attention_forward(
     """
     _refuse_unsupported(attention_mask, dropout, softcap, kwargs)
     cu_q, cu_k, max_q, max_k = _flat_lengths(query, key, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)
+    query, key, value = _autocast_inputs(query, key, value)
     kernel = _load_varlen_attn(query)
     params = _kernel_parameters(kernel)
     is_causal = kwargs.get("is_causal")
@@ -225,6 +227,32 @@ def varlen_attention_forward(
         options["is_causal"] = window == (-1, 0)
     out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, **options)
     return out.view(query.shape[0], query.shape[2], heads, out.shape[-1]), None
+
+
+def _autocast_inputs(query, key, value):
+    """q, k, v in autocast's half dtype when autocast is on (Trainer ``bf16=True`` on float32 weights).
+
+    Under autocast the rotary embedding leaves q and k in float32 (the float32 cos/sin of
+    float32 hidden states) while v comes out of its projection in bf16; the kernel takes
+    half precision only, so cast them as transformers' flash-attention path does.
+
+    >>> import torch
+    >>> q = torch.zeros(1, 1, 2, 4)
+    >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+    ...     [x.dtype for x in _autocast_inputs(q, q, q.bfloat16())]
+    [torch.bfloat16, torch.bfloat16, torch.bfloat16]
+    >>> [x.dtype for x in _autocast_inputs(q, q, q)]  # no autocast: unchanged (the loader refuses float32)
+    [torch.float32, torch.float32, torch.float32]
+    """
+    import torch
+
+    device_type = query.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return query, key, value
+    target = torch.get_autocast_dtype(device_type)
+    if target not in (torch.float16, torch.bfloat16):
+        return query, key, value
+    return tuple(x if x.dtype == target else x.to(target) for x in (query, key, value))
 
 
 def _window(is_causal: bool, sliding_window: int | None, max_length: int) -> tuple[int, int]:

@@ -140,6 +140,19 @@ def test_refusals(kwargs, match, calls):
     assert not calls
 
 
+def test_autocast_on_float32_weights_reaches_the_kernel_in_bf16(calls):
+    # Trainer(bf16=True) on a float32 model: rotary leaves q/k in float32, v is bf16.
+    model = tiny_model("llama", attn="packing_varlen")
+    reference = tiny_model("llama", attn="sdpa")
+    batch = FlatteningCollator()(random_examples([6, 3, 5]))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(**batch).loss
+        want = reference(**batch).loss
+    (q, k, v, *_), _ = calls[0]
+    assert q.dtype == k.dtype == v.dtype == torch.bfloat16
+    torch.testing.assert_close(loss, want, rtol=2e-2, atol=2e-2)
+
+
 def test_decoding_with_a_cache_is_refused(calls):
     q, kv = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 6, 4)
     cu = torch.tensor([0, 1], dtype=torch.int32)
