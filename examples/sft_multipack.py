@@ -45,7 +45,8 @@ def main() -> None:
                              "at least the longest example)")
     args = parser.parse_args()
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    gpu = torch.cuda.is_available()  # bf16 autocast on GPU, as the Trainer examples get from bf16=True
+    accelerator = Accelerator(cpu=not gpu, mixed_precision="bf16" if gpu else "no")
     tokenizer = load_tokenizer(args.model)
     with accelerator.main_process_first():  # the first process builds the caches, the others read them
         dataset = sft_dataset(args, tokenizer)
