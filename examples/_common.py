@@ -372,8 +372,11 @@ class BatchCounter:
         lengths = np.concatenate([b[0] for b in seen]) if seen else np.zeros(0, np.int64)
         values = torch.tensor([len(lengths), int(lengths.sum()), sum(b[1] for b in seen), sum(b[2] for b in seen),
                                len(seen), padded_slots(lengths, batch_size, seed) if len(lengths) else 0])
-        if dist.is_available() and dist.is_initialized():
+        if dist.is_available() and dist.is_initialized():  # NCCL reduces CUDA tensors only, gloo CPU ones
+            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+            values = values.to(device)
             dist.all_reduce(values)
+            values = values.cpu()
         keys = ("examples", "tokens", "trained_tokens", "slots", "micro_batches", "padded_slots")
         return dict(zip(keys, values.tolist()))
 
