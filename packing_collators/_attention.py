@@ -18,8 +18,10 @@ The function reads ``cu_seq_lens_q/k`` and ``max_length_q/k`` from the keyword
 arguments that transformers forwards from ``model(**batch)`` to every attention
 layer; it never re-derives them (that would cost a device sync per layer).
 Grouped-query attention passes the fewer k/v heads to the kernel as they are
-(``enable_gqa`` where this PyTorch has the flag; PyTorch 2.10 gets them repeated), sliding windows map to ``window_size=(w - 1, 0)``
-(transformers' convention: a token sees itself and ``w - 1`` earlier ones), and
+(``enable_gqa`` where this PyTorch has the flag; PyTorch 2.10 gets them repeated),
+float32 q/k/v under autocast are cast to its half dtype, sliding windows map to
+``window_size=(w - 1, 0)`` (transformers' convention: a token sees itself and
+``w - 1`` earlier ones), and
 what the kernel cannot do (logit softcapping, attention sinks, dropout, padded
 batches, decoding with a cache) is refused with an error naming the alternative.
 Cost: the kernel call plus at most one int32 cast of ``cu_seq_lens`` per layer.
