@@ -15,8 +15,9 @@ and compares, on the same GPU in one run:
     multipack        MultipackBatchSampler at --tokens-per-step, one micro-batch per step
     uniform          the ceiling: rows all of the mean length, same tokens per step, plain causal
 
-Packed modes run on each --attn backend (the library's torch varlen backend, flex_attention,
-flash_attention_2 where installed). Data loading runs in DataLoader workers with pinned memory
+Packed modes run on each --attn backend (the library's torch varlen backend, flash_attention_2
+where installed, flex_attention on request: its flat micro-batches are padded to a multiple of
+--flex-pad so that transformers' statically compiled flex kernel is not recompiled every step). Data loading runs in DataLoader workers with pinned memory
 and non-blocking copies. The tokens follow a fixed random Markov chain (4 successors per token),
 so the loss curves mean something: the floor is ln 4 = 1.386.
 
@@ -99,10 +100,10 @@ def rows_batch(rows: list[np.ndarray]) -> dict:
 class MicroBatches(torch.utils.data.Dataset):
     """Collates micro-batch i in a DataLoader worker, so collation is off the GPU's critical path."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, pad_to: int | None = None):
         self.items = [mb for step in plan.steps for mb in step]
         self.layout = plan.layout
-        self.flatten = FlatteningCollator()
+        self.flatten = FlatteningCollator(pad_to_multiple_of=pad_to)
 
     def __len__(self):
         return len(self.items)
@@ -196,7 +197,7 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
     hidden, layers = SIZES[args.size][0], SIZES[args.size][1]
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, **({"fused": True} if device.type == "cuda" else {}))
     loader = torch.utils.data.DataLoader(
-        MicroBatches(plan), batch_size=None, shuffle=False, num_workers=args.workers,
+        MicroBatches(plan, args.flex_pad if attn == "flex_attention" and args.flex_pad else None), batch_size=None, shuffle=False, num_workers=args.workers,
         pin_memory=device.type == "cuda", prefetch_factor=4 if args.workers else None, persistent_workers=False,
     )
     batches = iter(loader)
@@ -345,6 +346,10 @@ def main() -> None:
     parser.add_argument("--attn", default=default_backends(),
                         help="backends for the packed modes (default: packing_varlen, plus flash_attention_2 where "
                              "flash-attn is installed; flex_attention recompiles for every packed length in training)")
+    parser.add_argument("--flex-pad", type=int, default=16384,
+                        help="flex_attention runs pad each flat micro-batch to a multiple of this (a padding segment, "
+                             "labels -100), so its shape is static and transformers' compiled flex kernel is reused "
+                             "instead of recompiled for every new length; 0 turns it off")
     parser.add_argument("--all-attn-modes", default="flattened,multipack",
                         help="packed modes run on every --attn backend; other packed modes on the first only")
     parser.add_argument("--steps", type=int, default=20)
