@@ -91,6 +91,20 @@ class FlatOptions:
         self.return_seq_idx = return_seq_idx
         self.label_pad_id = label_pad_id
 
+    def _flat_batch(self, input_ids: np.ndarray, labels: np.ndarray, segments: np.ndarray) -> dict[str, Any]:
+        """One flat row of these segments with these options: padded to ``pad_to_multiple_of``, numpy."""
+        input_ids, labels, segments = pad_to_multiple(
+            input_ids, labels, segments, self.pad_to_multiple_of, self.pad_token_id, self.label_pad_id
+        )
+        return flat_batch(
+            input_ids,
+            labels,
+            segment_layout(segments),
+            position_ids_start=self.position_ids_start,
+            label_pad_id=self.label_pad_id,
+            return_seq_idx=self.return_seq_idx,
+        )
+
     def _options_repr(self) -> str:
         return (
             f"pad_to_multiple_of={self.pad_to_multiple_of}, pad_token_id={self.pad_token_id}, "
@@ -219,15 +233,4 @@ class FlatteningCollator(FlatOptions):
             labels = input_ids.copy()
         if "attention_mask" in features[0]:
             _check_unpadded(features, lengths)
-        input_ids, labels, lengths = pad_to_multiple(
-            input_ids, labels, lengths, self.pad_to_multiple_of, self.pad_token_id, self.label_pad_id
-        )
-        batch = flat_batch(
-            input_ids,
-            labels,
-            segment_layout(lengths),
-            position_ids_start=self.position_ids_start,
-            label_pad_id=self.label_pad_id,
-            return_seq_idx=self.return_seq_idx,
-        )
-        return to_tensors(batch, self.return_tensors)
+        return to_tensors(self._flat_batch(input_ids, labels, lengths), self.return_tensors)

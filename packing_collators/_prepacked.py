@@ -22,16 +22,7 @@ from typing import Any, Literal, Mapping, Sequence
 import numpy as np
 
 from ._engine import check_not_too_long, validate_choice, validate_positive_int
-from ._flattening import (
-    FlatOptions,
-    ReturnTensors,
-    _check_same_lengths,
-    _check_unpadded,
-    _column,
-    flat_batch,
-    pad_to_multiple,
-    to_tensors,
-)
+from ._flattening import FlatOptions, _check_same_lengths, _check_unpadded, _column, to_tensors
 from ._layout import segment_layout
 from ._tokens import concat_tokens, sequence_lengths
 
@@ -78,31 +69,13 @@ class PrePackedCollator(FlatOptions):
     [[-100, 2, 3, -100, 5, -100], [-100, 7, -100, -100, -100, -100]]
     """
 
-    def __init__(
-        self,
-        *,
-        mode: Mode = "flatten",
-        max_length: int | None = None,
-        pad_to_multiple_of: int | None = None,
-        pad_token_id: int = 0,
-        return_tensors: ReturnTensors = "pt",
-        position_ids_start: int = 0,
-        return_seq_idx: bool = False,
-        label_pad_id: int = -100,
-    ) -> None:
+    def __init__(self, *, mode: Mode = "flatten", max_length: int | None = None, **options: Any) -> None:
         validate_choice("mode", mode, Mode)
-        super().__init__(
-            pad_to_multiple_of=pad_to_multiple_of,
-            pad_token_id=pad_token_id,
-            return_tensors=return_tensors,
-            position_ids_start=position_ids_start,
-            return_seq_idx=return_seq_idx,
-            label_pad_id=label_pad_id,
-        )
+        super().__init__(**options)  # FlatOptions' keywords (pad_to_multiple_of, return_tensors, ...)
         validate_positive_int("max_length", max_length, allow_none=True)
         if mode == "pad" and max_length is None:
             raise ValueError("mode='pad' needs max_length (the packed rows' width, e.g. pack_dataset's max_length).")
-        if mode == "pad" and pad_to_multiple_of is not None:
+        if mode == "pad" and self.pad_to_multiple_of is not None:
             raise ValueError("pad_to_multiple_of is for mode='flatten'; with mode='pad' every row is max_length wide.")
         self.mode = mode
         self.max_length = max_length
@@ -115,7 +88,7 @@ class PrePackedCollator(FlatOptions):
             raise ValueError("PrePackedCollator got an empty batch (no rows).")
         input_ids, labels, row_lengths, segments, segments_per_row = self._read(rows)
         if self.mode == "flatten":
-            batch = self._flatten(input_ids, labels, segments)
+            batch = self._flat_batch(input_ids, labels, segments)
         else:
             batch = self._pad(input_ids, labels, row_lengths, segments, segments_per_row)
         return to_tensors(batch, self.return_tensors)
@@ -138,19 +111,6 @@ class PrePackedCollator(FlatOptions):
         if "attention_mask" in rows[0]:
             _check_unpadded(rows, row_lengths)
         return input_ids, labels, row_lengths, segments, segments_per_row
-
-    def _flatten(self, input_ids, labels, segments):
-        input_ids, labels, segments = pad_to_multiple(
-            input_ids, labels, segments, self.pad_to_multiple_of, self.pad_token_id, self.label_pad_id
-        )
-        return flat_batch(
-            input_ids,
-            labels,
-            segment_layout(segments),
-            position_ids_start=self.position_ids_start,
-            label_pad_id=self.label_pad_id,
-            return_seq_idx=self.return_seq_idx,
-        )
 
     def _pad(self, input_ids, labels, row_lengths, segments, segments_per_row):
         width, num_rows = self.max_length, len(row_lengths)
