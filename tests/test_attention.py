@@ -72,12 +72,17 @@ def _old_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=F
     return reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=is_causal)
 
 
-def test_older_kernel_signature_repeats_kv_and_folds_scale(monkeypatch):
+def _gqa_inputs_with_kernel(monkeypatch, kernel):
+    """q (4 heads), k/v (2 heads) over segments [4, 5], with ``kernel`` standing in; returns the calls too."""
     register_varlen_attention()
     seen = []
-    monkeypatch.setattr(_attention, "_load_varlen_attn", lambda query: recording(_old_kernel, seen))
+    monkeypatch.setattr(_attention, "_load_varlen_attn", lambda query: recording(kernel, seen))
     q, k, v = torch.randn(1, 4, 9, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
-    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    return q, k, v, torch.tensor([0, 4, 9], dtype=torch.int32), seen
+
+
+def test_older_kernel_signature_repeats_kv_and_folds_scale(monkeypatch):
+    q, k, v, cu, seen = _gqa_inputs_with_kernel(monkeypatch, _old_kernel)
     out, weights = varlen_attention_forward(None, q, k, v, None, scaling=0.5, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=5, max_length_k=5)
     (_, k_seen, *_), options = seen[0]
     assert k_seen.shape == (9, 4, 8) and options == {"is_causal": True} and weights is None
@@ -98,11 +103,7 @@ def _kernel_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_
 
 
 def test_kernel_without_gqa_flag_gets_kv_heads_unrepeated(monkeypatch):
-    register_varlen_attention()
-    seen = []
-    monkeypatch.setattr(_attention, "_load_varlen_attn", lambda query: recording(_kernel_2_11, seen))
-    q, k, v = torch.randn(1, 4, 9, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
-    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    q, k, v, cu, seen = _gqa_inputs_with_kernel(monkeypatch, _kernel_2_11)
     out, _ = varlen_attention_forward(None, q, k, v, None, cu_seq_lens_q=cu, max_length_q=5)
     (_, k_seen, v_seen, *_), options = seen[0]
     assert k_seen.shape == v_seen.shape == (9, 2, 8) and options == {"window_size": (-1, 0)}

@@ -87,15 +87,19 @@ def test_num_items_in_batch_normalisation_matches():
 # --- contamination: without boundaries the loss changes, and the checks refuse it -----------------
 
 
+def _model_padded_loss_and_flat_batch():
+    """A tiny Llama, its loss on LENGTHS padded, and the same examples flattened (to be spoiled)."""
+    examples = random_examples(LENGTHS, seed=3)
+    model = tiny_model("llama")
+    return model, model(**padded_batch(examples)).loss, FlatteningCollator()(examples)
+
+
 def _relative_gap(a, b):
     return abs(float(a.detach()) - float(b.detach())) / abs(float(b.detach()))
 
 
 def test_position_ids_that_do_not_restart_change_the_loss():
-    examples = random_examples(LENGTHS, seed=3)
-    model = tiny_model("llama")
-    padded = model(**padded_batch(examples)).loss
-    batch = FlatteningCollator()(examples)
+    model, padded, batch = _model_padded_loss_and_flat_batch()
     batch["position_ids"] = torch.arange(batch["input_ids"].shape[1])[None]
     assert _relative_gap(model(**batch).loss, padded) > 1e-3
     with pytest.raises(ValueError, match="position_ids do not restart where cu_seq_lens_q says"):
@@ -103,10 +107,7 @@ def test_position_ids_that_do_not_restart_change_the_loss():
 
 
 def test_a_cache_switches_packing_off_and_use_cache_is_refused():
-    examples = random_examples(LENGTHS, seed=3)
-    model = tiny_model("llama")
-    padded = model(**padded_batch(examples)).loss
-    batch = FlatteningCollator()(examples)
+    model, padded, batch = _model_padded_loss_and_flat_batch()
     torch.testing.assert_close(model(**batch).loss, padded, rtol=1e-5, atol=0)
     assert _relative_gap(model(**batch, use_cache=True).loss, padded) > 1e-3
     model.config.use_cache = True
@@ -115,10 +116,7 @@ def test_a_cache_switches_packing_off_and_use_cache_is_refused():
 
 
 def test_attention_mask_beside_a_flat_batch_changes_the_loss_and_is_refused():
-    examples = random_examples(LENGTHS, seed=3)
-    model = tiny_model("llama")
-    padded = model(**padded_batch(examples)).loss
-    batch = FlatteningCollator()(examples)
+    model, padded, batch = _model_padded_loss_and_flat_batch()
     batch["attention_mask"] = torch.ones_like(batch["input_ids"])
     assert _relative_gap(model(**batch).loss, padded) > 1e-3
     with pytest.raises(ValueError, match="also has an attention_mask"):

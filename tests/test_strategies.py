@@ -46,6 +46,13 @@ def reference_next_fit(lengths, capacity):
     return out, (row + 1 if len(lengths) else 0)
 
 
+def random_case(seed, *, min_items):
+    """Up to 299 lengths in [1, capacity] for a capacity in [4, 199], from the seed."""
+    rng = np.random.default_rng(seed)
+    capacity = int(rng.integers(4, 200))
+    return rng.integers(1, capacity + 1, size=int(rng.integers(min_items, 300))), capacity
+
+
 def free_space(bin_of_item, num_bins, lengths, capacity):
     used = np.bincount(bin_of_item, weights=lengths, minlength=num_bins)
     return sorted((capacity - used).astype(int).tolist())
@@ -53,9 +60,7 @@ def free_space(bin_of_item, num_bins, lengths, capacity):
 
 @pytest.mark.parametrize("seed", range(30))
 def test_bfd_matches_textbook_bfd(seed):
-    rng = np.random.default_rng(seed)
-    capacity = int(rng.integers(4, 200))
-    lengths = rng.integers(1, capacity + 1, size=int(rng.integers(1, 300)))
+    lengths, capacity = random_case(seed, min_items=1)
     bin_of_item, num_bins = best_fit_decreasing(lengths, capacity)
     # Ties between bins with equal room may be broken differently; the bins' fill levels may not.
     assert free_space(bin_of_item, num_bins, lengths, capacity) == reference_bfd(lengths.tolist(), capacity)
@@ -63,9 +68,7 @@ def test_bfd_matches_textbook_bfd(seed):
 
 @pytest.mark.parametrize("seed", range(30))
 def test_ffd_matches_textbook_ffd_exactly(seed):
-    rng = np.random.default_rng(seed)
-    capacity = int(rng.integers(4, 200))
-    lengths = rng.integers(1, capacity + 1, size=int(rng.integers(1, 300)))
+    lengths, capacity = random_case(seed, min_items=1)
     bin_of_item, num_bins = first_fit_decreasing(lengths, capacity)
     expected, expected_bins = reference_ffd(lengths.tolist(), capacity)
     assert num_bins == expected_bins
@@ -74,9 +77,7 @@ def test_ffd_matches_textbook_ffd_exactly(seed):
 
 @pytest.mark.parametrize("seed", range(30))
 def test_next_fit_matches_reference_exactly(seed):
-    rng = np.random.default_rng(seed)
-    capacity = int(rng.integers(4, 200))
-    lengths = rng.integers(1, capacity + 1, size=int(rng.integers(0, 300)))
+    lengths, capacity = random_case(seed, min_items=0)
     bin_of_item, num_bins = next_fit(lengths, capacity)
     expected, expected_bins = reference_next_fit(lengths.tolist(), capacity)
     assert (bin_of_item.tolist(), num_bins) == (expected, expected_bins)
