@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from packing_collators import FlatteningCollator, MultipackBatchSampler, register_varlen_attention
+from train_throughput import padded_batch, to_device
 
 
 def parse_args(argv=None):
@@ -86,21 +87,9 @@ def set_attention(model, name: str) -> None:
         model.config._attn_implementation = name
 
 
-def to_device(batch: dict, device) -> dict:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
 def padded(examples, device) -> dict:
-    width = max(len(e["input_ids"]) for e in examples)
-    ids = torch.zeros(len(examples), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    labels = torch.full_like(ids, -100)
-    for i, e in enumerate(examples):
-        n = len(e["input_ids"])
-        ids[i, :n] = torch.as_tensor(e["input_ids"])
-        mask[i, :n] = 1
-        labels[i, :n] = torch.as_tensor(e["input_ids"])
-    return to_device({"input_ids": ids, "attention_mask": mask, "labels": labels}, device)
+    """Right-padded to the longest example (no rounding), labels -100 on pads, on ``device``."""
+    return to_device(padded_batch(examples, multiple=1), device)
 
 
 def loss_and_grads(model, batch):

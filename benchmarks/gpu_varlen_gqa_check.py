@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from packing_collators import varlen_attention_forward
+from varlen_kernels import timed
 
 
 def main() -> None:
@@ -58,23 +59,10 @@ def main() -> None:
     diffs = [float((a - b).abs().max()) for a, b in zip(results["native"], results["repeated"])]
     scales = [float(b.abs().max()) for b in results["repeated"]]
 
-    def timed(fn):
-        for _ in range(5):
-            fn().backward(grad)
-        spans = []
-        for _ in range(args.repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn().backward(grad)
-            end.record()
-            torch.cuda.synchronize()
-            spans.append(start.elapsed_time(end))
-        return statistics.median(spans)
-
     times = {}
     for _ in range(2):  # alternate
         for name, fn in (("repeated", repeated), ("native", native)):
-            times.setdefault(name, []).append(timed(fn))
+            times.setdefault(name, []).append(timed(lambda: fn().backward(grad), args.repeats, warmup=5))
     report = {
         "card": torch.cuda.get_device_name(), "torch": torch.__version__,
         "varlen_attn_signature": str(inspect.signature(varlen_attn)),

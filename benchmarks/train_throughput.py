@@ -86,8 +86,8 @@ def padded_batch(features: list[dict], multiple: int = 64) -> dict:
     mask = torch.zeros(len(features), width, dtype=torch.long)
     for i, f in enumerate(features):
         n = len(f["input_ids"])
-        ids[i, :n] = torch.from_numpy(f["input_ids"])
-        labels[i, :n] = torch.from_numpy(f["input_ids"])
+        ids[i, :n] = torch.as_tensor(f["input_ids"])
+        labels[i, :n] = ids[i, :n]
         mask[i, :n] = 1
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 

@@ -28,9 +28,9 @@ import torch
 from _common import lengths_of
 
 
-def timed(fn, repeats: int) -> float:
-    """Median milliseconds of fn() (forward + backward), CUDA events."""
-    for _ in range(3):
+def timed(fn, repeats: int, warmup: int = 3) -> float:
+    """Median milliseconds of fn() over CUDA-event spans, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
