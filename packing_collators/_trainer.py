@@ -194,6 +194,12 @@ class PackingTrainer(Trainer):
         loader, sampler = self._multipack_dataloader(
             self.train_dataset, "Training", self._train_batch_size, shuffle=True
         )
+        if not callable(getattr(sampler, "set_epoch", None)):
+            raise TypeError(
+                f"{type(self).__name__}.make_batch_sampler returned a {type(sampler).__name__} without "
+                "set_epoch(epoch); a training sampler needs one (called every epoch and on resume, so each "
+                "epoch gets its own plan). Give it a set_epoch method, or subclass MultipackBatchSampler."
+            )
         self._train_batch_sampler = sampler
         return loader
 

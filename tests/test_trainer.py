@@ -139,6 +139,16 @@ def test_make_batch_sampler_override_decides_the_micro_batches(tmp_path):
     assert trainer.state.global_step == len(planned) // 2
 
 
+def test_a_training_sampler_without_set_epoch_is_refused(tmp_path):
+    class ListTrainer(PackingTrainer):
+        def make_batch_sampler(self, lengths, batch_size, *, shuffle):
+            return [[i] for i in range(len(lengths))]
+
+    trainer = ListTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset())
+    with pytest.raises(TypeError, match="make_batch_sampler returned a list without set_epoch"):
+        trainer.get_train_dataloader()
+
+
 class _ClearOnTrainBegin(TrainerCallback):
     """Forget the probe batch the packing checks collate before the first step."""
 
