@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from _common import alternate, command, lengths_of, machine, median, write_results
 
-STARTUP = "import packing_collators.cli, packing_collators._analysis, packing_collators._data_loading, datasets"
+STARTUP = "import packing_collators.cli, packing_collators.cli._analysis, packing_collators.cli._input_data, datasets"
 
 
 def timed(function) -> tuple[float, object]:
@@ -45,9 +45,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from packing_collators import pack_lengths
-    from packing_collators._epoch_plan import plan_epoch
-    from packing_collators._analysis import analyze_lengths
-    from packing_collators._data_loading import example_lengths, open_dataset
+    from packing_collators.sampler._epoch_plan import plan_epoch
+    from packing_collators.cli._analysis import analyze_lengths
+    from packing_collators.cli._input_data import example_lengths, open_dataset
 
     script = Path(sys.executable).with_name("packing-collators")
     if not script.exists():

@@ -1,29 +1,27 @@
 """Pack sequences instead of padding them, for fine-tuning with Hugging Face Transformers.
 
-The public API; everything else lives in private modules:
+The public API (everything in ``__all__``); the package is a folder per concept, each
+built only on the ones above it in this map::
 
-- :func:`pack_lengths` - the packing engine (lengths in, rows of indices out; no torch);
-- :func:`pack_sequences`, :func:`concatenate_and_pack` - token lists to padded packed rows;
-- :class:`FlatteningCollator` - a minibatch to one flat row with ``cu_seq_lens`` (online flattening);
-- :func:`pack_dataset`, :class:`PackStats`, :class:`PrePackedCollator` - offline pre-packing of a
-  ``datasets`` dataset or stream, and the collator for its rows;
-- :class:`MultipackBatchSampler`, :func:`lengths_from_dataset` - token-budget batches for a DataLoader;
-- :class:`PackingTrainer`, :class:`PackingCheckCallback`, :func:`check_packing_support` - Trainer wiring
-  and the safety checks;
-- :func:`register_varlen_attention` - an attention backend on ``torch.nn.attention.varlen``.
+    engine/    pack_lengths, PackingResult, PackStats    lengths -> rows of indices (no torch)
+    collate/   FlatteningCollator, PrePackedCollator,    examples or packed rows -> batches
+               pack_sequences, concatenate_and_pack
+    offline/   pack_dataset                              a datasets Dataset/stream -> packed rows
+    sampler/   MultipackBatchSampler, lengths_from_dataset   token-budget micro-batches per rank
+    trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, the safety checks and
+               check_packing_support, packing_varlen     a varlen attention backend
+    cli/       packing-collators analyze|pack            the command line
+    _validation.py   the argument checks every folder shares
 
-The command line (``packing-collators analyze|pack``) lives in :mod:`packing_collators.cli`.
+``PackingTrainer``, ``PackingCheckCallback`` and ``MultipackBatchSampler`` load on first use
+(they import transformers' Trainer or torch), so ``import packing_collators`` stays fast.
 """
 
-from ._attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
-from ._checks import check_packing_support
-from ._dataset_packing import pack_dataset
-from ._engine import PackingResult, pack_lengths
-from ._flattening import FlatteningCollator
-from ._lengths import lengths_from_dataset
-from ._pack_stats import PackStats
-from ._prepacked import PrePackedCollator
-from ._rows import concatenate_and_pack, pack_sequences
+from .collate import FlatteningCollator, PrePackedCollator, concatenate_and_pack, pack_sequences
+from .engine import PackingResult, PackStats, pack_lengths
+from .offline import pack_dataset
+from .sampler import lengths_from_dataset
+from .trainer import VARLEN_ATTENTION, check_packing_support, register_varlen_attention, varlen_attention_forward
 
 __all__ = [
     "FlatteningCollator",
@@ -51,11 +49,11 @@ def __getattr__(name: str):
     # subclasses torch's Sampler; importing those takes seconds, so they load on first use and
     # `import packing_collators` (the engine, the collators, the command line) stays fast.
     if name in ("PackingCheckCallback", "PackingTrainer"):
-        from . import _trainer
+        from . import trainer
 
-        return getattr(_trainer, name)
+        return getattr(trainer, name)
     if name == "MultipackBatchSampler":
-        from ._sampler import MultipackBatchSampler
+        from . import sampler
 
-        return MultipackBatchSampler
+        return sampler.MultipackBatchSampler
     raise AttributeError(f"module 'packing_collators' has no attribute {name!r}")

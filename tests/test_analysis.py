@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from packing_collators import MultipackBatchSampler, pack_dataset, pack_lengths
-from packing_collators._analysis import (
+from packing_collators.cli._analysis import (
     analyze_lengths,
     check_max_length,
     length_grouped_order,

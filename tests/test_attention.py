@@ -14,7 +14,7 @@ import torch
 from _tiny_models import random_examples, reference_varlen_attn, tiny_model
 
 from packing_collators import FlatteningCollator, register_varlen_attention, varlen_attention_forward
-from packing_collators import _attention
+from packing_collators.trainer import _varlen_attention as _attention
 
 
 def recording(kernel, calls):

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from datasets import Dataset, DatasetDict
 
-from packing_collators._data_loading import (
+from packing_collators.cli._input_data import (
     choose_column,
     example_lengths,
     load_tokenizer,

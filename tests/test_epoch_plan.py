@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from packing_collators._epoch_plan import _ranges, plan_epoch
+from packing_collators.sampler._epoch_plan import _ranges, plan_epoch
 
 
 def sft_lengths(n: int, seed: int = 0, high: int = 2048) -> np.ndarray:

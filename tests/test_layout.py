@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from packing_collators._layout import segment_layout
+from packing_collators.collate import segment_layout
 
 
 @pytest.mark.parametrize("seed", range(10))

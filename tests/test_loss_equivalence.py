@@ -14,7 +14,7 @@ import torch
 from _tiny_models import ARCHITECTURES, padded_batch, random_examples, reference_varlen_attn, tiny_model
 
 from packing_collators import FlatteningCollator, check_packing_support, register_varlen_attention
-from packing_collators import _attention
+from packing_collators.trainer import _varlen_attention as _attention
 
 LENGTHS = [7, 3, 12, 5, 9]
 

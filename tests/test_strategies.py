@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from packing_collators._strategies import best_fit_decreasing, first_fit_decreasing, next_fit
+from packing_collators.engine._strategies import best_fit_decreasing, first_fit_decreasing, next_fit
 
 
 def reference_bfd(lengths, capacity):

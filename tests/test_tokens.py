@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from packing_collators._tokens import concat_tokens, sequence_lengths
+from packing_collators.collate import concat_tokens, sequence_lengths
 
 
 @pytest.mark.parametrize("kind", [list, np.array, torch.tensor])

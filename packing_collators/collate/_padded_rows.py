@@ -16,9 +16,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._engine import Overflow, PackingResult, Strategy, pack_lengths
-from ._flattening import _check_same_lengths
-from ._tokens import concat_tokens, sequence_lengths
+from ..engine import Overflow, PackingResult, Strategy, pack_lengths
+from ._features import check_same_lengths
+from ._concat import concat_tokens, sequence_lengths
 
 __all__ = ["concatenate_and_pack", "pack_sequences"]
 
@@ -158,7 +158,7 @@ def concatenate_and_pack(
     for key, column in columns:  # checked before packing, so no loss warning precedes the error
         if len(column) != len(lengths):
             raise ValueError(f"Got {len(lengths)} input sequences but {len(column)} {key}; give one per example.")
-        _check_same_lengths(sequence_lengths(column, what=key), lengths, key)
+        check_same_lengths(sequence_lengths(column, what=key), lengths, key)
     lengths, flat_inputs, result, starts = _pack_flat(input_sequences, max_length, strategy, overflow, "input_ids")
     tables = [flat_inputs] + [concat_tokens(column, int(lengths.sum()), what=key) for key, column in columns]
     tables[1][starts[lengths > 0]] = label_pad_id

@@ -26,7 +26,8 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from ._engine import pack_lengths, validate_choice, validate_lengths, validate_positive_int
+from .._validation import validate_choice, validate_lengths, validate_positive_int
+from ..engine import efficiency, lower_bound, pack_lengths
 
 __all__ = ["Analysis", "Packing", "Padding", "Recommendation", "analyze_lengths", "check_max_length"]
 
@@ -75,7 +76,7 @@ class Packing:
     @property
     def efficiency(self) -> float:
         """tokens / (rows * capacity)."""
-        return self.tokens / (self.rows * self.capacity) if self.rows else 1.0
+        return efficiency(self.tokens, self.rows * self.capacity)
 
     @property
     def gap(self) -> float:
@@ -212,7 +213,8 @@ def _row_packings(lengths, max_length, batch_size, overflow, seed, padded) -> li
                 speedup=padded / (result.num_rows * max_length) if result.num_rows else 1.0,
             )
         )
-    tokens, rows = int(lengths.sum()), math.ceil(int(lengths.sum()) / max_length)
+    tokens = int(lengths.sum())
+    rows = lower_bound(tokens, max_length)
     packings.append(
         Packing(
             strategy="wrapped",
@@ -232,7 +234,7 @@ def _row_packings(lengths, max_length, batch_size, overflow, seed, padded) -> li
 
 
 def _sampler_packing(lengths, budget, seed, padded, *, truncated: int, dropped: int) -> Packing:
-    from ._epoch_plan import plan_epoch  # what MultipackBatchSampler plans, without importing torch
+    from ..sampler import plan_epoch  # what MultipackBatchSampler plans, without importing torch
 
     stats = plan_epoch(lengths, budget, seed=seed, num_replicas=1, overflow="drop").stats()
     batches = stats["batches_per_epoch"]

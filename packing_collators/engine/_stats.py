@@ -1,18 +1,44 @@
-"""What a dataset packing did, in numbers: rows, efficiency and the gap to the lower bound, losses.
+"""The statistics vocabulary of every packing: efficiency, the lower bound, and what was lost.
 
-Efficiency is ``packed_tokens / (rows * capacity)``; the lower bound is
-``ceil(packed_tokens / capacity)`` rows, which no packing of those tokens beats.
-A streaming packing adds its buffers' statistics up as it goes (:meth:`PackStats.add`).
+    efficiency  = packed_tokens / (rows * capacity)        1.0 when every slot holds a real token
+    lower bound = ceil(packed_tokens / capacity) rows       no packing of those tokens has fewer
+
+:func:`efficiency` and :func:`lower_bound` are the one place these are computed (the
+engine's :class:`PackingResult`, :class:`PackStats`, the sampler's epoch plan and the
+CLI's analysis all call them), and :meth:`PackStats.summary` is the one wording of a
+packing in a log. A streaming packing adds its buffers' statistics up as it goes
+(:meth:`PackStats.add`) and starts a new split with :meth:`PackStats.reset`.
+Cost: constant per call.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
 
-from ._engine import PackingResult
+if TYPE_CHECKING:
+    from ._pack_lengths import PackingResult
 
-__all__ = ["PackStats"]
+__all__ = ["PackStats", "efficiency", "lower_bound"]
+
+
+def efficiency(tokens: int, slots: int) -> float:
+    """Real tokens over the slots that hold them (``rows * capacity``); 1.0 for no slots.
+
+    >>> efficiency(15, 2 * 8)
+    0.9375
+    """
+    return tokens / slots if slots else 1.0
+
+
+def lower_bound(tokens: int, capacity: int) -> int:
+    """``ceil(tokens / capacity)``: the fewest rows (or batches) of ``capacity`` that hold ``tokens``.
+
+    >>> lower_bound(15, 8)
+    2
+    """
+    return math.ceil(tokens / capacity)
 
 
 @dataclass
@@ -75,12 +101,12 @@ class PackStats:
     @property
     def lower_bound_rows(self) -> int:
         """ceil(packed_tokens / capacity)."""
-        return math.ceil(self.packed_tokens / self.capacity)
+        return lower_bound(self.packed_tokens, self.capacity)
 
     @property
     def efficiency(self) -> float:
         """packed_tokens / (rows * capacity); 1.0 for no rows."""
-        return self.packed_tokens / (self.rows * self.capacity) if self.rows else 1.0
+        return efficiency(self.packed_tokens, self.rows * self.capacity)
 
     @property
     def rows_over_lower_bound(self) -> float:
@@ -92,6 +118,18 @@ class PackStats:
         for f in fields(self):
             if f.type in ("int", int) and f.name != "capacity":
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def reset(self) -> None:
+        """Zero every count (a stream starting a new split keeps its strategy and capacity).
+
+        >>> stats = PackStats("bfd", 8, rows=3, packed_tokens=20)
+        >>> stats.reset()
+        >>> stats.rows, stats.packed_tokens, stats.capacity
+        (0, 0, 8)
+        """
+        for f in fields(self):
+            if f.type in ("int", int) and f.name != "capacity":
+                setattr(self, f.name, 0)
 
     def as_dict(self) -> dict:
         """Every count plus ``efficiency`` and ``lower_bound_rows``, as a plain dict (for JSON)."""

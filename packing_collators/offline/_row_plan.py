@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._engine import PackingResult
+from ..engine import PackingResult
 
 __all__ = ["RowPlan", "bin_plan", "wrapped_plan"]
 

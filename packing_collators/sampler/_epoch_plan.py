@@ -38,15 +38,15 @@ Pure numpy; no torch here.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import numpy as np
 
-from ._engine import Strategy, check_not_too_long, pack_lengths, validate_choice, validate_lengths
+from .._validation import validate_choice, validate_lengths
+from ..engine import Strategy, check_not_too_long, efficiency, lower_bound, pack_lengths
 
-__all__ = ["Balance", "EpochPlan", "SamplerOverflow", "plan_epoch"]
+__all__ = ["Balance", "EpochPlan", "SamplerOverflow", "check_overflow", "plan_epoch"]
 
 Balance = Literal["cost", "tokens", "attention", "none"]
 SamplerOverflow = Literal["error", "drop"]
@@ -135,8 +135,8 @@ class EpochPlan:
             "batches_per_epoch": self.num_steps,
             "total_batches": total,
             "tokens": tokens,
-            "lower_bound_batches": math.ceil(tokens / self.max_tokens_per_batch),
-            "efficiency": tokens / (total * self.max_tokens_per_batch) if total else 1.0,
+            "lower_bound_batches": lower_bound(tokens, self.max_tokens_per_batch),
+            "efficiency": efficiency(tokens, total * self.max_tokens_per_batch),
         }
         stats.update(self.stats_base)
         for name in ("cost", "tokens", "attention"):
@@ -154,7 +154,7 @@ def _imbalance(per_rank: np.ndarray) -> float:
     return float(per_rank.max() / mean - 1) if mean else 0.0
 
 
-def _check_overflow(lengths: np.ndarray, budget: int, overflow: str) -> np.ndarray:
+def check_overflow(lengths: np.ndarray, budget: int, overflow: str) -> np.ndarray:
     """Boolean (n,) mask of examples over the budget, or the error naming the first one."""
     if overflow == "error":
         check_not_too_long(
@@ -245,7 +245,7 @@ def plan_epoch(
     validate_choice("overflow", overflow, SamplerOverflow)
     lengths = validate_lengths(lengths)
     budget = int(max_tokens_per_batch)
-    too_long = _check_overflow(lengths, budget, overflow)
+    too_long = check_overflow(lengths, budget, overflow)
     usable = np.flatnonzero((lengths > 0) & ~too_long)
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(usable) if shuffle else usable

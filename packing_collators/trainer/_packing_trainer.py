@@ -27,9 +27,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._checks import check_packing_support, check_collated_features
-from ._engine import Strategy, validate_choice
-from ._flattening import FlatteningCollator
+from ._support_checks import check_packing_support, check_collated_features
+from .._validation import validate_choice, validate_positive_int
+from ..engine import Strategy
+from ..collate import FlatteningCollator
 
 try:
     from transformers import Trainer, TrainerCallback
@@ -52,7 +53,7 @@ def _dataset_lengths(dataset, column: str) -> np.ndarray:
         import datasets
 
         if isinstance(dataset, datasets.Dataset):
-            from ._lengths import lengths_from_dataset
+            from ..sampler import lengths_from_dataset
 
             return lengths_from_dataset(dataset, column)
     except ImportError:  # pragma: no cover
@@ -134,13 +135,9 @@ class PackingTrainer(Trainer):
     ) -> None:
         validate_choice("packing_strategy", packing_strategy, Strategy)
         validate_choice("eval_packing", eval_packing, EvalPacking)
-        if max_tokens_per_batch is not None and (
-            isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int) or max_tokens_per_batch < 1
-        ):
-            raise ValueError(
-                "max_tokens_per_batch must be a positive integer or None (derived from the batch size), "
-                f"got {max_tokens_per_batch!r}."
-            )
+        validate_positive_int(
+            "max_tokens_per_batch", max_tokens_per_batch, allow_none=True, none_means="derived from the batch size"
+        )
         self.max_tokens_per_batch = max_tokens_per_batch
         self.packing_strategy = packing_strategy
         self.length_column = length_column
@@ -174,7 +171,7 @@ class PackingTrainer(Trainer):
         ``world_size`` ranks. Override it to plan micro-batches another way; the result
         must yield lists of dataset indices and, for training, have ``set_epoch``.
         """
-        from ._sampler import MultipackBatchSampler
+        from ..sampler import MultipackBatchSampler
 
         args = self.args
         return MultipackBatchSampler(

@@ -22,29 +22,21 @@ yields).
 from __future__ import annotations
 
 import logging
-from dataclasses import fields
 from itertools import islice
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from ._engine import check_not_too_long, pack_lengths
-from ._example_table import example_columns, token_lengths
-from ._pack_options import MAX_LENGTH_FIX, PackOptions
-from ._pack_stats import PackStats
-from ._packed_table import build_rows
+from ..engine import PackStats, check_not_too_long, pack_lengths
+from ._columns import example_columns, token_lengths
+from ._options import MAX_LENGTH_FIX, PackOptions
+from ._arrow_rows import build_rows
 from ._row_plan import bin_plan
 
 __all__ = ["pack_stream", "pack_streaming"]
 
 logger = logging.getLogger(__name__)
-
-
-def _reset(stats: PackStats) -> None:
-    for f in fields(stats):
-        if isinstance(getattr(stats, f.name), int) and f.name != "capacity":
-            setattr(stats, f.name, 0)
 
 
 def _example_tables(source: Any, size: int) -> Iterator[pa.Table]:
@@ -137,7 +129,7 @@ def pack_streaming(source: Any, options: PackOptions):
     stats = PackStats(options.strategy, options.max_length)
 
     def rows():
-        _reset(stats)
+        stats.reset()
         yield from pack_stream(_example_tables(source, options.buffer_size), options, stats)
 
     if isinstance(source, datasets.IterableDataset):

@@ -29,7 +29,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._lengths import lengths_from_dataset
+from ..offline import is_per_token
+from ..sampler import lengths_from_dataset
 
 __all__ = [
     "ColumnKind",
@@ -297,15 +298,6 @@ def token_ids(dataset: Any, *, column: str | None = None, tokenizer: Any = None,
     return dataset
 
 
-def _per_token(kind) -> bool:
-    import pyarrow as pa
-
-    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
-        return False
-    value = kind.value_type
-    return pa.types.is_integer(value) or pa.types.is_floating(value) or pa.types.is_boolean(value)
-
-
 def packable_columns(dataset: Any, *, keep_columns=(), remove_columns=()):
     """The dataset without ``remove_columns``, once every other column can go into packed rows.
 
@@ -329,7 +321,7 @@ def packable_columns(dataset: Any, *, keep_columns=(), remove_columns=()):
     if remove_columns:
         dataset = dataset.remove_columns(list(remove_columns))
     schema = dataset.data.schema
-    refused = [n for n in dataset.column_names if n not in keep_columns and not _per_token(schema.field(n).type)]
+    refused = [n for n in dataset.column_names if n not in keep_columns and not is_per_token(schema.field(n).type)]
     if refused:
         raise ValueError(
             f"Columns {refused} are not per-token, so they cannot be concatenated into packed rows; pass "

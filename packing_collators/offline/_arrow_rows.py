@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow as pa
 
-from ._example_table import ExampleColumns
-from ._layout import segment_layout
+from ._columns import ExampleColumns
+from ..collate import segment_layout
 from ._row_plan import RowPlan
 
 __all__ = ["build_rows", "CHUNK_TOKENS"]
@@ -131,8 +131,8 @@ def build_rows(
     """The packed rows of ``plan`` over ``table`` (see the module docstring for the columns).
 
     >>> from packing_collators import pack_lengths
-    >>> from packing_collators._example_table import example_columns
-    >>> from packing_collators._row_plan import bin_plan
+    >>> from packing_collators.offline._columns import example_columns
+    >>> from packing_collators.offline._row_plan import bin_plan
     >>> table = pa.table({"input_ids": [[5, 6, 7], [8, 9]], "labels": [[5, 6, 7], [8, 9]]})
     >>> plan = bin_plan(pack_lengths([3, 2], capacity=8))
     >>> rows = build_rows(table, plan, example_columns(table.schema), np.array([3, 2]))

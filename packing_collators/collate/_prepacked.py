@@ -21,17 +21,19 @@ from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
-from ._engine import check_not_too_long, validate_choice, validate_positive_int
-from ._flattening import FlatOptions, _check_same_lengths, _check_unpadded, _column, to_tensors
-from ._layout import segment_layout
-from ._tokens import concat_tokens, sequence_lengths
+from .._validation import validate_choice, validate_positive_int
+from ..engine import check_not_too_long
+from ._features import check_same_lengths, check_unpadded, feature_column, to_tensors
+from ._options import CollateOptions, ReturnTensors
+from ._segments import segment_layout
+from ._concat import concat_tokens, sequence_lengths
 
 __all__ = ["PrePackedCollator"]
 
 Mode = Literal["flatten", "pad"]
 
 
-class PrePackedCollator(FlatOptions):
+class PrePackedCollator:
     """Collate rows of a packed dataset (``data_collator=`` for a Trainer).
 
     Args:
@@ -69,47 +71,65 @@ class PrePackedCollator(FlatOptions):
     [[-100, 2, 3, -100, 5, -100], [-100, 7, -100, -100, -100, -100]]
     """
 
-    def __init__(self, *, mode: Mode = "flatten", max_length: int | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        mode: Mode = "flatten",
+        max_length: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        pad_token_id: int = 0,
+        return_tensors: ReturnTensors = "pt",
+        position_ids_start: int = 0,
+        return_seq_idx: bool = False,
+        label_pad_id: int = -100,
+    ) -> None:
         validate_choice("mode", mode, Mode)
-        super().__init__(**options)  # FlatOptions' keywords (pad_to_multiple_of, return_tensors, ...)
+        self.options = CollateOptions(
+            pad_to_multiple_of=pad_to_multiple_of,
+            pad_token_id=pad_token_id,
+            return_tensors=return_tensors,
+            position_ids_start=position_ids_start,
+            return_seq_idx=return_seq_idx,
+            label_pad_id=label_pad_id,
+        )
         validate_positive_int("max_length", max_length, allow_none=True)
         if mode == "pad" and max_length is None:
             raise ValueError("mode='pad' needs max_length (the packed rows' width, e.g. pack_dataset's max_length).")
-        if mode == "pad" and self.pad_to_multiple_of is not None:
+        if mode == "pad" and pad_to_multiple_of is not None:
             raise ValueError("pad_to_multiple_of is for mode='flatten'; with mode='pad' every row is max_length wide.")
         self.mode = mode
         self.max_length = max_length
 
     def __repr__(self) -> str:
-        return f"PrePackedCollator(mode={self.mode!r}, max_length={self.max_length}, {self._options_repr()})"
+        return f"PrePackedCollator(mode={self.mode!r}, max_length={self.max_length}, {self.options.keywords()})"
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not len(rows):
             raise ValueError("PrePackedCollator got an empty batch (no rows).")
         input_ids, labels, row_lengths, segments, segments_per_row = self._read(rows)
         if self.mode == "flatten":
-            batch = self._flat_batch(input_ids, labels, segments)
+            batch = self.options.flat_batch(input_ids, labels, segments)
         else:
             batch = self._pad(input_ids, labels, row_lengths, segments, segments_per_row)
-        return to_tensors(batch, self.return_tensors)
+        return to_tensors(batch, self.options.return_tensors)
 
     def _read(self, rows):
-        ids = _column(rows, "input_ids")
+        ids = feature_column(rows, "input_ids")
         row_lengths = sequence_lengths(ids)
         total = int(row_lengths.sum())
-        seq_column = _column(rows, "seq_lengths")
+        seq_column = feature_column(rows, "seq_lengths")
         segments_per_row = sequence_lengths(seq_column, what="seq_lengths")
         segments = concat_tokens(seq_column, int(segments_per_row.sum()), what="seq_lengths")
         _check_segments(segments, segments_per_row, row_lengths)
         input_ids = concat_tokens(ids, total)
         if "labels" in rows[0]:
-            label_column = _column(rows, "labels")
-            _check_same_lengths(sequence_lengths(label_column, what="labels"), row_lengths, "labels", item="Row")
+            label_column = feature_column(rows, "labels")
+            check_same_lengths(sequence_lengths(label_column, what="labels"), row_lengths, "labels", item="Row")
             labels = concat_tokens(label_column, total, what="labels")
         else:
             labels = input_ids.copy()
         if "attention_mask" in rows[0]:
-            _check_unpadded(rows, row_lengths)
+            check_unpadded(rows, row_lengths)
         return input_ids, labels, row_lengths, segments, segments_per_row
 
     def _pad(self, input_ids, labels, row_lengths, segments, segments_per_row):
@@ -131,17 +151,17 @@ class PrePackedCollator(FlatOptions):
         row_of_token = np.repeat(np.arange(num_rows), row_lengths)
         starts_in_flat = np.r_[0, np.cumsum(row_lengths)[:-1]]
         target = row_of_token * width + np.arange(len(input_ids)) - np.repeat(starts_in_flat, row_lengths)
-        padded_ids = np.full(num_rows * width, self.pad_token_id, np.int64)
+        padded_ids = np.full(num_rows * width, self.options.pad_token_id, np.int64)
         padded_ids[target] = input_ids
-        padded_labels = np.full(num_rows * width, self.label_pad_id, np.int64)
+        padded_labels = np.full(num_rows * width, self.options.label_pad_id, np.int64)
         padded_labels[target] = labels
-        padded_labels[layout.starts] = self.label_pad_id
+        padded_labels[layout.starts] = self.options.label_pad_id
         batch = {
             "input_ids": padded_ids.reshape(num_rows, width),
             "labels": padded_labels.reshape(num_rows, width),
-            "position_ids": layout.position_ids(self.position_ids_start).reshape(num_rows, width),
+            "position_ids": layout.position_ids(self.options.position_ids_start).reshape(num_rows, width),
         }
-        if self.return_seq_idx:
+        if self.options.return_seq_idx:
             seq_idx = layout.seq_idx().reshape(num_rows, width)
             batch["seq_idx"] = seq_idx - seq_idx[:, :1]
         return batch

@@ -25,11 +25,10 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ._engine import Overflow, check_not_too_long, pack_lengths
-from ._example_table import example_columns, token_lengths
-from ._pack_options import MAX_LENGTH_FIX, DatasetStrategy, PackOptions
-from ._pack_stats import PackStats
-from ._packed_table import CHUNK_TOKENS, build_rows
+from ..engine import Overflow, PackStats, check_not_too_long, pack_lengths
+from ._columns import example_columns, token_lengths
+from ._options import MAX_LENGTH_FIX, DatasetStrategy, PackOptions
+from ._arrow_rows import CHUNK_TOKENS, build_rows
 from ._row_plan import bin_plan, wrapped_plan
 
 __all__ = ["pack_dataset", "pack_table"]

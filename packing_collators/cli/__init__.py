@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _lengths(args):
-    from ._data_loading import example_lengths, load_tokenizer, open_dataset
+    from ._input_data import example_lengths, load_tokenizer, open_dataset
 
     dataset = open_dataset(args.data, split=args.split)
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
@@ -80,7 +80,7 @@ def _lengths(args):
 
 def _analyze(args) -> int:
     from ._analysis import analyze_lengths
-    from ._analysis_report import format_analysis, plot_analysis, require_matplotlib
+    from ._report import format_analysis, plot_analysis, require_matplotlib
 
     if args.plot:
         require_matplotlib()  # before the work, not after it
@@ -104,9 +104,9 @@ def _analyze(args) -> int:
 
 
 def _pack(args) -> int:
-    from . import lengths_from_dataset, pack_dataset
+    from .. import lengths_from_dataset, pack_dataset
     from ._analysis import check_max_length
-    from ._data_loading import load_tokenizer, open_dataset, packable_columns, token_ids
+    from ._input_data import load_tokenizer, open_dataset, packable_columns, token_ids
 
     out = Path(args.out)
     if out.exists() and not args.overwrite:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ._engine import Overflow, validate_choice, validate_positive_int
+from .._validation import validate_choice, validate_positive_int
+from ..engine import Overflow
 
 __all__ = ["DatasetStrategy", "MAX_LENGTH_FIX", "PackOptions"]
 

@@ -69,7 +69,7 @@ def attention_kind(implementation: str | None) -> str:
         from transformers.integrations.flash_attention import flash_attention_forward
     except ImportError:  # pragma: no cover - transformers without these names
         return "unknown"
-    from ._attention import varlen_attention_forward
+    from ._varlen_attention import varlen_attention_forward
 
     registered = AttentionInterface._global_mapping.get(implementation)
     return "cu_seq_lens" if registered in (varlen_attention_forward, flash_attention_forward) else "unknown"

@@ -1,4 +1,4 @@
-"""An :class:`~packing_collators._analysis.Analysis` as the table ``packing-collators analyze`` prints, or as a plot.
+"""An :class:`~packing_collators.cli._analysis.Analysis` as the table ``packing-collators analyze`` prints, or as a plot.
 
 The table (numbers with thousands separators; the tests read them back)::
 
@@ -34,7 +34,7 @@ def _n(value: int) -> str:
 def format_analysis(analysis: Analysis, *, source: str = "") -> str:
     """The analysis as a plain-text table with a recommendation.
 
-    >>> from packing_collators._analysis import analyze_lengths
+    >>> from packing_collators.cli._analysis import analyze_lengths
     >>> text = format_analysis(analyze_lengths([2, 30, 3, 28, 2, 31, 4, 29] * 4, max_length=32, batch_size=4))
     >>> for line in text.splitlines()[7:14]:
     ...     print(line)

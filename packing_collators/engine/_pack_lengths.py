@@ -18,12 +18,13 @@ statistics. No torch, transformers or datasets here.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Literal, Sequence, get_args
+from typing import Literal, Sequence
 
 import numpy as np
 
+from .._validation import validate_choice, validate_lengths, validate_positive_int
+from ._stats import PackStats, efficiency, lower_bound
 from ._strategies import best_fit_decreasing, first_fit_decreasing, next_fit
 
 __all__ = ["PackingResult", "Strategy", "Overflow", "pack_lengths"]
@@ -108,12 +109,12 @@ class PackingResult:
     @property
     def efficiency(self) -> float:
         """Tokens placed / (rows * capacity); 1.0 for no rows."""
-        return self.total_tokens / (self.num_rows * self.capacity) if self.num_rows else 1.0
+        return efficiency(self.total_tokens, self.num_rows * self.capacity)
 
     @property
     def lower_bound_rows(self) -> int:
         """ceil(total_tokens / capacity): no packing of these tokens has fewer rows."""
-        return math.ceil(self.total_tokens / self.capacity)
+        return lower_bound(self.total_tokens, self.capacity)
 
     @property
     def num_truncated(self) -> int:
@@ -151,57 +152,12 @@ class PackingResult:
         }
 
     def summary(self) -> str:
-        """One line for a log.
+        """One line for a log, worded as :meth:`PackStats.summary` (it is that summary).
 
         >>> pack_lengths([6, 0, 9, 2], capacity=8, overflow="truncate").summary()
-        'bfd: 2 rows (lower bound 2) of 8, efficiency 100.00%, 16 of 17 tokens packed; truncated 1 examples (1 tokens), dropped 0 (0 tokens), empty 1'
+        'bfd: 2 rows (lower bound 2, +0.00%) of 8 tokens, efficiency 100.00%; 4 examples, 16 of 17 tokens packed; truncated 1 (1 tokens), dropped 0 (0 tokens), empty 1'
         """
-        return (
-            f"{self.strategy}: {self.num_rows} rows (lower bound {self.lower_bound_rows}) of {self.capacity}, "
-            f"efficiency {self.efficiency:.2%}, {self.total_tokens} of {self.input_tokens} tokens packed; "
-            f"truncated {self.num_truncated} examples ({self.truncated_tokens} tokens), "
-            f"dropped {self.num_dropped} ({self.dropped_tokens} tokens), empty {self.num_empty}"
-        )
-
-
-def validate_lengths(lengths: Sequence[int] | np.ndarray, *, what: str = "lengths") -> np.ndarray:
-    """``lengths`` as int64, or a clear error naming the first bad example."""
-    array = np.asarray(lengths)
-    if array.ndim != 1:
-        raise ValueError(f"{what} must be one-dimensional (one length per example), got shape {array.shape}.")
-    if array.size and not np.issubdtype(array.dtype, np.integer):
-        if np.issubdtype(array.dtype, np.floating) and np.all(np.mod(array, 1) == 0):
-            array = array.astype(np.int64)
-        else:
-            raise TypeError(f"{what} must be integers (token counts), got dtype {array.dtype}.")
-    array = array.astype(np.int64, copy=False)
-    negative = np.flatnonzero(array < 0)
-    if len(negative):
-        i = int(negative[0])
-        raise ValueError(f"Example {i} has a negative length ({array[i]}); lengths are token counts, >= 0.")
-    return array
-
-
-def validate_choice(name: str, value: str, literal) -> None:
-    """Raise a ValueError naming the allowed values when ``value`` is not one of them."""
-    allowed = get_args(literal)
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}.")
-
-
-def validate_positive_int(name: str, value, *, allow_none: bool = False) -> None:
-    """Raise a ValueError unless ``value`` is an integer >= 1 (or None, when allowed); bools are refused.
-
-    >>> validate_positive_int("pad_to_multiple_of", None, allow_none=True)
-    >>> validate_positive_int("capacity", 0)
-    Traceback (most recent call last):
-    ...
-    ValueError: capacity must be a positive integer, got 0.
-    """
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {value!r}.")
+        return PackStats.from_result(self).summary()
 
 
 def check_not_too_long(

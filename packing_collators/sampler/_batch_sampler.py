@@ -23,19 +23,13 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from ._engine import Strategy, validate_choice, validate_lengths
-from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, _check_overflow, plan_epoch
+from .._validation import validate_choice, validate_lengths, validate_positive_int
+from ..engine import Strategy
+from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, check_overflow, plan_epoch
 
 __all__ = ["MultipackBatchSampler"]
 
 _STATE_VERSION = 1
-
-
-def _positive_int(name: str, value, *, allow_zero: bool = False) -> int:
-    low = 0 if allow_zero else 1
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
-    return int(value)
 
 
 def _distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
@@ -45,8 +39,8 @@ def _distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[i
         num_replicas = dist.get_world_size() if initialised else 1
     if rank is None:
         rank = dist.get_rank() if initialised else 0
-    num_replicas = _positive_int("num_replicas", num_replicas)
-    rank = _positive_int("rank", rank, allow_zero=True)
+    num_replicas = validate_positive_int("num_replicas", num_replicas)
+    rank = validate_positive_int("rank", rank, minimum=0)
     if rank >= num_replicas:
         raise ValueError(f"rank={rank} is out of range for num_replicas={num_replicas}; use 0 <= rank < num_replicas.")
     return num_replicas, rank
@@ -122,12 +116,12 @@ class MultipackBatchSampler(Sampler[list[int]]):
         validate_choice("strategy", strategy, Strategy)
         validate_choice("balance", balance, Balance)
         validate_choice("overflow", overflow, SamplerOverflow)
-        self.max_tokens_per_batch = _positive_int("max_tokens_per_batch", max_tokens_per_batch)
-        self.seed = _positive_int("seed", seed, allow_zero=True)
-        self.group_size = None if group_size is None else _positive_int("group_size", group_size)
+        self.max_tokens_per_batch = validate_positive_int("max_tokens_per_batch", max_tokens_per_batch)
+        self.seed = validate_positive_int("seed", seed, minimum=0)
+        self.group_size = None if group_size is None else validate_positive_int("group_size", group_size)
         self.num_replicas, self.rank = _distributed_defaults(num_replicas, rank)
         self.lengths = validate_lengths(np.asarray(lengths))
-        _check_overflow(self.lengths, self.max_tokens_per_batch, overflow)
+        check_overflow(self.lengths, self.max_tokens_per_batch, overflow)
         self.strategy = strategy
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
@@ -183,7 +177,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
         Setting the epoch that :meth:`load_state_dict` restored keeps its resume point, so
         a training loop that calls ``set_epoch`` at the start of every epoch resumes right.
         """
-        epoch = _positive_int("epoch", epoch, allow_zero=True)
+        epoch = validate_positive_int("epoch", epoch, minimum=0)
         if epoch != self.epoch:
             self.epoch, self._start, self._yielded, self._plan = epoch, 0, 0, None
 
@@ -233,7 +227,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
                     "the epoch's plan would differ. Build the sampler with the same settings to resume."
                 )
         self.set_epoch(state["epoch"])
-        done = _positive_int("batches_yielded", state["batches_yielded"], allow_zero=True)
+        done = validate_positive_int("batches_yielded", state["batches_yielded"], minimum=0)
         total = self.plan().num_steps
         if done > total:
             raise ValueError(

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["ExampleColumns", "example_columns", "token_lengths", "RESERVED_COLUMNS"]
+__all__ = ["ExampleColumns", "RESERVED_COLUMNS", "example_columns", "is_per_token", "token_lengths"]
 
 RESERVED_COLUMNS = ("position_ids", "seq_lengths")
 
@@ -34,7 +34,12 @@ class ExampleColumns:
     keep: tuple[str, ...]
 
 
-def _is_numeric_list(dtype: pa.DataType) -> bool:
+def is_per_token(dtype: pa.DataType) -> bool:
+    """Whether a column of this Arrow type holds one number per token (a list of numbers), so it packs.
+
+    >>> is_per_token(pa.list_(pa.int32())), is_per_token(pa.string())
+    (True, False)
+    """
     if not (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)):
         return False
     value = dtype.value_type
@@ -77,7 +82,7 @@ def example_columns(schema: pa.Schema, keep_columns: Sequence[str] = ()) -> Exam
         dtype = schema.field(name).type
         if name in keep_columns:
             continue
-        if not _is_numeric_list(dtype):
+        if not is_per_token(dtype):
             raise ValueError(
                 f"Column {name!r} ({dtype}) is not a per-token column, so it cannot be concatenated into packed "
                 f"rows. Name it in keep_columns=[{name!r}] to keep its values as a list per row, or remove it "

@@ -1,0 +1,85 @@
+"""The checks every part of the package runs on what a user passes: one home, one wording.
+
+Each check raises a ``ValueError`` (or ``TypeError`` for a wrong type) that names the
+argument or example, the value given, what is allowed, and returns the value normalised::
+
+    validate_positive_int("capacity", 0)           ValueError: capacity must be a positive integer, got 0.
+    validate_positive_int("seed", -1, minimum=0)   ValueError: seed must be an integer >= 0, got -1.
+    validate_choice("strategy", "x", Strategy)     ValueError: strategy='x' is not supported; choose one of ...
+    validate_lengths([3, -1])                      ValueError: Example 1 has a negative length (-1); ...
+
+Cost: constant per argument, one vectorised pass over ``lengths``. No torch here.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, get_args
+
+import numpy as np
+
+__all__ = ["validate_choice", "validate_lengths", "validate_positive_int"]
+
+
+def validate_lengths(lengths: Sequence[int] | np.ndarray, *, what: str = "lengths") -> np.ndarray:
+    """``lengths`` as int64, or a clear error naming the first bad example.
+
+    >>> validate_lengths([3, 2.0]).tolist()
+    [3, 2]
+    >>> validate_lengths([3, -1])
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 1 has a negative length (-1); lengths are token counts, >= 0.
+    """
+    array = np.asarray(lengths)
+    if array.ndim != 1:
+        raise ValueError(f"{what} must be one-dimensional (one length per example), got shape {array.shape}.")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        if np.issubdtype(array.dtype, np.floating) and np.all(np.mod(array, 1) == 0):
+            array = array.astype(np.int64)
+        else:
+            raise TypeError(f"{what} must be integers (token counts), got dtype {array.dtype}.")
+    array = array.astype(np.int64, copy=False)
+    negative = np.flatnonzero(array < 0)
+    if len(negative):
+        i = int(negative[0])
+        raise ValueError(f"Example {i} has a negative length ({array[i]}); lengths are token counts, >= 0.")
+    return array
+
+
+def validate_choice(name: str, value: str, literal) -> None:
+    """Raise a ValueError naming the allowed values when ``value`` is not one of ``literal``'s.
+
+    >>> from typing import Literal
+    >>> validate_choice("mode", "fold", Literal["flatten", "pad"])
+    Traceback (most recent call last):
+    ...
+    ValueError: mode='fold' is not supported; choose one of 'flatten', 'pad'.
+    """
+    allowed = get_args(literal)
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}.")
+
+
+def validate_positive_int(name: str, value, *, minimum: int = 1, allow_none: bool = False, none_means: str = ""):
+    """``value`` as an ``int`` if it is an integer >= ``minimum`` (or None, when allowed); bools are refused.
+
+    ``none_means`` says what None stands for, in the error (``"derived from the batch size"``).
+
+    >>> validate_positive_int("pad_to_multiple_of", None, allow_none=True)
+    >>> validate_positive_int("capacity", 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: capacity must be a positive integer, got 0.
+    >>> validate_positive_int("seed", -1, minimum=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: seed must be an integer >= 0, got -1.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        if allow_none:
+            wanted += f" or None ({none_means})" if none_means else " or None"
+        raise ValueError(f"{name} must be {wanted}, got {value!r}.")
+    return int(value)

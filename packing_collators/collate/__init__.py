@@ -1,0 +1,41 @@
+"""Collating: examples (or pre-packed rows) into the batches a model trains on.
+
+    _concat.py        token lists, arrays or tensors concatenated into one int64 array
+    _segments.py      segment lengths -> position_ids, cu_seq_lens, seq_idx
+    _features.py      reading and checking a batch's features (columns, lengths, padding)
+    _flat_row.py      one flat row from tokens and segments (padding a segment of its own)
+    _options.py       CollateOptions, the options both collators hold
+    _flattening.py    FlatteningCollator: a minibatch -> one flat row (online flattening)
+    _prepacked.py     PrePackedCollator: rows of pack_dataset -> a flat row or padded rows
+    _padded_rows.py   pack_sequences / concatenate_and_pack: token lists -> padded packed tensors
+
+Built on the engine; torch is imported only to return tensors.
+"""
+
+from ._concat import concat_tokens, sequence_lengths
+from ._features import check_same_lengths, check_unpadded, feature_column, to_tensors
+from ._flat_row import flat_batch, pad_to_multiple
+from ._flattening import FlatteningCollator
+from ._options import CollateOptions, ReturnTensors
+from ._padded_rows import concatenate_and_pack, pack_sequences
+from ._prepacked import PrePackedCollator
+from ._segments import SegmentLayout, segment_layout
+
+__all__ = [
+    "CollateOptions",
+    "FlatteningCollator",
+    "PrePackedCollator",
+    "ReturnTensors",
+    "SegmentLayout",
+    "check_same_lengths",
+    "check_unpadded",
+    "concat_tokens",
+    "concatenate_and_pack",
+    "feature_column",
+    "flat_batch",
+    "pack_sequences",
+    "pad_to_multiple",
+    "segment_layout",
+    "sequence_lengths",
+    "to_tensors",
+]

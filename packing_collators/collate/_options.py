@@ -1,0 +1,66 @@
+"""The options both collators share, as one frozen keyword-only dataclass they hold.
+
+    CollateOptions(pad_to_multiple_of=None, pad_token_id=0, return_tensors="pt",
+                   position_ids_start=0, return_seq_idx=False, label_pad_id=-100)
+
+:class:`FlatteningCollator` and :class:`PrePackedCollator` take these as keyword arguments
+(so ``help()`` lists them), validate them here once, and keep them as ``collator.options``.
+Cost: constant, at construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import numpy as np
+
+from .._validation import validate_choice, validate_positive_int
+from ._flat_row import flat_batch, pad_to_multiple
+from ._segments import segment_layout
+
+__all__ = ["CollateOptions", "ReturnTensors"]
+
+ReturnTensors = Literal["pt", "np"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollateOptions:
+    """Validated collator options (see :class:`FlatteningCollator` for what each does).
+
+    >>> CollateOptions(pad_to_multiple_of=8).pad_to_multiple_of
+    8
+    >>> CollateOptions(return_tensors="tf")
+    Traceback (most recent call last):
+    ...
+    ValueError: return_tensors='tf' is not supported; choose one of 'pt', 'np'.
+    """
+
+    pad_to_multiple_of: int | None = None
+    pad_token_id: int = 0
+    return_tensors: ReturnTensors = "pt"
+    position_ids_start: int = 0
+    return_seq_idx: bool = False
+    label_pad_id: int = -100
+
+    def __post_init__(self) -> None:
+        validate_choice("return_tensors", self.return_tensors, ReturnTensors)
+        validate_positive_int("pad_to_multiple_of", self.pad_to_multiple_of, allow_none=True)
+
+    def flat_batch(self, input_ids: np.ndarray, labels: np.ndarray, segments: np.ndarray) -> dict[str, Any]:
+        """One flat row of these segments with these options: padded to ``pad_to_multiple_of``, numpy."""
+        input_ids, labels, segments = pad_to_multiple(
+            input_ids, labels, segments, self.pad_to_multiple_of, self.pad_token_id, self.label_pad_id
+        )
+        return flat_batch(
+            input_ids,
+            labels,
+            segment_layout(segments),
+            position_ids_start=self.position_ids_start,
+            label_pad_id=self.label_pad_id,
+            return_seq_idx=self.return_seq_idx,
+        )
+
+    def keywords(self) -> str:
+        """The options as ``name=value`` keywords, for a collator's ``repr``."""
+        return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))

@@ -1,0 +1,24 @@
+"""The packing engine: example lengths in, rows of example indices out (no torch, no datasets).
+
+    _strategies.py    best-fit / first-fit decreasing and next-fit over integer lengths
+    _pack_lengths.py  pack_lengths and its PackingResult (what was packed, truncated, dropped)
+    _stats.py         the statistics vocabulary: efficiency, lower bound, PackStats
+
+Every other concept (collate, offline, sampler, trainer, cli) builds on this one; it imports
+none of them.
+"""
+
+from ._pack_lengths import OVERFLOW_FIX, Overflow, PackingResult, Strategy, check_not_too_long, pack_lengths
+from ._stats import PackStats, efficiency, lower_bound
+
+__all__ = [
+    "OVERFLOW_FIX",
+    "Overflow",
+    "PackStats",
+    "PackingResult",
+    "Strategy",
+    "check_not_too_long",
+    "efficiency",
+    "lower_bound",
+    "pack_lengths",
+]

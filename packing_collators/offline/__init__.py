@@ -1,0 +1,29 @@
+"""Offline pre-packing: a whole ``datasets`` dataset (or a stream) packed into rows, once.
+
+    _options.py       PackOptions, pack_dataset's options validated once
+    _columns.py       which columns are per-token (packed), kept, or refused
+    _row_plan.py      the plan: which example's tokens go to which row, in which order
+    _arrow_rows.py    building the rows as Arrow columns from the plan (no loop over tokens)
+    _pack_dataset.py  pack_dataset for a Dataset / DatasetDict, and pack_table
+    _streaming.py     pack_dataset for an IterableDataset or any stream, buffer by buffer
+
+Built on the engine (lengths -> rows) and collate (segment layout); the statistics are the
+engine's PackStats.
+"""
+
+from ._options import MAX_LENGTH_FIX, DatasetStrategy, PackOptions
+from ._pack_dataset import pack_dataset, pack_table
+from ._columns import RESERVED_COLUMNS, ExampleColumns, example_columns, is_per_token, token_lengths
+
+__all__ = [
+    "DatasetStrategy",
+    "ExampleColumns",
+    "MAX_LENGTH_FIX",
+    "PackOptions",
+    "RESERVED_COLUMNS",
+    "example_columns",
+    "is_per_token",
+    "pack_dataset",
+    "pack_table",
+    "token_lengths",
+]

@@ -1,0 +1,30 @@
+"""The multipack sampler: token-budget micro-batches for a DataLoader, equal across ranks.
+
+    _dataset_lengths.py  lengths_from_dataset: token counts read from a dataset's column
+    _epoch_plan.py       plan_epoch: one epoch's batches for every rank (numpy only, no torch)
+    _batch_sampler.py    MultipackBatchSampler: the plan as a torch batch sampler, resumable
+
+``MultipackBatchSampler`` loads on first use (it subclasses torch's Sampler), so planning
+and the command line stay free of torch.
+"""
+
+from ._dataset_lengths import lengths_from_dataset
+from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, check_overflow, plan_epoch
+
+__all__ = [
+    "Balance",
+    "EpochPlan",
+    "MultipackBatchSampler",
+    "SamplerOverflow",
+    "check_overflow",
+    "lengths_from_dataset",
+    "plan_epoch",
+]
+
+
+def __getattr__(name: str):
+    if name == "MultipackBatchSampler":
+        from ._batch_sampler import MultipackBatchSampler
+
+        return MultipackBatchSampler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

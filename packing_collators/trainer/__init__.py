@@ -1,0 +1,29 @@
+"""Trainer integration: the checks that keep examples apart, an attention backend, PackingTrainer.
+
+    _support_checks.py    check_packing_support: is this model + attention + batch packed-correct?
+    _varlen_attention.py  packing_varlen, an attention backend on torch.nn.attention.varlen
+    _packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
+"""
+
+from ._support_checks import check_collated_features, check_packing_support
+from ._varlen_attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
+
+__all__ = [
+    "PackingCheckCallback",
+    "PackingTrainer",
+    "VARLEN_ATTENTION",
+    "check_collated_features",
+    "check_packing_support",
+    "register_varlen_attention",
+    "varlen_attention_forward",
+]
+
+
+def __getattr__(name: str):
+    # PackingTrainer / PackingCheckCallback subclass transformers' Trainer classes: importing
+    # those takes seconds, so they load on first use.
+    if name in ("PackingCheckCallback", "PackingTrainer"):
+        from . import _packing_trainer
+
+        return getattr(_packing_trainer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
