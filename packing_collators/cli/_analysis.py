@@ -27,7 +27,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from .._validation import validate_choice, validate_lengths, validate_positive_int
-from ..engine import efficiency, lower_bound, pack_lengths
+from ..engine import RowMeasures, lower_bound, pack_lengths
 
 __all__ = ["Analysis", "Packing", "Padding", "Recommendation", "analyze_lengths", "check_max_length"]
 
@@ -54,7 +54,7 @@ class Padding:
 
 
 @dataclass(frozen=True)
-class Packing:
+class Packing(RowMeasures):
     """One packing of the lengths: rows of ``capacity`` tokens (or the sampler's batches of a budget).
 
     ``steps`` is optimizer micro-steps per epoch: ``ceil(rows / batch_size)`` for rows,
@@ -73,15 +73,10 @@ class Packing:
     keeps_boundaries: bool
     speedup: float
 
-    @property
-    def efficiency(self) -> float:
-        """tokens / (rows * capacity)."""
-        return efficiency(self.tokens, self.rows * self.capacity)
+    def _tokens_and_rows(self) -> tuple[int, int]:
+        return self.tokens, self.rows
 
-    @property
-    def gap(self) -> float:
-        """rows / lower bound - 1 (0.0 is optimal)."""
-        return self.rows / self.lower_bound - 1 if self.lower_bound else 0.0
+    gap = RowMeasures.rows_over_lower_bound  # rows / lower bound - 1 (0.0 is optimal)
 
 
 @dataclass(frozen=True)

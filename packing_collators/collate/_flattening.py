@@ -74,14 +74,7 @@ class FlatteningCollator:
         return_seq_idx: bool = False,
         label_pad_id: int = -100,
     ) -> None:
-        self.options = CollateOptions(
-            pad_to_multiple_of=pad_to_multiple_of,
-            pad_token_id=pad_token_id,
-            return_tensors=return_tensors,
-            position_ids_start=position_ids_start,
-            return_seq_idx=return_seq_idx,
-            label_pad_id=label_pad_id,
-        )
+        self.options = CollateOptions.pick(locals())
 
     def __repr__(self) -> str:
         return f"FlatteningCollator({self.options.keywords()})"

@@ -11,7 +11,7 @@ Cost: constant, at construction.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import numpy as np
 
@@ -46,6 +46,16 @@ class CollateOptions:
     def __post_init__(self) -> None:
         validate_choice("return_tensors", self.return_tensors, ReturnTensors)
         validate_positive_int("pad_to_multiple_of", self.pad_to_multiple_of, allow_none=True)
+
+    @classmethod
+    def pick(cls, values: Mapping[str, Any]) -> CollateOptions:
+        """The options named in ``values`` (a collator's keyword arguments), validated.
+
+        >>> CollateOptions.pick({"mode": "pad", "pad_to_multiple_of": None, "pad_token_id": 0, "return_tensors": "np",
+        ...                      "position_ids_start": 0, "return_seq_idx": False, "label_pad_id": -100}).return_tensors
+        'np'
+        """
+        return cls(**{f.name: values[f.name] for f in fields(cls)})
 
     def flat_batch(self, input_ids: np.ndarray, labels: np.ndarray, segments: np.ndarray) -> dict[str, Any]:
         """One flat row of these segments with these options: padded to ``pad_to_multiple_of``, numpy."""

@@ -76,22 +76,15 @@ class PrePackedCollator:
         *,
         mode: Mode = "flatten",
         max_length: int | None = None,
-        pad_to_multiple_of: int | None = None,
         pad_token_id: int = 0,
+        pad_to_multiple_of: int | None = None,
         return_tensors: ReturnTensors = "pt",
         position_ids_start: int = 0,
         return_seq_idx: bool = False,
         label_pad_id: int = -100,
     ) -> None:
         validate_choice("mode", mode, Mode)
-        self.options = CollateOptions(
-            pad_to_multiple_of=pad_to_multiple_of,
-            pad_token_id=pad_token_id,
-            return_tensors=return_tensors,
-            position_ids_start=position_ids_start,
-            return_seq_idx=return_seq_idx,
-            label_pad_id=label_pad_id,
-        )
+        self.options = CollateOptions.pick(locals())
         validate_positive_int("max_length", max_length, allow_none=True)
         if mode == "pad" and max_length is None:
             raise ValueError("mode='pad' needs max_length (the packed rows' width, e.g. pack_dataset's max_length).")

@@ -9,16 +9,18 @@ none of them.
 """
 
 from ._pack_lengths import OVERFLOW_FIX, Overflow, PackingResult, Strategy, check_not_too_long, pack_lengths
-from ._stats import PackStats, efficiency, lower_bound
+from ._stats import PackStats, RowMeasures, efficiency, lower_bound, over_lower_bound
 
 __all__ = [
     "OVERFLOW_FIX",
     "Overflow",
     "PackStats",
     "PackingResult",
+    "RowMeasures",
     "Strategy",
     "check_not_too_long",
     "efficiency",
     "lower_bound",
+    "over_lower_bound",
     "pack_lengths",
 ]

@@ -24,7 +24,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from .._validation import validate_choice, validate_lengths, validate_positive_int
-from ._stats import PackStats, efficiency, lower_bound
+from ._stats import PackStats, RowMeasures
 from ._strategies import best_fit_decreasing, first_fit_decreasing, next_fit
 
 __all__ = ["PackingResult", "Strategy", "Overflow", "pack_lengths"]
@@ -38,7 +38,7 @@ OVERFLOW_FIX = "Pass overflow='truncate' or overflow='drop', or raise the capaci
 
 
 @dataclass(frozen=True, eq=False)
-class PackingResult:
+class PackingResult(RowMeasures):
     """Rows of example indices, with what was truncated, dropped or empty.
 
     The rows are stored flat (CSR): row ``r`` holds ``indices[row_offsets[r]:row_offsets[r+1]]``
@@ -106,15 +106,8 @@ class PackingResult:
         """Tokens placed in rows."""
         return int(self.seq_lengths.sum())
 
-    @property
-    def efficiency(self) -> float:
-        """Tokens placed / (rows * capacity); 1.0 for no rows."""
-        return efficiency(self.total_tokens, self.num_rows * self.capacity)
-
-    @property
-    def lower_bound_rows(self) -> int:
-        """ceil(total_tokens / capacity): no packing of these tokens has fewer rows."""
-        return lower_bound(self.total_tokens, self.capacity)
+    def _tokens_and_rows(self) -> tuple[int, int]:
+        return self.total_tokens, self.num_rows
 
     @property
     def num_truncated(self) -> int:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._pack_lengths import PackingResult
 
-__all__ = ["PackStats", "efficiency", "lower_bound"]
+__all__ = ["PackStats", "RowMeasures", "efficiency", "lower_bound", "over_lower_bound"]
 
 
 def efficiency(tokens: int, slots: int) -> float:
@@ -41,8 +41,46 @@ def lower_bound(tokens: int, capacity: int) -> int:
     return math.ceil(tokens / capacity)
 
 
+def over_lower_bound(rows: int, bound: int) -> float:
+    """How many more rows than the lower bound, as a fraction (0.0 is optimal).
+
+    >>> over_lower_bound(3, 2)
+    0.5
+    """
+    return rows / bound - 1 if bound else 0.0
+
+
+class RowMeasures:
+    """``efficiency``, ``lower_bound_rows`` and ``rows_over_lower_bound`` of anything packed into rows.
+
+    A class that has ``capacity`` and says which of its numbers are the packed tokens and the
+    rows (``_tokens_and_rows``) gets the three measures, computed by the functions above.
+    """
+
+    capacity: int
+
+    def _tokens_and_rows(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    @property
+    def efficiency(self) -> float:
+        """packed tokens / (rows * capacity); 1.0 for no rows."""
+        tokens, rows = self._tokens_and_rows()
+        return efficiency(tokens, rows * self.capacity)
+
+    @property
+    def lower_bound_rows(self) -> int:
+        """ceil(packed tokens / capacity): no packing of these tokens has fewer rows."""
+        return lower_bound(self._tokens_and_rows()[0], self.capacity)
+
+    @property
+    def rows_over_lower_bound(self) -> float:
+        """How many more rows than the lower bound, as a fraction (0.0 is optimal)."""
+        return over_lower_bound(self._tokens_and_rows()[1], self.lower_bound_rows)
+
+
 @dataclass
-class PackStats:
+class PackStats(RowMeasures):
     """Statistics of one packing (one split, or a whole stream).
 
     Attributes:
@@ -98,20 +136,8 @@ class PackStats:
             empty_examples=result.num_empty,
         )
 
-    @property
-    def lower_bound_rows(self) -> int:
-        """ceil(packed_tokens / capacity)."""
-        return lower_bound(self.packed_tokens, self.capacity)
-
-    @property
-    def efficiency(self) -> float:
-        """packed_tokens / (rows * capacity); 1.0 for no rows."""
-        return efficiency(self.packed_tokens, self.rows * self.capacity)
-
-    @property
-    def rows_over_lower_bound(self) -> float:
-        """How many more rows than the lower bound, as a fraction (0.0 is optimal)."""
-        return self.rows / self.lower_bound_rows - 1 if self.lower_bound_rows else 0.0
+    def _tokens_and_rows(self) -> tuple[int, int]:
+        return self.packed_tokens, self.rows
 
     def add(self, other: PackStats) -> None:
         """Add another packing's counts to these (streaming: one buffer at a time)."""
