@@ -4,13 +4,15 @@ Each test starts its own worker processes (a file store, so no port can be taken
 workers take num_replicas/rank from torch.distributed, run an all_reduce at every step
 (an unequal batch count would hang it, so the store's timeout fails the test), and write
 what they yielded; the test checks coverage, budget, equal counts, determinism (against
-this process's own plan) and resume.
+this process's own plan) and resume. Another worker gives rank 1 a different dataset or
+seed: every rank must refuse it at construction, naming rank 1, instead of hanging later.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -21,6 +23,8 @@ import numpy as np
 import pytest
 
 from packing_collators import MultipackBatchSampler
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 BUDGET = 1000
 NUM_EXAMPLES = 997
@@ -73,9 +77,9 @@ with open(out, "w") as f:
 """.format(budget=BUDGET, num_examples=NUM_EXAMPLES, resume_at=RESUME_AT)
 
 
-def run_workers(world: int, tmp_path: Path) -> list[dict]:
+def run_workers(world: int, tmp_path: Path, worker: str = WORKER, timeout: int = 90) -> list[dict]:
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(worker)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     if "lo" in {name for _, name in socket.if_nameindex()}:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -88,11 +92,11 @@ def run_workers(world: int, tmp_path: Path) -> list[dict]:
     errors = []
     for rank, proc in enumerate(procs):
         try:
-            _, stderr = proc.communicate(timeout=90)
+            _, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             for other in procs:
                 other.kill()
-            pytest.fail(f"rank {rank} of {world} did not finish in 90 s (a hang in a collective?)")
+            pytest.fail(f"rank {rank} of {world} did not finish in {timeout} s (a hang in a collective?)")
         if proc.returncode:
             errors.append(f"rank {rank} exited with {proc.returncode}:\n{stderr[-3000:]}")
     assert not errors, "\n".join(errors)
@@ -156,3 +160,92 @@ def test_resume_from_a_mid_epoch_state_yields_exactly_the_remaining_batches(worl
         assert resume["head"] == resume["full"][:RESUME_AT]
         assert resume["tail"] == resume["full"][RESUME_AT:]
         assert resume["len"] == len(resume["full"]) - RESUME_AT
+
+
+# Each case builds a sampler on both ranks; rank 1's dataset or seed may differ from rank 0's.
+MISMATCH_WORKER = r"""
+import datetime, json, sys
+import numpy as np
+import torch
+import torch.distributed as dist
+from packing_collators import MultipackBatchSampler
+
+rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=20))
+full = np.random.default_rng(5).integers(1, 300, 1200)
+shard = full[:1000] if rank == 1 else full  # rank 1 reads a shard, as if the dataset were split by rank
+cases = {
+    "dataset": (shard, {}),
+    "order": (full[::-1].copy() if rank == 1 else full, {}),  # same examples and tokens, another order
+    "seed": (full, {"seed": rank}),
+    "explicit_ranks": (shard, {"num_replicas": world, "rank": rank}),  # as PackingTrainer passes them
+    "other_world": (shard, {"num_replicas": world + 1, "rank": rank}),  # not this process group's ranks
+    "agree": (full, {}),
+}
+results = {}
+for name, (lengths, options) in cases.items():
+    try:
+        sampler = MultipackBatchSampler(lengths, 1000, **options)
+    except ValueError as error:
+        results[name] = {"error": str(error)}
+        continue
+    steps = 0
+    if name == "agree":
+        for batch in sampler:
+            step = torch.tensor([1])
+            dist.all_reduce(step)  # hangs (then times out) if the ranks' batch counts differ
+            steps += 1
+    results[name] = {"steps": steps, "len": len(sampler)}
+dist.barrier()
+dist.destroy_process_group()
+with open(out, "w") as f:
+    json.dump(results, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def mismatch_results(tmp_path_factory):
+    return run_workers(2, tmp_path_factory.mktemp("mismatch"), MISMATCH_WORKER, timeout=60)
+
+
+def errors_of(results: list[dict], case: str) -> list[str]:
+    """Each rank's ValueError message for ``case``; every rank must have raised one."""
+    for rank, result in enumerate(results):
+        assert "error" in result[case], f"rank {rank} built the {case!r} sampler without an error: {result[case]}"
+    return [result[case]["error"] for result in results]
+
+
+def test_every_rank_refuses_a_rank_with_another_dataset(mismatch_results):
+    full = np.random.default_rng(5).integers(1, 300, 1200)
+    expected = (
+        f"rank 1 has 1,000 examples ({int(full[:1000].sum()):,} tokens), "
+        f"rank 0 has 1,200 ({int(full.sum()):,} tokens)"
+    )
+    for case in ("dataset", "explicit_ranks"):
+        errors = errors_of(mismatch_results, case)
+        assert errors[0] == errors[1]  # every rank raises the same error
+        for error in errors:
+            assert expected in error
+            assert "every rank must build the sampler from the same dataset" in error
+            assert "do not shard the dataset by rank" in error
+
+
+def test_every_rank_refuses_a_rank_with_other_lengths_or_settings(mismatch_results):
+    for error in errors_of(mismatch_results, "order"):
+        assert re.search(r"rank 1 has the same 1,200 examples and [\d,]+ tokens as rank 0 but different lengths", error)
+    for error in errors_of(mismatch_results, "seed"):
+        assert "rank 1 has seed=1, rank 0 has seed=0" in error
+        assert "pass the same seed on every rank" in error
+        assert "same dataset" not in error
+
+
+def test_ranks_that_agree_build_and_iterate(mismatch_results):
+    agree = [result["agree"] for result in mismatch_results]
+    assert "error" not in agree[0] and "error" not in agree[1]
+    assert agree[0]["steps"] == agree[1]["steps"] == agree[0]["len"] > 0
+
+
+def test_ranks_of_another_world_size_are_not_checked(mismatch_results):
+    for result in mismatch_results:
+        assert "error" not in result["other_world"]

@@ -12,7 +12,9 @@ then yielded as lists of dataset indices, for a collator that flattens each one:
 Cost: planning is numpy plus one engine call per group; an epoch of 1,000,000 ``sft``
 examples at a 16k budget plans in 0.35-0.4 s on one CPU core and fills 99.996% of the
 budget (``benchmarks/bench_sampler.py``). The plan of the current epoch is cached,
-so ``len()``, iteration and ``stats()`` plan it once.
+so ``len()``, iteration and ``stats()`` plan it once. Under ``torch.distributed``,
+construction adds one ``all_gather_object`` of a ~200-byte fingerprint, so every rank
+refuses a rank built from another dataset (``_rank_agreement.py``) instead of hanging.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch.utils.data import Sampler
 from .._validation import validate_choice, validate_lengths, validate_positive_int
 from ..engine import Strategy
 from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, check_overflow, plan_epoch
+from ._rank_agreement import check_ranks_agree, fingerprint
 
 __all__ = ["MultipackBatchSampler"]
 
@@ -83,6 +86,12 @@ class MultipackBatchSampler(Sampler[list[int]]):
     from one epoch to the next. Call :meth:`set_epoch` before each epoch, as with
     ``DistributedSampler``, or every epoch repeats the same order.
 
+    Under ``torch.distributed``, when the sampler's ranks are the process group's, every
+    rank must build the sampler from the same lengths and settings (it shards them
+    itself): construction is one collective that swaps a fingerprint of them, and every
+    rank raises a ``ValueError`` naming the ranks that differ from rank 0 (a rank given
+    another dataset would plan another number of steps, and training would hang).
+
     >>> lengths = [5, 2, 4, 1, 3, 6, 7, 2]
     >>> sampler = MultipackBatchSampler(lengths, max_tokens_per_batch=8)
     >>> list(sampler), len(sampler)
@@ -121,16 +130,23 @@ class MultipackBatchSampler(Sampler[list[int]]):
         self.group_size = None if group_size is None else validate_positive_int("group_size", group_size)
         self.num_replicas, self.rank = _distributed_defaults(num_replicas, rank)
         self.lengths = validate_lengths(np.asarray(lengths))
-        check_overflow(self.lengths, self.max_tokens_per_batch, overflow)
         self.strategy = strategy
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.balance = balance
         self.overflow = overflow
+        check_ranks_agree(self._fingerprint(), num_replicas=self.num_replicas, rank=self.rank)
+        # after the exchange: with another dataset, one rank alone could raise it and leave the others waiting
+        check_overflow(self.lengths, self.max_tokens_per_batch, overflow)
         self.epoch = 0
         self._start = 0  # batches to skip at the next iteration (resuming mid-epoch)
         self._yielded = 0  # batches of this epoch handed out so far
         self._plan: EpochPlan | None = None
+
+    def _fingerprint(self) -> dict:
+        """Everything that decides the plan, except the rank and epoch (see :func:`fingerprint`)."""
+        settings = ("max_tokens_per_batch", "seed", "strategy", "shuffle", "drop_last", "group_size", "balance", "overflow")
+        return fingerprint(self.lengths, **{name: getattr(self, name) for name in settings})
 
     def __repr__(self) -> str:
         return (
