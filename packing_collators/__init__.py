@@ -9,7 +9,8 @@ built only on the ones above it in this map::
     offline/   pack_dataset                              a datasets Dataset/stream -> packed rows
     sampler/   MultipackBatchSampler, lengths_from_dataset   token-budget micro-batches per rank
     trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, the safety checks and
-               check_packing_support, packing_varlen     a varlen attention backend
+               check_packing_support, probe_packing,     a varlen attention backend
+               packing_varlen
     cli/       packing-collators analyze|pack            the command line
     _validation.py   the argument checks every folder shares
 
@@ -21,7 +22,14 @@ from .collate import FlatteningCollator, PrePackedCollator, concatenate_and_pack
 from .engine import PackingResult, PackStats, pack_lengths
 from .offline import pack_dataset
 from .sampler import lengths_from_dataset
-from .trainer import VARLEN_ATTENTION, check_packing_support, register_varlen_attention, varlen_attention_forward
+from .trainer import (
+    VARLEN_ATTENTION,
+    ProbeReport,
+    check_packing_support,
+    probe_packing,
+    register_varlen_attention,
+    varlen_attention_forward,
+)
 
 __all__ = [
     "FlatteningCollator",
@@ -31,6 +39,7 @@ __all__ = [
     "PackingResult",
     "PackingTrainer",
     "PrePackedCollator",
+    "ProbeReport",
     "VARLEN_ATTENTION",
     "check_packing_support",
     "concatenate_and_pack",
@@ -38,6 +47,7 @@ __all__ = [
     "pack_dataset",
     "pack_lengths",
     "pack_sequences",
+    "probe_packing",
     "register_varlen_attention",
     "varlen_attention_forward",
 ]

@@ -45,7 +45,7 @@ def flat():
 
 def test_a_good_model_and_batch_pass(flat):
     assert check_packing_support(tiny_model("llama"), flat) == "sdpa"
-    assert check_packing_support(_Model(), flat) == "sdpa"
+    assert check_packing_support(_Model(), flat, probe=False) == "sdpa"  # a stub: static checks only
     padded = padded_batch(random_examples([4, 6, 3]))
     padded["position_ids"] = (padded["attention_mask"].cumsum(-1) - 1).clamp(min=0)  # pads repeat position 0
     assert check_packing_support(tiny_model("llama"), padded) == "sdpa"  # padded batches are not flattened
@@ -74,7 +74,7 @@ def test_varlen_kernel_limits_are_refused():
         check_packing_support(_Model(_attn_implementation=name, attn_logit_softcapping=50.0))
     with pytest.raises(ValueError, match="attention_dropout=0.1"):
         check_packing_support(_Model(_attn_implementation=name, attention_dropout=0.1))
-    assert check_packing_support(_Model(_attn_implementation=name)) == name
+    assert check_packing_support(_Model(_attn_implementation=name), probe=False) == name
 
 
 def test_batch_refusals(flat):
@@ -100,7 +100,7 @@ def test_varlen_needs_cu_seq_lens_in_the_batch(flat):
     with pytest.raises(ValueError, match="needs cu_seq_lens_q/k and max_length_q/k in the batch"):
         check_packing_support(model, batch)
     # flash-attention derives them from position_ids itself
-    assert check_packing_support(_Model(_attn_implementation="flash_attention_2"), batch) == "flash_attention_2"
+    assert check_packing_support(_Model(_attn_implementation="flash_attention_2"), batch, probe=False) == "flash_attention_2"
 
 
 @pytest.mark.parametrize("config", [{"model_type": "bamba"}, {"layer_types": ["linear_attention", "full_attention"]}])
@@ -109,7 +109,7 @@ def test_recurrent_layers_need_seq_idx(config):
     examples = random_examples([4, 6, 3])
     with pytest.raises(ValueError, match="return_seq_idx=True"):
         check_packing_support(model, FlatteningCollator()(examples))
-    assert check_packing_support(model, FlatteningCollator(return_seq_idx=True)(examples)) == "sdpa"
+    assert check_packing_support(model, FlatteningCollator(return_seq_idx=True)(examples), probe=False) == "sdpa"
 
 
 def test_wrappers_are_unwrapped(flat):
@@ -132,3 +132,19 @@ def test_attention_kind():
         "unknown",
     ]
     assert attention_kind(register_varlen_attention()) == "cu_seq_lens"
+
+
+def test_packed_rows_without_cu_seq_lens_are_refused_under_flash_attention():
+    # PrePackedCollator(mode="pad"): several rows, positions restarting, no cu_seq_lens. transformers'
+    # flash path treats a batch of more than one row as unpacked (measured on an H200 with
+    # flash_attention_4: max logit difference 1.89 against each example alone).
+    from packing_collators import PrePackedCollator
+
+    rows = [{"input_ids": [5, 6, 7, 8, 9], "seq_lengths": [3, 2]}, {"input_ids": [3, 4, 5], "seq_lengths": [3]}]
+    batch = PrePackedCollator(mode="pad", max_length=6)(rows)
+    for name in ("flash_attention_2", "flash_attention_3", "flash_attention_4"):
+        with pytest.raises(ValueError, match="has 2 rows whose position_ids restart .* PrePackedCollator\\(mode='flatten'\\)"):
+            check_packing_support(_Model(_attn_implementation=name), batch, probe=False)
+    assert check_packing_support(_Model(), batch, probe=False) == "sdpa"  # sdpa/eager/flex mask each row by position_ids
+    flat = PrePackedCollator()(rows)
+    assert check_packing_support(_Model(_attn_implementation="flash_attention_2"), flat, probe=False) == "flash_attention_2"

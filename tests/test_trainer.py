@@ -260,3 +260,117 @@ def test_option_validation_and_streaming_refusal(tmp_path):
     trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=streaming)
     with pytest.raises(ValueError, match="needs a map-style training dataset"):
         trainer.get_train_dataloader()
+
+
+def _like_trl_default_collator(features):
+    """What transformers' DataCollatorWithPadding / TRL's default collator make of pack_dataset rows:
+    padded input_ids and labels, an all-ones attention_mask, and no position_ids or seq_lengths."""
+    width = max(len(f["input_ids"]) for f in features)
+    ids = torch.zeros(len(features), width, dtype=torch.long)
+    labels = torch.full((len(features), width), -100)
+    mask = torch.zeros(len(features), width, dtype=torch.long)
+    for i, f in enumerate(features):
+        n = len(f["input_ids"])
+        ids[i, :n], labels[i, :n], mask[i, :n] = torch.tensor(f["input_ids"]), torch.tensor(f["labels"]), 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def test_prepacked_rows_through_a_collator_that_drops_their_boundaries_are_refused(tmp_path):
+    # Before: batches of more than one row were not checked, and these trained with cross-example attention.
+    trainer = Trainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, per_device_train_batch_size=2, remove_unused_columns=False),
+        train_dataset=_prepacked(),
+        data_collator=_like_trl_default_collator,
+        callbacks=[PackingCheckCallback()],
+    )
+    with pytest.raises(ValueError, match="starts at token 3 of row 0, but the batch has no boundary there .* dropped"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def _token_weighted_padded_loss(model, examples):
+    """sum of every target token's loss / number of targets, each example run alone (padded batches of one)."""
+    total = count = 0.0
+    model.eval()
+    with torch.no_grad():
+        for example in examples:
+            batch = padded_batch([example])
+            targets = int((batch["labels"][..., 1:] != -100).sum())
+            total += float(model(**batch).loss) * targets
+            count += targets
+    return total / count
+
+
+def test_eval_loss_is_token_weighted_however_examples_are_batched(tmp_path):
+    # Before: eval_packing="multipack" averaged per-batch means (13.668 vs 13.594 padded in the report).
+    eval_rows = dataset()
+    reference = _token_weighted_padded_loss(tiny_model("llama"), [eval_rows[i] for i in range(len(eval_rows))])
+    for eval_packing in ("multipack", "off"):
+        trainer = PackingTrainer(
+            model=tiny_model("llama"),
+            args=training_args(tmp_path, per_device_eval_batch_size=4),
+            eval_dataset=eval_rows,
+            eval_packing=eval_packing,
+            max_tokens_per_batch=24,
+        )
+        assert trainer.evaluate()["eval_loss"] == pytest.approx(reference, rel=1e-5), eval_packing
+
+
+def test_predict_returns_one_row_per_example_in_dataset_order(tmp_path):
+    # Before: one row per flattened batch, silently.
+    rows = dataset()
+    trainer = PackingTrainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, per_device_eval_batch_size=4),
+        eval_dataset=rows,
+        eval_packing="multipack",
+        max_tokens_per_batch=24,
+    )
+    output = trainer.predict(rows)
+    longest = max(LENGTHS)
+    assert output.predictions.shape[:2] == (len(LENGTHS), longest)
+    assert output.label_ids.shape == (len(LENGTHS), longest)
+    for i, n in enumerate(LENGTHS):
+        expected = [-100] + rows[i]["labels"][1:] + [-100] * (longest - n)  # first label masked, then padding
+        assert output.label_ids[i].tolist() == expected
+    model = trainer.model.eval()
+    with torch.no_grad():
+        alone = model(input_ids=torch.tensor([rows[3]["input_ids"]])).logits[0]
+    np.testing.assert_allclose(output.predictions[3, : LENGTHS[3]], alone.numpy(), atol=1e-4)
+    assert trainer.eval_packing == "multipack"  # restored after predict()
+
+
+def test_overflow_drop_is_accepted_and_counted(tmp_path, caplog):
+    # Before: the too-long error suggested overflow='drop', which PackingTrainer refused (TypeError).
+    trainer = PackingTrainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, max_steps=2),
+        train_dataset=dataset(),
+        max_tokens_per_batch=12,
+    )
+    with pytest.raises(ValueError, match="pass overflow='drop'"):
+        trainer.get_train_dataloader()
+    trainer = PackingTrainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, max_steps=2),
+        train_dataset=dataset(),
+        max_tokens_per_batch=12,
+        overflow="drop",
+    )
+    with caplog.at_level("WARNING", logger="packing_collators"):
+        trainer.train()
+    too_long = [n for n in LENGTHS if n > 12]
+    assert f"leaves out {len(too_long)} example(s) ({sum(too_long)} tokens) longer than max_tokens_per_batch=12" in caplog.text
+
+
+def test_the_probe_runs_when_training_begins_and_can_be_turned_off(tmp_path):
+    trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path, max_steps=1), train_dataset=dataset())
+    trainer.train()
+    callback = next(c for c in trainer.callback_handler.callbacks if isinstance(c, PackingCheckCallback))
+    assert callback.last_report.passed and callback.last_report.leak == 0.0
+    assert trainer.model.training or trainer.state.global_step == 1
+    off = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path, max_steps=1), train_dataset=dataset(), packing_probe=False)
+    off.train()
+    callback = next(c for c in off.callback_handler.callbacks if isinstance(c, PackingCheckCallback))
+    assert callback.last_report is None

@@ -1,19 +1,23 @@
 """Trainer integration: the checks that keep examples apart, an attention backend, PackingTrainer.
 
     _support_checks.py    check_packing_support: is this model + attention + batch packed-correct?
+    _probe.py             probe_packing: measured on the model itself (packed vs alone, and a leak test)
     _varlen_attention.py  packing_varlen, an attention backend on torch.nn.attention.varlen
     _packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
 """
 
+from ._probe import ProbeReport, probe_packing
 from ._support_checks import check_collated_features, check_packing_support
 from ._varlen_attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
 
 __all__ = [
     "PackingCheckCallback",
     "PackingTrainer",
+    "ProbeReport",
     "VARLEN_ATTENTION",
     "check_collated_features",
     "check_packing_support",
+    "probe_packing",
     "register_varlen_attention",
     "varlen_attention_forward",
 ]

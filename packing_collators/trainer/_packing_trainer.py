@@ -27,9 +27,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._support_checks import check_packing_support, check_collated_features
+from ._probe import probe_packing, refuse_failed_probe
+from ._support_checks import text_config, unwrap_model, attention_kind, check_collated_features, check_packing_support
 from .._validation import validate_choice, validate_positive_int
 from ..engine import Strategy
+from ..sampler import SamplerOverflow
 from ..collate import FlatteningCollator
 
 try:
@@ -73,31 +75,79 @@ def _probe_batch(dataset, collate_fn, count: int = 4):
     return features, collate_fn(features)
 
 
+def _report_dropped(sampler) -> None:
+    """Log how many examples ``overflow='drop'`` left out (nothing is lost without a count)."""
+    stats = sampler.stats() if callable(getattr(sampler, "stats", None)) else {}
+    if stats.get("overflow_dropped_examples"):
+        logger.warning(
+            "PackingTrainer: overflow='drop' leaves out %d example(s) (%d tokens) longer than max_tokens_per_batch=%d.",
+            stats["overflow_dropped_examples"],
+            stats["overflow_dropped_tokens"],
+            stats["max_tokens_per_batch"],
+        )
+
+
+def _per_example(tensor, cu_seq_lens):
+    """(1, T, ...) -> (n, longest, ...): each example of a flat row in a row of its own, padded with -100."""
+    import torch
+
+    if tensor is None or not hasattr(tensor, "dim") or tensor.dim() < 2 or tensor.shape[0] != 1:
+        return tensor
+    cu = cu_seq_lens.tolist()
+    pieces = [tensor[0, start:end] for start, end in zip(cu[:-1], cu[1:]) if end > start]
+    return torch.nn.utils.rnn.pad_sequence(pieces, batch_first=True, padding_value=-100)
+
+
+def _autocast(args, model):
+    """The autocast the Trainer trains under (``bf16``/``fp16``), for the probe's forwards; None without."""
+    if not (getattr(args, "bf16", False) or getattr(args, "fp16", False)):
+        return None
+    import torch
+
+    parameter = next(model.parameters(), None)
+    device = parameter.device.type if parameter is not None else "cpu"
+    return torch.autocast(device_type=device, dtype=torch.bfloat16 if args.bf16 else torch.float16)
+
+
 class PackingCheckCallback(TrainerCallback):
-    """Run the packing checks on the first collated examples when training begins (for a stock ``Trainer``).
+    """Check, when training begins, that packing keeps examples apart (for a stock ``Trainer``).
 
     It collates the train dataset's first examples with the dataloader's collator (no
     sampler is touched, so the data order is unchanged) and raises, before the first
-    step, what :func:`check_packing_support` or a pre-packed dataset whose packing
-    the collator would ignore reports. ``PackingTrainer`` adds it itself.
+    step, what :func:`check_packing_support` reports: the static checks on the model and
+    on every row of that batch, a pre-packed dataset whose packing the collator drops,
+    and (``probe=True``, the default) the live equivalence probe, run with the same
+    collator under the Trainer's mixed precision on every rank. ``last_report`` keeps
+    what the probe measured. ``PackingTrainer`` adds this callback itself.
 
     >>> PackingCheckCallback()
-    PackingCheckCallback()
+    PackingCheckCallback(probe=True)
     """
 
+    def __init__(self, *, probe: bool = True) -> None:
+        self.probe = probe
+        self.last_report = None
+
     def __repr__(self) -> str:
-        return "PackingCheckCallback()"
+        return f"PackingCheckCallback(probe={self.probe})"
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         if model is None or train_dataloader is None:
             return
         dataset, collate_fn = train_dataloader.dataset, train_dataloader.collate_fn
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__") or not len(dataset):
-            check_packing_support(model)
+            check_packing_support(model, probe=False)
             return
         features, batch = _probe_batch(dataset, collate_fn)
         check_collated_features(features, batch)
-        check_packing_support(model, batch)
+        check_packing_support(model, batch, probe=False)
+        if self.probe:
+            prepacked = any(isinstance(f, dict) and f.get("seq_lengths") is not None for f in features)
+            self.last_report = probe_packing(
+                unwrap_model(model), collate_fn, prepacked=prepacked, autocast=_autocast(args, model)
+            )
+            logger.info("%s", self.last_report.summary())
+            refuse_failed_probe(self.last_report, attention_kind(getattr(text_config(model), "_attn_implementation", None)))
 
 
 class PackingTrainer(Trainer):
@@ -111,7 +161,14 @@ class PackingTrainer(Trainer):
         packing_strategy: the sampler's bin-packing strategy (``"bfd"``, ``"ffd"``, ``"next_fit"``).
         length_column: the column whose lengths are packed (``"input_ids"``).
         eval_packing: ``"off"`` (default: the stock eval sampler, batches still flattened
-            by the collator) or ``"multipack"`` (token-budget eval batches, in dataset order).
+            by the collator) or ``"multipack"`` (token-budget eval batches). Either way
+            ``eval_loss`` is token-weighted (the same however examples are batched), and
+            ``predict()`` returns one row per example, in dataset order.
+        overflow: an example longer than the token budget: ``"error"`` (default) or
+            ``"drop"`` (left out, and the count logged as a warning).
+        packing_probe: run the live equivalence probe when training begins (default
+            True; see :class:`PackingCheckCallback`). Turn it off only for a model whose
+            packed loss you have checked against padding.
 
     ``data_collator`` defaults to :class:`FlatteningCollator`. Before the first step the
     model and the first collated batch go through :func:`check_packing_support`.
@@ -131,10 +188,13 @@ class PackingTrainer(Trainer):
         packing_strategy: Strategy = "bfd",
         length_column: str = "input_ids",
         eval_packing: EvalPacking = "off",
+        overflow: SamplerOverflow = "error",
+        packing_probe: bool = True,
         **kwargs: Any,
     ) -> None:
         validate_choice("packing_strategy", packing_strategy, Strategy)
         validate_choice("eval_packing", eval_packing, EvalPacking)
+        validate_choice("overflow", overflow, SamplerOverflow)
         validate_positive_int(
             "max_tokens_per_batch", max_tokens_per_batch, allow_none=True, none_means="derived from the batch size"
         )
@@ -142,11 +202,13 @@ class PackingTrainer(Trainer):
         self.packing_strategy = packing_strategy
         self.length_column = length_column
         self.eval_packing = eval_packing
+        self.overflow = overflow
         self._train_batch_sampler = None
+        self._eval_token_loss = None  # (sum of token losses, target tokens) of the evaluation under way
         if len(args) < 3 and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = FlatteningCollator()
         super().__init__(*args, **kwargs)
-        self.add_callback(PackingCheckCallback())
+        self.add_callback(PackingCheckCallback(probe=packing_probe))
 
     def _set_signature_columns_if_needed(self) -> None:
         """Keep a pre-packed dataset's position_ids / seq_lengths through remove_unused_columns."""
@@ -183,6 +245,7 @@ class PackingTrainer(Trainer):
             num_replicas=args.world_size,
             rank=args.process_index,
             drop_last=args.dataloader_drop_last,
+            overflow=self.overflow,
         )
 
     def get_train_dataloader(self):
@@ -198,6 +261,7 @@ class PackingTrainer(Trainer):
                 "epoch gets its own plan). Give it a set_epoch method, or subclass MultipackBatchSampler."
             )
         self._train_batch_sampler = sampler
+        _report_dropped(sampler)
         return loader
 
     def get_eval_dataloader(self, eval_dataset=None):
@@ -254,3 +318,51 @@ class PackingTrainer(Trainer):
         if self._train_batch_sampler is not None and epoch is not None:
             self._train_batch_sampler.set_epoch(int(epoch))
         return super()._run_epoch(*args, **kwargs)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """The stock step, plus the token-weighted loss sums, and flat rows split back into examples."""
+        import torch
+
+        loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        targets = inputs.get("labels")
+        if loss is not None and targets is not None and self._eval_token_loss is not None:
+            count = (targets[..., 1:] != -100).sum()
+            self._eval_token_loss += torch.stack((loss.detach().float() * count, count.float()))
+        cu = inputs.get("cu_seq_lens_q")
+        if cu is not None and not prediction_loss_only:
+            if isinstance(logits, (tuple, list)):
+                logits = type(logits)(_per_example(x, cu) for x in logits)
+            else:
+                logits = _per_example(logits, cu)
+            labels = _per_example(labels, cu)
+        return loss, logits, labels
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):
+        """The stock loop, with ``{prefix}_loss`` token-weighted: all target tokens' losses / their count.
+
+        The stock loop averages per-batch means, which weighs a token by its batch; with token-budget
+        batches that biases the loss toward short examples. Token-weighted, the loss is the same
+        however the examples are batched (padded, flattened or packed).
+        """
+        import torch
+
+        self._eval_token_loss = torch.zeros(2, device=self.args.device)
+        try:
+            output = super().evaluation_loop(
+                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix=metric_key_prefix
+            )
+            total, count = self.accelerator.reduce(self._eval_token_loss, reduction="sum").tolist()
+        finally:
+            self._eval_token_loss = None
+        if count and output.metrics is not None and f"{metric_key_prefix}_loss" in output.metrics:
+            output.metrics[f"{metric_key_prefix}_loss"] = total / count
+        return output
+
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix="test"):
+        """Per-example predictions in dataset order: sequential batches (never multipack), flat rows split."""
+        eval_packing, self.eval_packing = self.eval_packing, "off"
+        try:
+            return super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+        finally:
+            self.eval_packing = eval_packing

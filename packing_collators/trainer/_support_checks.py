@@ -20,13 +20,16 @@ ops over its ``position_ids``; run once before training, not per step.
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Any, Mapping
 
 import numpy as np
 
 __all__ = ["check_collated_features", "check_packing_support"]
 
-_FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
+logger = logging.getLogger(__name__)
+
+FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
 _MASKED = ("sdpa", "eager", "flex_attention")
 _RECURRENT_MODEL_TYPES = frozenset(
     {"mamba", "mamba2", "falcon_mamba", "bamba", "jamba", "zamba", "zamba2", "falcon_h1", "nemotron_h",
@@ -35,7 +38,7 @@ _RECURRENT_MODEL_TYPES = frozenset(
 _RECURRENT_LAYER_WORDS = ("mamba", "linear", "recurrent", "conv", "ssm", "rwkv", "delta")
 
 
-def _unwrap(model):
+def unwrap_model(model):
     """The transformers model inside DDP / FSDP / PEFT wrappers."""
     for _ in range(4):
         if hasattr(model, "get_base_model"):
@@ -47,7 +50,7 @@ def _unwrap(model):
     return model
 
 
-def _text_config(model):
+def text_config(model):
     config = getattr(model, "config", None)
     if config is None:
         raise TypeError(f"check_packing_support needs a transformers model (with .config), got {type(model).__name__}.")
@@ -60,7 +63,7 @@ def attention_kind(implementation: str | None) -> str:
     >>> attention_kind("flash_attention_2"), attention_kind("sdpa"), attention_kind("my_kernel")
     ('cu_seq_lens', 'position_ids', 'unknown')
     """
-    if implementation in _FLASH:
+    if implementation in FLASH_IMPLEMENTATIONS:
         return "cu_seq_lens"
     if implementation in _MASKED:
         return "position_ids"
@@ -83,8 +86,8 @@ def _is_recurrent(config) -> bool:
 
 
 def _check_model(model) -> tuple[str, Any]:
-    model = _unwrap(model)
-    config = _text_config(model)
+    model = unwrap_model(model)
+    config = text_config(model)
     params = inspect.signature(model.forward).parameters
     name = type(model).__name__
     if "position_ids" not in params:
@@ -116,10 +119,10 @@ def _check_model(model) -> tuple[str, Any]:
     if kind == "unknown":
         raise ValueError(
             f"{name} uses attn_implementation={implementation!r}, which is not known to honour packed boundaries "
-            f"(cu_seq_lens or position_ids). Use one of {', '.join(_FLASH)}, 'packing_varlen' "
+            f"(cu_seq_lens or position_ids). Use one of {', '.join(FLASH_IMPLEMENTATIONS)}, 'packing_varlen' "
             "(register_varlen_attention()), 'flex_attention', 'sdpa' or 'eager'."
         )
-    if kind == "cu_seq_lens" and implementation not in _FLASH:  # PyTorch's varlen kernel
+    if kind == "cu_seq_lens" and implementation not in FLASH_IMPLEMENTATIONS:  # PyTorch's varlen kernel
         if getattr(config, "attn_logit_softcapping", None) is not None:
             raise ValueError(
                 f"{name} uses attention logit softcapping ({config.attn_logit_softcapping}), which PyTorch's varlen "
@@ -195,7 +198,14 @@ def _check_batch(batch: Mapping[str, Any], implementation: str, config) -> None:
                 "separates examples by position_ids only, so they would attend to each other. "
                 "Build position_ids and cu_seq_lens together (FlatteningCollator does)."
             )
-    elif kind == "cu_seq_lens" and implementation not in _FLASH:
+    elif kind == "cu_seq_lens" and positions.shape[0] > 1:
+        raise ValueError(
+            f"The batch has {positions.shape[0]} rows whose position_ids restart (packed rows) and no cu_seq_lens_q/k, "
+            f"and {implementation!r} keeps examples apart only in a one-row batch (it reads cu_seq_lens, or derives "
+            "them from position_ids when there is one row): the examples of each row would attend to each other. "
+            "Collate with PrePackedCollator(mode='flatten') (or FlatteningCollator); mode='pad' is for sdpa/eager/flex."
+        )
+    elif kind == "cu_seq_lens" and implementation not in FLASH_IMPLEMENTATIONS:
         raise ValueError(
             f"attn_implementation={implementation!r} needs cu_seq_lens_q/k and max_length_q/k in the batch; "
             "collate with FlatteningCollator."
@@ -207,16 +217,22 @@ def _check_batch(batch: Mapping[str, Any], implementation: str, config) -> None:
         )
 
 
-def check_packing_support(model, batch: Mapping[str, Any] | None = None) -> str:
+def check_packing_support(model, batch: Mapping[str, Any] | None = None, *, collator=None, probe: bool = True,
+                          autocast=None) -> str:
     """Raise a ValueError saying what to change if ``model`` (and ``batch``) cannot train packed safely.
 
-    Checks the model (forward takes ``position_ids`` and ``**kwargs``, ``use_cache``
-    off, an attention implementation that honours packed boundaries, no multimodal
-    rope, kernel limits of ``packing_varlen``) and, when a collated ``batch`` is
-    given, the batch (no ``attention_mask`` beside a flattened layout,
-    ``position_ids`` that restart where ``cu_seq_lens`` says, ``seq_idx`` for
-    recurrent layers). A recurrent model needs the batch to be checked. Returns
-    the attention implementation.
+    Static checks first (fast, with the clearest messages): the model's forward takes
+    ``position_ids`` and ``**kwargs``, ``use_cache`` is off, no multimodal rope, the kernel
+    limits of ``packing_varlen``; and, when a collated ``batch`` is given, every row of it:
+    no ``attention_mask`` beside a packed layout, ``position_ids`` that restart where
+    ``cu_seq_lens`` says, no multi-row packed batch under flash attention (which needs one
+    row), ``seq_idx`` for recurrent layers. Then, with ``probe=True`` (default), the live
+    equivalence probe (:func:`probe_packing`): synthetic examples collated by ``collator``
+    (default :class:`FlatteningCollator`), run packed and alone on the model as it is
+    (attention implementation, dtype, device); a model whose packed outputs differ, or
+    whose examples see each other, is refused with the measured numbers. ``autocast``
+    is a context manager for the probe's forwards (the Trainer's mixed precision).
+    Returns the attention implementation.
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> config = LlamaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8)
@@ -234,27 +250,55 @@ def check_packing_support(model, batch: Mapping[str, Any] | None = None) -> str:
         _check_batch(batch, implementation, config)
     elif _is_recurrent(config):
         raise ValueError(
-            f"{type(_unwrap(model)).__name__} has recurrent (Mamba-style / linear-attention) layers, which need "
+            f"{type(unwrap_model(model)).__name__} has recurrent (Mamba-style / linear-attention) layers, which need "
             "seq_idx in every packed batch; pass a collated batch: check_packing_support(model, batch) "
             "(FlatteningCollator(return_seq_idx=True) makes one)."
         )
+    if probe:
+        from ._probe import probe_packing, refuse_failed_probe
+
+        report = probe_packing(unwrap_model(model), collator, autocast=autocast)
+        logger.info("%s", report.summary())
+        refuse_failed_probe(report, attention_kind(implementation))
     return implementation
 
 
-def _feature_boundaries(features) -> np.ndarray:
-    """Token offsets where an example starts, within and between features (pre-packed rows count each segment)."""
-    starts, offset = [], 0
-    for feature in features:
-        length = len(feature["input_ids"])
-        if feature.get("seq_lengths") is not None:
-            inner = np.cumsum(_numpy(feature["seq_lengths"]))[:-1]
-        elif feature.get("position_ids") is not None:
-            inner = np.flatnonzero(np.diff(_numpy(feature["position_ids"]).reshape(-1)) != 1) + 1
-        else:
-            inner = np.empty(0, np.int64)
-        starts.append(np.r_[0, inner] + offset)
-        offset += length
-    return np.concatenate(starts).astype(np.int64) if starts else np.empty(0, np.int64)
+def _inner_starts(feature) -> np.ndarray:
+    """Where examples start inside one feature: 0, and inside a pre-packed row (seq_lengths / position_ids)."""
+    if feature.get("seq_lengths") is not None:
+        inner = np.cumsum(_numpy(feature["seq_lengths"]))[:-1]
+    elif feature.get("position_ids") is not None:
+        inner = np.flatnonzero(np.diff(_numpy(feature["position_ids"]).reshape(-1)) != 1) + 1
+    else:
+        inner = np.empty(0, np.int64)
+    return np.r_[0, inner].astype(np.int64)
+
+
+def _row_starts(batch: Mapping[str, Any], row: int) -> np.ndarray:
+    """Where segments start in one row of the collated batch (cu_seq_lens for one row, else position_ids)."""
+    if batch.get("cu_seq_lens_q") is not None and _numpy(batch["input_ids"]).shape[0] == 1:
+        cu = _numpy(batch["cu_seq_lens_q"]).astype(np.int64)
+        return cu[:-1][np.diff(cu) > 0]
+    if batch.get("position_ids") is not None:
+        positions = _numpy(batch["position_ids"])
+        return _segments_from_positions(positions.reshape(-1, positions.shape[-1])[row])[:-1]
+    return np.zeros(1, np.int64)  # nothing in the batch separates examples within a row
+
+
+def _joined_error(token: int, row: int | None, have: np.ndarray, prepacked: bool) -> ValueError:
+    where = f"token {token} of the batch" if row is None else f"token {token} of row {row}"
+    hint = (
+        " The dataset looks pre-packed (rows carry position_ids or seq_lengths, e.g. from pack_dataset), and this "
+        "collator dropped what separates a row's examples (as transformers' DataCollatorWithPadding and TRL's default "
+        "collator do) or treats each row as one example. Collate with PrePackedCollator, or train on the unpacked "
+        "dataset (FlatteningCollator / PackingTrainer pack it per batch)."
+        if prepacked
+        else " Use FlatteningCollator, which starts a segment at every example."
+    )
+    return ValueError(
+        f"The collator joined examples that the dataset keeps apart: an example starts at {where}, but the batch has "
+        f"no boundary there (its segments start at {have.tolist()[:8]})." + hint
+    )
 
 
 def check_collated_features(features, batch: Mapping[str, Any]) -> None:
@@ -262,38 +306,34 @@ def check_collated_features(features, batch: Mapping[str, Any]) -> None:
 
     Every feature starts an example, and a pre-packed feature (``seq_lengths`` or
     restarting ``position_ids``, as ``pack_dataset`` writes) starts several; each of
-    those starts must start a segment of the flattened batch too. Batches that are
-    not flattened (more than one row) are not checked.
+    those starts must start a segment of the batch too: of its one flattened row
+    (``cu_seq_lens`` or restarting ``position_ids``), or, when the batch has a row per
+    feature, of that feature's row (restarting ``position_ids``). A batch whose rows do
+    not map to the features (neither one row nor one per feature) is not checked.
 
     >>> prepacked = [{"input_ids": [1, 2, 3, 4], "position_ids": [0, 1, 0, 1]}]
     >>> check_collated_features(prepacked, {"input_ids": np.zeros((1, 4)), "cu_seq_lens_q": np.array([0, 2, 4])})
-    >>> check_collated_features(prepacked, {"input_ids": np.zeros((1, 4)), "cu_seq_lens_q": np.array([0, 4])})
+    >>> check_collated_features(prepacked * 2, {"input_ids": np.zeros((2, 4)), "attention_mask": np.ones((2, 4))})
     Traceback (most recent call last):
     ...
-    ValueError: The collator joined examples that the dataset keeps apart: an example starts at token 2 of the batch, but the batch has no boundary there (its segments start at [0]). The dataset looks pre-packed (rows carry position_ids or seq_lengths, e.g. from pack_dataset), and this collator treats each row as one example. Train on the unpacked dataset (FlatteningCollator / PackingTrainer pack it per batch), or use a collator that keeps the rows' position_ids.
+    ValueError: The collator joined examples that the dataset keeps apart: an example starts at token 2 of row 0, but the batch has no boundary there (its segments start at [0]). The dataset looks pre-packed (rows carry position_ids or seq_lengths, e.g. from pack_dataset), and this collator dropped what separates a row's examples (as transformers' DataCollatorWithPadding and TRL's default collator do) or treats each row as one example. Collate with PrePackedCollator, or train on the unpacked dataset (FlatteningCollator / PackingTrainer pack it per batch).
     """
     ids = batch.get("input_ids")
-    if ids is None or _numpy(ids).ndim != 2 or _numpy(ids).shape[0] != 1:
+    if ids is None or _numpy(ids).ndim != 2:
         return
-    if batch.get("cu_seq_lens_q") is not None:
-        cu = _numpy(batch["cu_seq_lens_q"]).astype(np.int64)
-        have = cu[:-1][np.diff(cu) > 0]
-    elif batch.get("position_ids") is not None:
-        have = _segments_from_positions(_numpy(batch["position_ids"]))[:-1]
-    else:
-        return
-    want = _feature_boundaries(features)
-    missing = np.setdiff1d(want, have)
-    if len(missing):
-        prepacked = any(f.get("seq_lengths") is not None or f.get("position_ids") is not None for f in features)
-        hint = (
-            " The dataset looks pre-packed (rows carry position_ids or seq_lengths, e.g. from pack_dataset), and this "
-            "collator treats each row as one example. Train on the unpacked dataset (FlatteningCollator / "
-            "PackingTrainer pack it per batch), or use a collator that keeps the rows' position_ids."
-            if prepacked
-            else " Use FlatteningCollator, which starts a segment at every example."
-        )
-        raise ValueError(
-            f"The collator joined examples that the dataset keeps apart: an example starts at token {int(missing[0])} "
-            f"of the batch, but the batch has no boundary there (its segments start at {have.tolist()[:8]})." + hint
-        )
+    rows = _numpy(ids).shape[0]
+    prepacked = any(f.get("seq_lengths") is not None or f.get("position_ids") is not None for f in features)
+    if rows == 1:
+        lengths = [len(f["input_ids"]) for f in features]
+        offsets = np.r_[0, np.cumsum(lengths)[:-1]]
+        want = np.concatenate([_inner_starts(f) + o for f, o in zip(features, offsets)]) if features else np.zeros(0)
+        have = _row_starts(batch, 0)
+        missing = np.setdiff1d(want, have)
+        if len(missing):
+            raise _joined_error(int(missing[0]), None, have, prepacked)
+    elif rows == len(features):
+        for row, feature in enumerate(features):
+            have = _row_starts(batch, row)
+            missing = np.setdiff1d(_inner_starts(feature), have)
+            if len(missing):
+                raise _joined_error(int(missing[0]), row, have, prepacked)

@@ -1,0 +1,332 @@
+"""The live equivalence probe: measure, on the user's own model, that packing keeps examples apart.
+
+Three short synthetic examples are collated the way training collates them, run
+packed and run alone, in eval mode, without gradients, under the model's own
+attention implementation, dtype and device::
+
+    packed:   [ A A A A A A A | B B B B B | C C C C C C C C C ]     one forward
+    alone:    [ A A A A A A A ]  [ B B B B B ]  [ C C C C C C C C C ]   three forwards
+    leak:     [ A A A A A A A | b b b b b | C C C C C C C C C ]     B's tokens changed
+
+    (a) logits of A, B, C packed ~= alone           within the dtype's tolerance
+    (b) logits of A and C under the leak run       exactly equal to the packed run's
+
+(b) is exact whatever the dtype: a kernel that keeps the examples apart computes A's
+and C's rows from A's and C's tokens only, so bf16 noise can neither hide nor fake a
+leak (A checks attention from later to earlier examples, as a bidirectional encoder
+would do; C the usual causal direction). A model that fails is refused with the
+measured numbers, the first layer whose output moved (forward hooks, on failure only)
+and the fix. Cost: five forward passes over about 20 tokens, once before training
+(milliseconds on a GPU; ``benchmarks/results`` has the measured cost on a 200M model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+__all__ = ["ProbeReport", "probe_packing", "refuse_failed_probe"]
+
+PROBE_LENGTHS = (7, 5, 9)
+# |packed - alone| allowed, relative to the largest logit (at least 1): float32 kernels agree
+# to ~1e-6; bf16 ones to ~1e-2 (FA4 flat vs alone measured 0.009 on an H200).
+_TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 5e-2, "float16": 2e-2}
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """What the probe measured.
+
+    Attributes:
+        model: the model class; implementation: its attention implementation.
+        dtype, device: of its parameters (the probe runs where and as the model is).
+        lengths: the synthetic examples' lengths.
+        max_difference: max |logit| difference of an example packed vs run alone.
+        tolerance: the largest ``max_difference`` accepted (the dtype's, scaled by the logits).
+        leak: max |logit| change of the other examples when one example's tokens change (must be 0).
+        culprit: the first module whose output moved in the leak run, when the leak test failed.
+        seconds: wall time of the probe.
+    """
+
+    model: str
+    implementation: str
+    dtype: str
+    device: str
+    lengths: tuple[int, ...]
+    max_difference: float
+    tolerance: float
+    leak: float
+    culprit: str | None
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return self.leak == 0.0 and self.max_difference <= self.tolerance
+
+    def summary(self) -> str:
+        """One line for a log.
+
+        >>> ProbeReport("LlamaForCausalLM", "sdpa", "float32", "cpu", (7, 5, 9), 2e-06, 0.0005, 0.0, None, 0.01).summary()
+        'packing probe passed: LlamaForCausalLM (sdpa, float32, cpu), examples of 7, 5, 9 tokens: packed vs alone max |logit diff| 2e-06 (tolerance 0.0005), leak 0 (must be 0), 10.0 ms'
+        """
+        verdict = "passed" if self.passed else "FAILED"
+        return (
+            f"packing probe {verdict}: {self.model} ({self.implementation}, {self.dtype}, {self.device}), "
+            f"examples of {', '.join(map(str, self.lengths))} tokens: packed vs alone max |logit diff| "
+            f"{self.max_difference:.3g} (tolerance {self.tolerance:.3g}), leak {self.leak:.3g} (must be 0), "
+            f"{self.seconds * 1e3:.1f} ms"
+        )
+
+
+def _synthetic_tokens(config, lengths: Sequence[int], seed: int) -> list[np.ndarray]:
+    """Random token ids, avoiding the special tokens (a pad id can change embeddings or positions)."""
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    if vocab < 8:
+        raise ValueError(f"The packing probe needs a model with a vocabulary (config.vocab_size={vocab}).")
+    special = {getattr(config, k, None) for k in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    allowed = np.array([t for t in range(min(vocab, 4096)) if t not in special], np.int64)
+    rng = np.random.default_rng(seed)
+    return [rng.choice(allowed, size=n) for n in lengths]
+
+
+def _features(examples: list[np.ndarray], prepacked: bool) -> list[dict]:
+    """Examples as a dataset gives them, or (``prepacked``) as pack_dataset rows: A+B in one row, C in another."""
+    if not prepacked:
+        return [{"input_ids": ids.tolist()} for ids in examples]
+    rows = [examples[:2], examples[2:]]
+    return [
+        {
+            "input_ids": np.concatenate(row).tolist(),
+            "seq_lengths": [len(e) for e in row],
+            "position_ids": np.concatenate([np.arange(len(e)) for e in row]).tolist(),
+        }
+        for row in rows
+    ]
+
+
+def _example_slices(features: list[dict], examples: list[np.ndarray], batch_ids: np.ndarray) -> list[slice]:
+    """Where each example's tokens sit in the batch's input_ids, flattened to (rows * width,)."""
+    rows, width = batch_ids.shape
+    slices, example = [], 0
+    for f, feature in enumerate(features):
+        start = f * width if rows == len(features) and rows > 1 else sum(len(x["input_ids"]) for x in features[:f])
+        for length in feature.get("seq_lengths", [len(feature["input_ids"])]):
+            slices.append(slice(start, start + length))
+            start += length
+            example += 1
+    flat = batch_ids.reshape(-1)
+    if not all(np.array_equal(flat[s], e) for s, e in zip(slices, examples)):
+        raise ValueError(
+            "The collator reorders or changes tokens, so the packing probe cannot find each example in its batch. "
+            "Pass probe=False to skip the probe (and check the loss against padding yourself)."
+        )
+    return slices
+
+
+def _model_inputs(batch: dict, device) -> dict:
+    import torch
+
+    inputs = {}
+    for key, value in batch.items():
+        if key == "labels":
+            continue
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(value)
+        inputs[key] = value.to(device) if hasattr(value, "to") else value
+    return inputs
+
+
+def _alone_inputs(example: np.ndarray, config, collator, device) -> dict:
+    """One example as a padded batch of one would give it: just ``input_ids`` (the model numbers positions).
+
+    A kernel that only runs packed batches (``packing_varlen``) gets the example flattened on its own.
+    """
+    import torch
+
+    from ..collate import FlatteningCollator
+    from ._support_checks import FLASH_IMPLEMENTATIONS, attention_kind
+
+    implementation = getattr(config, "_attn_implementation", None)
+    if attention_kind(implementation) == "cu_seq_lens" and implementation not in FLASH_IMPLEMENTATIONS:
+        options = getattr(collator, "options", None)
+        start = options.position_ids_start if options is not None else 0
+        return _model_inputs(FlatteningCollator(position_ids_start=start)([{"input_ids": example.tolist()}]), device)
+    return {"input_ids": torch.as_tensor(example)[None].to(device)}
+
+
+def _logits(model, inputs: dict) -> np.ndarray:
+    output = model(**inputs)
+    logits = output.logits if hasattr(output, "logits") else output[0]
+    return logits.float().reshape(-1, logits.shape[-1]).cpu().numpy()
+
+
+def _first_tensor(args: tuple, kwargs: dict):
+    for value in (*args, kwargs.get("hidden_states"), *kwargs.values()):
+        if hasattr(value, "detach") and value.dim() >= 2:
+            return value
+    return None
+
+
+class _Recorder:
+    """Forward hooks that keep each module's first input and its output, in the order the modules finish."""
+
+    def __init__(self, model) -> None:
+        self.records: list[tuple[str, Any, Any]] = []
+        self.handles = [
+            m.register_forward_hook(self._hook(name), with_kwargs=True) for name, m in model.named_modules() if name
+        ]
+
+    def _hook(self, name: str) -> Callable:
+        def record(module, args, kwargs, output):
+            output = output[0] if isinstance(output, (tuple, list)) and output else output
+            if hasattr(output, "detach") and output.dim() >= 2:
+                given = _first_tensor(args, kwargs)
+                given = None if given is None else given.detach().float().cpu()
+                self.records.append((f"{name} ({type(module).__name__})", given, output.detach().float().cpu()))
+
+        return record
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _moved(a, b, rows: np.ndarray, shape: tuple[int, int]) -> bool | None:
+    """Whether token-major tensors ``a`` and ``b`` differ at token ``rows`` (None: not token-major)."""
+    tokens = shape[0] * shape[1]
+    if a is None or b is None or a.shape != b.shape or not (tuple(a.shape[:2]) == shape or a.shape[0] == tokens):
+        return None
+    return not np.array_equal(a.reshape(tokens, -1)[rows].numpy(), b.reshape(tokens, -1)[rows].numpy())
+
+
+def _first_moved(model, packed: dict, leaked: dict, rows: np.ndarray, shape: tuple[int, int]) -> str | None:
+    """The first module whose output moved at token ``rows`` between the two batches while its input did not."""
+    runs = []
+    for inputs in (packed, leaked):
+        recorder = _Recorder(model)
+        try:
+            model(**inputs)
+        finally:
+            recorder.remove()
+        runs.append(recorder.records)
+    for (name, in_a, out_a), (_, in_b, out_b) in zip(*runs):
+        if _moved(out_a, out_b, rows, shape) and not _moved(in_a, in_b, rows, shape):
+            return name
+    return None
+
+
+def probe_packing(model, collator=None, *, prepacked: bool | None = None, lengths: Sequence[int] = PROBE_LENGTHS,
+                  seed: int = 0, autocast=None) -> ProbeReport:
+    """Run ``model`` on synthetic examples packed (by ``collator``) and alone, and report the difference.
+
+    Args:
+        model: a transformers model with a language-modelling head (its output has ``logits``).
+        collator: what collates training batches (default :class:`FlatteningCollator`).
+        prepacked: feed the collator pack_dataset rows (``seq_lengths``, ``position_ids``)
+            instead of examples; default: whether ``collator`` is a :class:`PrePackedCollator`.
+        lengths: the synthetic examples' lengths (three or more; the middle one is changed).
+        seed: of the synthetic tokens.
+        autocast: a context manager to run the forwards in (e.g. the Trainer's bf16 autocast).
+
+    The model is put in eval mode for the probe and back in its mode after.
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> config = LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+    ...                      intermediate_size=16, use_cache=False)
+    >>> report = probe_packing(LlamaForCausalLM(config))
+    >>> report.passed, report.leak, report.max_difference < 1e-4
+    (True, 0.0, True)
+    """
+    import torch
+
+    from ..collate import FlatteningCollator, PrePackedCollator
+
+    if len(lengths) < 3:
+        raise ValueError(f"The packing probe needs three or more examples (the middle one is changed); got lengths={list(lengths)}.")
+    collator = FlatteningCollator() if collator is None else collator
+    prepacked = isinstance(collator, PrePackedCollator) if prepacked is None else prepacked
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    parameter = next(model.parameters(), None)
+    if parameter is None:
+        raise ValueError(f"The packing probe runs the model, and {type(model).__name__} has no parameters; pass probe=False.")
+    started = time.perf_counter()
+    examples = _synthetic_tokens(config, lengths, seed)
+    changed = list(examples)
+    middle = len(examples) // 2
+    changed[middle] = _synthetic_tokens(config, [len(examples[middle])], seed + 1)[0]
+    features = _features(examples, prepacked)
+    batch, leaked_batch = collator(features), collator(_features(changed, prepacked))
+    slices = _example_slices(features, examples, np.asarray(batch["input_ids"]))
+    packed_inputs, leaked_inputs = _model_inputs(batch, parameter.device), _model_inputs(leaked_batch, parameter.device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), autocast or contextlib.nullcontext():
+            packed, leaked = _logits(model, packed_inputs), _logits(model, leaked_inputs)
+            alone = [_logits(model, _alone_inputs(e, config, collator, parameter.device)) for e in examples]
+            others = np.concatenate([np.arange(s.start, s.stop) for i, s in enumerate(slices) if i != middle])
+            leak = float(np.abs(packed[others] - leaked[others]).max())
+            shape = tuple(np.asarray(batch["input_ids"]).shape)
+            culprit = _first_moved(model, packed_inputs, leaked_inputs, others, shape) if leak else None
+    finally:
+        model.train(was_training)
+    difference = max(float(np.abs(packed[s] - a).max()) for s, a in zip(slices, alone))
+    scale = max(1.0, max(float(np.abs(a).max()) for a in alone))
+    dtype = str(parameter.dtype).replace("torch.", "")
+    if autocast is not None and getattr(autocast, "fast_dtype", None) is not None:
+        dtype = str(autocast.fast_dtype).replace("torch.", "")
+    return ProbeReport(
+        model=type(model).__name__,
+        implementation=str(getattr(config, "_attn_implementation", None)),
+        dtype=dtype,
+        device=str(parameter.device),
+        lengths=tuple(int(n) for n in lengths),
+        max_difference=difference,
+        tolerance=_TOLERANCE.get(dtype, 5e-2) * scale,
+        leak=leak,
+        culprit=culprit,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def refuse_failed_probe(report: ProbeReport, kind: str) -> None:
+    """Raise a ValueError with what the probe measured and the fix, unless it passed.
+
+    ``kind`` is how the implementation keeps examples apart (``"cu_seq_lens"``,
+    ``"position_ids"`` or ``"unknown"``); it picks the fix.
+    """
+    if report.passed:
+        return
+    text = f"Packing would change this model's outputs, so it is refused ({report.summary()}). "
+    if report.leak:
+        where = f"; the first layer whose output moved: {report.culprit}" if report.culprit else ""
+        text += (
+            f"Changing one example's tokens moved the other examples' logits by {report.leak:.3g}: the examples "
+            f"attend to each other{where}. "
+        )
+        if kind == "cu_seq_lens":
+            text += (
+                f"{report.implementation!r} keeps examples apart only with cu_seq_lens_q/k in a one-row batch; "
+                "several rows without them (e.g. PrePackedCollator(mode='pad')) mix the examples of a row. "
+                "Collate with FlatteningCollator or PrePackedCollator(mode='flatten')."
+            )
+        else:
+            text += (
+                f"{report.model} does not build its {report.implementation!r} attention mask from the packed "
+                "position_ids (e.g. OPT, or BERT/RoBERTa-style models, which are bidirectional or ignore them). "
+                "Use an implementation that reads cu_seq_lens if the model supports one (attn_implementation="
+                "'flash_attention_2'/'flash_attention_4', or 'packing_varlen' after register_varlen_attention()), "
+                "or train this model padded."
+            )
+    else:
+        text += (
+            f"No example sees another, but each example's logits packed differ from the example run alone by "
+            f"{report.max_difference:.3g} (tolerance {report.tolerance:.3g}): the model numbers positions from "
+            "another start (RoBERTa-style models start at padding_idx + 1: FlatteningCollator(position_ids_start="
+            "...)) or reads an input the packed batch lacks."
+        )
+    raise ValueError(text + " Pass probe=False only after checking the packed loss against padding yourself.")
