@@ -17,13 +17,18 @@ The column (``--column``; by default the first of ``input_ids``, ``messages``, `
 
 Tokenizing is a batched ``Dataset.map`` over ``num_proc`` processes with a progress bar,
 kept in memory (nothing is written next to the user's data). Every problem is a
-``ValueError``/``TypeError``/``FileNotFoundError`` whose message is one line naming the fix.
+``ValueError``/``TypeError``/``FileNotFoundError`` whose message is one line naming the fix:
+data with no examples, and a .json/.jsonl/.csv file that does not parse (a .jsonl file's
+first bad line is named). Those files are read without ``datasets``' progress bar and logs,
+which would turn the one-line error into several.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,16 +65,16 @@ def _looks_like_path(data: str) -> bool:
 
 
 def _pick_split(splits: Any, split: str | None, data: str):
-    """One split of a DatasetDict: ``split``, else its only split, else ``"train"``."""
+    """``(name, dataset)``: one split of a DatasetDict: ``split``, else its only split, else ``"train"``."""
     names = list(splits)
     if split is not None:
         if split not in splits:
             raise ValueError(f"{data!r} has no split {split!r} (its splits: {names}); pass --split with one of them.")
-        return splits[split]
+        return split, splits[split]
     if len(names) == 1:
-        return splits[names[0]]
+        return names[0], splits[names[0]]
     if "train" in splits:
-        return splits["train"]
+        return "train", splits["train"]
     raise ValueError(f"{data!r} has several splits {names} and none is 'train'; pass --split with one of them.")
 
 
@@ -85,6 +90,13 @@ def open_dataset(data: str, *, split: str | None = None):
     Traceback (most recent call last):
     ...
     FileNotFoundError: DATA 'no/such/file.jsonl' does not exist: no such file or folder (a Hub dataset is named like 'owner/name').
+    >>> bad = os.path.join(tempfile.mkdtemp(), "bad.jsonl")
+    >>> with open(bad, "w") as file:
+    ...     _ = file.write('{"input_ids": [1, 2]}\\n{"input_ids": [3, 4\\n')
+    >>> open_dataset(bad)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: DATA '...bad.jsonl' is not valid JSON lines: line 2 is not a JSON object (Expecting ',' delimiter at column 20): '{"input_ids": [3, 4'. Fix or remove that line: each line must be one JSON object, e.g. {"input_ids": [1, 2, 3]}.
     """
     import datasets
 
@@ -102,8 +114,13 @@ def open_dataset(data: str, *, split: str | None = None):
             loaded = datasets.load_dataset(str(path))
     else:
         loaded = _open_file(path, data)
+    name = None
     if isinstance(loaded, (datasets.DatasetDict, dict)):
-        loaded = _pick_split(loaded, split, data)
+        name, loaded = _pick_split(loaded, split, data)
+    if len(loaded) == 0:
+        where = f"DATA {data!r}" if name is None else f"Split {name!r} of DATA {data!r}"
+        other = "" if name is None else "pass --split with another split, or "
+        raise ValueError(f"{where} has no examples (0 rows); {other}pass data with at least one example.")
     return loaded
 
 
@@ -125,7 +142,88 @@ def _open_file(path: Path, data: str):
         stat = path.stat()  # a fingerprint from the file, so datasets does not hash the whole table
         fingerprint = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
         return datasets.Dataset(InMemoryTable(pq.read_table(path)), fingerprint=fingerprint)
-    return datasets.load_dataset(builder, data_files=str(path), split="train")
+    return _load_text_file(builder, path, data)
+
+
+@contextmanager
+def _datasets_quiet():
+    """No progress bars and no logs (below CRITICAL) from ``datasets`` inside the block."""
+    import datasets
+
+    bars_were_off, verbosity = datasets.utils.are_progress_bars_disabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if not bars_were_off:
+            datasets.enable_progress_bars()
+
+
+def _is_blank(path: Path) -> bool:
+    """Whether the file holds nothing but whitespace (one read of 1 MiB for any file that holds data)."""
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            if chunk.strip():
+                return False
+    return True
+
+
+def _load_text_file(builder: str, path: Path, data: str):
+    """A .json/.jsonl/.csv file as a Dataset (``load_dataset``'s steps), or a one-line error: empty, no rows, unparsable."""
+    import datasets
+    from datasets.utils.info_utils import is_small_dataset
+
+    if _is_blank(path):
+        raise ValueError(f"DATA {data!r} has no examples: the file is empty; pass a file with at least one example.")
+    try:
+        with _datasets_quiet():
+            loader = datasets.load_dataset_builder(builder, data_files=str(path))
+            loader.download_and_prepare()
+            split = loader.info.splits.get("train")
+            if split is None or not split.num_examples:  # as_dataset would fail with "Instruction ... no data"
+                raise ValueError(f"DATA {data!r} has no examples (0 rows); pass a file with at least one example.")
+            return loader.as_dataset(split="train", in_memory=is_small_dataset(loader.info.dataset_size))
+    except datasets.exceptions.DatasetGenerationError as error:
+        raise ValueError(_unreadable(builder, path, data, error)) from None
+
+
+def _unreadable(builder: str, path: Path, data: str, error: BaseException) -> str:
+    """The one-line message for a file ``datasets`` could not parse: a .jsonl file's first bad line, else the parser's error."""
+    if path.suffix.lower() == ".jsonl":
+        bad = _first_bad_json_line(path)
+        if bad is not None:
+            number, reason, line = bad
+            shown = line if len(line) <= 60 else line[:57] + "..."
+            return (
+                f"DATA {data!r} is not valid JSON lines: line {number} is not a JSON object ({reason}): {shown!r}. "
+                'Fix or remove that line: each line must be one JSON object, e.g. {"input_ids": [1, 2, 3]}.'
+            )
+    while error.__cause__ is not None:  # datasets wraps the parser's error: name that one
+        error = error.__cause__
+    reason = " ".join(str(error).split()) or type(error).__name__
+    kind = "CSV" if builder == "csv" else "JSON"
+    return f"DATA {data!r} could not be read as {kind} ({reason}); fix the file, or write the examples as .parquet instead."
+
+
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean", type(None): "null"}
+
+
+def _first_bad_json_line(path: Path) -> tuple[int, str, str] | None:
+    """``(line number, why, line)`` of the first non-blank line that is not a JSON object, or None (read on errors only)."""
+    with open(path, encoding="utf-8", errors="replace") as file:
+        for number, line in enumerate(file, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as error:
+                return number, f"{error.msg} at column {error.colno}", line
+            if not isinstance(value, dict):
+                return number, f"it is {_JSON_KINDS.get(type(value), 'not an object')}", line
+    return None
 
 
 def column_kind(dataset: Any, column: str) -> ColumnKind:

@@ -3,12 +3,14 @@
 Three kinds of column::
 
     input_ids       [[5, 6, 7], [8, 9]]         per token: concatenated into rows (lengths must match)
-    attention_mask  [[1, 1, 1], [1, 1]]         per token too (any list of numbers or bools)
+    attention_mask  [[1, 1, 1], [1, 1]]         per token too (any list of numbers or bools); it must be
+                                                all ones: an example with zeros is padded, and refused
     source          ["web", "math"]             per example: kept as a list per row, only if named
                                                 in ``keep_columns``; otherwise an error
 
 Nothing is dropped silently: a column that is neither per-token nor named is
-refused with the fix. Cost: one ``list_value_length`` per per-token column.
+refused with the fix. Cost: one ``list_value_length`` per per-token column, and one
+vectorised comparison with 0 over the ``attention_mask`` values (a bit per token).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["ExampleColumns", "RESERVED_COLUMNS", "example_columns", "is_per_token", "token_lengths"]
+__all__ = ["ExampleColumns", "RESERVED_COLUMNS", "check_unpadded", "example_columns", "is_per_token", "token_lengths"]
 
 RESERVED_COLUMNS = ("position_ids", "seq_lengths")
 
@@ -133,3 +135,48 @@ def token_lengths(table: pa.Table, columns: ExampleColumns, *, first_index: int 
                 "per example)."
             )
     return lengths
+
+
+def _zero_owners(column: pa.ChunkedArray) -> np.ndarray:
+    """int64, one entry per zero value in ``column``'s lists: the index of the example (list) holding it, ascending."""
+    owners, start = [], 0
+    for chunk in column.chunks:
+        offsets = chunk.offsets.to_numpy().astype(np.int64)  # this chunk's (maybe sliced) lists, into chunk.values
+        values = chunk.values.slice(offsets[0], offsets[-1] - offsets[0])
+        zero = pc.fill_null(pc.equal(values, pa.scalar(0).cast(values.type)), False)
+        if pc.any(zero).as_py():
+            tokens = np.flatnonzero(zero.to_numpy(zero_copy_only=False)) + offsets[0]
+            examples = np.searchsorted(offsets, tokens, side="right") - 1
+            if chunk.null_count:  # a null list may hide values; it has no mask, so no zeros
+                examples = examples[~chunk.is_null().to_numpy(zero_copy_only=False)[examples]]
+            owners.append(examples + start)
+        start += len(chunk)
+    return np.concatenate(owners) if owners else np.empty(0, np.int64)
+
+
+def check_unpadded(table: pa.Table, *, first_index: int = 0, stream: bool = False) -> None:
+    """Refuse padded examples: an ``attention_mask`` with zeros, whose pad tokens would be packed and trained on.
+
+    Errors number the examples from ``first_index`` (where the table starts in a stream); with
+    ``stream``, the count is of the examples read so far (the earlier ones passed this check).
+
+    >>> table = pa.table({"input_ids": [[5, 6], [7, 8, 0], [9, 0, 0]], "attention_mask": [[1, 1], [1, 1, 0], [1, 0, 0]]})
+    >>> check_unpadded(table)
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 1 is padded: its attention_mask has 1 zero(s) (2 of 3 examples have attention_mask zeros). Packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1).
+    """
+    if "attention_mask" not in table.column_names or not is_per_token(table.schema.field("attention_mask").type):
+        return
+    owners = _zero_owners(table.column("attention_mask"))
+    if not len(owners):
+        return
+    first = int(owners[0])
+    zeros = int(np.searchsorted(owners, first, side="right"))
+    padded = int(np.count_nonzero(np.diff(owners))) + 1
+    among = f"the first {first_index + table.num_rows:,}" if stream else f"{table.num_rows:,}"
+    raise ValueError(
+        f"Example {first_index + first} is padded: its attention_mask has {zeros} zero(s) ({padded:,} of {among} "
+        "examples have attention_mask zeros). Packing would put its pad tokens into rows and train on them. "
+        "Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1)."
+    )

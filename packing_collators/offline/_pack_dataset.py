@@ -15,7 +15,8 @@ Cost: the engine's one sort over lengths, then one Arrow ``take`` per column
 (a memcpy per example) and a cumsum for ``position_ids``; no Python loop over
 examples or tokens. 200,000 ``sft`` examples (60M tokens) pack at capacity
 2048 many times faster than TRL's ``pack_dataset``, at higher efficiency
-(``benchmarks/bench_pack_dataset.py``). The result is an in-memory Arrow table.
+(``benchmarks/bench_pack_dataset.py``). The result is an in-memory Arrow table, in the
+input's format (``with_format``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..engine import Overflow, PackStats, check_not_too_long, pack_lengths
-from ._columns import example_columns, token_lengths
+from ._columns import RESERVED_COLUMNS, check_unpadded, example_columns, token_lengths
 from ._options import MAX_LENGTH_FIX, DatasetStrategy, PackOptions
 from ._arrow_rows import CHUNK_TOKENS, build_rows
 from ._row_plan import bin_plan, wrapped_plan
@@ -70,6 +71,7 @@ def pack_table(table, options: PackOptions, *, desc: str = "Packing rows"):
     """
     columns = example_columns(table.schema, options.keep_columns)
     lengths = token_lengths(table, columns)
+    check_unpadded(table)
     rng = np.random.default_rng(options.seed)
     capacity = options.max_length
     if options.strategy == "wrapped":
@@ -107,7 +109,23 @@ def _pack_in_memory(dataset, options: PackOptions, split_name: str = ""):
     table = dataset.with_format("arrow")[:] if len(dataset) else dataset.data.table.slice(0, 0)
     rows, stats = pack_table(table, options, desc=f"Packing {split_name or 'rows'}")
     _log(stats, f"[{split_name}]" if split_name else "")
-    return Dataset(InMemoryTable(rows), split=dataset.split, fingerprint=_fingerprint(dataset, options)), stats
+    packed = Dataset(InMemoryTable(rows), split=dataset.split, fingerprint=_fingerprint(dataset, options))
+    return _with_format_of(dataset, packed), stats
+
+
+def _with_format_of(dataset, packed):
+    """``packed`` in ``dataset``'s format (type, columns, output_all_columns, format kwargs), as TRL keeps it.
+
+    Chosen columns that are gone are left out; ``position_ids`` and ``seq_lengths`` are added
+    to them, since a row without them has lost its example boundaries.
+    """
+    # None means every column; dataset.format lists the current ones instead, which would leave new ones out
+    columns = getattr(dataset, "_format_columns", dataset.format["columns"])
+    if columns is not None:
+        columns = [name for name in columns if name in packed.column_names]
+        columns += [name for name in RESERVED_COLUMNS if name not in columns]
+    packed.set_format(dataset.format["type"], columns, dataset.format["output_all_columns"], **dataset.format["format_kwargs"])
+    return packed
 
 
 def _fingerprint(dataset, options: PackOptions) -> str:
@@ -167,6 +185,11 @@ def pack_dataset(
         ``attention_mask``) concatenated the same way; each kept column as a list of (s,) values.
         Zero-length examples are in no row (counted as ``empty_examples``).
 
+    Examples must not be padded: an ``attention_mask`` with zeros is a ValueError naming the first
+    padded example. A ``Dataset`` (each split of a ``DatasetDict``) comes back in its format: the
+    same type, format kwargs and ``output_all_columns``, and chosen columns plus ``position_ids``
+    and ``seq_lengths``.
+
     >>> from datasets import Dataset
     >>> data = Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11], [12, 13, 14]],
     ...                           "labels": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11], [12, 13, 14]]})
@@ -175,6 +198,8 @@ def pack_dataset(
     {'input_ids': [1, 2, 3, 4, 5, 12, 13, 14], 'labels': [-100, 2, 3, 4, 5, -100, 13, 14], 'position_ids': [0, 1, 2, 3, 4, 0, 1, 2], 'seq_lengths': [5, 3]}
     >>> packed[:]["seq_lengths"], stats.rows, stats.efficiency
     ([[5, 3], [2, 4]], 2, 0.875)
+    >>> pack_dataset(data.with_format("numpy"), max_length=8).format["type"]
+    'numpy'
     >>> pack_dataset(data, max_length=4)
     Traceback (most recent call last):
     ...

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..engine import PackStats, check_not_too_long, pack_lengths
-from ._columns import example_columns, token_lengths
+from ._columns import check_unpadded, example_columns, token_lengths
 from ._options import MAX_LENGTH_FIX, PackOptions
 from ._arrow_rows import build_rows
 from ._row_plan import bin_plan
@@ -87,6 +87,7 @@ def pack_stream(examples: Iterable[pa.Table], options: PackOptions, stats: PackS
         if not final:
             columns = example_columns(table.schema, options.keep_columns)
             lengths = token_lengths(table, columns, first_index=seen)
+            check_unpadded(table, first_index=seen, stream=True)
             if options.overflow == "error":
                 # numbered in the whole stream, not the buffer; no totals, they would be this buffer's only
                 check_not_too_long(lengths, capacity, limit_name="max_length", fix=MAX_LENGTH_FIX, first_index=seen, count=False)
