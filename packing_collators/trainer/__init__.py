@@ -3,9 +3,11 @@
     _support_checks.py    check_packing_support: is this model + attention + batch packed-correct?
     _probe.py             probe_packing: measured on the model itself (packed vs alone, and a leak test)
     _varlen_attention.py  packing_varlen, an attention backend on torch.nn.attention.varlen
+    _attention_choice.py  choose_attention: the fastest packed-correct attention on this machine
     _packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
 """
 
+from ._attention_choice import choose_attention, packed_attention_candidates
 from ._probe import ProbeReport, probe_packing
 from ._support_checks import check_collated_features, check_packing_support
 from ._varlen_attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
@@ -17,6 +19,8 @@ __all__ = [
     "VARLEN_ATTENTION",
     "check_collated_features",
     "check_packing_support",
+    "choose_attention",
+    "packed_attention_candidates",
     "probe_packing",
     "register_varlen_attention",
     "varlen_attention_forward",

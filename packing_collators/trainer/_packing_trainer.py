@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ._attention_choice import AUTO_ATTENTION, choose_attention
 from ._probe import probe_packing, refuse_failed_probe
 from ._support_checks import text_config, unwrap_model, attention_kind, check_collated_features, check_packing_support
 from .._validation import validate_choice, validate_positive_int
@@ -169,6 +170,10 @@ class PackingTrainer(Trainer):
         packing_probe: run the live equivalence probe when training begins (default
             True; see :class:`PackingCheckCallback`). Turn it off only for a model whose
             packed loss you have checked against padding.
+        attn_implementation: ``"auto"`` (default): the fastest packed-correct attention this
+            machine runs (FlashAttention-4 on Hopper/Blackwell when installed, then FA3, FA2,
+            ``packing_varlen`` on any CUDA GPU; on a CPU the model's own), logged when it
+            changes the model's; ``None``: keep the model's; or a name to set.
 
     ``data_collator`` defaults to :class:`FlatteningCollator`. Before the first step the
     model and the first collated batch go through :func:`check_packing_support`.
@@ -190,6 +195,7 @@ class PackingTrainer(Trainer):
         eval_packing: EvalPacking = "off",
         overflow: SamplerOverflow = "error",
         packing_probe: bool = True,
+        attn_implementation: str | None = AUTO_ATTENTION,
         **kwargs: Any,
     ) -> None:
         validate_choice("packing_strategy", packing_strategy, Strategy)
@@ -208,6 +214,7 @@ class PackingTrainer(Trainer):
         if len(args) < 3 and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = FlatteningCollator()
         super().__init__(*args, **kwargs)
+        self.attn_implementation = choose_attention(self.model, attn_implementation) if self.model is not None else None
         self.add_callback(PackingCheckCallback(probe=packing_probe))
 
     def _set_signature_columns_if_needed(self) -> None:
