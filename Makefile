@@ -19,11 +19,11 @@ test: $(VENV)/.installed-dev
 	$(PY) -m pytest
 
 bench: $(VENV)/.installed-dev-bench
-	$(PY) benchmarks/bench_engine.py
-	$(PY) benchmarks/bench_collator.py
-	$(PY) benchmarks/bench_pack_dataset.py --out benchmarks/results/pack_dataset
-	$(PY) benchmarks/bench_sampler.py
-	$(PY) benchmarks/bench_cli_analyze.py
+	$(PY) benchmarks/cpu/bench_engine.py
+	$(PY) benchmarks/cpu/bench_collator.py
+	$(PY) benchmarks/cpu/bench_pack_dataset.py --out benchmarks/results/pack_dataset
+	$(PY) benchmarks/cpu/bench_sampler.py
+	$(PY) benchmarks/cpu/bench_cli_analyze.py
 	$(PY) benchmarks/collect_results.py
 
 clean:

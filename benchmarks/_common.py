@@ -1,12 +1,27 @@
-"""Shared pieces of the benchmark scripts: the standard length distributions and timing.
+"""What every benchmark script shares: the standard data, the model, timing and result files.
 
-The distributions are the ones in the project's BENCHMARKS.md (seeded, so every run sees
-the same data). Timing alternates the contenders, repeats, and reports medians.
+The scripts live in ``cpu/`` (run anywhere, write ``results/<name>.md`` and ``.json``) and ``gpu/``
+(need CUDA, most have a ``--smoke`` CPU check); none imports another. Each puts this folder on
+``sys.path`` and imports from here:
+
+- data: ``lengths_of`` (the standard length distributions, defined once here) and
+  ``markov_tokens`` (token ids whose loss curve has a known floor);
+- model: ``SIZES`` and ``build_model`` (a Llama-style config, random weights), ``padded_batch``
+  and ``to_device``;
+- multi-GPU runs: ``add_run_arguments`` / ``finish_run_arguments``, the options that
+  ``gpu/distributed_scaling.py`` and ``gpu/trainer_scaling.py`` share;
+- timing: ``alternate`` + ``median`` (CPU, wall clock) and ``timed`` (CUDA events);
+- results: ``machine``, ``command`` and ``write_results`` (into ``benchmarks/results/``).
+
+torch and transformers are imported inside the functions that need them, so the CPU benchmarks
+of torch-free code (and ``cpu/bench_pack_dataset.py``'s peak-memory children) do not load torch.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -17,25 +32,132 @@ import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
+# ----------------------------------------------------------------------------- data
+# The standard length distributions (token counts per example). name: (mean, sigma, low, high),
+# lognormal(mean, sigma) clipped to [low, high]; long_tail is drawn in lengths_of.
+LOGNORMAL = {
+    "sft": (5.3, 0.9, 8, 2048),  # mean about 300 tokens
+    "flan_like": (4.6, 0.8, 8, 2048),  # many short examples
+    "orcamath_like": (6.0, 0.5, 32, 2048),  # longer
+}
+DISTRIBUTIONS = (*LOGNORMAL, "long_tail")  # long_tail: 95% lognormal(5.0, 0.7) + 5% uniform(1500, 8192), for max_length 8192
 
-def lengths_of(distribution: str, n: int, seed: int = 0) -> np.ndarray:
-    """Token counts per example for one of the standard distributions."""
+
+def lengths_of(distribution: str, n: int, seed: int | np.random.Generator = 0, *, high: int | None = None) -> np.ndarray:
+    """Token counts (int64) of ``n`` examples from a standard distribution, seeded.
+
+    ``seed`` may be a ``np.random.Generator``: it is drawn from (and advanced), for a script that
+    draws its tokens from the same stream afterwards. ``high`` replaces the upper clip.
+    """
     rng = np.random.default_rng(seed)
-    if distribution == "sft":
-        x = np.clip(rng.lognormal(5.3, 0.9, n), 8, 2048)
-    elif distribution == "flan_like":
-        x = np.clip(rng.lognormal(4.6, 0.8, n), 8, 2048)
-    elif distribution == "orcamath_like":
-        x = np.clip(rng.lognormal(6.0, 0.5, n), 32, 2048)
-    elif distribution == "long_tail":
+    if distribution == "long_tail":
         tail = rng.random(n) < 0.05
         x = np.where(tail, rng.uniform(1500, 8192, n), rng.lognormal(5.0, 0.7, n))
-        x = np.clip(x, 1, 8192)
+        x = np.clip(x, 1, 8192 if high is None else high)
+    elif distribution in LOGNORMAL:
+        mean, sigma, low, top = LOGNORMAL[distribution]
+        x = np.clip(rng.lognormal(mean, sigma, n), low, top if high is None else high)
     else:
-        raise ValueError(f"unknown distribution {distribution!r}")
+        raise ValueError(f"unknown distribution {distribution!r}; choose one of {', '.join(DISTRIBUTIONS)}")
     return x.astype(np.int64)
 
 
+def markov_tokens(lengths: np.ndarray, vocab: int, seed: int) -> list[np.ndarray]:
+    """One token array per example, drawn from a fixed chain where each token has 4 successors.
+
+    The loss curves then mean something: their floor is ln 4 = 1.386.
+    """
+    rng = np.random.default_rng(seed)
+    successors = np.random.default_rng(1234).integers(0, vocab, size=(vocab, 4))
+    width = int(lengths.max())
+    grid = np.empty((len(lengths), width), dtype=np.int64)
+    grid[:, 0] = rng.integers(0, vocab, len(lengths))
+    choice = rng.integers(0, 4, size=(len(lengths), width))
+    for t in range(1, width):
+        grid[:, t] = successors[grid[:, t - 1], choice[:, t]]
+    return [grid[i, :n] for i, n in enumerate(lengths)]
+
+
+# ----------------------------------------------------------------------------- model and batches
+SIZES = {  # hidden, layers, heads, kv_heads, intermediate
+    "tiny": (64, 2, 4, 2, 128),
+    "200m": (1024, 12, 16, 4, 2816),
+    "1b": (2048, 16, 32, 8, 5632),
+}
+
+
+def build_model(args, attn: str, device, dtype):
+    """A Llama-style model of ``args.size`` (random weights, seeded by ``args.seed``) on ``device``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, layers, heads, kv, inter = SIZES[args.size]
+    config = LlamaConfig(
+        vocab_size=args.vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=max(args.max_length, 8192),
+        use_cache=False, tie_word_embeddings=False,
+    )
+    torch.manual_seed(args.seed)
+    with torch.device(device):  # initialise on the GPU: seconds instead of a minute on the CPU
+        model = LlamaForCausalLM(config).to(dtype=dtype)
+    model.config._attn_implementation = attn
+    model.train()
+    return model
+
+
+def padded_batch(features: list[dict], multiple: int = 64) -> dict:
+    """Right-padded to the longest example, rounded up to a multiple of 64 as careful users do
+    (`pad_to_multiple_of=64`): without it every batch has a new shape and cuDNN attention
+    re-plans each time, which made padding ~10x slower still in a first H200 run."""
+    import torch
+
+    width = -(-max(len(f["input_ids"]) for f in features) // multiple) * multiple
+    ids = torch.zeros(len(features), width, dtype=torch.long)
+    labels = torch.full((len(features), width), -100, dtype=torch.long)
+    mask = torch.zeros(len(features), width, dtype=torch.long)
+    for i, f in enumerate(features):
+        n = len(f["input_ids"])
+        ids[i, :n] = torch.as_tensor(f["input_ids"])
+        labels[i, :n] = ids[i, :n]
+        mask[i, :n] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def to_device(batch: dict, device) -> dict:
+    import torch
+
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+# ----------------------------------------------------------------------------- multi-GPU run options
+def add_run_arguments(parser: argparse.ArgumentParser, *, steps: int) -> None:
+    """Model, data and schedule options of gpu/distributed_scaling.py and gpu/trainer_scaling.py."""
+    parser.add_argument("--name", default="run")
+    parser.add_argument("--replicas", type=int, default=2, help="ranks the sampler plans for")
+    parser.add_argument("--size", choices=sorted(SIZES), default="200m")
+    parser.add_argument("--distribution", default="sft")
+    parser.add_argument("--attn", default="packing_varlen")
+    parser.add_argument("--tokens-per-batch", type=int, default=16384)
+    parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--examples", type=int, default=20000)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true", help="tiny fp32 model, sdpa, gloo (CPU check)")
+
+
+def finish_run_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    """The command line as launched, and --smoke's tiny settings."""
+    args.command = f"torchrun --nproc_per_node {os.environ.get('WORLD_SIZE', 1)} " + " ".join(sys.argv)
+    if args.smoke:
+        args.size, args.vocab, args.attn, args.examples, args.steps, args.warmup = "tiny", 128, "sdpa", 2000, 4, 1
+        args.tokens_per_batch, args.max_length = 1024, 256
+    return args
+
+
+# ----------------------------------------------------------------------------- timing
 def alternate(contenders: dict, repeats: int) -> dict[str, list[float]]:
     """Run each callable once per round, in alternating order; seconds per call, per contender."""
     times = {name: [] for name in contenders}
@@ -52,6 +174,24 @@ def median(values) -> float:
     return statistics.median(values)
 
 
+def timed(fn, repeats: int, warmup: int = 3) -> float:
+    """Median milliseconds of fn() over CUDA-event spans, after ``warmup`` untimed calls."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+# ----------------------------------------------------------------------------- results
 def machine() -> str:
     return f"{platform.machine()}, {platform.processor() or 'cpu'}, Python {platform.python_version()}"
 

@@ -17,11 +17,6 @@ from packing_collators.cli._analysis import (
 )
 
 
-def sft_lengths(n: int, seed: int = 0, high: int = 2048) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.clip(rng.lognormal(5.3, 0.9, n), 8, high).astype(np.int64)
-
-
 def test_padded_tokens_literal():
     # batches [5, 1] -> 2 * 5, [2, 8] -> 2 * 8, [3] -> 1 * 3
     assert padded_tokens(np.array([5, 1, 2, 8, 3]), 2, order=np.arange(5)) == 10 + 16 + 3
@@ -30,8 +25,8 @@ def test_padded_tokens_literal():
 
 
 @pytest.mark.parametrize("n, batch_size", [(7, 2), (1000, 8), (20_001, 4)])
-def test_length_grouped_order_is_sorted_megabatches(n, batch_size):
-    lengths = sft_lengths(n, seed=n)
+def test_length_grouped_order_is_sorted_megabatches(n, batch_size, standard_lengths):
+    lengths = standard_lengths("sft", n, seed=n)
     order = length_grouped_order(lengths, batch_size, np.random.default_rng(0))
     assert sorted(order.tolist()) == list(range(n)), "a permutation"
     megabatch = max(1, min(n // (batch_size * 4), 50)) * batch_size
@@ -40,11 +35,11 @@ def test_length_grouped_order_is_sorted_megabatches(n, batch_size):
         assert np.all(chunk[:-1] >= chunk[1:]), "each megabatch sorted, longest first"
 
 
-def test_length_grouped_padding_matches_transformers_group_by_length():
+def test_length_grouped_padding_matches_transformers_group_by_length(standard_lengths):
     torch = pytest.importorskip("torch")
     from transformers.trainer_pt_utils import get_length_grouped_indices
 
-    lengths, batch_size = sft_lengths(20_000, seed=1), 8
+    lengths, batch_size = standard_lengths("sft", 20_000, seed=1), 8
     theirs = np.array(get_length_grouped_indices(lengths.tolist(), batch_size, generator=torch.Generator().manual_seed(0)))
     ours = length_grouped_order(lengths, batch_size, np.random.default_rng(0))
     theirs_padded = padded_tokens(lengths, batch_size, theirs)
@@ -56,9 +51,9 @@ def test_length_grouped_padding_matches_transformers_group_by_length():
 
 @pytest.mark.parametrize("overflow", ["truncate", "drop"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_row_strategies_match_the_engine(overflow, seed):
+def test_row_strategies_match_the_engine(overflow, seed, standard_lengths):
     rng = np.random.default_rng(seed)
-    lengths = np.r_[sft_lengths(3000, seed=seed, high=4000), np.zeros(5, np.int64)]
+    lengths = np.r_[standard_lengths("sft", 3000, seed=seed, high=4000), np.zeros(5, np.int64)]
     rng.shuffle(lengths)
     max_length, batch_size = 1024, 4
     analysis = analyze_lengths(lengths, max_length, batch_size=batch_size, overflow=overflow, seed=seed)
@@ -94,10 +89,10 @@ def test_padding_counts_the_tokens_a_training_run_sees():
     assert dropped.tokens == 5 + 3 + 7 + 1 and dropped.steps == 2
 
 
-def test_wrapped_matches_pack_dataset():
+def test_wrapped_matches_pack_dataset(standard_lengths):
     from datasets import Dataset
 
-    lengths = np.r_[sft_lengths(500, seed=3, high=700), [0, 0]]
+    lengths = np.r_[standard_lengths("sft", 500, seed=3, high=700), [0, 0]]
     data = Dataset.from_dict({"input_ids": [[1] * int(n) for n in lengths]})
     _, stats = pack_dataset(data, 256, strategy="wrapped", return_stats=True, progress=False)
     packing = analyze_lengths(lengths, 256, overflow="truncate").packing("wrapped")
@@ -109,8 +104,8 @@ def test_wrapped_matches_pack_dataset():
 
 
 @pytest.mark.parametrize("overflow", ["truncate", "drop"])
-def test_sampler_matches_multipack_batch_sampler(overflow):
-    lengths = sft_lengths(4000, seed=4, high=3000)
+def test_sampler_matches_multipack_batch_sampler(overflow, standard_lengths):
+    lengths = standard_lengths("sft", 4000, seed=4, high=3000)
     analysis = analyze_lengths(lengths, 2048, batch_size=4, max_tokens_per_batch=6000, overflow=overflow, seed=7)
     seen = np.minimum(lengths, 2048) if overflow == "truncate" else lengths[lengths <= 2048]
     stats = MultipackBatchSampler(seen, 6000, seed=7, num_replicas=1, rank=0).stats()
@@ -129,12 +124,12 @@ def test_sampler_budget_defaults_to_a_padded_batch_and_drops_what_exceeds_it():
     assert packing.dropped_examples == 1, "the 8-token example does not fit a 6-token budget"
 
 
-def test_percentiles_are_lengths_of_real_examples():
+def test_percentiles_are_lengths_of_real_examples(standard_lengths):
     analysis = analyze_lengths(np.arange(1, 1001), 2000)
     assert analysis.percentiles["min"] == 1 and analysis.percentiles["max"] == 1000
     assert (analysis.percentiles["p50"], analysis.percentiles["p90"], analysis.percentiles["p99"]) == (500, 900, 990)
     assert analysis.mean_length == 500.5
-    lengths = sft_lengths(777, seed=6)
+    lengths = standard_lengths("sft", 777, seed=6)
     percentiles = analyze_lengths(lengths, 2048).percentiles
     for key, value in percentiles.items():
         assert value in lengths
@@ -142,8 +137,8 @@ def test_percentiles_are_lengths_of_real_examples():
             assert np.mean(lengths <= value) >= float(key[1:]) / 100 - 1e-9 > np.mean(lengths < value)
 
 
-def test_recommendation_raises_a_max_length_that_truncates_too_much():
-    lengths = sft_lengths(5000, seed=5)
+def test_recommendation_raises_a_max_length_that_truncates_too_much(standard_lengths):
+    lengths = standard_lengths("sft", 5000, seed=5)
     recommendation = analyze_lengths(lengths, 512).recommendation
     assert recommendation.max_length > 512 and recommendation.max_length % 128 == 0
     assert (lengths > recommendation.max_length).mean() <= 0.001
@@ -159,8 +154,8 @@ def test_recommendation_says_padding_is_fine_when_lengths_are_equal():
     assert "padding wastes only" in analysis.recommendation.reasons[0]
 
 
-def test_as_dict_is_json():
-    data = json.loads(json.dumps(analyze_lengths(sft_lengths(300), 1024).as_dict()))
+def test_as_dict_is_json(standard_lengths):
+    data = json.loads(json.dumps(analyze_lengths(standard_lengths("sft", 300), 1024).as_dict()))
     assert [p["strategy"] for p in data["packings"]] == ["bfd", "ffd", "next_fit", "wrapped", "sampler"]
     assert {"efficiency", "gap", "speedup", "rows", "steps"} <= set(data["packings"][0])
     assert data["padding"][0]["order"] == "random" and "waste" in data["padding"][0]

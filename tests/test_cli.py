@@ -24,9 +24,8 @@ STRATEGIES = ("bfd", "ffd", "next_fit", "wrapped", "sampler")
 
 
 @pytest.fixture(scope="module")
-def lengths() -> np.ndarray:
-    rng = np.random.default_rng(0)
-    return np.clip(rng.lognormal(5.0, 0.8, 1500), 4, 900).astype(np.int64)
+def lengths(lognormal) -> np.ndarray:
+    return lognormal(1500, mean=5.0, sigma=0.8, low=4, high=900)
 
 
 @pytest.fixture(scope="module")

@@ -75,9 +75,8 @@ def test_literal_rows_and_dtypes():
     assert schema.field("input_ids").type == data.data.table.schema.field("input_ids").type
 
 
-def test_global_packing_beats_per_chunk_packing():
-    rng = np.random.default_rng(0)
-    lengths = np.clip(rng.lognormal(5.3, 0.9, 5000), 8, 2048).astype(int)
+def test_global_packing_beats_per_chunk_packing(standard_lengths):
+    lengths = standard_lengths("sft", 5000)
     data = Dataset.from_dict({"input_ids": [[1] * k for k in lengths]})
     _, stats = pack_dataset(data, 2048, return_stats=True)
     per_chunk_rows = sum(pack_lengths(lengths[i : i + 1000], 2048).num_rows for i in range(0, 5000, 1000))

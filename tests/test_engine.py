@@ -10,11 +10,6 @@ from packing_collators import PackingResult, pack_lengths
 STRATEGIES = ["bfd", "ffd", "next_fit"]
 
 
-def sft_lengths(n, seed=0):
-    rng = np.random.default_rng(seed)
-    return np.clip(rng.lognormal(5.3, 0.9, n), 8, 2048).astype(np.int64)
-
-
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("seed", range(15))
 def test_every_index_in_exactly_one_row_and_no_row_over_capacity(strategy, seed):
@@ -55,22 +50,22 @@ def test_tokens_in_equal_tokens_out_plus_reported_losses(strategy, overflow, see
     assert accounted.tolist() == list(range(len(lengths)))
 
 
-def test_rows_hold_indices_in_dataset_order():
-    result = pack_lengths(sft_lengths(2000), 2048)
+def test_rows_hold_indices_in_dataset_order(standard_lengths):
+    result = pack_lengths(standard_lengths("sft", 2000), 2048)
     for row in result.rows:
         assert row == sorted(row)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_deterministic(strategy):
-    lengths = sft_lengths(5000, seed=3)
+def test_deterministic(strategy, standard_lengths):
+    lengths = standard_lengths("sft", 5000, seed=3)
     a = pack_lengths(lengths, 2048, strategy=strategy)
     b = pack_lengths(lengths.tolist(), 2048, strategy=strategy)
     assert a.rows == b.rows
 
 
-def test_bfd_is_near_the_lower_bound_on_sft_lengths():
-    result = pack_lengths(sft_lengths(20_000), 2048)
+def test_bfd_is_near_the_lower_bound_on_sft_lengths(standard_lengths):
+    result = pack_lengths(standard_lengths("sft", 20_000), 2048)
     assert result.lower_bound_rows == math.ceil(result.total_tokens / 2048)
     assert result.num_rows - result.lower_bound_rows <= 5
     assert result.efficiency > 0.999

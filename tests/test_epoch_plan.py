@@ -10,11 +10,6 @@ import pytest
 from packing_collators.sampler._epoch_plan import _ranges, plan_epoch
 
 
-def sft_lengths(n: int, seed: int = 0, high: int = 2048) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.clip(rng.lognormal(5.3, 0.9, n), 8, high).astype(np.int64)
-
-
 def all_batches(plan) -> list[list[int]]:
     return [plan.batch(step, rank) for step in range(plan.num_steps) for rank in range(plan.num_replicas)]
 
@@ -70,14 +65,14 @@ def test_random_plans_hold_the_invariants(seed):
 
 @pytest.mark.parametrize("num_replicas", [1, 2, 3, 8])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_sft_like_plans_hold_the_invariants(num_replicas, drop_last):
-    lengths = sft_lengths(3000, seed=num_replicas)
+def test_sft_like_plans_hold_the_invariants(num_replicas, drop_last, standard_lengths):
+    lengths = standard_lengths("sft", 3000, seed=num_replicas)
     plan = plan_epoch(lengths, 4096, num_replicas=num_replicas, drop_last=drop_last, epoch=1)
     check_plan(plan, lengths, 4096, drop_last=drop_last)
 
 
-def test_the_epoch_and_seed_change_the_order_and_nothing_else():
-    lengths = sft_lengths(2000)
+def test_the_epoch_and_seed_change_the_order_and_nothing_else(standard_lengths):
+    lengths = standard_lengths("sft", 2000)
     plans = [plan_epoch(lengths, 4096, num_replicas=2, epoch=e, seed=s) for e, s in [(0, 0), (1, 0), (0, 1)]]
     orders = [all_batches(p) for p in plans]
     assert orders[0] != orders[1] and orders[0] != orders[2] and orders[1] != orders[2]
@@ -147,15 +142,15 @@ def test_bad_options_are_errors(option, message):
         plan_epoch([1, 2], 10, **option)
 
 
-def test_groups_pack_separately():
-    lengths = sft_lengths(1000)
+def test_groups_pack_separately(standard_lengths):
+    lengths = standard_lengths("sft", 1000)
     plan = plan_epoch(lengths, 4096, shuffle=False, group_size=250, num_replicas=1)
     group_of = np.repeat(np.arange(4), 250)
     assert all(len(set(group_of[batch])) == 1 for batch in plan.batches(rank=0))
 
 
-def test_balancing_by_cost_evens_out_the_ranks():
-    lengths = sft_lengths(20000, high=4096)
+def test_balancing_by_cost_evens_out_the_ranks(standard_lengths):
+    lengths = standard_lengths("sft", 20000, high=4096)
     balanced = plan_epoch(lengths, 8192, num_replicas=8).stats()
     unbalanced = plan_epoch(lengths, 8192, num_replicas=8, balance="none").stats()
     assert balanced["imbalance"] < 0.01 < unbalanced["imbalance"]
@@ -166,16 +161,16 @@ def test_balancing_by_cost_evens_out_the_ranks():
     assert by_tokens["imbalance_tokens"] <= unbalanced["imbalance_tokens"]
 
 
-def test_the_steps_of_a_balanced_plan_hold_bins_of_similar_cost():
-    lengths = sft_lengths(5000, high=4096)
+def test_the_steps_of_a_balanced_plan_hold_bins_of_similar_cost(standard_lengths):
+    lengths = standard_lengths("sft", 5000, high=4096)
     plan = plan_epoch(lengths, 8192, num_replicas=4, shuffle=False)
     cost = (plan.batch_tokens + plan.batch_attention / 8192).reshape(-1, 4)
     assert np.all(np.diff(cost.max(1)) <= 1e-9), "unshuffled steps run from the costliest down"
     assert np.all(cost.min(1)[:-1] >= cost.max(1)[1:] - 1e-9), "each step's bins are next to each other by cost"
 
 
-def test_efficiency_is_near_the_lower_bound():
-    lengths = sft_lengths(20000)
+def test_efficiency_is_near_the_lower_bound(standard_lengths):
+    lengths = standard_lengths("sft", 20000)
     stats = plan_epoch(lengths, 16384).stats()
     assert stats["efficiency"] > 0.99
     assert stats["total_batches"] - stats["lower_bound_batches"] <= 1

@@ -77,6 +77,7 @@ def check_summary(s: dict[str, str], dataset, *, repeated_tokens: int = 0, repea
     assert number(s["tokens/s"]) > 0
 
 
+@pytest.mark.slow
 def test_every_script_has_help():
     code = "; ".join(
         f"sys.argv = ['{name}', '--help']; exec(\"try: runpy.run_path('{EXAMPLES / name}', run_name='__main__')\\n"
@@ -110,6 +111,7 @@ def test_local_files_prompt_completion_and_messages(tmp_path):
         _common.load_conversations([str(tmp_path / "c.jsonl")])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["sft_flattening.py", "sft_prepacked.py", "sft_packing_trainer.py"])
 def test_trainer_scripts_train_every_example_once(script, dataset):
     s = summary(run(sys.executable, f"examples/{script}", *TINY))
@@ -123,6 +125,8 @@ def test_trainer_scripts_train_every_example_once(script, dataset):
         assert steps == math.ceil(rows / 2) and rows * 96 >= dataset[1]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_multipack_loop_on_two_processes(dataset):
     """torchrun with 2 CPU processes (gloo): the sampler's plan is trained exactly, repeats included."""
     out = run(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "examples/sft_multipack.py", *TINY)
@@ -134,6 +138,7 @@ def test_multipack_loop_on_two_processes(dataset):
     assert number(s["micro-batches"]) == 2 * number(s["optimizer steps"]) == 2 * number(s["sampler plan"])
 
 
+@pytest.mark.slow
 def test_demo_padded_and_packed_agree(dataset):
     out = run(sys.executable, "examples/demo.py", *TINY[:6])  # --max-examples 24: all of them, shuffled
     table = {line[:28].strip(): line[28:].split() for line in out.splitlines() if line[:28].strip()}

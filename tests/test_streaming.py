@@ -72,9 +72,8 @@ def test_buffer_bounds_what_is_read_ahead():
     assert len(pulled) < 10_000
 
 
-def test_efficiency_close_to_global_packing():
-    rng = np.random.default_rng(0)
-    lengths = np.clip(rng.lognormal(5.3, 0.9, 3000), 8, 2048).astype(int)
+def test_efficiency_close_to_global_packing(standard_lengths):
+    lengths = standard_lengths("sft", 3000)
     stream = ({"input_ids": [1] * int(k)} for k in lengths)
     rows, stats = pack_dataset(stream, 2048, buffer_size=500, return_stats=True)
     assert sum(1 for _ in rows) == stats.rows

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
 HERE = Path(__file__).resolve().parent
 
 WORKER = r"""

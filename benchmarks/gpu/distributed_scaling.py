@@ -12,10 +12,10 @@ Per rank it records the steps taken, forward times (no communication happens in 
 so they show the compute imbalance) and the sampler's planned cost imbalance.
 
 Usage (one host):
-  torchrun --nproc_per_node 1 benchmarks/distributed_scaling.py --out OUT --name 1gpu
-  torchrun --nproc_per_node 2 benchmarks/distributed_scaling.py --out OUT --name 2gpu_ddp
-  torchrun --nproc_per_node 2 benchmarks/distributed_scaling.py --out OUT --name 2gpu_fsdp --fsdp
-  python benchmarks/distributed_scaling.py --compare OUT      # table + plot from the runs
+  torchrun --nproc_per_node 1 benchmarks/gpu/distributed_scaling.py --out OUT --name 1gpu
+  torchrun --nproc_per_node 2 benchmarks/gpu/distributed_scaling.py --out OUT --name 2gpu_ddp
+  torchrun --nproc_per_node 2 benchmarks/gpu/distributed_scaling.py --out OUT --name 2gpu_fsdp --fsdp
+  python benchmarks/gpu/distributed_scaling.py --compare OUT      # table + plot from the runs
 CPU check: add --smoke (gloo, tiny fp32 model, sdpa).
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -31,9 +32,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from _common import lengths_of
 from packing_collators import FlatteningCollator, MultipackBatchSampler
-from train_throughput import SIZES, build_model, markov_tokens, to_device
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
+from _common import add_run_arguments, build_model, finish_run_arguments, lengths_of, markov_tokens, to_device  # noqa: E402
 
 
 def setup() -> tuple[int, int, torch.device]:
@@ -160,35 +162,6 @@ def compare(folder: Path) -> None:
         plt.savefig(folder / "distributed_scaling.png", dpi=90)
     except ImportError:
         pass
-
-
-def add_run_arguments(parser: argparse.ArgumentParser, *, steps: int) -> None:
-    """Model, data and schedule options shared with trainer_scaling.py."""
-    parser.add_argument("--name", default="run")
-    parser.add_argument("--replicas", type=int, default=2, help="ranks the sampler plans for")
-    parser.add_argument("--size", choices=sorted(SIZES), default="200m")
-    parser.add_argument("--distribution", default="sft")
-    parser.add_argument("--attn", default="packing_varlen")
-    parser.add_argument("--tokens-per-batch", type=int, default=16384)
-    parser.add_argument("--max-length", type=int, default=2048)
-    parser.add_argument("--examples", type=int, default=20000)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--steps", type=int, default=steps)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="tiny fp32 model, sdpa, gloo (CPU check)")
-
-
-def finish_run_arguments(args: argparse.Namespace) -> argparse.Namespace:
-    """The command line as launched, and --smoke's tiny settings."""
-    import sys
-
-    args.command = f"torchrun --nproc_per_node {os.environ.get('WORLD_SIZE', 1)} " + " ".join(sys.argv)
-    if args.smoke:
-        args.size, args.vocab, args.attn, args.examples, args.steps, args.warmup = "tiny", 128, "sdpa", 2000, 4, 1
-        args.tokens_per_batch, args.max_length = 1024, 256
-    return args
 
 
 def main() -> None:

@@ -24,9 +24,9 @@ so the loss curves mean something: the floor is ln 4 = 1.386.
 Per mode: real (non-pad) tokens/s, steps/s, model FLOPs utilisation, peak memory, padding
 fraction, and training / validation loss curves. Writes results.json and a plot to --out.
 
-Usage (GPU):  python benchmarks/train_throughput.py --size 200m --out benchmarks/results/train_throughput
+Usage (GPU):  python benchmarks/gpu/train_throughput.py --size 200m --out benchmarks/results/train_throughput
               (every mode on three distributions, 3 alternating rounds: ~8.5 min on an H200)
-Smoke (CPU):  python benchmarks/train_throughput.py --smoke --out /tmp/tt
+Smoke (CPU):  python benchmarks/gpu/train_throughput.py --smoke --out /tmp/tt
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,55 +42,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import lengths_of
 from packing_collators import FlatteningCollator, MultipackBatchSampler, pack_lengths
 
-SIZES = {  # hidden, layers, heads, kv_heads, intermediate
-    "tiny": (64, 2, 4, 2, 128),
-    "200m": (1024, 12, 16, 4, 2816),
-    "1b": (2048, 16, 32, 8, 5632),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
+from _common import SIZES, build_model, lengths_of, markov_tokens, padded_batch, to_device  # noqa: E402
+
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}
 PACKED_MODES = ("flattened", "flattened_like_padded", "prepacked_bfd", "multipack")
 ALL_MODES = ("padded_random", "padded_grouped", *PACKED_MODES, "prepacked_wrapped", "uniform")
 
 
 # ----------------------------------------------------------------------------- data
-def markov_tokens(lengths: np.ndarray, vocab: int, seed: int) -> list[np.ndarray]:
-    """One token array per example, drawn from a fixed chain where each token has 4 successors."""
-    rng = np.random.default_rng(seed)
-    successors = np.random.default_rng(1234).integers(0, vocab, size=(vocab, 4))
-    width = int(lengths.max())
-    grid = np.empty((len(lengths), width), dtype=np.int64)
-    grid[:, 0] = rng.integers(0, vocab, len(lengths))
-    choice = rng.integers(0, 4, size=(len(lengths), width))
-    for t in range(1, width):
-        grid[:, t] = successors[grid[:, t - 1], choice[:, t]]
-    return [grid[i, :n] for i, n in enumerate(lengths)]
-
-
 @dataclass
 class Plan:
     """What one mode trains on: a list of steps, each a list of micro-batches (lists of features)."""
 
     steps: list[list[list[dict]]]
     layout: str  # "padded", "flat" or "rows"
-
-
-def padded_batch(features: list[dict], multiple: int = 64) -> dict:
-    """Right-padded to the longest example, rounded up to a multiple of 64 as careful users do
-    (`pad_to_multiple_of=64`): without it every batch has a new shape and cuDNN attention
-    re-plans each time, which made padding ~10x slower still in a first H200 run."""
-    width = -(-max(len(f["input_ids"]) for f in features) // multiple) * multiple
-    ids = torch.zeros(len(features), width, dtype=torch.long)
-    labels = torch.full((len(features), width), -100, dtype=torch.long)
-    mask = torch.zeros(len(features), width, dtype=torch.long)
-    for i, f in enumerate(features):
-        n = len(f["input_ids"])
-        ids[i, :n] = torch.as_tensor(f["input_ids"])
-        labels[i, :n] = ids[i, :n]
-        mask[i, :n] = 1
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
 def rows_batch(rows: list[np.ndarray]) -> dict:
@@ -155,23 +124,6 @@ def make_plans(examples, lengths, args, rng) -> dict[str, Plan]:
 
 
 # ----------------------------------------------------------------------------- model
-def build_model(args, attn: str, device, dtype):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    hidden, layers, heads, kv, inter = SIZES[args.size]
-    config = LlamaConfig(
-        vocab_size=args.vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=max(args.max_length, 8192),
-        use_cache=False, tie_word_embeddings=False,
-    )
-    torch.manual_seed(args.seed)
-    with torch.device(device):  # initialise on the GPU: seconds instead of a minute on the CPU
-        model = LlamaForCausalLM(config).to(dtype=dtype)
-    model.config._attn_implementation = attn
-    model.train()
-    return model
-
-
 def flops_per_step(n_params: int, layers: int, hidden: int, segments: list[int]) -> float:
     """6 N per token for the matmuls plus causal attention: 6 * layers * hidden * sum(s^2) (fwd + bwd)."""
     return 6 * n_params * sum(segments) + 6 * layers * hidden * sum(s * s for s in segments)
@@ -183,10 +135,6 @@ def segment_lengths(batch: dict, layout: str) -> list[int]:
     if layout == "padded":
         return batch["attention_mask"].sum(1).tolist()
     return [batch["input_ids"].shape[1]] * batch["input_ids"].shape[0]
-
-
-def to_device(batch: dict, device) -> dict:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
@@ -370,8 +318,6 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny fp32 CPU run with sdpa (checks the script)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    import sys
-
     args.command = "python " + " ".join(sys.argv)
     if args.smoke:
         args.size, args.vocab, args.steps, args.warmup, args.examples = "tiny", 128, 4, 1, 3000

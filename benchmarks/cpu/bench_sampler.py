@@ -14,7 +14,7 @@ Efficiency = real tokens / (batches * budget); "padding" = padded tokens / all t
 Then: the cost imbalance of 8 simulated ranks per balancing mode, efficiency on the other
 standard distributions, and `lengths_from_dataset` against a Python loop over the rows.
 
-Usage: python benchmarks/bench_sampler.py [--examples 1000000] [--budget 16384] [--repeats 5]
+Usage: python benchmarks/cpu/bench_sampler.py [--examples 1000000] [--budget 16384] [--repeats 5]
        [--ranks 8] [--lengths-rows 100000]
 """
 
@@ -22,15 +22,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils.data import BatchSampler, RandomSampler
 
-from _common import alternate, command, lengths_of, machine, median, write_results
 from packing_collators import MultipackBatchSampler, lengths_from_dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
+from _common import alternate, command, lengths_of, machine, median, write_results  # noqa: E402
 
 
 def versions() -> str:

@@ -13,8 +13,8 @@ On a CUDA machine this builds a small Llama-style model (random weights, bf16) a
 It writes ``gpu_attention.json`` and ``gpu_attention.md`` to ``--out`` and prints the card.
 ``--smoke`` runs a tiny fp32 model on CPU with sdpa/eager only (checks the script itself).
 
-    python benchmarks/gpu_attention_check.py --out benchmarks/results/gpu_attention
-    python benchmarks/gpu_attention_check.py --smoke --out /tmp/gpu_attention_smoke
+    python benchmarks/gpu/gpu_attention_check.py --out benchmarks/results/gpu_attention
+    python benchmarks/gpu/gpu_attention_check.py --smoke --out /tmp/gpu_attention_smoke
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ import numpy as np
 import torch
 
 from packing_collators import FlatteningCollator, MultipackBatchSampler, register_varlen_attention
-from train_throughput import padded_batch, to_device
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
+from _common import lengths_of, padded_batch, to_device  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -54,11 +56,6 @@ def parse_args(argv=None):
         args.layers, args.hidden, args.heads, args.kv_heads, args.vocab = 2, 64, 4, 2, 256
         args.tokens_per_step, args.examples, args.steps, args.repeats, args.check_examples = 512, 64, 2, 2, 4
     return args
-
-
-def sft_lengths(n: int, rng, high: int) -> np.ndarray:
-    """BENCHMARKS.md's ``sft`` distribution: lognormal(5.3, 0.9) clipped to [8, 2048] (and to ``high``)."""
-    return np.clip(rng.lognormal(5.3, 0.9, n), 8, min(2048, high)).astype(np.int64)
 
 
 def build_model(args, device, dtype):
@@ -116,7 +113,7 @@ def compare(result, reference) -> dict:
 
 def correctness(args, device, dtype, implementations) -> dict:
     rng = np.random.default_rng(args.seed)
-    lengths = sft_lengths(args.check_examples, rng, high=2048 if device.type == "cuda" else 96)
+    lengths = lengths_of("sft", args.check_examples, rng, high=2048 if device.type == "cuda" else 96)
     examples = [{"input_ids": rng.integers(1, args.vocab, n).tolist()} for n in lengths]
     reference_model = build_model(args, device, torch.float32)
     fp32 = loss_and_grads(reference_model, padded(examples, device))
@@ -149,7 +146,7 @@ def correctness(args, device, dtype, implementations) -> dict:
 
 def timing(args, device, dtype, implementations) -> dict:
     rng = np.random.default_rng(args.seed + 1)
-    lengths = sft_lengths(args.examples, rng, high=args.tokens_per_step)
+    lengths = lengths_of("sft", args.examples, rng, high=min(2048, args.tokens_per_step))
     sampler = MultipackBatchSampler(lengths, args.tokens_per_step, seed=args.seed, num_replicas=1, rank=0)
     plan = list(sampler)[: args.steps + 2]  # 2 warm-up batches, then the timed ones
     examples = [rng.integers(1, args.vocab, n).tolist() for n in lengths]
@@ -257,7 +254,7 @@ def main(argv=None) -> int:
     print(f"device: {card}")
     report = {
         "device": card,
-        "command": "python benchmarks/gpu_attention_check.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python benchmarks/gpu/gpu_attention_check.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "dtype": str(dtype).replace("torch.", ""),

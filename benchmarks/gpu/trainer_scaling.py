@@ -2,12 +2,13 @@
 
 The distributed recipe of the README run as written: ``PackingTrainer`` (its own
 MultipackBatchSampler, FlatteningCollator, the ``packing_varlen`` backend), launched by
-torchrun, DDP or FSDP2 through the Trainer's own options. The model is train_throughput's
-Llama-style config (random weights, bf16) on Markov-chain tokens with `--distribution` lengths.
+torchrun, DDP or FSDP2 through the Trainer's own options. The model is the shared Llama-style
+config (``_common.build_model``, random weights, bf16) on Markov-chain tokens with
+`--distribution` lengths.
 
-    torchrun --nproc_per_node 2 trainer_scaling.py --out OUT --name 2gpu_ddp
-    torchrun --nproc_per_node 2 trainer_scaling.py --out OUT --name 2gpu_fsdp --fsdp
-    torchrun --nproc_per_node 1 trainer_scaling.py --out OUT --name 1gpu   # the reference
+    torchrun --nproc_per_node 2 benchmarks/gpu/trainer_scaling.py --out OUT --name 2gpu_ddp
+    torchrun --nproc_per_node 2 benchmarks/gpu/trainer_scaling.py --out OUT --name 2gpu_fsdp --fsdp
+    torchrun --nproc_per_node 1 benchmarks/gpu/trainer_scaling.py --out OUT --name 1gpu   # the reference
 
 The 1-process reference replays the 2-rank plan (`--replicas 2`): through
 ``PackingTrainer.make_batch_sampler`` it trains rank 0's then rank 1's micro-batch each
@@ -17,7 +18,8 @@ step with gradient accumulation 2, so every optimizer step sees the same example
 Per run it records each rank's optimizer steps, the logged loss per step, real tokens/s
 over the timed steps (after `--warmup`), each rank's forward GPU time (CUDA events around
 the model's forward, no extra syncs) next to the sampler's planned imbalance. The JSON has
-distributed_scaling.py's schema: `python distributed_scaling.py --compare OUT` tables and plots it.
+distributed_scaling.py's schema: `python benchmarks/gpu/distributed_scaling.py --compare OUT` tables
+and plots it.
 CPU check: add --smoke (gloo, tiny fp32 model, sdpa).
 """
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,10 +36,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import lengths_of
 from packing_collators import MultipackBatchSampler, PackingTrainer
-from distributed_scaling import add_run_arguments, finish_run_arguments
-from train_throughput import build_model, markov_tokens
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
+from _common import add_run_arguments, build_model, finish_run_arguments, lengths_of, markov_tokens  # noqa: E402
 
 
 class AllRanks:

@@ -8,20 +8,24 @@ What each contender includes:
   column of the same lengths; it includes TRL's Arrow gather of the packed rows.
 - TRL `pack_dataset(Dataset)` whole call: the same, plus `datasets.map` overhead (reported once).
 
-Usage: python benchmarks/bench_engine.py [--examples 200000] [--large 10000000] [--repeats 5]
+Usage: python benchmarks/cpu/bench_engine.py [--examples 200000] [--large 10000000] [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from _common import alternate, command, lengths_of, machine, median, write_results
 from packing_collators import pack_lengths
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
+from _common import alternate, command, lengths_of, machine, median, write_results  # noqa: E402
 
 
 def arrow_table(lengths: np.ndarray) -> pa.Table:

@@ -16,7 +16,7 @@ and, with torch.profiler, the GPU time of one step of each split into attention 
 matrix multiplies and everything else. Attention work per token is sum(s^2) / sum(s): for
 uneven lengths it exceeds the mean length by E[s^2] / E[s]^2, which no packing can change.
 
-Usage (GPU): python benchmarks/oracle_gap.py --size 200m --out benchmarks/results/oracle_gap
+Usage (GPU): python benchmarks/gpu/oracle_gap.py --size 200m --out benchmarks/results/oracle_gap
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import lengths_of
 from packing_collators import FlatteningCollator, MultipackBatchSampler, register_varlen_attention
-from train_throughput import SIZES, build_model, markov_tokens, to_device
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
+from _common import SIZES, build_model, lengths_of, markov_tokens, to_device  # noqa: E402
 
 CATEGORIES = {  # kernel-name fragments, checked in this order
     "attention": ("flash", "fmha", "attention", "attn", "sdpa", "cudnn"),

@@ -6,7 +6,7 @@ k/v heads than query heads. ``varlen_attention_forward`` therefore passes k/v as
 packed batch, with the same call on k/v repeated to the query heads (no GQA at all), output
 and gradients, and times both (forward + backward, median of CUDA-event spans).
 
-Usage (GPU): python benchmarks/gpu_varlen_gqa_check.py --out benchmarks/results/gpu_varlen_gqa
+Usage (GPU): python benchmarks/gpu/gpu_varlen_gqa_check.py --out benchmarks/results/gpu_varlen_gqa
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from pathlib import Path
 import torch
 
 from packing_collators import varlen_attention_forward
-from varlen_kernels import timed
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
+from _common import timed  # noqa: E402
 
 
 def main() -> None:

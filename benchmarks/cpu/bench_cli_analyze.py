@@ -9,7 +9,7 @@ Writes the lengths (a `length` column) to a parquet file in a temporary folder, 
   and the library calls inside it (each `pack_lengths` strategy, the sampler's epoch plan).
 The subprocess runs alternate (end to end, start-up, ...) and the medians are reported.
 
-Usage: python benchmarks/bench_cli_analyze.py [--examples 1000000] [--max-length 2048] [--repeats 3]
+Usage: python benchmarks/cpu/bench_cli_analyze.py [--examples 1000000] [--max-length 2048] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from _common import alternate, command, lengths_of, machine, median, write_results
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
+from _common import alternate, command, lengths_of, machine, median, write_results  # noqa: E402
+
 
 STARTUP = "import packing_collators.cli, packing_collators.cli._analysis, packing_collators.cli._input_data, datasets"
 

@@ -10,7 +10,7 @@ in the 200M/1B configs) it times forward + backward of:
 
 and checks each packed kernel's output and gradients against flash_varlen.
 
-Usage (GPU): python benchmarks/varlen_kernels.py --out benchmarks/results/varlen_kernels
+Usage (GPU): python benchmarks/gpu/varlen_kernels.py --out benchmarks/results/varlen_kernels
 """
 
 from __future__ import annotations
@@ -18,29 +18,14 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from _common import lengths_of
-
-
-def timed(fn, repeats: int, warmup: int = 3) -> float:
-    """Median milliseconds of fn() over CUDA-event spans, after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
+from _common import lengths_of, timed  # noqa: E402
 
 
 def cudnn_ragged(q, k, v, cu, max_len, scale):

@@ -5,18 +5,22 @@ values (input_ids, labels, position_ids, cu_seq_lens_q/k, max_length_q/k, torch 
 transformers' with `return_flash_attn_kwargs=True`. Inputs are given as Python lists (what a
 `datasets.Dataset` yields by default) and as numpy arrays (`dataset.with_format("numpy")`).
 
-Usage: python benchmarks/bench_collator.py [--batches 40] [--batch-size 64] [--repeats 5]
+Usage: python benchmarks/cpu/bench_collator.py [--batches 40] [--batch-size 64] [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 from transformers import DataCollatorWithFlattening
 
-from _common import alternate, command, lengths_of, machine, median, write_results
 from packing_collators import FlatteningCollator
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
+from _common import alternate, command, lengths_of, machine, median, write_results  # noqa: E402
 
 
 def make_batches(num_batches: int, batch_size: int, kind: str) -> list[list[dict]]:

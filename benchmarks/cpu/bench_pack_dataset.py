@@ -7,8 +7,8 @@ ceil(tokens / capacity) rows. Then streaming: a generator of examples of growing
 in a fresh subprocess per size, reporting peak RSS (flat = bounded memory), and the efficiency
 cost of the buffer size.
 
-    python benchmarks/bench_pack_dataset.py                    # the full run (a few minutes on 2 cores)
-    python benchmarks/bench_pack_dataset.py --examples 20000 --repeats 2 --stream-sizes 10000,50000
+    python benchmarks/cpu/bench_pack_dataset.py                    # the full run (a few minutes on 2 cores)
+    python benchmarks/cpu/bench_pack_dataset.py --examples 20000 --repeats 2 --stream-sizes 10000,50000
 """
 
 from __future__ import annotations
@@ -22,20 +22,12 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-DISTRIBUTIONS = {
-    "sft": (5.3, 0.9, 8),
-    "flan_like": (4.6, 0.8, 8),
-    "orcamath_like": (6.0, 0.5, 32),
-}
-
-
-def lengths_of(dist: str, n: int, seed: int, max_length: int = 2048) -> np.ndarray:
-    mean, sigma, low = DISTRIBUTIONS[dist]
-    rng = np.random.default_rng(seed)
-    return np.clip(rng.lognormal(mean, sigma, n), low, max_length).astype(np.int64)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
+from _common import DISTRIBUTIONS, lengths_of  # noqa: E402
 
 
 def make_dataset(dist: str, n: int, seed: int):
@@ -120,7 +112,7 @@ def stream_child(n: int, args) -> dict:
     def examples():
         rng = np.random.default_rng(args.seed)
         for start in range(0, n, 10_000):
-            lengths = lengths_of(args.dist, min(10_000, n - start), args.seed + start, args.max_length)  # = stream_lengths
+            lengths = lengths_of(args.dist, min(10_000, n - start), args.seed + start, high=args.max_length)  # = stream_lengths
             tokens = rng.integers(0, 32000, int(lengths.sum()), dtype=np.int32)
             for ids in np.split(tokens, np.cumsum(lengths)[:-1]):
                 yield {"input_ids": ids}
@@ -150,7 +142,7 @@ def run_child(n: int, buffer_size: int, args) -> dict:
 
 def stream_lengths(n: int, args) -> np.ndarray:
     """The lengths the streaming generator yields (drawn in blocks of 10,000)."""
-    blocks = [lengths_of(args.dist, min(10_000, n - s), args.seed + s, args.max_length) for s in range(0, n, 10_000)]
+    blocks = [lengths_of(args.dist, min(10_000, n - s), args.seed + s, high=args.max_length) for s in range(0, n, 10_000)]
     return np.concatenate(blocks)
 
 
@@ -225,7 +217,7 @@ def main() -> None:
     if args.stream_child is not None:
         print(json.dumps(stream_child(args.stream_child, args)))
         return
-    command = "python benchmarks/bench_pack_dataset.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/cpu/bench_pack_dataset.py " + " ".join(sys.argv[1:])
     side = side_by_side(args)
     stream = [run_child(int(n), args.buffer_size, args) for n in args.stream_sizes.split(",") if n]
     buffers = [run_child(args.buffer_examples, int(b), args) for b in args.buffer_sizes.split(",") if b]
