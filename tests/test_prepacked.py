@@ -120,3 +120,86 @@ def test_bad_options():
         PrePackedCollator(mode="rows")
     with pytest.raises(ValueError, match=r"pad_to_multiple_of is for mode='flatten'"):
         PrePackedCollator(mode="pad", max_length=8, pad_to_multiple_of=8)
+
+
+# ----------------------------------------------------------------------------- every key of every row
+
+
+def rows_with_token_type_ids():
+    data = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5], [6, 7, 8, 9]], "token_type_ids": [[0, 0, 1], [1, 1], [0, 1, 1, 1]]})
+    return list(pack_dataset(data, 5, strategy="next_fit", shuffle_rows=False)), data
+
+
+def test_flatten_carries_per_token_keys_like_flattening_collator():
+    rows, data = rows_with_token_type_ids()
+    assert [row["seq_lengths"] for row in rows] == [[3, 2], [4]]
+    ours = PrePackedCollator(pad_to_multiple_of=4)(rows)
+    assert ours["token_type_ids"].tolist() == [[0, 0, 1, 1, 1, 0, 1, 1, 1, 0, 0, 0]]  # 0 in the padding
+    assert ours["token_type_ids"].dtype == torch.int64
+    theirs = FlatteningCollator(pad_to_multiple_of=4)(list(data))
+    assert torch.equal(ours["token_type_ids"], theirs["token_type_ids"])
+
+
+def test_pad_carries_per_token_keys_padded_per_row():
+    rows, _ = rows_with_token_type_ids()
+    batch = PrePackedCollator(mode="pad", max_length=6, return_tensors="np")(rows)
+    assert batch["token_type_ids"].tolist() == [[0, 0, 1, 1, 1, 0], [0, 1, 1, 1, 0, 0]]
+    assert batch["token_type_ids"].dtype == np.int64 and batch["token_type_ids"].shape == batch["input_ids"].shape
+
+
+def test_kept_per_example_columns_are_refused_with_the_fix():
+    data = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5], [6, 7, 8, 9]], "source": ["web", "math", "web"]})
+    rows = list(pack_dataset(data, 5, strategy="next_fit", shuffle_rows=False, keep_columns=["source"]))
+    with pytest.raises(ValueError, match=r"Row 0: 'source' has 2 entries but input_ids has 5 tokens.*remove_columns\(\['source'\]\)"):
+        PrePackedCollator()(rows)
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ({"idx": 3}, r"Row 1: 'idx' is 3 \(int\), not a list with one entry per token \(input_ids has 2 tokens\)"),
+        ({"cu_seq_lens_q": [0, 2]}, r"Row 1 has 'cu_seq_lens_q', which PrePackedCollator writes itself"),
+    ],
+    ids=["scalar", "written key"],
+)
+def test_keys_that_are_not_per_token_are_refused(extra, match):
+    rows = [{"input_ids": [1], "seq_lengths": [1]}, {"input_ids": [2, 3], "seq_lengths": [2], **extra}]
+    with pytest.raises(ValueError, match=match):
+        PrePackedCollator()(rows)
+
+
+def test_labels_are_read_from_every_row():
+    rows = [{"input_ids": [1, 2], "seq_lengths": [2]}, {"input_ids": [3, 4], "seq_lengths": [2], "labels": [-100, 4]}]
+    with pytest.raises(ValueError, match=r"Row 0 has no 'labels' but row 1 has.*labels = input_ids"):
+        PrePackedCollator()(rows)
+
+
+@pytest.mark.parametrize("mode", ["flatten", "pad"])
+def test_attention_mask_is_checked_on_every_row(mode):
+    rows = [{"input_ids": [1, 2], "seq_lengths": [2]}, {"input_ids": [3, 0], "seq_lengths": [2], "attention_mask": [1, 0]}]
+    with pytest.raises(ValueError, match=r"Row 1 has attention_mask zeros"):
+        PrePackedCollator(mode=mode, max_length=4)(rows)
+
+
+def test_none_values_are_skipped():
+    rows = [{"input_ids": [1, 2], "seq_lengths": [2], "labels": None, "token_type_ids": None}]
+    batch = PrePackedCollator(return_tensors="np")(rows)
+    assert "token_type_ids" not in batch and batch["labels"].tolist() == [[-100, 2]]
+
+
+@pytest.mark.parametrize(
+    "key, bad, match",
+    [
+        ("input_ids", 2.7, r"Row 1: input_ids must hold integer token ids, got float 2.7 at position 1\."),
+        ("labels", "4", r"Row 1: labels must hold integer token ids, got str '4' at position 1\."),
+        ("token_type_ids", None, r"Row 1: token_type_ids must hold integers, got NoneType None at position 1\."),
+        ("seq_lengths", 1.0, r"Row 1: seq_lengths must hold integers, got float 1.0 at position 1\."),
+    ],
+    ids=["float input_ids", "str labels", "None token_type_ids", "float seq_lengths"],
+)
+def test_every_value_is_type_checked(key, bad, match):
+    rows = [{"input_ids": [1, 2], "seq_lengths": [2], "labels": [1, 2], "token_type_ids": [0, 0]},
+            {"input_ids": [3, 4], "seq_lengths": [1, 1], "labels": [3, 4], "token_type_ids": [0, 1]}]
+    rows[1][key] = rows[1][key][:1] + [bad]
+    with pytest.raises(TypeError, match=match):
+        PrePackedCollator()(rows)

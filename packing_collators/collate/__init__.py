@@ -2,7 +2,7 @@
 
     _concat.py        token lists, arrays or tensors concatenated into one int64 array
     _segments.py      segment lengths -> position_ids, cu_seq_lens, seq_idx
-    _features.py      reading and checking a batch's features (columns, lengths, padding)
+    _features.py      reading and checking every key of every example (per-token keys carried, others refused)
     _flat_row.py      one flat row from tokens and segments (padding a segment of its own)
     _options.py       CollateOptions, the options both collators hold
     _flattening.py    FlatteningCollator: a minibatch -> one flat row (online flattening)
@@ -13,7 +13,14 @@ Built on the engine; torch is imported only to return tensors.
 """
 
 from ._concat import concat_tokens, sequence_lengths
-from ._features import check_same_lengths, check_unpadded, feature_column, to_tensors
+from ._features import (
+    TokenFeatures,
+    check_same_lengths,
+    check_unpadded,
+    feature_column,
+    read_token_features,
+    to_tensors,
+)
 from ._flat_row import flat_batch, pad_to_multiple
 from ._flattening import FlatteningCollator
 from ._options import CollateOptions, ReturnTensors
@@ -27,6 +34,7 @@ __all__ = [
     "PrePackedCollator",
     "ReturnTensors",
     "SegmentLayout",
+    "TokenFeatures",
     "check_same_lengths",
     "check_unpadded",
     "concat_tokens",
@@ -35,6 +43,7 @@ __all__ = [
     "flat_batch",
     "pack_sequences",
     "pad_to_multiple",
+    "read_token_features",
     "segment_layout",
     "sequence_lengths",
     "to_tensors",

@@ -8,15 +8,17 @@ Three examples ``S1 = [a, b, c]``, ``S2 = [d, e]``, ``S3 = [f, g, h]``::
     cu_seq_lens_q = cu_seq_lens_k = [0, 3, 5, 8]               int32 (n + 1,)
     max_length_q  = max_length_k  = 3                          int
     seq_idx       = [[ 0,    0, 0,  1,    1,  2,    2, 2]]     int32 (1, T), optional
+    token_type_ids (any other per-token key, if given)         int64 (1, T), like input_ids
 
 The first label of every example is -100: in a causal LM it would be predicted
 from the previous example's last token; in a padded batch it is never used
 either, so the loss is exactly the padded loss. ``position_ids`` restart at 0,
 which is what flash-attention (and transformers' packed-sequence masks) use to
 keep examples from attending to each other. No ``attention_mask`` is returned.
+Every key of every example is read: a per-token key is carried, anything else refused.
 
 Cost: one concatenation and a few vectorised numpy ops per batch; no Python
-loop over tokens (``benchmarks/bench_collator.py``).
+loop over tokens (``benchmarks/cpu/bench_collator.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._concat import concat_tokens, sequence_lengths
-from ._features import check_same_lengths, check_unpadded, feature_column, to_tensors
+from ._concat import sequence_lengths
+from ._features import feature_column, read_token_features, to_tensors
 from ._options import CollateOptions, ReturnTensors
 
 __all__ = ["FlatteningCollator"]
@@ -45,14 +47,21 @@ class FlatteningCollator:
         return_seq_idx: also return ``seq_idx`` (for Mamba-style / linear-attention models).
         label_pad_id: label given to each example's first token and to padding.
 
-    Input features need ``input_ids`` and may have ``labels`` (kept as given,
-    so completion-only masks survive) and an all-ones ``attention_mask``
-    (which is checked, then not returned). Lists, numpy arrays and tensors work.
+    Input features need ``input_ids``, and may have ``labels`` (kept as given, so
+    completion-only masks survive; every example has them or none does, which trains
+    every token), an ``attention_mask`` (checked to be all ones in every example that
+    has one, then not returned) and ``position_ids`` (rebuilt). Any other key with one
+    entry per token (``token_type_ids``, ``special_tokens_mask``, ...) is carried,
+    concatenated like ``input_ids``; a key that is not per-token (a number, a string,
+    a list of another length) is a ValueError naming the example and the fix, and a
+    key whose value is None is skipped. Every token value must be an integer (a float,
+    string or None is a TypeError); lists, numpy arrays and tensors work.
 
     Returns (``T`` = tokens in the batch, ``n`` = examples, +1 each with padding):
         ``input_ids`` int64 (1, T), ``labels`` int64 (1, T), ``position_ids`` int64 (1, T),
         ``cu_seq_lens_q`` / ``cu_seq_lens_k`` int32 (n + 1,), ``max_length_q`` /
-        ``max_length_k`` int, and ``seq_idx`` int32 (1, T) if asked for.
+        ``max_length_k`` int, ``seq_idx`` int32 (1, T) if asked for, and each carried
+        per-token key (e.g. ``token_type_ids``) int64 (1, T), 0 in the padding.
 
     >>> collate = FlatteningCollator(return_tensors="np")
     >>> batch = collate([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}])
@@ -62,6 +71,12 @@ class FlatteningCollator:
     ([0, 3, 5], 3)
     >>> FlatteningCollator(pad_to_multiple_of=4, return_tensors="np")([{"input_ids": [7, 8, 9]}])["position_ids"]
     array([[0, 1, 2, 0]])
+    >>> collate([{"input_ids": [1, 2], "token_type_ids": [0, 1]}, {"input_ids": [3], "token_type_ids": [1]}])["token_type_ids"]
+    array([[0, 1, 1]])
+    >>> collate([{"input_ids": [1, 2], "source": "web"}])
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 0: 'source' is 'web' (str), not a list with one entry per token (input_ids has 2 tokens). FlatteningCollator carries only per-token keys; remove this column before collating: remove_unused_columns=True (the Trainer's default) drops the columns the model does not take, or dataset.remove_columns(['source']).
     """
 
     def __init__(
@@ -90,14 +105,6 @@ class FlatteningCollator:
                 f"Example {int(empty[0])} has no tokens ({len(empty)} empty example(s) in this batch). "
                 "Filter empty examples out of the dataset before training."
             )
-        total = int(lengths.sum())
-        input_ids = concat_tokens(ids, total)
-        if "labels" in features[0]:
-            labels_column = feature_column(features, "labels")
-            check_same_lengths(sequence_lengths(labels_column, what="labels"), lengths, "labels")
-            labels = concat_tokens(labels_column, total, what="labels")
-        else:
-            labels = input_ids.copy()
-        if "attention_mask" in features[0]:
-            check_unpadded(features, lengths)
-        return to_tensors(self.options.flat_batch(input_ids, labels, lengths), self.options.return_tensors)
+        tokens = read_token_features(features, lengths, collator="FlatteningCollator")
+        batch = self.options.flat_batch(tokens.input_ids, tokens.labels, lengths, tokens.carried)
+        return to_tensors(batch, self.options.return_tensors)

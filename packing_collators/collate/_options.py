@@ -57,12 +57,23 @@ class CollateOptions:
         """
         return cls(**{f.name: values[f.name] for f in fields(cls)})
 
-    def flat_batch(self, input_ids: np.ndarray, labels: np.ndarray, segments: np.ndarray) -> dict[str, Any]:
-        """One flat row of these segments with these options: padded to ``pad_to_multiple_of``, numpy."""
+    def flat_batch(
+        self, input_ids: np.ndarray, labels: np.ndarray, segments: np.ndarray, carried: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, Any]:
+        """One flat row of these segments with these options: padded to ``pad_to_multiple_of``, numpy.
+
+        ``carried`` per-token keys (int64 (T,) each) come back as int64 (1, T), 0 in the padding.
+
+        >>> batch = CollateOptions(pad_to_multiple_of=4).flat_batch(
+        ...     np.array([5, 6, 7]), np.array([5, 6, 7]), np.array([3]), {"token_type_ids": np.array([1, 1, 1])})
+        >>> batch["input_ids"].tolist(), batch["token_type_ids"].tolist()
+        ([[5, 6, 7, 0]], [[1, 1, 1, 0]])
+        """
+        total = len(input_ids)
         input_ids, labels, segments = pad_to_multiple(
             input_ids, labels, segments, self.pad_to_multiple_of, self.pad_token_id, self.label_pad_id
         )
-        return flat_batch(
+        batch = flat_batch(
             input_ids,
             labels,
             segment_layout(segments),
@@ -70,6 +81,10 @@ class CollateOptions:
             label_pad_id=self.label_pad_id,
             return_seq_idx=self.return_seq_idx,
         )
+        padding = np.zeros(len(input_ids) - total, np.int64)
+        for key, values in (carried or {}).items():
+            batch[key] = np.concatenate([values, padding])[None] if len(padding) else values[None]
+        return batch
 
     def keywords(self) -> str:
         """The options as ``name=value`` keywords, for a collator's ``repr``."""

@@ -7,6 +7,7 @@ Two rows, ``seq_lengths`` ``[3, 2]`` and ``[4]``, ``max_length=6``::
     labels       [[-, b, c, -, e, -, g, h, i]]              [[-, b, c, -, e, -], [-, g, h, i, -, -]]
     position_ids [[0, 1, 2, 0, 1, 0, 1, 2, 3]]              [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]]
     cu_seq_lens  [0, 3, 5, 9]                               (not returned)
+    token_type_ids (any other per-token key): laid out like input_ids, 0 in the padding
 
 (``-`` is -100.) Padding is a segment of its own: its positions restart at 0
 and its labels are -100, so with ``position_ids`` (and no ``attention_mask``)
@@ -23,10 +24,10 @@ import numpy as np
 
 from .._validation import validate_choice, validate_positive_int
 from ..engine import check_not_too_long
-from ._features import check_same_lengths, check_unpadded, feature_column, to_tensors
+from ._concat import concat_tokens, sequence_lengths
+from ._features import TokenFeatures, feature_column, read_token_features, to_tensors
 from ._options import CollateOptions, ReturnTensors
 from ._segments import segment_layout
-from ._concat import concat_tokens, sequence_lengths
 
 __all__ = ["PrePackedCollator"]
 
@@ -49,8 +50,16 @@ class PrePackedCollator:
         label_pad_id: label of each segment's first token and of padding.
 
     Rows need ``input_ids`` and ``seq_lengths`` (summing to the row's length) and may have
-    ``labels``; an ``attention_mask`` must be all ones; other keys are ignored. Train with
-    ``remove_unused_columns=False`` so the Trainer keeps ``seq_lengths``.
+    ``labels`` (every row has them or none does); an ``attention_mask`` must be all ones in
+    every row that has one; ``position_ids`` are rebuilt from ``seq_lengths``. Any other
+    key with one entry per token (e.g. ``token_type_ids``, which :func:`pack_dataset`
+    concatenates like ``input_ids``) is carried; a key that is not per-token (a number, a
+    string, a ``keep_columns`` list of one value per segment) is a ValueError naming the
+    row and the fix, and a key whose value is None is skipped. Every value must be an
+    integer (a float, string or None is a TypeError). Train with ``Trainer(...,
+    remove_unused_columns=False)`` so the Trainer keeps ``seq_lengths`` (then remove the
+    columns the model does not take from the dataset), or with :class:`PackingTrainer`,
+    whose ``remove_unused_columns=True`` keeps it.
 
     Returns (``T`` tokens, ``n`` segments, ``B`` rows):
         ``"flatten"``: ``input_ids``, ``labels``, ``position_ids`` int64 (1, T); ``cu_seq_lens_q`` /
@@ -59,6 +68,8 @@ class PrePackedCollator:
         ``"pad"``: ``input_ids``, ``labels``, ``position_ids`` int64 (B, max_length); ``seq_idx``
         int32 (B, max_length) if asked for. No ``cu_seq_lens`` (they would describe the
         flattened ``B * max_length`` tokens, which no attention path expects) and no ``attention_mask``.
+        Both: each carried per-token key (e.g. ``token_type_ids``) int64, the shape of
+        ``input_ids``, 0 in the padding.
 
     >>> rows = [{"input_ids": [1, 2, 3, 4, 5], "seq_lengths": [3, 2]}, {"input_ids": [6, 7], "seq_lengths": [2]}]
     >>> batch = PrePackedCollator(return_tensors="np")(rows)
@@ -69,6 +80,9 @@ class PrePackedCollator:
     ([[1, 2, 3, 4, 5, 0], [6, 7, 0, 0, 0, 0]], [[0, 1, 2, 0, 1, 0], [0, 1, 0, 1, 2, 3]])
     >>> batch["labels"].tolist()
     [[-100, 2, 3, -100, 5, -100], [-100, 7, -100, -100, -100, -100]]
+    >>> rows[0]["token_type_ids"], rows[1]["token_type_ids"] = [0, 0, 0, 1, 1], [1, 1]
+    >>> PrePackedCollator(mode="pad", max_length=6, return_tensors="np")(rows)["token_type_ids"].tolist()
+    [[0, 0, 0, 1, 1, 0], [1, 1, 0, 0, 0, 0]]
     """
 
     def __init__(
@@ -99,33 +113,23 @@ class PrePackedCollator:
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not len(rows):
             raise ValueError("PrePackedCollator got an empty batch (no rows).")
-        input_ids, labels, row_lengths, segments, segments_per_row = self._read(rows)
+        tokens, row_lengths, segments, segments_per_row = self._read(rows)
         if self.mode == "flatten":
-            batch = self.options.flat_batch(input_ids, labels, segments)
+            batch = self.options.flat_batch(tokens.input_ids, tokens.labels, segments, tokens.carried)
         else:
-            batch = self._pad(input_ids, labels, row_lengths, segments, segments_per_row)
+            batch = self._pad(tokens, row_lengths, segments, segments_per_row)
         return to_tensors(batch, self.options.return_tensors)
 
     def _read(self, rows):
-        ids = feature_column(rows, "input_ids")
-        row_lengths = sequence_lengths(ids)
-        total = int(row_lengths.sum())
+        row_lengths = sequence_lengths(feature_column(rows, "input_ids"), item="Row")
         seq_column = feature_column(rows, "seq_lengths")
-        segments_per_row = sequence_lengths(seq_column, what="seq_lengths")
-        segments = concat_tokens(seq_column, int(segments_per_row.sum()), what="seq_lengths")
+        segments_per_row = sequence_lengths(seq_column, what="seq_lengths", item="Row")
+        segments = concat_tokens(seq_column, int(segments_per_row.sum()), what="seq_lengths", item="Row")
         _check_segments(segments, segments_per_row, row_lengths)
-        input_ids = concat_tokens(ids, total)
-        if "labels" in rows[0]:
-            label_column = feature_column(rows, "labels")
-            check_same_lengths(sequence_lengths(label_column, what="labels"), row_lengths, "labels", item="Row")
-            labels = concat_tokens(label_column, total, what="labels")
-        else:
-            labels = input_ids.copy()
-        if "attention_mask" in rows[0]:
-            check_unpadded(rows, row_lengths)
-        return input_ids, labels, row_lengths, segments, segments_per_row
+        tokens = read_token_features(rows, row_lengths, collator="PrePackedCollator", item="Row", own=("seq_lengths",))
+        return tokens, row_lengths, segments, segments_per_row
 
-    def _pad(self, input_ids, labels, row_lengths, segments, segments_per_row):
+    def _pad(self, tokens: TokenFeatures, row_lengths, segments, segments_per_row):
         width, num_rows = self.max_length, len(row_lengths)
         check_not_too_long(
             row_lengths,
@@ -143,21 +147,28 @@ class PrePackedCollator:
         layout = segment_layout(with_pad)
         row_of_token = np.repeat(np.arange(num_rows), row_lengths)
         starts_in_flat = np.r_[0, np.cumsum(row_lengths)[:-1]]
-        target = row_of_token * width + np.arange(len(input_ids)) - np.repeat(starts_in_flat, row_lengths)
-        padded_ids = np.full(num_rows * width, self.options.pad_token_id, np.int64)
-        padded_ids[target] = input_ids
-        padded_labels = np.full(num_rows * width, self.options.label_pad_id, np.int64)
-        padded_labels[target] = labels
-        padded_labels[layout.starts] = self.options.label_pad_id
+        target = row_of_token * width + np.arange(len(tokens.input_ids)) - np.repeat(starts_in_flat, row_lengths)
+        shape = (num_rows, width)
+        labels = _into_rows(tokens.labels, target, shape, self.options.label_pad_id)
+        labels.reshape(-1)[layout.starts] = self.options.label_pad_id
         batch = {
-            "input_ids": padded_ids.reshape(num_rows, width),
-            "labels": padded_labels.reshape(num_rows, width),
+            "input_ids": _into_rows(tokens.input_ids, target, shape, self.options.pad_token_id),
+            "labels": labels,
             "position_ids": layout.position_ids(self.options.position_ids_start).reshape(num_rows, width),
         }
         if self.options.return_seq_idx:
             seq_idx = layout.seq_idx().reshape(num_rows, width)
             batch["seq_idx"] = seq_idx - seq_idx[:, :1]
+        for key, values in tokens.carried.items():
+            batch[key] = _into_rows(values, target, shape, 0)
         return batch
+
+
+def _into_rows(values: np.ndarray, target: np.ndarray, shape: tuple[int, int], fill: int) -> np.ndarray:
+    """int64 ``shape``: ``values`` placed at the flat positions ``target``, ``fill`` elsewhere."""
+    out = np.full(shape[0] * shape[1], fill, np.int64)
+    out[target] = values
+    return out.reshape(shape)
 
 
 def _check_segments(segments: np.ndarray, segments_per_row: np.ndarray, row_lengths: np.ndarray) -> None:
