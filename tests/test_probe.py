@@ -6,6 +6,7 @@ what the probe adds.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from _tiny_models import tiny_model
@@ -119,3 +120,16 @@ class _NoParameters(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.config = transformers.LlamaConfig(vocab_size=64)
+
+
+def test_a_list_of_eos_token_ids_is_avoided_not_a_crash():
+    # Llama 3.1 Instruct and GLM-4 checkpoints list several eos ids; the probe hashed the list
+    # (TypeError: unhashable type: 'list') instead of avoiding each id.
+    from packing_collators.trainer._probe import _synthetic_tokens
+
+    model = tiny_model("llama", eos_token_id=[2, 3], bos_token_id=1)
+    tokens = np.concatenate(_synthetic_tokens(model.config, [50, 50], seed=0))
+    assert not np.isin(tokens, [0, 1, 2, 3]).any()
+    report = probe_packing(model)
+    assert report.passed and report.leak == 0.0, report.summary()
+    assert check_packing_support(model) == "sdpa"

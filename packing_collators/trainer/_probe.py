@@ -87,7 +87,10 @@ def _synthetic_tokens(config, lengths: Sequence[int], seed: int) -> list[np.ndar
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     if vocab < 8:
         raise ValueError(f"The packing probe needs a model with a vocabulary (config.vocab_size={vocab}).")
-    special = {getattr(config, k, None) for k in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    special = set()
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):  # eos may be a list (Llama 3.1 Instruct, GLM-4)
+        value = getattr(config, key, None)
+        special.update(value if isinstance(value, (list, tuple)) else [value])
     allowed = np.array([t for t in range(min(vocab, 4096)) if t not in special], np.int64)
     rng = np.random.default_rng(seed)
     return [rng.choice(allowed, size=n) for n in lengths]
