@@ -101,8 +101,10 @@ def test_two_gloo_ranks_take_equal_steps_on_their_own_batches(tmp_path):
     assert [(r["num_replicas"], r["sampler_rank"]) for r in ranks] == [(2, 0), (2, 1)]
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == ranks[0]["max_steps"] > 0
     for r in ranks:  # each rank trained on all of its sampler's batches, 2 epochs: no second sharding
-        probe, *r["seen"] = r["seen"]  # the first call is PackingCheckCallback's probe (first 4 examples)
-        assert len(probe) == 4
+        # PackingCheckCallback collates first: the dataset's first 4 examples (static checks), then the
+        # live probe's synthetic batch and its leak-test twin (3 examples each)
+        first, probe, leak_twin, *r["seen"] = r["seen"]
+        assert (len(first), len(probe), len(leak_twin)) == (4, 3, 3)
         assert len(r["seen"]) == 2 * r["batches_per_epoch"]
     per_epoch = ranks[0]["batches_per_epoch"]
     for epoch in range(2):
