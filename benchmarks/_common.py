@@ -208,3 +208,29 @@ def write_results(name: str, markdown: str, data: dict) -> None:
     (RESULTS / f"{name}.md").write_text(markdown)
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
     print(f"\nwrote {RESULTS / (name + '.md')} and .json")
+
+
+class CompileCounter:
+    """Counts FA4's kernel compiles (calls of cutlass.cute.compile) and their time."""
+
+    def __init__(self) -> None:
+        self.count, self.seconds = 0, 0.0
+        try:
+            import flash_attn.cute  # noqa: F401  (its import replaces cute.compile: wrap after it)
+            import cutlass.cute as cute
+        except ImportError:
+            return
+        original = cute.compile
+
+        def counted(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.count += 1
+                self.seconds += time.perf_counter() - started
+
+        cute.compile = counted
+
+    def snapshot(self) -> tuple[int, float]:
+        return self.count, self.seconds

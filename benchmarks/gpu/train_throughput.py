@@ -45,7 +45,9 @@ import torch
 from packing_collators import FlatteningCollator, MultipackBatchSampler, pack_lengths
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import SIZES, build_model, lengths_of, markov_tokens, padded_batch, to_device  # noqa: E402
+from _common import SIZES, CompileCounter, build_model, lengths_of, markov_tokens, padded_batch, to_device  # noqa: E402
+
+COMPILES = CompileCounter()  # FA4 kernel compiles (none without flash_attn.cute); timed steps must have none
 
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}
 PACKED_MODES = ("flattened", "flattened_like_padded", "prepacked_bfd", "multipack")
@@ -152,8 +154,10 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     losses, val_losses, slots, flops, step_times = [], [], 0, 0.0, []
+    compiles_warmup = compiles_timed = 0
     for step, micro_batches in enumerate(plan.steps):
         sync(device)
+        compiled_before = COMPILES.count
         start = time.perf_counter()
         cpu_batches = [next(batches) for _ in micro_batches]
         n_items = sum(int((b["labels"][:, 1:] != -100).sum()) for b in cpu_batches)
@@ -173,6 +177,9 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         sync(device)
         if step >= args.warmup:
             step_times.append(time.perf_counter() - start)
+            compiles_timed += COMPILES.count - compiled_before
+        else:
+            compiles_warmup += COMPILES.count - compiled_before
         if args.eval_every and (step + 1) % args.eval_every == 0:
             val_losses.append((step + 1, evaluate(model, val_batches, device)))
     seconds = sum(step_times)
@@ -187,6 +194,9 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         "train_loss": losses,
         "val_loss": val_losses,
         "params": n_params,
+        "fa4_compiles_warmup": compiles_warmup,
+        "fa4_compiles_timed": compiles_timed,
+        "fa4_compile_seconds_total": COMPILES.seconds,
     }
     del model, optimizer
     if device.type == "cuda":

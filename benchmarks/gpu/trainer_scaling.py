@@ -149,11 +149,12 @@ def run(args) -> None:
     if world == 1 and args.replicas > 1:
         trainer_class = type("ReplayTrainer", (ReplayTrainer,), {"replicas": args.replicas})
     trainer = trainer_class(model=model, args=TrainingArguments(**options), train_dataset=dataset,
-                            max_tokens_per_batch=args.tokens_per_batch)
+                            max_tokens_per_batch=args.tokens_per_batch, attn_implementation=None)  # keep --attn
     trainer.add_callback(clock.callback())
     trainer.train()
 
     sampler = trainer._train_batch_sampler
+    probe = next((c.last_report for c in trainer.callback_handler.callbacks if getattr(c, "last_report", None)), None)
     batches = list(sampler)[: (args.warmup + args.steps) * accumulation]
     timed = batches[args.warmup * accumulation:]
     (start, first), (end, last) = clock.step_ends[args.warmup - 1], clock.step_ends[-1]
@@ -172,6 +173,7 @@ def run(args) -> None:
     plan = MultipackBatchSampler(lengths, args.tokens_per_batch, seed=args.seed, num_replicas=args.replicas, rank=0)
     seconds = max(float(g[1]) for g in gathered)
     result = {
+        "probe": probe.summary() if probe else None, "probe_seconds": probe.seconds if probe else None,
         "name": args.name, "world_size": world, "replicas": args.replicas, "fsdp": args.fsdp,
         "card": torch.cuda.get_device_name() if cuda else "cpu", "runner": "PackingTrainer",
         "wrapped_as": type(trainer.model_wrapped).__name__, "accelerate_distributed_type": str(trainer.accelerator.distributed_type),
