@@ -211,26 +211,39 @@ def write_results(name: str, markdown: str, data: dict) -> None:
 
 
 class CompileCounter:
-    """Counts FA4's kernel compiles (calls of cutlass.cute.compile) and their time."""
+    """FA4's compiled kernels so far (entries of flash_attn.cute's JIT caches) and the time spent compiling.
+
+    ``count`` reads the caches themselves (``compile_cache`` of the interface's kernels), so it
+    counts every compile however it was invoked; ``seconds`` times ``cutlass.cute.compile`` calls.
+    Both stay 0 where FA4 is not installed.
+    """
 
     def __init__(self) -> None:
-        self.count, self.seconds = 0, 0.0
+        self.seconds = 0.0
+        self._interface = None
         try:
             import flash_attn.cute  # noqa: F401  (its import replaces cute.compile: wrap after it)
+            import flash_attn.cute.interface as interface
             import cutlass.cute as cute
         except ImportError:
             return
-        original = cute.compile
+        self._interface, original = interface, cute.compile
 
-        def counted(*args, **kwargs):
+        def timed_compile(*args, **kwargs):
             started = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
-                self.count += 1
                 self.seconds += time.perf_counter() - started
 
-        cute.compile = counted
+        cute.compile = timed_compile
+
+    @property
+    def count(self) -> int:
+        if self._interface is None:
+            return 0
+        caches = [getattr(v, "compile_cache", None) for v in vars(self._interface).values()]
+        return sum(len(getattr(c, "cache", c)) for c in caches if c is not None and hasattr(getattr(c, "cache", c), "__len__"))
 
     def snapshot(self) -> tuple[int, float]:
         return self.count, self.seconds

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+import packing_collators  # noqa: F401  (before flash_attn.cute, whose import can change the import path)
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
 from _common import CompileCounter, build_model, command, lengths_of, machine, markov_tokens, padded_batch, to_device  # noqa: E402
 
