@@ -97,10 +97,14 @@ def _synthetic_tokens(config, lengths: Sequence[int], seed: int) -> list[np.ndar
 
 
 def _features(examples: list[np.ndarray], prepacked: bool) -> list[dict]:
-    """Examples as a dataset gives them, or (``prepacked``) as pack_dataset rows: A+B in one row, C in another."""
+    """Examples as a dataset gives them, or (``prepacked``) as pack_dataset rows: A in one row, B+C in another.
+
+    The changed example (B) shares its row with the one after it, so a collator whose rows let
+    a row's examples attend to each other (several rows, no cu_seq_lens, flash attention) moves C.
+    """
     if not prepacked:
         return [{"input_ids": ids.tolist()} for ids in examples]
-    rows = [examples[:2], examples[2:]]
+    rows = [examples[:1], examples[1:]]
     return [
         {
             "input_ids": np.concatenate(row).tolist(),
