@@ -29,6 +29,7 @@ from .trainer import (
     probe_packing,
     register_varlen_attention,
     varlen_attention_forward,
+    warm_up_attention,
 )
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "probe_packing",
     "register_varlen_attention",
     "varlen_attention_forward",
+    "warm_up_attention",
 ]
 __version__ = "0.1.0"
 

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from packing_collators import FlatteningCollator, MultipackBatchSampler, pack_lengths
+from packing_collators import FlatteningCollator, MultipackBatchSampler, pack_lengths, warm_up_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
 from _common import SIZES, CompileCounter, build_model, lengths_of, markov_tokens, padded_batch, to_device  # noqa: E402
@@ -151,6 +151,10 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         pin_memory=device.type == "cuda", prefetch_factor=4 if args.workers else None, persistent_workers=False,
     )
     batches = iter(loader)
+    if attn != "sdpa" and not args.no_attention_warmup:  # compile every kernel variant before the first step
+        compiled = COMPILES.count
+        warm = warm_up_attention(model, max_length=args.max_length)
+        print(f"    [{attn}] attention warm-up {warm:.1f}s, {COMPILES.count - compiled} FA4 compiles", flush=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     losses, val_losses, slots, flops, step_times = [], [], 0, 0.0, []
@@ -312,6 +316,8 @@ def main() -> None:
                         help="packed modes run on every --attn backend; other packed modes on the first only")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--no-attention-warmup", action="store_true",
+                        help="skip warm_up_attention (compiling FA4's kernel variants for short and long batches first)")
     parser.add_argument("--tokens-per-step", type=int, default=16384)
     parser.add_argument("--micro-tokens", type=int, default=32768,
                         help="token budget of a flattened micro-batch (default: a whole step in one)")

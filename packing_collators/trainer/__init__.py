@@ -7,7 +7,7 @@
     _packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
 """
 
-from ._attention_choice import choose_attention, packed_attention_candidates
+from ._attention_choice import choose_attention, packed_attention_candidates, warm_up_attention
 from ._probe import ProbeReport, probe_packing
 from ._support_checks import check_collated_features, check_packing_support
 from ._varlen_attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
@@ -24,6 +24,7 @@ __all__ = [
     "probe_packing",
     "register_varlen_attention",
     "varlen_attention_forward",
+    "warm_up_attention",
 ]
 
 
