@@ -132,6 +132,10 @@ def run(args) -> None:
     lengths = np.minimum(lengths_of(args.distribution, args.examples, seed=0), args.max_length)
     dataset = [{"input_ids": e} for e in markov_tokens(lengths, args.vocab, seed=0)]
     model = build_model(args, args.attn, device, torch.bfloat16 if cuda else torch.float32)
+    if cuda and args.attn != "sdpa":  # compile FA4's kernel variants before the timed steps
+        from packing_collators import warm_up_attention
+
+        warm_up_attention(model, max_length=args.max_length)
     clock = Clock(model, cuda)
     accumulation = args.replicas // world
     options = dict(
