@@ -230,3 +230,15 @@ def test_accelerate_sharding_a_one_rank_sampler_covers_the_epoch_with_equal_coun
     assert len({len(shard) for shard in shards}) == 1
     assert {i for shard in shards for batch in shard for i in batch} == set(range(400))
     assert all(lengths[batch].sum() <= 900 for shard in shards for batch in shard)
+
+
+def test_check_ranks_false_builds_without_a_collective(monkeypatch):
+    # A sampler built on one rank only (to read a plan) must not wait for the others.
+    import packing_collators.sampler._batch_sampler as module
+
+    called = []
+    monkeypatch.setattr(module, "check_ranks_agree", lambda *a, **k: called.append(1))
+    MultipackBatchSampler([3, 4, 5], 8, num_replicas=2, rank=0, check_ranks=False)
+    assert called == []
+    MultipackBatchSampler([3, 4, 5], 8, num_replicas=2, rank=0)
+    assert called == [1]

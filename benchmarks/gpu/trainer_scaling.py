@@ -174,7 +174,8 @@ def run(args) -> None:
         gathered = [g.cpu() for g in gathered]
     if rank != 0:
         return
-    plan = MultipackBatchSampler(lengths, args.tokens_per_batch, seed=args.seed, num_replicas=args.replicas, rank=0)
+    plan = MultipackBatchSampler(lengths, args.tokens_per_batch, seed=args.seed, num_replicas=args.replicas, rank=0,
+                                 check_ranks=False)  # rank 0 alone: no collective
     seconds = max(float(g[1]) for g in gathered)
     result = {
         "probe": probe.summary() if probe else None, "probe_seconds": probe.seconds if probe else None,

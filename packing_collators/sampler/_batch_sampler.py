@@ -76,6 +76,10 @@ class MultipackBatchSampler(Sampler[list[int]]):
             raised at construction, naming it) or ``"drop"`` (left out every epoch, counted
             in ``stats()["overflow_dropped_examples"]``). There is no ``"truncate"``: a
             sampler chooses indices and cannot cut tokens; truncate when tokenizing.
+        check_ranks: under ``torch.distributed`` with ``num_replicas`` ranks, exchange a
+            fingerprint of the inputs at construction and refuse ranks that differ (default).
+            That is a collective: every rank must build its sampler. Pass False for a sampler
+            built on one rank only (e.g. to read another rank's plan or its statistics).
 
     Zero-length examples are never batched (the collator would refuse them); they are
     counted in ``stats()["empty_examples"]``.
@@ -120,6 +124,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
         group_size: int | None = None,
         balance: Balance = "cost",
         overflow: SamplerOverflow = "error",
+        check_ranks: bool = True,
     ) -> None:
         super().__init__()
         validate_choice("strategy", strategy, Strategy)
@@ -135,7 +140,8 @@ class MultipackBatchSampler(Sampler[list[int]]):
         self.drop_last = bool(drop_last)
         self.balance = balance
         self.overflow = overflow
-        check_ranks_agree(self._fingerprint(), num_replicas=self.num_replicas, rank=self.rank)
+        if check_ranks:  # a collective: every rank of the group must build its sampler
+            check_ranks_agree(self._fingerprint(), num_replicas=self.num_replicas, rank=self.rank)
         # after the exchange: with another dataset, one rank alone could raise it and leave the others waiting
         check_overflow(self.lengths, self.max_tokens_per_batch, overflow)
         self.epoch = 0
