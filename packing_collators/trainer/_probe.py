@@ -1,7 +1,7 @@
 """The live equivalence probe: measure, on the user's own model, that packing keeps examples apart.
 
 Three short synthetic examples are collated the way training collates them, run
-packed and run alone, in eval mode, without gradients, under the model's own
+packed and run alone, in eval mode (no dropout), under the model's own
 attention implementation, dtype and device::
 
     packed:   [ A A A A A A A | B B B B B | C C C C C C C C C ]     one forward
@@ -168,7 +168,7 @@ def _alone_inputs(example: np.ndarray, config, collator, device) -> dict:
 def _logits(model, inputs: dict) -> np.ndarray:
     output = model(**inputs)
     logits = output.logits if hasattr(output, "logits") else output[0]
-    return logits.float().reshape(-1, logits.shape[-1]).cpu().numpy()
+    return logits.detach().float().reshape(-1, logits.shape[-1]).cpu().numpy()
 
 
 def _first_tensor(args: tuple, kwargs: dict):
@@ -272,7 +272,9 @@ def probe_packing(model, collator=None, *, prepacked: bool | None = None, length
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), autocast or contextlib.nullcontext():
+        # with autograd on, as in training: JIT kernels (FA4) then run the variant training compiles
+        # (it returns the softmax statistics backward needs) instead of compiling an inference one
+        with torch.enable_grad(), autocast or contextlib.nullcontext():
             packed, leaked = _logits(model, packed_inputs), _logits(model, leaked_inputs)
             alone = [_logits(model, _alone_inputs(e, config, collator, parameter.device)) for e in examples]
             others = np.concatenate([np.arange(s.start, s.stop) for i, s in enumerate(slices) if i != middle])
