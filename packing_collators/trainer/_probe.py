@@ -150,15 +150,16 @@ def _model_inputs(batch: dict, device) -> dict:
 def _alone_inputs(example: np.ndarray, config, collator, device) -> dict:
     """One example as a padded batch of one would give it: just ``input_ids`` (the model numbers positions).
 
-    A kernel that only runs packed batches (``packing_varlen``) gets the example flattened on its own.
+    A kernel that reads cu_seq_lens (flash attention, ``packing_varlen``) gets the example flattened
+    on its own: the varlen kernel training runs (FA4 compiles no other variant for the probe).
     """
     import torch
 
     from ..collate import FlatteningCollator
-    from ._support_checks import FLASH_IMPLEMENTATIONS, attention_kind
+    from ._support_checks import attention_kind
 
     implementation = getattr(config, "_attn_implementation", None)
-    if attention_kind(implementation) == "cu_seq_lens" and implementation not in FLASH_IMPLEMENTATIONS:
+    if attention_kind(implementation) == "cu_seq_lens":
         options = getattr(collator, "options", None)
         start = options.position_ids_start if options is not None else 0
         return _model_inputs(FlatteningCollator(position_ids_start=start)([{"input_ids": example.tolist()}]), device)
