@@ -17,9 +17,16 @@ ORDER = ["engine", "collator", "pack_dataset", "sampler", "cli_analyze", "gpu_at
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
-    files = sorted((HERE / "results").glob("*.md"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else 99, p.stem))
-    parts = ["# Benchmark results", "", "Written by `python benchmarks/collect_results.py` from `benchmarks/results/*.md`;",
-             "each section names the command and the machine that produced it.", ""]
+    files = sorted(
+        (HERE / "results").glob("*.md"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else 99, p.stem)
+    )
+    parts = [
+        "# Benchmark results",
+        "",
+        "Written by `python benchmarks/collect_results.py` from `benchmarks/results/*.md`;",
+        "each section names the command and the machine that produced it.",
+        "",
+    ]
     parts += [f.read_text().strip() + "\n" for f in files]
     (HERE / "RESULTS.md").write_text("\n".join(parts))
     print(f"wrote {HERE / 'RESULTS.md'} from {len(files)} result file(s)")

@@ -42,28 +42,52 @@ CHATML = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|pad|>", "<|im_start|>", "<|im_end|>"]
-SKIPPED_STDLIB_DIRS = {"test", "tests", "idlelib", "lib2to3", "turtledemo", "ensurepip", "pydoc_data",
-                       "site-packages", "dist-packages", "__phello__", "encodings"}
+SKIPPED_STDLIB_DIRS = {
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "turtledemo",
+    "ensurepip",
+    "pydoc_data",
+    "site-packages",
+    "dist-packages",
+    "__phello__",
+    "encodings",
+}
 QUESTIONS = {
     "module": ["What is the Python module `{name}` for?", "Explain what `{name}` in the standard library provides."],
-    "class": ["What is the class `{name}` in Python's standard library?", "Describe `{name}`.",
-              "When would I use `{name}`?"],
-    "function": ["What does `{name}({args})` do?", "Explain `{name}({args})`.",
-                 "How do I use `{name}`? Its signature is `{name}({args})`."],
+    "class": [
+        "What is the class `{name}` in Python's standard library?",
+        "Describe `{name}`.",
+        "When would I use `{name}`?",
+    ],
+    "function": [
+        "What does `{name}({args})` do?",
+        "Explain `{name}({args})`.",
+        "How do I use `{name}`? Its signature is `{name}({args})`.",
+    ],
 }
 
 
 # ----------------------------------------------------------------------------- arguments
 
+
 def add_common_args(parser: argparse.ArgumentParser, *, batch_size: int = 8) -> None:
     """The options every example script takes."""
-    parser.add_argument("--model", default=OFFLINE_MODEL,
-                        help=f"hub name or local path of a causal LM; '{OFFLINE_MODEL}' (default) builds a tiny "
-                             "random Llama offline")
-    parser.add_argument("--dataset", default=OFFLINE_DATASET, nargs="+",
-                        help=f"hub name, or local .json/.jsonl/.parquet files with a 'messages' column (chat turns) "
-                             f"or 'prompt'/'completion'; '{OFFLINE_DATASET}' (default) builds conversations from "
-                             "the docstrings of this Python's standard library")
+    parser.add_argument(
+        "--model",
+        default=OFFLINE_MODEL,
+        help=f"hub name or local path of a causal LM; '{OFFLINE_MODEL}' (default) builds a tiny random Llama offline",
+    )
+    parser.add_argument(
+        "--dataset",
+        default=OFFLINE_DATASET,
+        nargs="+",
+        help=f"hub name, or local .json/.jsonl/.parquet files with a 'messages' column (chat turns) "
+        f"or 'prompt'/'completion'; '{OFFLINE_DATASET}' (default) builds conversations from "
+        "the docstrings of this Python's standard library",
+    )
     parser.add_argument("--split", default="train", help="dataset split (hub datasets)")
     parser.add_argument("--max-examples", type=int, default=None, help="use only the first N examples")
     parser.add_argument("--max-length", type=int, default=512, help="truncate examples to this many tokens")
@@ -71,15 +95,18 @@ def add_common_args(parser: argparse.ArgumentParser, *, batch_size: int = 8) -> 
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--max-steps", type=int, default=-1, help="stop after this many optimizer steps (-1: epochs)")
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--attn-implementation", default="sdpa",
-                        help="sdpa (CPU or GPU), flash_attention_2, or packing_varlen (the library's torch varlen "
-                             "kernel, GPU)")
+    parser.add_argument(
+        "--attn-implementation",
+        default="sdpa",
+        help="sdpa (CPU or GPU), flash_attention_2, or packing_varlen (the library's torch varlen kernel, GPU)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--logging-steps", type=int, default=10)
     parser.add_argument("--save-dir", default=None, help="save the fine-tuned model and tokenizer here")
 
 
 # ----------------------------------------------------------------------------- offline dataset
+
 
 def _stdlib_files() -> list[Path]:
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -114,7 +141,9 @@ def _conversations_of(path: Path, module: str) -> list[dict]:
 
     def visit(node, prefix: str) -> None:
         for child in node.body:
-            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or child.name.startswith("_"):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or child.name.startswith(
+                "_"
+            ):
                 continue
             name = f"{prefix}.{child.name}"
             doc = ast.get_docstring(child)
@@ -130,9 +159,13 @@ def _conversations_of(path: Path, module: str) -> list[dict]:
         found.append(("module", module, "", doc))
     visit(tree, module)
     return [
-        {"messages": [{"role": "user", "content": _question(kind, name, args)},
-                      {"role": "assistant", "content": _trim(doc)}],
-         "source": module}
+        {
+            "messages": [
+                {"role": "user", "content": _question(kind, name, args)},
+                {"role": "assistant", "content": _trim(doc)},
+            ],
+            "source": module,
+        }
         for kind, name, args, doc in found
     ]
 
@@ -202,6 +235,7 @@ def load_conversations(names: list[str] | str, split: str = "train", max_example
 
 # ----------------------------------------------------------------------------- tokenizer and model
 
+
 def offline_tokenizer():
     """A byte-level BPE trained on python-docs (cached), as a ``PreTrainedTokenizerFast`` with ChatML."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -210,19 +244,31 @@ def offline_tokenizer():
     path = _cache_dir() / "tokenizer.json"
     if not path.exists():
         start = time.perf_counter()
-        texts = (m["content"] for line in python_docs_file().open(encoding="utf-8")
-                 for m in json.loads(line)["messages"])
+        texts = (
+            m["content"] for line in python_docs_file().open(encoding="utf-8") for m in json.loads(line)["messages"]
+        )
         bpe = Tokenizer(models.BPE())
         bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         bpe.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=4096, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(
+            vocab_size=4096,
+            special_tokens=SPECIAL_TOKENS,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
         bpe.train_from_iterator(texts, trainer)
         _atomic_write(path, bpe.to_str())
-        print(f"  trained a {bpe.get_vocab_size():,}-token BPE in {time.perf_counter() - start:.1f} s -> {path}",
-              flush=True)
-    return PreTrainedTokenizerFast(tokenizer_file=str(path), pad_token="<|pad|>", bos_token="<|im_start|>",
-                                   eos_token="<|im_end|>", chat_template=CHATML)
+        print(
+            f"  trained a {bpe.get_vocab_size():,}-token BPE in {time.perf_counter() - start:.1f} s -> {path}",
+            flush=True,
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(path),
+        pad_token="<|pad|>",
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        chat_template=CHATML,
+    )
 
 
 def load_tokenizer(name: str):
@@ -250,10 +296,18 @@ def load_model(name: str, tokenizer, *, attn_implementation: str = "sdpa", max_l
     torch.manual_seed(seed)
     if name == OFFLINE_MODEL:
         config = LlamaConfig(
-            vocab_size=len(tokenizer), hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max(max_length, 512),
-            tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id, use_cache=False,
+            vocab_size=len(tokenizer),
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max(max_length, 512),
+            tie_word_embeddings=True,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            use_cache=False,
         )
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32)
     else:
@@ -264,6 +318,7 @@ def load_model(name: str, tokenizer, *, attn_implementation: str = "sdpa", max_l
 
 
 # ----------------------------------------------------------------------------- SFT tokenization
+
 
 def _as_messages(example: dict) -> list[dict]:
     if "messages" in example and example["messages"] is not None:
@@ -288,9 +343,9 @@ def split_prompt(messages: list[dict], tokenizer) -> tuple[str, str]:
     if not full.startswith(prompt):
         raise ValueError(
             "The chat template renders the conversation differently with and without its last assistant turn, "
-            f"so the prompt cannot be masked: prompt {prompt[-80:]!r} is not a prefix of {full[:len(prompt) + 40]!r}."
+            f"so the prompt cannot be masked: prompt {prompt[-80:]!r} is not a prefix of {full[: len(prompt) + 40]!r}."
         )
-    return prompt, full[len(prompt):]
+    return prompt, full[len(prompt) :]
 
 
 def tokenize_sft(dataset, tokenizer, max_length: int):
@@ -300,6 +355,7 @@ def tokenize_sft(dataset, tokenizer, max_length: int):
     prompt's tokens are exactly those masked. Examples are truncated to ``max_length``;
     those left with no trained token (a prompt that long) are filtered out.
     """
+
     def tokenize(batch: dict) -> dict:
         rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
         prompts, completions = zip(*(split_prompt(_as_messages(row), tokenizer) for row in rows))
@@ -321,6 +377,7 @@ def sft_dataset(args, tokenizer):
 
 
 # ----------------------------------------------------------------------------- counting and the summary
+
 
 def padded_slots(lengths, batch_size: int, seed: int = 0) -> int:
     """Token slots a padded run computes: batches of ``batch_size`` in random order, each padded to its longest.
@@ -370,8 +427,16 @@ class BatchCounter:
 
         seen = self.batches[:num_batches]
         lengths = np.concatenate([b[0] for b in seen]) if seen else np.zeros(0, np.int64)
-        values = torch.tensor([len(lengths), int(lengths.sum()), sum(b[1] for b in seen), sum(b[2] for b in seen),
-                               len(seen), padded_slots(lengths, batch_size, seed) if len(lengths) else 0])
+        values = torch.tensor(
+            [
+                len(lengths),
+                int(lengths.sum()),
+                sum(b[1] for b in seen),
+                sum(b[2] for b in seen),
+                len(seen),
+                padded_slots(lengths, batch_size, seed) if len(lengths) else 0,
+            ]
+        )
         if dist.is_available() and dist.is_initialized():  # NCCL reduces CUDA tensors only, gloo CPU ones
             device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
             values = values.to(device)
@@ -381,8 +446,17 @@ class BatchCounter:
         return dict(zip(keys, values.tolist()))
 
 
-def print_summary(title: str, totals: dict, *, dataset_examples: int, dataset_tokens: int, steps: int,
-                  seconds: float, final_loss: float, extra: dict | None = None) -> None:
+def print_summary(
+    title: str,
+    totals: dict,
+    *,
+    dataset_examples: int,
+    dataset_tokens: int,
+    steps: int,
+    seconds: float,
+    final_loss: float,
+    extra: dict | None = None,
+) -> None:
     """The summary every example prints; ``tests/test_examples.py`` parses these lines."""
     tokens, slots, padded = totals["tokens"], totals["slots"], totals["padded_slots"]
     avoided = max(padded - slots, 0)
@@ -412,10 +486,19 @@ def training_arguments(args, **overrides):
     from transformers import TrainingArguments
 
     defaults = dict(
-        output_dir=str(CACHE / "runs"), per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs,
-        max_steps=args.max_steps, learning_rate=args.lr, lr_scheduler_type="cosine", warmup_steps=0.05,
-        logging_steps=args.logging_steps, save_strategy="no", report_to="none", seed=args.seed,
-        use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(),
+        output_dir=str(CACHE / "runs"),
+        per_device_train_batch_size=args.batch_size,
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="cosine",
+        warmup_steps=0.05,
+        logging_steps=args.logging_steps,
+        save_strategy="no",
+        report_to="none",
+        seed=args.seed,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=torch.cuda.is_available(),
     )
     return TrainingArguments(**{**defaults, **overrides})
 
@@ -432,9 +515,16 @@ def train_and_summarize(title: str, trainer, counter: BatchCounter, args, datase
         trainer.processing_class.save_pretrained(args.save_dir)
     if trainer.is_world_process_zero():
         total, _ = dataset_tokens(dataset)
-        print_summary(title, totals, dataset_examples=len(dataset), dataset_tokens=total, steps=state.global_step,
-                      seconds=result.metrics["train_runtime"], final_loss=losses[-1] if losses else result.training_loss,
-                      extra=extra)
+        print_summary(
+            title,
+            totals,
+            dataset_examples=len(dataset),
+            dataset_tokens=total,
+            steps=state.global_step,
+            seconds=result.metrics["train_runtime"],
+            final_loss=losses[-1] if losses else result.training_loss,
+            extra=extra,
+        )
 
 
 def dataset_tokens(dataset) -> tuple[int, np.ndarray]:

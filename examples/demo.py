@@ -23,10 +23,10 @@ import time
 
 import numpy as np
 import torch
+from _common import add_common_args, load_model, load_tokenizer, sft_dataset
 from tqdm.auto import tqdm
 from transformers import DataCollatorForSeq2Seq
 
-from _common import add_common_args, load_model, load_tokenizer, sft_dataset
 from packing_collators import FlatteningCollator
 
 
@@ -48,17 +48,27 @@ def main() -> None:
         "packed": FlatteningCollator(),
     }
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    models = {name: load_model(args.model, tokenizer, attn_implementation=args.attn_implementation,
-                               max_length=args.max_length, seed=args.seed).to(device) for name in runs}
+    models = {
+        name: load_model(
+            args.model,
+            tokenizer,
+            attn_implementation=args.attn_implementation,
+            max_length=args.max_length,
+            seed=args.seed,
+        ).to(device)
+        for name in runs
+    }
     optimizers = {name: torch.optim.AdamW(model.parameters(), lr=args.lr) for name, model in models.items()}
     seconds = dict.fromkeys(runs, 0.0)
     slots = dict.fromkeys(runs, 0)
     losses = {name: [] for name in runs}
     tokens = sum(len(e["input_ids"]) for batch in batches for e in batch)
 
-    print(f"{len(order):,} examples, {tokens:,} tokens, {len(batches)} steps of {args.batch_size} examples; "
-          f"model {args.model} ({sum(p.numel() for p in models['padded'].parameters()) / 1e6:.1f}M parameters), "
-          f"attention {args.attn_implementation}, {device} ({torch.get_num_threads()} threads)")
+    print(
+        f"{len(order):,} examples, {tokens:,} tokens, {len(batches)} steps of {args.batch_size} examples; "
+        f"model {args.model} ({sum(p.numel() for p in models['padded'].parameters()) / 1e6:.1f}M parameters), "
+        f"attention {args.attn_implementation}, {device} ({torch.get_num_threads()} threads)"
+    )
     bar = tqdm(batches, desc="padded and packed, step by step", unit="step")
     for step, examples in enumerate(bar):
         for name, collate in runs.items():  # alternate, so machine noise hits both alike
@@ -90,9 +100,11 @@ def main() -> None:
     print(f"\n{'':<28}{'padded':>14}{'packed':>14}")
     for key, values in rows.items():
         print(f"{key:<28}{values['padded']:>14}{values['packed']:>14}")
-    print(f"\npacked is {seconds['padded'] / seconds['packed']:.2f}x faster than padded "
-          f"({slots['padded'] - slots['packed']:,} padding token slots avoided); "
-          f"first-step losses differ by {abs(losses['padded'][0] - losses['packed'][0]):.2e}")
+    print(
+        f"\npacked is {seconds['padded'] / seconds['packed']:.2f}x faster than padded "
+        f"({slots['padded'] - slots['packed']:,} padding token slots avoided); "
+        f"first-step losses differ by {abs(losses['padded'][0] - losses['packed'][0]):.2e}"
+    )
 
 
 if __name__ == "__main__":

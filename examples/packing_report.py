@@ -34,7 +34,10 @@ def padded_efficiency(lengths: np.ndarray, batch_size: int, grouped: bool, seed:
     if grouped:
         mega = 50 * batch_size
         order = np.concatenate(
-            [chunk[np.argsort(-lengths[chunk], kind="stable")] for chunk in np.split(order, range(mega, len(order), mega))]
+            [
+                chunk[np.argsort(-lengths[chunk], kind="stable")]
+                for chunk in np.split(order, range(mega, len(order), mega))
+            ]
         )
     usable = len(order) - len(order) % batch_size
     batches = lengths[order[:usable]].reshape(-1, batch_size)
@@ -52,8 +55,10 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     for name, (mean, sigma, low) in DISTRIBUTIONS.items():
         lengths = np.clip(rng.lognormal(mean, sigma, args.examples), low, args.max_length).astype(np.int64)
-        print(f"\n{name}: {args.examples:,} examples, {lengths.sum():,} tokens, mean {lengths.mean():.0f}, "
-              f"median {np.median(lengths):.0f}, max {lengths.max()}")
+        print(
+            f"\n{name}: {args.examples:,} examples, {lengths.sum():,} tokens, mean {lengths.mean():.0f}, "
+            f"median {np.median(lengths):.0f}, max {lengths.max()}"
+        )
         print(f"  {'layout':<34}{'efficiency':>11}{'waste':>8}{'rows':>10}{'time':>9}")
         for grouped in (False, True):
             eff = padded_efficiency(lengths, args.batch_size, grouped, args.seed)
@@ -64,8 +69,10 @@ def main() -> None:
             result = pack_lengths(lengths, args.max_length, strategy=strategy)
             seconds = time.perf_counter() - start
             label = f"packed {strategy} into {args.max_length}"
-            print(f"  {label:<34}{result.efficiency:>10.2%}{1 - result.efficiency:>8.2%}"
-                  f"{result.num_rows:>10,}{seconds * 1000:>7.0f}ms")
+            print(
+                f"  {label:<34}{result.efficiency:>10.2%}{1 - result.efficiency:>8.2%}"
+                f"{result.num_rows:>10,}{seconds * 1000:>7.0f}ms"
+            )
         print(f"  lower bound: {result.lower_bound_rows:,} rows")
 
 

@@ -19,10 +19,17 @@ from __future__ import annotations
 
 import argparse
 
+from _common import (
+    BatchCounter,
+    add_common_args,
+    load_model,
+    load_tokenizer,
+    sft_dataset,
+    train_and_summarize,
+    training_arguments,
+)
 from transformers import Trainer
 
-from _common import BatchCounter, add_common_args, load_model, load_tokenizer, sft_dataset, train_and_summarize
-from _common import training_arguments
 from packing_collators import FlatteningCollator, PackingCheckCallback
 
 
@@ -33,11 +40,18 @@ def main() -> None:
 
     tokenizer = load_tokenizer(args.model)
     dataset = sft_dataset(args, tokenizer)
-    model = load_model(args.model, tokenizer, attn_implementation=args.attn_implementation,
-                       max_length=args.max_length, seed=args.seed)
+    model = load_model(
+        args.model, tokenizer, attn_implementation=args.attn_implementation, max_length=args.max_length, seed=args.seed
+    )
     collator = BatchCounter(FlatteningCollator())
-    trainer = Trainer(model=model, args=training_arguments(args), train_dataset=dataset, data_collator=collator,
-                      processing_class=tokenizer, callbacks=[PackingCheckCallback()])  # refuses unsafe set-ups
+    trainer = Trainer(
+        model=model,
+        args=training_arguments(args),
+        train_dataset=dataset,
+        data_collator=collator,
+        processing_class=tokenizer,
+        callbacks=[PackingCheckCallback()],
+    )  # refuses unsafe set-ups
     train_and_summarize("Trainer + FlatteningCollator", trainer, collator, args, dataset)
 
 

@@ -26,23 +26,26 @@ import argparse
 import math
 import time
 
-import numpy as np
 import torch
+from _common import BatchCounter, add_common_args, load_model, load_tokenizer, print_summary, sft_dataset
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from _common import BatchCounter, add_common_args, load_model, load_tokenizer, print_summary, sft_dataset
 from packing_collators import FlatteningCollator, MultipackBatchSampler, lengths_from_dataset
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(parser)
-    parser.add_argument("--max-tokens-per-batch", type=int, default=None,
-                        help="token budget of a micro-batch (default: --batch-size x the mean example length, "
-                             "at least the longest example)")
+    parser.add_argument(
+        "--max-tokens-per-batch",
+        type=int,
+        default=None,
+        help="token budget of a micro-batch (default: --batch-size x the mean example length, "
+        "at least the longest example)",
+    )
     args = parser.parse_args()
 
     gpu = torch.cuda.is_available()  # bf16 autocast on GPU, as the Trainer examples get from bf16=True
@@ -52,13 +55,15 @@ def main() -> None:
         dataset = sft_dataset(args, tokenizer)
     lengths = lengths_from_dataset(dataset)
     budget = args.max_tokens_per_batch or max(int(args.batch_size * lengths.mean()), int(lengths.max()))
-    sampler = MultipackBatchSampler(lengths, budget, num_replicas=accelerator.num_processes,
-                                    rank=accelerator.process_index, seed=args.seed)
+    sampler = MultipackBatchSampler(
+        lengths, budget, num_replicas=accelerator.num_processes, rank=accelerator.process_index, seed=args.seed
+    )
     counter = BatchCounter(FlatteningCollator())
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=counter)
 
-    model = load_model(args.model, tokenizer, attn_implementation=args.attn_implementation,
-                       max_length=args.max_length, seed=args.seed)
+    model = load_model(
+        args.model, tokenizer, attn_implementation=args.attn_implementation, max_length=args.max_length, seed=args.seed
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     total_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.epochs * len(sampler))
     scheduler = get_cosine_schedule_with_warmup(optimizer, math.ceil(0.05 * total_steps), total_steps)
@@ -93,14 +98,18 @@ def main() -> None:
     plan = sampler.stats()
     if accelerator.is_main_process:
         print_summary(
-            f"DataLoader + MultipackBatchSampler + accelerate ({accelerator.num_processes} process(es))", totals,
-            dataset_examples=len(dataset), dataset_tokens=int(lengths.sum()), steps=step, seconds=seconds,
+            f"DataLoader + MultipackBatchSampler + accelerate ({accelerator.num_processes} process(es))",
+            totals,
+            dataset_examples=len(dataset),
+            dataset_tokens=int(lengths.sum()),
+            steps=step,
+            seconds=seconds,
             final_loss=losses[-1],
             extra={
                 "sampler plan": f"{plan['batches_per_epoch']:,} micro-batches per process per epoch of at most "
-                                f"{budget:,} tokens, budget filled {plan['efficiency']:.1%}",
+                f"{budget:,} tokens, budget filled {plan['efficiency']:.1%}",
                 "planned tokens": f"{plan['tokens']:,} per epoch, all processes "
-                                  f"({plan['repeated_examples']:,} repeated examples even out the last round)",
+                f"({plan['repeated_examples']:,} repeated examples even out the last round)",
             },
         )
     accelerator.end_training()

@@ -18,27 +18,46 @@ from __future__ import annotations
 
 import argparse
 
-from _common import BatchCounter, add_common_args, load_model, load_tokenizer, sft_dataset, train_and_summarize
-from _common import training_arguments
+from _common import (
+    BatchCounter,
+    add_common_args,
+    load_model,
+    load_tokenizer,
+    sft_dataset,
+    train_and_summarize,
+    training_arguments,
+)
+
 from packing_collators import FlatteningCollator, PackingTrainer
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(parser)
-    parser.add_argument("--max-tokens-per-batch", type=int, default=None,
-                        help="token budget of a micro-batch (default: --batch-size x the mean example length)")
+    parser.add_argument(
+        "--max-tokens-per-batch",
+        type=int,
+        default=None,
+        help="token budget of a micro-batch (default: --batch-size x the mean example length)",
+    )
     args = parser.parse_args()
 
     tokenizer = load_tokenizer(args.model)
     training_args = training_arguments(args)
     with training_args.main_process_first():  # the first process builds the caches, the others read them
         dataset = sft_dataset(args, tokenizer)
-    model = load_model(args.model, tokenizer, attn_implementation=args.attn_implementation,
-                       max_length=args.max_length, seed=args.seed)
+    model = load_model(
+        args.model, tokenizer, attn_implementation=args.attn_implementation, max_length=args.max_length, seed=args.seed
+    )
     collator = BatchCounter(FlatteningCollator())
-    trainer = PackingTrainer(model=model, args=training_args, train_dataset=dataset, data_collator=collator,
-                             processing_class=tokenizer, max_tokens_per_batch=args.max_tokens_per_batch)
+    trainer = PackingTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=dataset,
+        data_collator=collator,
+        processing_class=tokenizer,
+        max_tokens_per_batch=args.max_tokens_per_batch,
+    )
     train_and_summarize("PackingTrainer", trainer, collator, args, dataset)
 
 

@@ -20,10 +20,17 @@ from __future__ import annotations
 
 import argparse
 
+from _common import (
+    BatchCounter,
+    add_common_args,
+    load_model,
+    load_tokenizer,
+    sft_dataset,
+    train_and_summarize,
+    training_arguments,
+)
 from transformers import Trainer
 
-from _common import BatchCounter, add_common_args, load_model, load_tokenizer, sft_dataset, train_and_summarize
-from _common import training_arguments
 from packing_collators import PackingCheckCallback, PrePackedCollator, pack_dataset
 
 
@@ -36,20 +43,36 @@ def main() -> None:
 
     tokenizer = load_tokenizer(args.model)
     dataset = sft_dataset(args, tokenizer)
-    packed, stats = pack_dataset(dataset, max_length=args.pack_length or args.max_length, seed=args.seed,
-                                 return_stats=True)
+    packed, stats = pack_dataset(
+        dataset, max_length=args.pack_length or args.max_length, seed=args.seed, return_stats=True
+    )
     print(stats.summary())
-    model = load_model(args.model, tokenizer, attn_implementation=args.attn_implementation,
-                       max_length=args.max_length, seed=args.seed)
+    model = load_model(
+        args.model, tokenizer, attn_implementation=args.attn_implementation, max_length=args.max_length, seed=args.seed
+    )
     collator = BatchCounter(PrePackedCollator())
-    training_args = training_arguments(args, per_device_train_batch_size=args.rows_per_batch,
-                                       remove_unused_columns=False)  # keep seq_lengths for the collator
-    trainer = Trainer(model=model, args=training_args, train_dataset=packed, data_collator=collator,
-                      processing_class=tokenizer, callbacks=[PackingCheckCallback()])
-    train_and_summarize("pack_dataset + PrePackedCollator + Trainer", trainer, collator, args, dataset, extra={
-        "packed rows": f"{len(packed):,} rows of at most {stats.capacity:,} tokens, "
-                       f"{args.rows_per_batch} per micro-batch, row fill {stats.efficiency:.1%}",
-    })
+    training_args = training_arguments(
+        args, per_device_train_batch_size=args.rows_per_batch, remove_unused_columns=False
+    )  # keep seq_lengths for the collator
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=packed,
+        data_collator=collator,
+        processing_class=tokenizer,
+        callbacks=[PackingCheckCallback()],
+    )
+    train_and_summarize(
+        "pack_dataset + PrePackedCollator + Trainer",
+        trainer,
+        collator,
+        args,
+        dataset,
+        extra={
+            "packed rows": f"{len(packed):,} rows of at most {stats.capacity:,} tokens, "
+            f"{args.rows_per_batch} per micro-batch, row fill {stats.efficiency:.1%}",
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ Cost: constant per argument, one vectorised pass over ``lengths``. No torch here
 
 from __future__ import annotations
 
-from typing import Sequence, get_args
+from collections.abc import Sequence
+from typing import get_args
 
 import numpy as np
 

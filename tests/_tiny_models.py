@@ -76,7 +76,18 @@ def padded_batch(examples: list[dict]) -> dict:
 
 
 def reference_varlen_attn(
-    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False, is_causal=None
+    query,
+    key,
+    value,
+    cu_seq_q,
+    cu_seq_k,
+    max_q,
+    max_k,
+    *,
+    scale=None,
+    window_size=(-1, -1),
+    enable_gqa=False,
+    is_causal=None,
 ):
     """``varlen_attn`` semantics on CPU: per-segment sdpa with the (left, right) window as a mask."""
     if is_causal is not None:  # the older keyword

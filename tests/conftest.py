@@ -2,7 +2,7 @@
 
 - ``standard_lengths`` (a fixture) is ``lengths_of`` below: token counts per example from the
   project's standard distributions, seeded, int64. ``standard_lengths("sft", 1000, seed=3)``.
-  (``benchmarks/_common.py`` draws the same numbers for the benchmark scripts.)
+  (``benchmarks/_shared.py`` draws the same numbers for the benchmark scripts.)
 - Tiny randomly initialised models, example batches and a reference varlen kernel live in
   ``tests/_tiny_models.py``, their one home: tests import it, and so do the worker processes
   that the distributed tests start (which cannot see fixtures).
@@ -61,5 +61,7 @@ def lognormal():
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: takes seconds (example scripts, subprocesses); deselect with -m 'not slow'")
+    config.addinivalue_line(
+        "markers", "slow: takes seconds (example scripts, subprocesses); deselect with -m 'not slow'"
+    )
     config.addinivalue_line("markers", "distributed: starts several torch.distributed processes (gloo, CPU)")

@@ -40,7 +40,9 @@ def test_length_grouped_padding_matches_transformers_group_by_length(standard_le
     from transformers.trainer_pt_utils import get_length_grouped_indices
 
     lengths, batch_size = standard_lengths("sft", 20_000, seed=1), 8
-    theirs = np.array(get_length_grouped_indices(lengths.tolist(), batch_size, generator=torch.Generator().manual_seed(0)))
+    theirs = np.array(
+        get_length_grouped_indices(lengths.tolist(), batch_size, generator=torch.Generator().manual_seed(0))
+    )
     ours = length_grouped_order(lengths, batch_size, np.random.default_rng(0))
     theirs_padded = padded_tokens(lengths, batch_size, theirs)
     ours_padded = padded_tokens(lengths, batch_size, ours)
@@ -115,7 +117,9 @@ def test_sampler_matches_multipack_batch_sampler(overflow, standard_lengths):
     assert packing.lower_bound == stats["lower_bound_batches"]
     assert packing.efficiency == pytest.approx(stats["efficiency"])
     longer = int((lengths > 2048).sum())
-    assert (packing.truncated_examples, packing.dropped_examples) == ((longer, 0) if overflow == "truncate" else (0, longer))
+    assert (packing.truncated_examples, packing.dropped_examples) == (
+        (longer, 0) if overflow == "truncate" else (0, longer)
+    )
 
 
 def test_sampler_budget_defaults_to_a_padded_batch_and_drops_what_exceeds_it():

@@ -79,9 +79,15 @@ def test_a_model_that_cannot_be_built_tiny_is_a_row_not_a_gap(monkeypatch):
 
     monkeypatch.setattr(sweep, "build_tiny", fail)
     (row,) = sweep.sweep_model("llama", "LlamaForCausalLM")
-    assert row["verdict"] == "cannot build" and row["reason"] == "cannot build tiny: RuntimeError: no tiny size for this one"
+    assert (
+        row["verdict"] == "cannot build"
+        and row["reason"] == "cannot build tiny: RuntimeError: no tiny size for this one"
+    )
     assert sweep.summarise([row]) == {
-        "verdicts": {"cannot build": 1}, "accepted_and_wrong": 0, "refused_with_loss_difference_under_1e-5": 0, "rows": 1,
+        "verdicts": {"cannot build": 1},
+        "accepted_and_wrong": 0,
+        "refused_with_loss_difference_under_1e-5": 0,
+        "rows": 1,
     }
 
 

@@ -83,23 +83,36 @@ def _gqa_inputs_with_kernel(monkeypatch, kernel):
 
 def test_older_kernel_signature_repeats_kv_and_folds_scale(monkeypatch):
     q, k, v, cu, seen = _gqa_inputs_with_kernel(monkeypatch, _old_kernel)
-    out, weights = varlen_attention_forward(None, q, k, v, None, scaling=0.5, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=5, max_length_k=5)
+    out, weights = varlen_attention_forward(
+        None, q, k, v, None, scaling=0.5, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=5, max_length_k=5
+    )
     (_, k_seen, *_), options = seen[0]
     assert k_seen.shape == (9, 4, 8) and options == {"is_causal": True} and weights is None
     want = reference_varlen_attn(
-        q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, 5, 5, scale=0.5, window_size=(-1, 0), enable_gqa=True
+        q[0].transpose(0, 1),
+        k[0].transpose(0, 1),
+        v[0].transpose(0, 1),
+        cu,
+        cu,
+        5,
+        5,
+        scale=0.5,
+        window_size=(-1, 0),
+        enable_gqa=True,
     )
     torch.testing.assert_close(out[0], want)
     with pytest.raises(ValueError, match="has no window_size"):
         varlen_attention_forward(None, q, k, v, None, sliding_window=3, cu_seq_lens_q=cu, max_length_q=5)
 
 
-def _kernel_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
-                 window_size=(-1, -1)):
+def _kernel_2_11(
+    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)
+):
     """PyTorch 2.11's varlen_attn signature: scale and window_size, no enable_gqa flag."""
     gqa = key.shape[1] != query.shape[1]
-    return reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale,
-                                 window_size=window_size, enable_gqa=gqa)
+    return reference_varlen_attn(
+        query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, window_size=window_size, enable_gqa=gqa
+    )
 
 
 def test_kernel_without_gqa_flag_gets_kv_heads_unrepeated(monkeypatch):
@@ -107,8 +120,17 @@ def test_kernel_without_gqa_flag_gets_kv_heads_unrepeated(monkeypatch):
     out, _ = varlen_attention_forward(None, q, k, v, None, cu_seq_lens_q=cu, max_length_q=5)
     (_, k_seen, v_seen, *_), options = seen[0]
     assert k_seen.shape == v_seen.shape == (9, 2, 8) and options == {"window_size": (-1, 0)}
-    want = reference_varlen_attn(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, 5, 5,
-                                 window_size=(-1, 0), enable_gqa=True)
+    want = reference_varlen_attn(
+        q[0].transpose(0, 1),
+        k[0].transpose(0, 1),
+        v[0].transpose(0, 1),
+        cu,
+        cu,
+        5,
+        5,
+        window_size=(-1, 0),
+        enable_gqa=True,
+    )
     torch.testing.assert_close(out[0], want)
 
 
@@ -134,7 +156,12 @@ def test_max_length_as_tensor_and_int64_cu_seq_lens_are_accepted(calls):
 )
 def test_refusals(kwargs, match, calls):
     q = k = v = torch.randn(1, 2, 5, 4)
-    options = {"attention_mask": None, "cu_seq_lens_q": torch.tensor([0, 5], dtype=torch.int32), "max_length_q": 5, **kwargs}
+    options = {
+        "attention_mask": None,
+        "cu_seq_lens_q": torch.tensor([0, 5], dtype=torch.int32),
+        "max_length_q": 5,
+        **kwargs,
+    }
     mask = options.pop("attention_mask")
     with pytest.raises(ValueError, match=match):
         varlen_attention_forward(None, q, k, v, mask, **options)

@@ -100,7 +100,10 @@ def test_varlen_needs_cu_seq_lens_in_the_batch(flat):
     with pytest.raises(ValueError, match="needs cu_seq_lens_q/k and max_length_q/k in the batch"):
         check_packing_support(model, batch)
     # flash-attention derives them from position_ids itself
-    assert check_packing_support(_Model(_attn_implementation="flash_attention_2"), batch, probe=False) == "flash_attention_2"
+    assert (
+        check_packing_support(_Model(_attn_implementation="flash_attention_2"), batch, probe=False)
+        == "flash_attention_2"
+    )
 
 
 @pytest.mark.parametrize("config", [{"model_type": "bamba"}, {"layer_types": ["linear_attention", "full_attention"]}])
@@ -143,8 +146,15 @@ def test_packed_rows_without_cu_seq_lens_are_refused_under_flash_attention():
     rows = [{"input_ids": [5, 6, 7, 8, 9], "seq_lengths": [3, 2]}, {"input_ids": [3, 4, 5], "seq_lengths": [3]}]
     batch = PrePackedCollator(mode="pad", max_length=6)(rows)
     for name in ("flash_attention_2", "flash_attention_3", "flash_attention_4"):
-        with pytest.raises(ValueError, match="has 2 rows whose position_ids restart .* PrePackedCollator\\(mode='flatten'\\)"):
+        with pytest.raises(
+            ValueError, match="has 2 rows whose position_ids restart .* PrePackedCollator\\(mode='flatten'\\)"
+        ):
             check_packing_support(_Model(_attn_implementation=name), batch, probe=False)
-    assert check_packing_support(_Model(), batch, probe=False) == "sdpa"  # sdpa/eager/flex mask each row by position_ids
+    assert (
+        check_packing_support(_Model(), batch, probe=False) == "sdpa"
+    )  # sdpa/eager/flex mask each row by position_ids
     flat = PrePackedCollator()(rows)
-    assert check_packing_support(_Model(_attn_implementation="flash_attention_2"), flat, probe=False) == "flash_attention_2"
+    assert (
+        check_packing_support(_Model(_attn_implementation="flash_attention_2"), flat, probe=False)
+        == "flash_attention_2"
+    )

@@ -14,10 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from datasets import Dataset, load_from_disk
+from test_data_loading import make_tokenizer, texts
 
 from packing_collators import MultipackBatchSampler, pack_dataset, pack_lengths
 from packing_collators.cli import main
-from test_data_loading import make_tokenizer, texts
 
 MAX_LENGTH, BATCH = 512, 4
 STRATEGIES = ("bfd", "ffd", "next_fit", "wrapped", "sampler")
@@ -56,7 +56,9 @@ def table(text: str) -> dict[str, list[str]]:
 
 
 def test_analyze_prints_the_engine_and_sampler_numbers(capsys, data_dir, lengths):
-    code, out, err = run(capsys, "analyze", data_dir / "tokens.parquet", "--max-length", MAX_LENGTH, "--batch-size", BATCH)
+    code, out, err = run(
+        capsys, "analyze", data_dir / "tokens.parquet", "--max-length", MAX_LENGTH, "--batch-size", BATCH
+    )
     assert code == 0, err
     assert f"examples {len(lengths):,}   tokens {int(lengths.sum()):,}" in out
     longer = int((lengths > MAX_LENGTH).sum())
@@ -79,7 +81,18 @@ def test_analyze_prints_the_engine_and_sampler_numbers(capsys, data_dir, lengths
 
 
 def test_analyze_json_is_the_library_statistics(capsys, data_dir, lengths):
-    code, out, _ = run(capsys, "analyze", data_dir / "lengths.parquet", "--column", "length", "--max-length", MAX_LENGTH, "--overflow", "drop", "--json")
+    code, out, _ = run(
+        capsys,
+        "analyze",
+        data_dir / "lengths.parquet",
+        "--column",
+        "length",
+        "--max-length",
+        MAX_LENGTH,
+        "--overflow",
+        "drop",
+        "--json",
+    )
     assert code == 0
     report = json.loads(out)
     assert (report["column"], report["kind"], report["examples"]) == ("length", "lengths", len(lengths))
@@ -89,8 +102,16 @@ def test_analyze_json_is_the_library_statistics(capsys, data_dir, lengths):
         assert packings[strategy]["rows"] == stats["rows"]
         assert packings[strategy]["efficiency"] == stats["efficiency"]
         assert packings[strategy]["dropped_examples"] == stats["dropped_examples"] > 0
-    _, wrapped = pack_dataset(Dataset.from_dict({"input_ids": [[1] * int(n) for n in lengths]}), MAX_LENGTH, strategy="wrapped", return_stats=True)
-    assert (packings["wrapped"]["rows"], packings["wrapped"]["split_examples"]) == (wrapped.rows, wrapped.split_examples)
+    _, wrapped = pack_dataset(
+        Dataset.from_dict({"input_ids": [[1] * int(n) for n in lengths]}),
+        MAX_LENGTH,
+        strategy="wrapped",
+        return_stats=True,
+    )
+    assert (packings["wrapped"]["rows"], packings["wrapped"]["split_examples"]) == (
+        wrapped.rows,
+        wrapped.split_examples,
+    )
     waste = report["padding"][0]["waste"]
     assert waste == 1 - report["padding"][0]["tokens"] / report["padding"][0]["padded_tokens"]
     assert packings["bfd"]["speedup"] == report["padding"][0]["padded_tokens"] / (packings["bfd"]["rows"] * MAX_LENGTH)
@@ -114,7 +135,9 @@ def test_analyze_tokenizes_text(capsys, tmp_path):
 @pytest.mark.parametrize("output", ["packed", "packed.parquet"])
 def test_pack_writes_what_pack_dataset_makes(capsys, data_dir, tmp_path, output):
     out_path = tmp_path / output
-    code, out, err = run(capsys, "pack", data_dir / "tokens.parquet", out_path, "--max-length", MAX_LENGTH, "--overflow", "truncate")
+    code, out, err = run(
+        capsys, "pack", data_dir / "tokens.parquet", out_path, "--max-length", MAX_LENGTH, "--overflow", "truncate"
+    )
     assert code == 0, err
     source = Dataset.from_parquet(str(data_dir / "tokens.parquet"))
     expected, stats = pack_dataset(source, MAX_LENGTH, overflow="truncate", return_stats=True)
@@ -128,13 +151,27 @@ def test_pack_writes_what_pack_dataset_makes(capsys, data_dir, tmp_path, output)
 
 def test_pack_json_strategy_and_kept_columns(capsys, data_dir, lengths, tmp_path):
     code, out, _ = run(
-        capsys, "pack", data_dir / "disk", tmp_path / "out", "--max-length", 1024, "--strategy", "next_fit",
-        "--keep-column", "source", "--no-shuffle", "--json",
+        capsys,
+        "pack",
+        data_dir / "disk",
+        tmp_path / "out",
+        "--max-length",
+        1024,
+        "--strategy",
+        "next_fit",
+        "--keep-column",
+        "source",
+        "--no-shuffle",
+        "--json",
     )
     assert code == 0
     stats = pack_lengths(lengths, 1024, strategy="next_fit").stats()
     report = json.loads(out)
-    assert (report["strategy"], report["rows"], report["efficiency"]) == ("next_fit", stats["rows"], stats["efficiency"])
+    assert (report["strategy"], report["rows"], report["efficiency"]) == (
+        "next_fit",
+        stats["rows"],
+        stats["efficiency"],
+    )
     written = load_from_disk(str(tmp_path / "out"))
     assert written.column_names == ["input_ids", "position_ids", "seq_lengths", "source"]
     assert sum(map(len, written["seq_lengths"])) == len(lengths)
@@ -142,13 +179,33 @@ def test_pack_json_strategy_and_kept_columns(capsys, data_dir, lengths, tmp_path
 
 def test_plot_writes_a_png(capsys, data_dir, tmp_path):
     pytest.importorskip("matplotlib")
-    code, out, _ = run(capsys, "analyze", data_dir / "lengths.parquet", "--column", "length", "--max-length", 512, "--plot", tmp_path / "p.png")
+    code, out, _ = run(
+        capsys,
+        "analyze",
+        data_dir / "lengths.parquet",
+        "--column",
+        "length",
+        "--max-length",
+        512,
+        "--plot",
+        tmp_path / "p.png",
+    )
     assert code == 0 and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_plot_without_matplotlib_is_one_line(capsys, monkeypatch, data_dir, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    code, out, err = run(capsys, "analyze", data_dir / "lengths.parquet", "--column", "length", "--max-length", 512, "--plot", tmp_path / "p.png")
+    code, out, err = run(
+        capsys,
+        "analyze",
+        data_dir / "lengths.parquet",
+        "--column",
+        "length",
+        "--max-length",
+        512,
+        "--plot",
+        tmp_path / "p.png",
+    )
     assert code == 2 and out == ""
     assert err == (
         "packing-collators: error: --plot needs matplotlib, which is not installed; install it with "
@@ -166,20 +223,50 @@ def _bad_data(folder: Path) -> dict[str, Path]:
 
 
 ERRORS = [
-    (["analyze", "{tmp}/nope.jsonl", "--max-length", "8"], "DATA '{tmp}/nope.jsonl' does not exist: no such file or folder"),
+    (
+        ["analyze", "{tmp}/nope.jsonl", "--max-length", "8"],
+        "DATA '{tmp}/nope.jsonl' does not exist: no such file or folder",
+    ),
     (["pack", "{tmp}/nope", "{tmp}/o", "--max-length", "8"], "DATA '{tmp}/nope' does not exist"),
-    (["analyze", "{data}/tokens.parquet", "--column", "ids", "--max-length", "8"], "The dataset has no column 'ids' (its columns: ['input_ids']); pass --column"),
-    (["analyze", "{tmp}/floats.parquet", "--max-length", "8"], "Column 'input_ids' holds list<element: double>, not token data: it must hold token ids"),
-    (["analyze", "{tmp}/float_lengths.parquet", "--column", "length", "--max-length", "8"], "Column 'length' holds double, not token data"),
-    (["analyze", "{tmp}/long.parquet", "--max-length", "8"], "Every example is longer than max length 8 (the shortest has 20 tokens); raise the max length (--max-length) to at least 20."),
+    (
+        ["analyze", "{data}/tokens.parquet", "--column", "ids", "--max-length", "8"],
+        "The dataset has no column 'ids' (its columns: ['input_ids']); pass --column",
+    ),
+    (
+        ["analyze", "{tmp}/floats.parquet", "--max-length", "8"],
+        "Column 'input_ids' holds list<element: double>, not token data: it must hold token ids",
+    ),
+    (
+        ["analyze", "{tmp}/float_lengths.parquet", "--column", "length", "--max-length", "8"],
+        "Column 'length' holds double, not token data",
+    ),
+    (
+        ["analyze", "{tmp}/long.parquet", "--max-length", "8"],
+        "Every example is longer than max length 8 (the shortest has 20 tokens); raise the max length (--max-length) to at least 20.",
+    ),
     (["pack", "{tmp}/long.parquet", "{tmp}/o", "--max-length", "8"], "Every example is longer than max length 8"),
-    (["pack", "{tmp}/long.parquet", "{tmp}/o", "--max-length", "25"], "Example 1 has 30 tokens, more than max_length=25"),
-    (["pack", "{data}/tokens.parquet", "{tmp}/exists", "--max-length", "8"], "OUT '{tmp}/exists' exists; pass --overwrite"),
-    (["pack", "{data}/lengths.parquet", "{tmp}/o", "--column", "length", "--max-length", "8"], "Column 'length' holds lengths only"),
+    (
+        ["pack", "{tmp}/long.parquet", "{tmp}/o", "--max-length", "25"],
+        "Example 1 has 30 tokens, more than max_length=25",
+    ),
+    (
+        ["pack", "{data}/tokens.parquet", "{tmp}/exists", "--max-length", "8"],
+        "OUT '{tmp}/exists' exists; pass --overwrite",
+    ),
+    (
+        ["pack", "{data}/lengths.parquet", "{tmp}/o", "--column", "length", "--max-length", "8"],
+        "Column 'length' holds lengths only",
+    ),
     (["pack", "{data}/disk", "{tmp}/o", "--max-length", "1024"], "Columns ['source'] are not per-token"),
     (["analyze", "{tmp}/text.parquet", "--max-length", "8"], "Column 'text' holds text; pass --tokenizer NAME_OR_PATH"),
-    (["analyze", "{tmp}/text.parquet", "--max-length", "8", "--tokenizer", "{tmp}/exists"], "--tokenizer '{tmp}/exists' could not be loaded ("),
-    (["analyze", "{tmp}/text.parquet", "--max-length", "8", "--tokenizer", "{tmp}/nope"], "--tokenizer '{tmp}/nope' does not exist"),
+    (
+        ["analyze", "{tmp}/text.parquet", "--max-length", "8", "--tokenizer", "{tmp}/exists"],
+        "--tokenizer '{tmp}/exists' could not be loaded (",
+    ),
+    (
+        ["analyze", "{tmp}/text.parquet", "--max-length", "8", "--tokenizer", "{tmp}/nope"],
+        "--tokenizer '{tmp}/nope' does not exist",
+    ),
 ]
 
 
@@ -204,7 +291,16 @@ def test_argument_errors_are_argparse_style(capsys):
 
 
 def test_python_dash_m(capsys, monkeypatch, data_dir):
-    argv = ["packing_collators", "analyze", str(data_dir / "lengths.parquet"), "--column", "length", "--max-length", "512", "--json"]
+    argv = [
+        "packing_collators",
+        "analyze",
+        str(data_dir / "lengths.parquet"),
+        "--column",
+        "length",
+        "--max-length",
+        "512",
+        "--json",
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_module("packing_collators", run_name="__main__")

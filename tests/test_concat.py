@@ -27,5 +27,7 @@ def test_text_is_refused():
 
 
 def test_unsized_example_is_refused():
-    with pytest.raises(TypeError, match=r"Example 1: input_ids must be a list, numpy array or tensor of token ids, got int"):
+    with pytest.raises(
+        TypeError, match=r"Example 1: input_ids must be a list, numpy array or tensor of token ids, got int"
+    ):
         sequence_lengths([[1], 7])

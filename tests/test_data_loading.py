@@ -30,7 +30,9 @@ def make_tokenizer(folder, *, chat_template: str | None = CHAT_TEMPLATE) -> str:
 
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([" ".join(WORDS + ["user", "assistant"])], trainers.WordLevelTrainer(special_tokens=["[UNK]", "[PAD]"]))
+    tok.train_from_iterator(
+        [" ".join(WORDS + ["user", "assistant"])], trainers.WordLevelTrainer(special_tokens=["[UNK]", "[PAD]"])
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]")
     if chat_template:
         fast.chat_template = chat_template
@@ -115,7 +117,9 @@ def test_columns_are_picked_and_checked():
     for name in ("scores", "weight"):
         with pytest.raises(TypeError, match=f"Column '{name}' holds .*, not token data: it must hold token ids"):
             choose_column(data, name)
-    with pytest.raises(ValueError, match=r"has none of the columns \['input_ids', 'messages', 'text'\] .* pass --column"):
+    with pytest.raises(
+        ValueError, match=r"has none of the columns \['input_ids', 'messages', 'text'\] .* pass --column"
+    ):
         choose_column(data.select_columns(["length"]))
 
 
@@ -146,7 +150,9 @@ def test_tokenizer_errors(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="Column 'text' holds text; pass --tokenizer NAME_OR_PATH to count its tokens"):
         example_lengths(data, column="text")
     plain = load_tokenizer(make_tokenizer(tmp_path / "plain", chat_template=None))
-    with pytest.raises(ValueError, match="Column 'messages' holds chat messages, but the tokenizer has no chat template"):
+    with pytest.raises(
+        ValueError, match="Column 'messages' holds chat messages, but the tokenizer has no chat template"
+    ):
         example_lengths(data, tokenizer=plain)
     with pytest.raises(FileNotFoundError, match="--tokenizer '.*no-tokenizer-here' does not exist: no such folder"):
         load_tokenizer(str(tmp_path / "no-tokenizer-here"))
@@ -165,8 +171,14 @@ def test_token_ids_for_pack():
 
 def test_packable_columns():
     data = Dataset.from_dict({"input_ids": [[1, 2]], "mask": [[1, 1]], "id": [7], "source": ["web"]})
-    assert packable_columns(data, keep_columns=["source"], remove_columns=["id"]).column_names == ["input_ids", "mask", "source"]
-    with pytest.raises(ValueError, match=r"Columns \['id'\] are not per-token.* --keep-column NAME .* --remove-column NAME"):
+    assert packable_columns(data, keep_columns=["source"], remove_columns=["id"]).column_names == [
+        "input_ids",
+        "mask",
+        "source",
+    ]
+    with pytest.raises(
+        ValueError, match=r"Columns \['id'\] are not per-token.* --keep-column NAME .* --remove-column NAME"
+    ):
         packable_columns(data, keep_columns=["source"])
     with pytest.raises(ValueError, match=r"The dataset has no column\(s\) \['nope'\]"):
         packable_columns(data, remove_columns=["nope"])

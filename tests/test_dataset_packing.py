@@ -26,8 +26,15 @@ def examples_of(packed):
         assert ends[-1] == len(row["input_ids"]) == len(row["position_ids"]) == len(row["attention_mask"])
         for k, (start, end) in enumerate(zip(np.r_[0, ends[:-1]], ends)):
             labels = row["labels"][start:end] if "labels" in row else None
-            out.append((row["idx"][k], row["input_ids"][start:end], labels, row["attention_mask"][start:end],
-                        row["position_ids"][start:end]))
+            out.append(
+                (
+                    row["idx"][k],
+                    row["input_ids"][start:end],
+                    labels,
+                    row["attention_mask"][start:end],
+                    row["position_ids"][start:end],
+                )
+            )
     return out
 
 
@@ -36,8 +43,9 @@ def examples_of(packed):
 @pytest.mark.parametrize("seed", range(3))
 def test_every_example_once_with_aligned_columns(strategy, shuffle_rows, seed):
     data, ids = random_dataset(seed, empty=3)
-    packed, stats = pack_dataset(data, 64, strategy=strategy, shuffle_rows=shuffle_rows, keep_columns=["idx"],
-                                 return_stats=True, seed=seed)
+    packed, stats = pack_dataset(
+        data, 64, strategy=strategy, shuffle_rows=shuffle_rows, keep_columns=["idx"], return_stats=True, seed=seed
+    )
     seen = examples_of(packed)
     assert sorted(s[0] for s in seen) == [i for i, x in enumerate(ids) if x]  # every non-empty example once
     for idx, tokens, labels, mask, positions in seen:
@@ -61,7 +69,9 @@ def test_rows_in_packing_order_without_shuffle_and_seeded_shuffle_with():
 
 
 def test_literal_rows_and_dtypes():
-    data = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5], [6, 7, 8, 9]], "labels": [[1, 2, 3], [4, 5], [6, 7, 8, 9]]})
+    data = Dataset.from_dict(
+        {"input_ids": [[1, 2, 3], [4, 5], [6, 7, 8, 9]], "labels": [[1, 2, 3], [4, 5], [6, 7, 8, 9]]}
+    )
     packed = pack_dataset(data, 5, shuffle_rows=False)
     assert packed[:] == {
         "input_ids": [[6, 7, 8, 9], [1, 2, 3, 4, 5]],
@@ -97,8 +107,9 @@ def test_truncate_and_drop_are_counted():
 
 def test_wrapped_keeps_every_token_in_order_and_full_rows():
     data, ids = random_dataset(1, n=50)
-    packed, stats = pack_dataset(data, 32, strategy="wrapped", shuffle_rows=False, keep_columns=["idx"],
-                                 return_stats=True)
+    packed, stats = pack_dataset(
+        data, 32, strategy="wrapped", shuffle_rows=False, keep_columns=["idx"], return_stats=True
+    )
     stream = [t for x in ids for t in x]
     assert [t for row in packed["input_ids"][:] for t in row] == stream
     assert all(len(row) == 32 for row in packed["input_ids"][:-1])
@@ -162,11 +173,25 @@ def test_stats_are_logged(caplog):
     "data, kwargs, error, match",
     [
         ({"text": ["a"]}, {}, ValueError, r"no 'input_ids' column \(its columns: \['text'\]\)"),
-        ({"input_ids": [[1, 2], [3]], "attention_mask": [[1, 1], [1, 1]]}, {}, ValueError,
-         r"Example 1: attention_mask has 2 values but input_ids has 1 tokens"),
+        (
+            {"input_ids": [[1, 2], [3]], "attention_mask": [[1, 1], [1, 1]]},
+            {},
+            ValueError,
+            r"Example 1: attention_mask has 2 values but input_ids has 1 tokens",
+        ),
         ({"input_ids": [[1, 2], [3]], "labels": [[1, 2], [3, 4]]}, {}, ValueError, r"Example 1: labels has 2 values"),
-        ({"input_ids": [[1] * 9]}, {}, ValueError, r"Example 0 has 9 tokens, more than max_length=8.*overflow='truncate'.*raise max_length"),
-        ({"input_ids": [[1]], "source": ["web"]}, {}, ValueError, r"Column 'source' \(string\) is not a per-token column.*keep_columns=\['source'\]"),
+        (
+            {"input_ids": [[1] * 9]},
+            {},
+            ValueError,
+            r"Example 0 has 9 tokens, more than max_length=8.*overflow='truncate'.*raise max_length",
+        ),
+        (
+            {"input_ids": [[1]], "source": ["web"]},
+            {},
+            ValueError,
+            r"Column 'source' \(string\) is not a per-token column.*keep_columns=\['source'\]",
+        ),
         ({"input_ids": [[1]], "seq_lengths": [[1]]}, {}, ValueError, r"already has a 'seq_lengths' column"),
         ({"input_ids": [[1]]}, {"keep_columns": ["nope"]}, ValueError, r"keep_columns names \['nope'\]"),
         ({"input_ids": [[1]]}, {"strategy": "best"}, ValueError, r"strategy='best' is not supported"),
@@ -193,4 +218,3 @@ def test_numpy_integer_options_are_plain_ints_in_the_stats():
     data = Dataset.from_dict({"input_ids": [[1, 2], [3]]})
     _, stats = pack_dataset(iter(data), np.int64(4), buffer_size=np.int64(8), return_stats=True)
     assert type(stats.capacity) is int
-

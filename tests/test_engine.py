@@ -113,13 +113,21 @@ def test_integral_floats_are_accepted():
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(lengths=[3, 12, 4], capacity=8), ValueError, r"Example 1 has 12 tokens, more than capacity=8.*overflow='truncate'"),
+        (
+            dict(lengths=[3, 12, 4], capacity=8),
+            ValueError,
+            r"Example 1 has 12 tokens, more than capacity=8.*overflow='truncate'",
+        ),
         (dict(lengths=[3, -1], capacity=8), ValueError, r"Example 1 has a negative length \(-1\)"),
         (dict(lengths=[1.5], capacity=8), TypeError, r"must be integers .*float64"),
         (dict(lengths=[[1, 2]], capacity=8), ValueError, r"one-dimensional"),
         (dict(lengths=[1], capacity=0), ValueError, r"capacity must be a positive integer, got 0"),
         (dict(lengths=[1], capacity=2.5), ValueError, r"capacity must be a positive integer"),
-        (dict(lengths=[1], capacity=8, strategy="best"), ValueError, r"strategy='best' is not supported; choose one of 'bfd', 'ffd', 'next_fit'"),
+        (
+            dict(lengths=[1], capacity=8, strategy="best"),
+            ValueError,
+            r"strategy='best' is not supported; choose one of 'bfd', 'ffd', 'next_fit'",
+        ),
         (dict(lengths=[1], capacity=8, overflow="cut"), ValueError, r"overflow='cut' is not supported"),
     ],
 )

@@ -129,7 +129,9 @@ def test_no_examples_gives_no_batches():
 
 
 def test_an_example_over_the_budget_is_an_error_naming_it():
-    with pytest.raises(ValueError, match=r"Example 2 has 12 tokens, more than max_tokens_per_batch=10 .*overflow='drop'"):
+    with pytest.raises(
+        ValueError, match=r"Example 2 has 12 tokens, more than max_tokens_per_batch=10 .*overflow='drop'"
+    ):
         plan_epoch([5, 3, 12, 30], 10)
 
 

@@ -28,8 +28,13 @@ import _common  # noqa: E402
 
 
 def run(*command: str, timeout: int = 300) -> str:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1"}  # tiny models: a second thread only adds contention
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+    }  # tiny models: a second thread only adds contention
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return done.stdout
@@ -53,6 +58,7 @@ def summary(stdout: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def dataset():
     """The script's dataset under TINY settings: (examples, tokens, trained labels)."""
+
     class Args:
         dataset, split, max_examples, max_length = _common.OFFLINE_DATASET, "train", 24, 96
 
@@ -81,7 +87,7 @@ def check_summary(s: dict[str, str], dataset, *, repeated_tokens: int = 0, repea
 def test_every_script_has_help():
     code = "; ".join(
         f"sys.argv = ['{name}', '--help']; exec(\"try: runpy.run_path('{EXAMPLES / name}', run_name='__main__')\\n"
-        f"except SystemExit as e: assert e.code == 0, e\")"
+        f'except SystemExit as e: assert e.code == 0, e")'
         for name in SCRIPTS
     )
     out = run(sys.executable, "-c", f"import runpy, sys; sys.path.insert(0, '{EXAMPLES}'); {code}")
@@ -96,9 +102,17 @@ def test_local_files_prompt_completion_and_messages(tmp_path):
 
     rows = [{"prompt": "What is 2 + 2?", "completion": "It is 4."}]
     datasets.Dataset.from_list(rows).to_json(tmp_path / "a.jsonl")
-    chats = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
-                           {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "And?"},
-                           {"role": "assistant", "content": "Bye."}]}]
+    chats = [
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi?"},
+                {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "And?"},
+                {"role": "assistant", "content": "Bye."},
+            ]
+        }
+    ]
     datasets.Dataset.from_list(chats).to_parquet(tmp_path / "b.parquet")
     tokenizer = _common.offline_tokenizer()
     for path, answer in ((tmp_path / "a.jsonl", "It is 4."), (tmp_path / "b.parquet", "Bye.")):
@@ -129,7 +143,9 @@ def test_trainer_scripts_train_every_example_once(script, dataset):
 @pytest.mark.distributed
 def test_multipack_loop_on_two_processes(dataset):
     """torchrun with 2 CPU processes (gloo): the sampler's plan is trained exactly, repeats included."""
-    out = run(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "examples/sft_multipack.py", *TINY)
+    out = run(
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "examples/sft_multipack.py", *TINY
+    )
     s = summary(out)
     assert "(2 process(es))" in out
     repeated = int(number(s["planned tokens"].split("(")[1]))

@@ -45,7 +45,9 @@ def test_same_values_as_transformers_data_collator_with_flattening(seed, kind, w
 
 def test_same_values_as_transformers_numpy_and_position_start():
     features = random_features(7)
-    theirs = DataCollatorWithFlattening(return_flash_attn_kwargs=True, position_ids_start=2, return_tensors="np")(features)
+    theirs = DataCollatorWithFlattening(return_flash_attn_kwargs=True, position_ids_start=2, return_tensors="np")(
+        features
+    )
     ours = FlatteningCollator(position_ids_start=2, return_tensors="np")(features)
     assert set(ours) == set(theirs)
     for key in theirs:
@@ -112,7 +114,10 @@ def test_does_not_modify_its_inputs():
         ([{"input_ids": [1, 2]}, {"input_ids": []}], r"Example 1 has no tokens \(1 empty example"),
         ([{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [3]}], r"Example 1 has no 'labels'"),
         ([{"input_ids": [1, 2], "labels": [1]}], r"Example 0: labels has 1 tokens but input_ids has 2"),
-        ([{"input_ids": [1], "attention_mask": [1]}, {"input_ids": [1, 2], "attention_mask": [1, 0]}], r"Example 1 has attention_mask zeros"),
+        (
+            [{"input_ids": [1], "attention_mask": [1]}, {"input_ids": [1, 2], "attention_mask": [1, 0]}],
+            r"Example 1 has attention_mask zeros",
+        ),
     ],
 )
 def test_bad_batches(features, match):
@@ -150,7 +155,10 @@ def test_per_token_keys_are_carried_like_input_ids(kind):
 
 def test_boolean_per_token_keys_are_carried_as_int64():
     batch = FlatteningCollator(return_tensors="np")(
-        [{"input_ids": [1, 2], "special_tokens_mask": np.array([True, False])}, {"input_ids": [3], "special_tokens_mask": np.array([False])}]
+        [
+            {"input_ids": [1, 2], "special_tokens_mask": np.array([True, False])},
+            {"input_ids": [3], "special_tokens_mask": np.array([False])},
+        ]
     )
     assert batch["special_tokens_mask"].tolist() == [[1, 0, 0]] and batch["special_tokens_mask"].dtype == np.int64
 
@@ -163,8 +171,16 @@ def test_carried_token_type_ids_reach_gpt2_and_give_its_unpacked_loss():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64, initializer_range=0.5,
-                        bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        vocab_size=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        initializer_range=0.5,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = GPT2LMHeadModel(config).eval()
     rng = np.random.default_rng(0)
     example = {"input_ids": rng.integers(1, 64, 9).tolist(), "token_type_ids": rng.integers(0, 64, 9).tolist()}
@@ -179,21 +195,57 @@ def test_keys_whose_value_is_none_are_skipped():
     batch = FlatteningCollator(return_tensors="np")(
         [{"input_ids": [1, 2], "labels": None, "token_type_ids": None}, {"input_ids": [3], "labels": None}]
     )
-    assert set(batch) == {"input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"}
+    assert set(batch) == {
+        "input_ids",
+        "labels",
+        "position_ids",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+    }
     assert batch["labels"].tolist() == [[-100, 2, -100]]
 
 
 @pytest.mark.parametrize(
     "key, value, match",
     [
-        ("idx", 7, r"Example 1: 'idx' is 7 \(int\), not a list with one entry per token \(input_ids has 3 tokens\).*remove_unused_columns=True.*remove_columns\(\['idx'\]\)"),
-        ("text", "abc", r"Example 1: 'text' is 'abc' \(str\), not a list with one entry per token \(input_ids has 3 tokens\)"),
+        (
+            "idx",
+            7,
+            r"Example 1: 'idx' is 7 \(int\), not a list with one entry per token \(input_ids has 3 tokens\).*remove_unused_columns=True.*remove_columns\(\['idx'\]\)",
+        ),
+        (
+            "text",
+            "abc",
+            r"Example 1: 'text' is 'abc' \(str\), not a list with one entry per token \(input_ids has 3 tokens\)",
+        ),
         ("score", np.float32(0.5), r"Example 1: 'score' is 0.5 \(float32\), not a list with one entry per token"),
-        ("score", torch.tensor(3), r"Example 1: 'score' is tensor\(3\) \(Tensor\), not a list with one entry per token"),
-        ("spans", [1, 2], r"Example 1: 'spans' has 2 entries but input_ids has 3 tokens.*fix its length.*remove_columns\(\['spans'\]\)"),
-        ("spans", np.zeros((3, 2), np.int64), r"Example 1: 'spans' has shape \(3, 2\), not one entry per token \(input_ids has 3 tokens\)"),
-        ("seq_idx", [0, 0, 0], r"Example 1 has 'seq_idx', which FlatteningCollator writes itself.*remove_columns\(\['seq_idx'\]\)"),
-        ("seq_lengths", [2, 1], r"Example 1 has 'seq_lengths': the dataset looks pre-packed.*Collate pre-packed rows with PrePackedCollator"),
+        (
+            "score",
+            torch.tensor(3),
+            r"Example 1: 'score' is tensor\(3\) \(Tensor\), not a list with one entry per token",
+        ),
+        (
+            "spans",
+            [1, 2],
+            r"Example 1: 'spans' has 2 entries but input_ids has 3 tokens.*fix its length.*remove_columns\(\['spans'\]\)",
+        ),
+        (
+            "spans",
+            np.zeros((3, 2), np.int64),
+            r"Example 1: 'spans' has shape \(3, 2\), not one entry per token \(input_ids has 3 tokens\)",
+        ),
+        (
+            "seq_idx",
+            [0, 0, 0],
+            r"Example 1 has 'seq_idx', which FlatteningCollator writes itself.*remove_columns\(\['seq_idx'\]\)",
+        ),
+        (
+            "seq_lengths",
+            [2, 1],
+            r"Example 1 has 'seq_lengths': the dataset looks pre-packed.*Collate pre-packed rows with PrePackedCollator",
+        ),
     ],
     ids=["int", "str", "numpy scalar", "0-d tensor", "other length", "2-D", "written key", "pre-packed row"],
 )
@@ -204,8 +256,14 @@ def test_keys_that_are_not_per_token_are_refused(key, value, match):
 
 
 def test_a_per_token_key_only_some_examples_have_is_refused():
-    features = [{"input_ids": [1, 2], "token_type_ids": [0, 1]}, {"input_ids": [3]}, {"input_ids": [4], "token_type_ids": None}]
-    with pytest.raises(ValueError, match=r"Example 1 has no 'token_type_ids' but example 0 has.*Give every example token_type_ids"):
+    features = [
+        {"input_ids": [1, 2], "token_type_ids": [0, 1]},
+        {"input_ids": [3]},
+        {"input_ids": [4], "token_type_ids": None},
+    ]
+    with pytest.raises(
+        ValueError, match=r"Example 1 has no 'token_type_ids' but example 0 has.*Give every example token_type_ids"
+    ):
         FlatteningCollator()(features)
 
 
@@ -214,7 +272,9 @@ def test_labels_are_read_from_every_example(first_has_labels):
     with_labels, without = {"input_ids": [1, 2, 3], "labels": [-100, -100, 3]}, {"input_ids": [4, 5]}
     features = [with_labels, without] if first_has_labels else [without, with_labels]
     missing = 1 if first_has_labels else 0
-    with pytest.raises(ValueError, match=rf"Example {missing} has no 'labels' but example {1 - missing} has.*labels = input_ids"):
+    with pytest.raises(
+        ValueError, match=rf"Example {missing} has no 'labels' but example {1 - missing} has.*labels = input_ids"
+    ):
         FlatteningCollator()(features)
 
 
@@ -223,7 +283,13 @@ def test_attention_mask_is_checked_on_every_example():
     with pytest.raises(ValueError, match=r"Example 1 has attention_mask zeros"):
         collate([{"input_ids": [1, 2]}, {"input_ids": [3, 4, 0], "attention_mask": [1, 1, 0]}])
     with pytest.raises(ValueError, match=r"Example 2: attention_mask has 1 tokens but input_ids has 2"):
-        collate([{"input_ids": [1]}, {"input_ids": [2], "attention_mask": None}, {"input_ids": [3, 4], "attention_mask": [1]}])
+        collate(
+            [
+                {"input_ids": [1]},
+                {"input_ids": [2], "attention_mask": None},
+                {"input_ids": [3, 4], "attention_mask": [1]},
+            ]
+        )
     batch = collate([{"input_ids": [1, 2]}, {"input_ids": [3], "attention_mask": [True]}])
     assert "attention_mask" not in batch and batch["input_ids"].tolist() == [[1, 2, 3]]
 
@@ -235,24 +301,36 @@ def test_attention_mask_is_checked_on_every_example():
     ids=["float", "str", "None", "numpy float"],
 )
 def test_every_token_value_is_type_checked(key, bad, shown):
-    features = [{"input_ids": [1, 2], "labels": [1, 2], "token_type_ids": [0, 0]},
-                {"input_ids": [3, 4, 5], "labels": [3, 4, 5], "token_type_ids": [0, 1, 1]}]
+    features = [
+        {"input_ids": [1, 2], "labels": [1, 2], "token_type_ids": [0, 0]},
+        {"input_ids": [3, 4, 5], "labels": [3, 4, 5], "token_type_ids": [0, 1, 1]},
+    ]
     features[1][key] = features[1][key][:2] + [bad]
-    with pytest.raises(TypeError, match=rf"Example 1: {key} must hold integer.*, got {shown} at position 2\. Store them as integers"):
+    with pytest.raises(
+        TypeError, match=rf"Example 1: {key} must hold integer.*, got {shown} at position 2\. Store them as integers"
+    ):
         FlatteningCollator()(features)
 
 
 def test_a_per_token_key_of_floats_is_refused_with_the_fix():
     features = [{"input_ids": [1, 2], "loss_weights": [1, 1]}, {"input_ids": [3, 4], "loss_weights": [1, 0.5]}]
-    with pytest.raises(TypeError, match=r"Example 1: loss_weights must hold integers, got float 0.5 at position 1\..*"
-                                        r"remove it before collating \(dataset.remove_columns\(\['loss_weights'\]\)\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"Example 1: loss_weights must hold integers, got float 0.5 at position 1\..*"
+        r"remove it before collating \(dataset.remove_columns\(\['loss_weights'\]\)\)",
+    ):
         FlatteningCollator()(features)
 
 
 @pytest.mark.parametrize("kind", [np.array, torch.tensor])
 def test_float_arrays_anywhere_in_the_batch_are_refused(kind):
-    features = [{"input_ids": kind([1, 2]), "labels": kind([1, 2])}, {"input_ids": kind([3, 4]), "labels": kind([3.0, 4.5])}]
-    with pytest.raises(TypeError, match=r"Example 1: labels must hold integer token ids, got dtype float\w* \(4.5 at position 1\)"):
+    features = [
+        {"input_ids": kind([1, 2]), "labels": kind([1, 2])},
+        {"input_ids": kind([3, 4]), "labels": kind([3.0, 4.5])},
+    ]
+    with pytest.raises(
+        TypeError, match=r"Example 1: labels must hold integer token ids, got dtype float\w* \(4.5 at position 1\)"
+    ):
         FlatteningCollator()(features)
     features[1]["labels"] = kind([True, False])
     with pytest.raises(TypeError, match=r"Example 1: labels must hold integer token ids, got dtype bool"):

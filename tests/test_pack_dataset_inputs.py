@@ -26,7 +26,10 @@ def padded(n=6, padded_examples=(1, 4), mask_type=None):
 
 
 def test_padded_dataset_names_the_first_padded_example_and_how_many():
-    with pytest.raises(ValueError, match=rf"^Example 1 is padded: its attention_mask has 1 zero\(s\) \(2 of 6 examples have attention_mask zeros\)\. .*{PADDING_FIX}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^Example 1 is padded: its attention_mask has 1 zero\(s\) \(2 of 6 examples have attention_mask zeros\)\. .*{PADDING_FIX}",
+    ):
         pack_dataset(padded(), 8)
 
 
@@ -47,7 +50,12 @@ def test_padding_is_found_in_selected_and_chunked_tables():
 
 
 def test_padding_is_refused_before_packing_whatever_the_options():
-    for kwargs in ({"overflow": "truncate"}, {"overflow": "drop"}, {"strategy": "wrapped"}, {"keep_columns": ["attention_mask"]}):
+    for kwargs in (
+        {"overflow": "truncate"},
+        {"overflow": "drop"},
+        {"strategy": "wrapped"},
+        {"keep_columns": ["attention_mask"]},
+    ):
         with pytest.raises(ValueError, match=r"^Example 1 is padded"):
             pack_dataset(padded(), 2, **kwargs)
 
@@ -60,7 +68,10 @@ def test_padded_split_of_a_dataset_dict_is_refused():
 def test_padded_stream_names_the_example_in_the_stream():
     stream = ({"input_ids": [1, 2, 3], "attention_mask": [1, 1, 0] if i in (12, 13) else [1, 1, 1]} for i in range(40))
     rows = pack_dataset(stream, 8, buffer_size=5)
-    with pytest.raises(ValueError, match=rf"^Example 12 is padded.*\(2 of the first 15 examples have attention_mask zeros\)\. .*{PADDING_FIX}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^Example 12 is padded.*\(2 of the first 15 examples have attention_mask zeros\)\. .*{PADDING_FIX}",
+    ):
         list(rows)
 
 
@@ -85,7 +96,9 @@ def test_all_ones_attention_mask_is_accepted_in_memory_and_streaming():
 
 
 def tokens(n=5):
-    return Dataset.from_dict({"input_ids": [[1] * (i + 1) for i in range(n)], "labels": [[2] * (i + 1) for i in range(n)]})
+    return Dataset.from_dict(
+        {"input_ids": [[1] * (i + 1) for i in range(n)], "labels": [[2] * (i + 1) for i in range(n)]}
+    )
 
 
 def test_numpy_format_in_numpy_format_out():
@@ -111,7 +124,9 @@ def test_format_columns_kwargs_and_output_all_columns_are_kept():
 
 
 def test_format_columns_keep_their_order_and_kept_columns():
-    data = Dataset.from_dict({"input_ids": [[1, 2], [3]], "source": ["a", "b"]}).with_format("numpy", columns=["source", "input_ids"])
+    data = Dataset.from_dict({"input_ids": [[1, 2], [3]], "source": ["a", "b"]}).with_format(
+        "numpy", columns=["source", "input_ids"]
+    )
     packed = pack_dataset(data, 8, keep_columns=["source"])
     assert packed.format["type"] == "numpy"
     assert packed.format["columns"] == ["source", "input_ids", "position_ids", "seq_lengths"]
@@ -119,9 +134,15 @@ def test_format_columns_keep_their_order_and_kept_columns():
 
 
 def test_each_split_of_a_dataset_dict_keeps_its_own_format():
-    splits = DatasetDict(train=tokens().with_format("numpy"), test=tokens(3).with_format("torch", columns=["input_ids", "labels"]), raw=tokens(2))
+    splits = DatasetDict(
+        train=tokens().with_format("numpy"),
+        test=tokens(3).with_format("torch", columns=["input_ids", "labels"]),
+        raw=tokens(2),
+    )
     packed = pack_dataset(splits, 8)
-    assert packed["train"].format["type"] == "numpy" and packed["train"].format["columns"] == packed["train"].column_names
+    assert (
+        packed["train"].format["type"] == "numpy" and packed["train"].format["columns"] == packed["train"].column_names
+    )
     assert packed["test"].format["type"] == "torch"
     assert packed["test"].format["columns"] == ["input_ids", "labels", "position_ids", "seq_lengths"]
     assert packed["raw"].format["type"] is None

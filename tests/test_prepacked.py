@@ -71,7 +71,9 @@ def test_pad_rows_keep_tokens_and_separate_examples(seed):
         assert batch["input_ids"][r, :n].tolist() == row["input_ids"]
         assert batch["input_ids"][r, n:].eq(7).all() and batch["labels"][r, n:].eq(-100).all()
         assert batch["labels"][r, :n].tolist() == row["labels"]
-        expected = np.repeat(np.arange(len(row["seq_lengths"]) + (n < 64)), row["seq_lengths"] + ([64 - n] if n < 64 else []))
+        expected = np.repeat(
+            np.arange(len(row["seq_lengths"]) + (n < 64)), row["seq_lengths"] + ([64 - n] if n < 64 else [])
+        )
         assert segments[r].tolist() == expected.tolist()  # transformers' masks see each example (and the pad) apart
         assert batch["seq_idx"][r].tolist() == expected.tolist()
 
@@ -93,17 +95,31 @@ def test_reloaded_dataset_collates(tmp_path):
 
     reloaded = list(load_from_disk(str(tmp_path / "d")))
     collate = PrePackedCollator()
-    assert all(torch.equal(collate(reloaded[:3])[k], collate(rows[:3])[k]) for k in ("input_ids", "labels", "position_ids"))
+    assert all(
+        torch.equal(collate(reloaded[:3])[k], collate(rows[:3])[k]) for k in ("input_ids", "labels", "position_ids")
+    )
 
 
 @pytest.mark.parametrize(
     "rows, kwargs, match",
     [
         ([{"input_ids": [1, 2, 3], "seq_lengths": [2]}], {}, r"Row 0: seq_lengths sum to 2 but input_ids has 3 tokens"),
-        ([{"input_ids": [1], "seq_lengths": [1]}, {"input_ids": [1, 2], "seq_lengths": [1, 0, 1]}], {}, r"Row 1: seq_lengths has a length of 0"),
+        (
+            [{"input_ids": [1], "seq_lengths": [1]}, {"input_ids": [1, 2], "seq_lengths": [1, 0, 1]}],
+            {},
+            r"Row 1: seq_lengths has a length of 0",
+        ),
         ([{"input_ids": [1, 2]}], {}, r"Example 0 has no 'seq_lengths'"),
-        ([{"input_ids": [1, 2], "seq_lengths": [2], "labels": [1]}], {}, r"Row 0: labels has 1 tokens but input_ids has 2"),
-        ([{"input_ids": [1, 2, 3], "seq_lengths": [3]}], {"mode": "pad", "max_length": 2}, r"Row 0 has 3 tokens, more than max_length=2"),
+        (
+            [{"input_ids": [1, 2], "seq_lengths": [2], "labels": [1]}],
+            {},
+            r"Row 0: labels has 1 tokens but input_ids has 2",
+        ),
+        (
+            [{"input_ids": [1, 2, 3], "seq_lengths": [3]}],
+            {"mode": "pad", "max_length": 2},
+            r"Row 0 has 3 tokens, more than max_length=2",
+        ),
         ([{"input_ids": [1, 2], "seq_lengths": [2], "attention_mask": [1, 0]}], {}, r"attention_mask zeros"),
         ([], {}, r"empty batch"),
     ],
@@ -126,7 +142,9 @@ def test_bad_options():
 
 
 def rows_with_token_type_ids():
-    data = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5], [6, 7, 8, 9]], "token_type_ids": [[0, 0, 1], [1, 1], [0, 1, 1, 1]]})
+    data = Dataset.from_dict(
+        {"input_ids": [[1, 2, 3], [4, 5], [6, 7, 8, 9]], "token_type_ids": [[0, 0, 1], [1, 1], [0, 1, 1, 1]]}
+    )
     return list(pack_dataset(data, 5, strategy="next_fit", shuffle_rows=False)), data
 
 
@@ -150,7 +168,9 @@ def test_pad_carries_per_token_keys_padded_per_row():
 def test_kept_per_example_columns_are_refused_with_the_fix():
     data = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5], [6, 7, 8, 9]], "source": ["web", "math", "web"]})
     rows = list(pack_dataset(data, 5, strategy="next_fit", shuffle_rows=False, keep_columns=["source"]))
-    with pytest.raises(ValueError, match=r"Row 0: 'source' has 2 entries but input_ids has 5 tokens.*remove_columns\(\['source'\]\)"):
+    with pytest.raises(
+        ValueError, match=r"Row 0: 'source' has 2 entries but input_ids has 5 tokens.*remove_columns\(\['source'\]\)"
+    ):
         PrePackedCollator()(rows)
 
 
@@ -176,7 +196,10 @@ def test_labels_are_read_from_every_row():
 
 @pytest.mark.parametrize("mode", ["flatten", "pad"])
 def test_attention_mask_is_checked_on_every_row(mode):
-    rows = [{"input_ids": [1, 2], "seq_lengths": [2]}, {"input_ids": [3, 0], "seq_lengths": [2], "attention_mask": [1, 0]}]
+    rows = [
+        {"input_ids": [1, 2], "seq_lengths": [2]},
+        {"input_ids": [3, 0], "seq_lengths": [2], "attention_mask": [1, 0]},
+    ]
     with pytest.raises(ValueError, match=r"Row 1 has attention_mask zeros"):
         PrePackedCollator(mode=mode, max_length=4)(rows)
 
@@ -198,8 +221,10 @@ def test_none_values_are_skipped():
     ids=["float input_ids", "str labels", "None token_type_ids", "float seq_lengths"],
 )
 def test_every_value_is_type_checked(key, bad, match):
-    rows = [{"input_ids": [1, 2], "seq_lengths": [2], "labels": [1, 2], "token_type_ids": [0, 0]},
-            {"input_ids": [3, 4], "seq_lengths": [1, 1], "labels": [3, 4], "token_type_ids": [0, 1]}]
+    rows = [
+        {"input_ids": [1, 2], "seq_lengths": [2], "labels": [1, 2], "token_type_ids": [0, 0]},
+        {"input_ids": [3, 4], "seq_lengths": [1, 1], "labels": [3, 4], "token_type_ids": [0, 1]},
+    ]
     rows[1][key] = rows[1][key][:1] + [bad]
     with pytest.raises(TypeError, match=match):
         PrePackedCollator()(rows)

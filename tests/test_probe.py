@@ -16,13 +16,21 @@ from packing_collators.trainer._probe import ProbeReport, probe_packing
 
 transformers = pytest.importorskip("transformers")
 
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=128, use_cache=False)
+SMALL = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=128, use_cache=False
+)
 
 
 def _opt(attn):
     config = transformers.OPTConfig(
-        vocab_size=128, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
-        word_embed_proj_dim=32, max_position_embeddings=64, use_cache=False,
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=2,
+        ffn_dim=64,
+        num_attention_heads=4,
+        word_embed_proj_dim=32,
+        max_position_embeddings=64,
+        use_cache=False,
     )
     return transformers.OPTForCausalLM._from_config(config, attn_implementation=attn)
 
@@ -40,7 +48,9 @@ def _bert_masked_lm():
 
 
 def _gpt2():
-    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=128, use_cache=False, bos_token_id=1, eos_token_id=2)
+    config = transformers.GPT2Config(
+        n_embd=32, n_layer=2, n_head=4, vocab_size=128, use_cache=False, bos_token_id=1, eos_token_id=2
+    )
     return transformers.GPT2LMHeadModel(config)
 
 

@@ -56,7 +56,10 @@ def test_empty_and_overflow_are_reported_by_count():
     assert rows.tolist() == [[7, 0, 0, 0]]
 
 
-@pytest.mark.parametrize("pack", [lambda: pack_sequences([[1], []], 4, 0), lambda: concatenate_and_pack([[1], []], [[1], []], [[1], []], 4, 0)])
+@pytest.mark.parametrize(
+    "pack",
+    [lambda: pack_sequences([[1], []], 4, 0), lambda: concatenate_and_pack([[1], []], [[1], []], [[1], []], 4, 0)],
+)
 def test_loss_warnings_point_at_the_callers_line(pack):
     with pytest.warns(UserWarning, match="skipped 1 empty") as record:
         pack()
@@ -84,7 +87,9 @@ def test_concatenate_and_pack_keeps_labels_with_their_tokens(seed):
     inputs = [s for s in random_sequences(rng, 40, 12) if s]
     labels = [[t + 10_000 for t in s] for s in inputs]  # label = token + 10000, so alignment is checkable
     masks = [[1] * len(s) for s in inputs]
-    packed_inputs, packed_labels, packed_masks = concatenate_and_pack(inputs, labels, masks, 16, pad_token_id=0, strategy="bfd")
+    packed_inputs, packed_labels, packed_masks = concatenate_and_pack(
+        inputs, labels, masks, 16, pad_token_id=0, strategy="bfd"
+    )
     real = packed_masks.bool()
     assert packed_inputs[real].numel() == sum(map(len, inputs))
     aligned = packed_labels[real] == packed_inputs[real] + 10_000

@@ -28,7 +28,9 @@ def test_len_is_what_iteration_yields_on_every_rank_and_epoch(seed):
     rng = np.random.default_rng(seed)
     lengths = random_lengths(seed, n=int(rng.integers(1, 600)))
     num_replicas = int(rng.integers(1, 5))
-    options = dict(drop_last=bool(seed % 2), group_size=[None, 50][seed % 2], balance=["cost", "none", "tokens"][seed % 3])
+    options = dict(
+        drop_last=bool(seed % 2), group_size=[None, 50][seed % 2], balance=["cost", "none", "tokens"][seed % 3]
+    )
     for rank in range(num_replicas):
         sampler = MultipackBatchSampler(lengths, 700, num_replicas=num_replicas, rank=rank, seed=seed, **options)
         for epoch in range(3):
@@ -140,7 +142,9 @@ def test_a_state_that_does_not_fit_is_an_error(state, message):
 
 def test_an_example_over_the_budget_is_an_error_at_construction():
     lengths = [10, 20, 3000, 40]
-    with pytest.raises(ValueError, match=r"Example 2 has 3000 tokens, more than max_tokens_per_batch=2048.*overflow='drop'"):
+    with pytest.raises(
+        ValueError, match=r"Example 2 has 3000 tokens, more than max_tokens_per_batch=2048.*overflow='drop'"
+    ):
         MultipackBatchSampler(lengths, 2048)
 
 
@@ -148,13 +152,21 @@ def test_overflow_drop_and_empty_examples_are_left_out_and_counted():
     sampler = MultipackBatchSampler([10, 0, 3000, 40, 2049], 2048, overflow="drop")
     assert sorted(i for batch in sampler for i in batch) == [0, 3]
     stats = sampler.stats()
-    assert (stats["overflow_dropped_examples"], stats["overflow_dropped_tokens"], stats["empty_examples"]) == (2, 5049, 1)
+    assert (stats["overflow_dropped_examples"], stats["overflow_dropped_tokens"], stats["empty_examples"]) == (
+        2,
+        5049,
+        1,
+    )
 
 
 @pytest.mark.parametrize(
     "options, error, message",
     [
-        ({"strategy": "worst_fit"}, ValueError, "strategy='worst_fit' is not supported; choose one of 'bfd', 'ffd', 'next_fit'"),
+        (
+            {"strategy": "worst_fit"},
+            ValueError,
+            "strategy='worst_fit' is not supported; choose one of 'bfd', 'ffd', 'next_fit'",
+        ),
         ({"balance": "flops"}, ValueError, "balance='flops' is not supported"),
         ({"overflow": "truncate"}, ValueError, "overflow='truncate' is not supported; choose one of 'error', 'drop'"),
         ({"max_tokens_per_batch": 0}, ValueError, "max_tokens_per_batch must be a positive integer, got 0"),

@@ -30,7 +30,7 @@ BUDGET = 1000
 NUM_EXAMPLES = 997
 RESUME_AT = 3
 
-WORKER = r"""
+WORKER = rf"""
 import datetime, json, sys
 import numpy as np
 import torch
@@ -40,10 +40,10 @@ from packing_collators import MultipackBatchSampler
 rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world,
                         timeout=datetime.timedelta(seconds=30))
-lengths = np.random.default_rng(123).integers(1, 300, {num_examples})
+lengths = np.random.default_rng(123).integers(1, 300, {NUM_EXAMPLES})
 results = {{}}
 for name, options in {{"pad": {{}}, "drop_last": {{"drop_last": True}}}}.items():
-    sampler = MultipackBatchSampler(lengths, {budget}, **options)
+    sampler = MultipackBatchSampler(lengths, {BUDGET}, **options)
     assert (sampler.num_replicas, sampler.rank) == (world, rank)
     epochs = []
     for epoch in (0, 1):
@@ -58,14 +58,14 @@ for name, options in {{"pad": {{}}, "drop_last": {{"drop_last": True}}}}.items()
     results[name] = epochs
 
 # resume: rank 0's state, taken mid-epoch, resumes every rank
-sampler = MultipackBatchSampler(lengths, {budget})
+sampler = MultipackBatchSampler(lengths, {BUDGET})
 sampler.set_epoch(3)
 full = list(sampler)
 batches = iter(sampler)
-head = [next(batches) for _ in range({resume_at})]
+head = [next(batches) for _ in range({RESUME_AT})]
 state = [sampler.state_dict()]
 dist.broadcast_object_list(state, src=0)
-resumed = MultipackBatchSampler(lengths, {budget})
+resumed = MultipackBatchSampler(lengths, {BUDGET})
 resumed.load_state_dict(state[0])
 resumed.set_epoch(3)
 remaining = len(resumed)
@@ -74,7 +74,7 @@ dist.barrier()
 dist.destroy_process_group()
 with open(out, "w") as f:
     json.dump(results, f)
-""".format(budget=BUDGET, num_examples=NUM_EXAMPLES, resume_at=RESUME_AT)
+"""
 
 
 def run_workers(world: int, tmp_path: Path, worker: str = WORKER, timeout: int = 90) -> list[dict]:
@@ -88,7 +88,9 @@ def run_workers(world: int, tmp_path: Path, worker: str = WORKER, timeout: int =
         out = tmp_path / f"rank{rank}.json"
         args = [sys.executable, str(script), str(rank), str(world), str(tmp_path / "store"), str(out)]
         # a different hash seed per process: the plan must not depend on it
-        procs.append(subprocess.Popen(args, env={**env, "PYTHONHASHSEED": str(rank + 11)}, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(args, env={**env, "PYTHONHASHSEED": str(rank + 11)}, stderr=subprocess.PIPE, text=True)
+        )
     errors = []
     for rank, proc in enumerate(procs):
         try:
@@ -219,8 +221,7 @@ def errors_of(results: list[dict], case: str) -> list[str]:
 def test_every_rank_refuses_a_rank_with_another_dataset(mismatch_results):
     full = np.random.default_rng(5).integers(1, 300, 1200)
     expected = (
-        f"rank 1 has 1,000 examples ({int(full[:1000].sum()):,} tokens), "
-        f"rank 0 has 1,200 ({int(full.sum()):,} tokens)"
+        f"rank 1 has 1,000 examples ({int(full[:1000].sum()):,} tokens), rank 0 has 1,200 ({int(full.sum()):,} tokens)"
     )
     for case in ("dataset", "explicit_ranks"):
         errors = errors_of(mismatch_results, case)

@@ -35,8 +35,9 @@ def check_rows(rows, n, seed, max_length):
 @pytest.mark.parametrize("buffer_size", [7, 50, 1000])
 @pytest.mark.parametrize("strategy", ["bfd", "next_fit"])
 def test_generator_yields_the_same_tokens_as_the_stream(buffer_size, strategy):
-    rows, stats = pack_dataset(example_stream(0, 300), 256, strategy=strategy, buffer_size=buffer_size,
-                               keep_columns=["idx"], return_stats=True)
+    rows, stats = pack_dataset(
+        example_stream(0, 300), 256, strategy=strategy, buffer_size=buffer_size, keep_columns=["idx"], return_stats=True
+    )
     rows = list(rows)
     check_rows(rows, 300, 0, 256)
     assert stats.rows == len(rows) and stats.examples == stats.packed_examples == 300

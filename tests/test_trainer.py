@@ -129,8 +129,13 @@ def test_make_batch_sampler_override_decides_the_micro_batches(tmp_path):
             return super().__call__(features)
 
     args = training_args(tmp_path, max_steps=-1, num_train_epochs=1)
-    trainer = BothRanksTrainer(model=tiny_model("llama"), args=args, train_dataset=dataset(),
-                               data_collator=Recording(), max_tokens_per_batch=24)
+    trainer = BothRanksTrainer(
+        model=tiny_model("llama"),
+        args=args,
+        train_dataset=dataset(),
+        data_collator=Recording(),
+        max_tokens_per_batch=24,
+    )
     trainer.add_callback(_ClearOnTrainBegin(seen))
     trainer.train()
     planned = [sorted(LENGTHS[i] for i in batch) for batch in _BothRanks(LENGTHS, 24)]
@@ -214,8 +219,18 @@ def _prepacked():
     # Two rows of two examples each, as pack_dataset writes them.
     return datasets.Dataset.from_list(
         [
-            {"input_ids": [5, 6, 7, 8, 9], "labels": [-100, 6, 7, -100, 9], "position_ids": [0, 1, 2, 0, 1], "seq_lengths": [3, 2]},
-            {"input_ids": [3, 4, 5, 6], "labels": [-100, 4, -100, 6], "position_ids": [0, 1, 0, 1], "seq_lengths": [2, 2]},
+            {
+                "input_ids": [5, 6, 7, 8, 9],
+                "labels": [-100, 6, 7, -100, 9],
+                "position_ids": [0, 1, 2, 0, 1],
+                "seq_lengths": [3, 2],
+            },
+            {
+                "input_ids": [3, 4, 5, 6],
+                "labels": [-100, 4, -100, 6],
+                "position_ids": [0, 1, 0, 1],
+                "seq_lengths": [2, 2],
+            },
         ]
     )
 
@@ -223,7 +238,11 @@ def _prepacked():
 def test_prepacked_rows_through_flattening_collator_are_refused(tmp_path):
     args = training_args(tmp_path, per_device_train_batch_size=2)
     stock = Trainer(
-        model=tiny_model("llama"), args=args, train_dataset=_prepacked(), data_collator=FlatteningCollator(), callbacks=[PackingCheckCallback()]
+        model=tiny_model("llama"),
+        args=args,
+        train_dataset=_prepacked(),
+        data_collator=FlatteningCollator(),
+        callbacks=[PackingCheckCallback()],
     )
     with pytest.raises(ValueError, match="looks pre-packed"):
         stock.train()
@@ -236,7 +255,9 @@ def test_prepacked_rows_through_flattening_collator_are_refused(tmp_path):
 
 def test_safety_checks_run_before_the_first_step(tmp_path):
     # The Trainer copies args.use_cache (default False) into model.config.use_cache.
-    trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path, use_cache=True), train_dataset=dataset())
+    trainer = PackingTrainer(
+        model=tiny_model("llama"), args=training_args(tmp_path, use_cache=True), train_dataset=dataset()
+    )
     with pytest.raises(ValueError, match="use_cache is True"):
         trainer.train()
     assert trainer.state.global_step == 0
@@ -246,7 +267,9 @@ def test_safety_checks_run_before_the_first_step(tmp_path):
         batch["attention_mask"] = torch.ones_like(batch["input_ids"])
         return batch
 
-    trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset(), data_collator=with_mask)
+    trainer = PackingTrainer(
+        model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset(), data_collator=with_mask
+    )
     with pytest.raises(ValueError, match="also has an attention_mask"):
         trainer.train()
 
@@ -361,16 +384,26 @@ def test_overflow_drop_is_accepted_and_counted(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="packing_collators"):
         trainer.train()
     too_long = [n for n in LENGTHS if n > 12]
-    assert f"leaves out {len(too_long)} example(s) ({sum(too_long)} tokens) longer than max_tokens_per_batch=12" in caplog.text
+    assert (
+        f"leaves out {len(too_long)} example(s) ({sum(too_long)} tokens) longer than max_tokens_per_batch=12"
+        in caplog.text
+    )
 
 
 def test_the_probe_runs_when_training_begins_and_can_be_turned_off(tmp_path):
-    trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path, max_steps=1), train_dataset=dataset())
+    trainer = PackingTrainer(
+        model=tiny_model("llama"), args=training_args(tmp_path, max_steps=1), train_dataset=dataset()
+    )
     trainer.train()
     callback = next(c for c in trainer.callback_handler.callbacks if isinstance(c, PackingCheckCallback))
     assert callback.last_report.passed and callback.last_report.leak == 0.0
     assert trainer.model.training or trainer.state.global_step == 1
-    off = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path, max_steps=1), train_dataset=dataset(), packing_probe=False)
+    off = PackingTrainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, max_steps=1),
+        train_dataset=dataset(),
+        packing_probe=False,
+    )
     off.train()
     callback = next(c for c in off.callback_handler.callbacks if isinstance(c, PackingCheckCallback))
     assert callback.last_report is None

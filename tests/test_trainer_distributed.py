@@ -84,7 +84,13 @@ def test_two_gloo_ranks_take_equal_steps_on_their_own_batches(tmp_path):
             "TOKENIZERS_PARALLELISM": "false",
         }
         procs.append(
-            subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            subprocess.Popen(
+                [sys.executable, str(script), str(tmp_path)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
         )
     outputs = []
     for proc in procs:

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import command, machine, padded_batch, write_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import command, machine, padded_batch, write_results  # noqa: E402
 
 ATTENTIONS = ("eager", "sdpa", "flex_attention")
 LENGTHS = (7, 12, 5, 9)
@@ -50,42 +50,111 @@ MAX_PARAMETERS = 10_000_000  # a "tiny" model over this kept a size the tables d
 
 # Size attributes, set wherever a config has them (its dataclass fields), sub-configs included.
 GENERIC = {
-    "vocab_size": VOCAB, "unpadded_vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB,
+    "vocab_size": VOCAB,
+    "unpadded_vocab_size": VOCAB,
+    "vocab_size_per_layer_input": VOCAB,
     "hidden_size_per_layer_input": 8,
     # width
-    "hidden_size": 32, "d_model": 32, "n_embd": 32, "dim": 32, "embed_dim": 32, "emb_dim": 32,
+    "hidden_size": 32,
+    "d_model": 32,
+    "n_embd": 32,
+    "dim": 32,
+    "embed_dim": 32,
+    "emb_dim": 32,
     # depth (a config with per-layer lists gets one layer per distinct kind instead: _layer_plan)
-    "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2, "encoder_layers": 2,
+    "num_hidden_layers": 2,
+    "n_layer": 2,
+    "num_layers": 2,
+    "n_layers": 2,
+    "decoder_layers": 2,
+    "encoder_layers": 2,
     # heads
-    "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "num_heads": 4, "decoder_attention_heads": 4,
-    "encoder_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "attention_head_dim": 8,
+    "num_attention_heads": 4,
+    "n_head": 4,
+    "n_heads": 4,
+    "num_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "attention_head_dim": 8,
     "num_attention_heads_per_layer": 4,
     # feed-forward
-    "intermediate_size": 64, "ffn_dim": 64, "n_inner": 64, "decoder_ffn_dim": 64, "encoder_ffn_dim": 64,
-    "d_ff": 64, "ffn_hidden_size": 64, "rotary_dim": 4,
+    "intermediate_size": 64,
+    "ffn_dim": 64,
+    "n_inner": 64,
+    "decoder_ffn_dim": 64,
+    "encoder_ffn_dim": 64,
+    "d_ff": 64,
+    "ffn_hidden_size": 64,
+    "rotary_dim": 4,
     # positions; local windows and chunks shorter than the examples, so that they are exercised packed
-    "max_position_embeddings": 128, "n_positions": 128, "n_ctx": 128,
-    "sliding_window": 4, "sliding_window_size": 4, "window_size": 4, "attention_chunk_size": 4,
+    "max_position_embeddings": 128,
+    "n_positions": 128,
+    "n_ctx": 128,
+    "sliding_window": 4,
+    "sliding_window_size": 4,
+    "window_size": 4,
+    "attention_chunk_size": 4,
     "local_attention_window_len": 4,
     # mixture of experts: 4 experts, 2 per token, the first layer dense and the second sparse
-    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "num_experts": 4, "num_local_experts": 4,
-    "n_routed_experts": 4, "moe_num_experts": 4, "num_experts_per_tok": 2, "num_experts_per_token": 2,
-    "moe_k": 2, "moe_topk": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
-    "expert_ffn_hidden_size": 32, "zero_expert_num": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "moe_num_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_experts_per_token": 2,
+    "moe_k": 2,
+    "moe_topk": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "expert_ffn_hidden_size": 32,
+    "zero_expert_num": 2,
     # multi-head latent attention
-    "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 8,
     "qk_head_dim": 16,
     # state-space / linear attention
-    "mamba_d_state": 8, "state_size": 8, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "mamba_n_heads": 4, "mamba_d_head": 16,
+    "mamba_d_state": 8,
+    "state_size": 8,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "mamba_n_heads": 4,
+    "mamba_d_head": 16,
     # training behaviour
-    "use_cache": False, "initializer_range": 0.2,
+    "use_cache": False,
+    "initializer_range": 0.2,
 }
 _MLA = {"num_key_value_heads": 4}  # latent attention has as many key/value heads as query heads
 # model_type: overrides on top of GENERIC, where the generic sizes do not build or do not fit together.
 SPECIAL: dict[str, dict] = {
-    **dict.fromkeys(("axk1", "axk2", "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",
-                     "minicpm3", "sarvam_mla", "youtu", "dots3_note", "dots3_note_text", "longcat_flash"), _MLA),
+    **dict.fromkeys(
+        (
+            "axk1",
+            "axk2",
+            "deepseek_v2",
+            "deepseek_v3",
+            "deepseek_v32",
+            "glm4_moe_lite",
+            "glm_moe_dsa",
+            "minicpm3",
+            "sarvam_mla",
+            "youtu",
+            "dots3_note",
+            "dots3_note_text",
+            "longcat_flash",
+        ),
+        _MLA,
+    ),
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     "recurrent_gemma": {"num_hidden_layers": 3},  # block_types (recurrent, recurrent, attention) repeats
     "zaya": {"num_experts_per_tok": 1},  # ZAYA supports top-1 routing only
@@ -102,8 +171,9 @@ SPECIAL: dict[str, dict] = {
     "reformer": {"is_decoder": True, "axial_pos_shape": [8, 16], "axial_pos_embds_dim": [16, 16]},
 }
 # Per-layer lists of layer indices (not of kinds): renumbered to the layers kept.
-_INDEX_LISTS = frozenset({"full_attn_idxs", "moe_layers", "mlp_only_layers", "cross_attention_layers",
-                          "global_attn_indexes"})
+_INDEX_LISTS = frozenset(
+    {"full_attn_idxs", "moe_layers", "mlp_only_layers", "cross_attention_layers", "global_attn_indexes"}
+)
 _DEPTH = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")
 
 
@@ -132,8 +202,12 @@ def _layer_plan(config, fields: set[str], overrides: dict, special: dict) -> dic
         return {}
     depth = _get(config, depth_name)
     per_layer = {
-        n: list(v) for n in sorted(fields)
-        if n not in _INDEX_LISTS and n not in special and isinstance(v := _get(config, n), (list, tuple)) and len(v) == depth
+        n: list(v)
+        for n in sorted(fields)
+        if n not in _INDEX_LISTS
+        and n not in special
+        and isinstance(v := _get(config, n), (list, tuple))
+        and len(v) == depth
     }
     if depth_name in special or not per_layer:
         keep = list(range(min(depth, overrides.get(depth_name, 2))))
@@ -286,8 +360,11 @@ def check(model, batch: dict, collator) -> dict:
     except Exception:  # noqa: BLE001
         return refused
     where = f" in {report.culprit}" if report.culprit else ""
-    return {**refused, "reason": f"probe: leak {report.leak:.2g}{where}; packed vs alone {report.max_difference:.2g} "
-            f"(tolerance {report.tolerance:.2g})"}
+    return {
+        **refused,
+        "reason": f"probe: leak {report.leak:.2g}{where}; packed vs alone {report.max_difference:.2g} "
+        f"(tolerance {report.tolerance:.2g})",
+    }
 
 
 def sweep_model(model_type: str, class_name: str, attentions=ATTENTIONS) -> list[dict]:
@@ -303,8 +380,16 @@ def sweep_model(model_type: str, class_name: str, attentions=ATTENTIONS) -> list
         examples = random_examples(model.config)
     except Exception as error:  # noqa: BLE001 - every failure is a row
         default = "" if _default_builds(model_type, class_name) else " (its default config fails too)"
-        return [{**row, "attention": "-", "verdict": "cannot build", "loss_difference": None,
-                 "reason": "cannot build tiny: " + _short(error) + default, "seconds": time.perf_counter() - started}]
+        return [
+            {
+                **row,
+                "attention": "-",
+                "verdict": "cannot build",
+                "loss_difference": None,
+                "reason": "cannot build tiny: " + _short(error) + default,
+                "seconds": time.perf_counter() - started,
+            }
+        ]
     rows = []
     for attention in attentions:
         started = time.perf_counter()
@@ -344,10 +429,17 @@ def summarise(rows: list[dict]) -> dict:
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
-    false_refusals = [r for r in rows if r["verdict"] == "refused" and r["loss_difference"] is not None
-                      and r["loss_difference"] <= WRONG]
-    return {"verdicts": counts, "accepted_and_wrong": sum(r.get("accepted_and_wrong", False) for r in rows),
-            "refused_with_loss_difference_under_1e-5": len(false_refusals), "rows": len(rows)}
+    false_refusals = [
+        r
+        for r in rows
+        if r["verdict"] == "refused" and r["loss_difference"] is not None and r["loss_difference"] <= WRONG
+    ]
+    return {
+        "verdicts": counts,
+        "accepted_and_wrong": sum(r.get("accepted_and_wrong", False) for r in rows),
+        "refused_with_loss_difference_under_1e-5": len(false_refusals),
+        "rows": len(rows),
+    }
 
 
 def markdown(rows: list[dict], summary: dict, header: dict) -> str:
@@ -421,7 +513,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", help="model types to sweep (default: every causal LM)")
     parser.add_argument("--attention", nargs="*", default=list(ATTENTIONS), choices=ATTENTIONS)
-    parser.add_argument("--compile-flex", action="store_true", help="let transformers compile flex_attention (slow on CPU)")
+    parser.add_argument(
+        "--compile-flex", action="store_true", help="let transformers compile flex_attention (slow on CPU)"
+    )
     parser.add_argument("--name", default="architecture_sweep", help="results/<name>.md and .json")
     args = parser.parse_args()
 
@@ -434,13 +528,22 @@ def main() -> None:
         with quiet(), contextlib.nullcontext() if args.compile_flex else uncompiled_flex():
             new = sweep_model(model_type, class_name, args.attention)
         for r in new:
-            print(f"{r['model_type']:28} {r['attention']:15} {r['verdict']:14} "
-                  f"{'' if r['loss_difference'] is None else format(r['loss_difference'], '.1e'):9} {r['reason'][:90]}",
-                  flush=True)
+            print(
+                f"{r['model_type']:28} {r['attention']:15} {r['verdict']:14} "
+                f"{'' if r['loss_difference'] is None else format(r['loss_difference'], '.1e'):9} {r['reason'][:90]}",
+                flush=True,
+            )
         rows += new
-    header = {"command": command(), "machine": machine(), "transformers": transformers.__version__,
-              "torch": torch.__version__, "seconds": time.perf_counter() - started,
-              "compile_flex": args.compile_flex, "lengths": LENGTHS, "threshold": WRONG}
+    header = {
+        "command": command(),
+        "machine": machine(),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "seconds": time.perf_counter() - started,
+        "compile_flex": args.compile_flex,
+        "lengths": LENGTHS,
+        "threshold": WRONG,
+    }
     summary = summarise(rows)
     print(json.dumps(summary))
     write_results(args.name, markdown(rows, summary, header), {**header, "summary": summary, "rows": rows})

@@ -26,9 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import alternate, command, lengths_of, machine, median, write_results  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import alternate, command, lengths_of, machine, median, write_results  # noqa: E402
 
 STARTUP = "import packing_collators.cli, packing_collators.cli._analysis, packing_collators.cli._input_data, datasets"
 
@@ -47,9 +46,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from packing_collators import pack_lengths
-    from packing_collators.sampler._epoch_plan import plan_epoch
     from packing_collators.cli._analysis import analyze_lengths
     from packing_collators.cli._input_data import example_lengths, open_dataset
+    from packing_collators.sampler._epoch_plan import plan_epoch
 
     script = Path(sys.executable).with_name("packing-collators")
     if not script.exists():
@@ -81,21 +80,29 @@ def main() -> None:
         analysis = analysis_runs[0][1]
         parts = {
             f"pack_lengths {strategy}": median(
-                [timed(lambda: pack_lengths(lengths, args.max_length, strategy=strategy))[0] for _ in range(args.repeats)]
+                [
+                    timed(lambda: pack_lengths(lengths, args.max_length, strategy=strategy))[0]
+                    for _ in range(args.repeats)
+                ]
             )
             for strategy in ("bfd", "ffd", "next_fit")
         }
         budget = 8 * args.max_length
         parts[f"plan_epoch({budget:,}) (the sampler's plan)"] = median(
-            [timed(lambda: plan_epoch(lengths, budget, num_replicas=1, overflow="drop").stats())[0] for _ in range(args.repeats)]
+            [
+                timed(lambda: plan_epoch(lengths, budget, num_replicas=1, overflow="drop").stats())[0]
+                for _ in range(args.repeats)
+            ]
         )
 
     total_s, startup_s = median(times["end to end"]), median(times["start-up"])
     load = os.getloadavg()[0]
     print(outputs["table"])
     rows = [
-        ("`packing-collators analyze FILE --column length --max-length "
-         f"{args.max_length}`, end to end (subprocess)", total_s),
+        (
+            f"`packing-collators analyze FILE --column length --max-length {args.max_length}`, end to end (subprocess)",
+            total_s,
+        ),
         ("  start-up alone: Python + imports (`import packing_collators, datasets`)", startup_s),
         ("  the command's own work (end to end - start-up)", total_s - startup_s),
         ("in-process: read the lengths (`open_dataset` + `example_lengths`)", read_s),
@@ -111,7 +118,10 @@ def main() -> None:
             "",
             "| what | time (s) |",
             "|---|---|",
-            *(f"| {name.strip() if not name.startswith('  ') else '&nbsp;&nbsp;' + name.strip()} | {seconds:.2f} |" for name, seconds in rows),
+            *(
+                f"| {name.strip() if not name.startswith('  ') else '&nbsp;&nbsp;' + name.strip()} | {seconds:.2f} |"
+                for name, seconds in rows
+            ),
             "",
             f"The analysis itself takes **{analysis_s:.1f} s** for {args.examples:,} examples; end to end the command "
             f"takes {total_s:.1f} s, {startup_s / total_s:.0%} of it starting Python and importing the package and "

@@ -19,8 +19,8 @@ from transformers import DataCollatorWithFlattening
 
 from packing_collators import FlatteningCollator
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import alternate, command, lengths_of, machine, median, write_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import alternate, command, lengths_of, machine, median, write_results  # noqa: E402
 
 
 def make_batches(num_batches: int, batch_size: int, kind: str) -> list[list[dict]]:
@@ -58,19 +58,28 @@ def main() -> None:
             args.repeats,
         )
         ours_tps, theirs_tps = tokens / median(times["ours"]), tokens / median(times["transformers"])
-        rows.append(f"| {kind} | {ours_tps / 1e6:.1f} M | {theirs_tps / 1e6:.2f} M | **{ours_tps / theirs_tps:.1f}x** |")
-        data[kind] = {"ours_tokens_per_s": ours_tps, "transformers_tokens_per_s": theirs_tps, "ratio": ours_tps / theirs_tps}
-    markdown = "\n".join(
-        [
-            f"## FlatteningCollator vs DataCollatorWithFlattening: {args.batches} batches of {args.batch_size} `sft` examples",
-            "",
-            f"Machine: {machine()}. Median of {args.repeats} alternating runs over all batches. Command: `{command()}`",
-            "",
-            "| inputs | ours (tokens/s) | transformers (tokens/s) | ratio |",
-            "|---|---|---|---|",
-            *rows,
-        ]
-    ) + "\n"
+        rows.append(
+            f"| {kind} | {ours_tps / 1e6:.1f} M | {theirs_tps / 1e6:.2f} M | **{ours_tps / theirs_tps:.1f}x** |"
+        )
+        data[kind] = {
+            "ours_tokens_per_s": ours_tps,
+            "transformers_tokens_per_s": theirs_tps,
+            "ratio": ours_tps / theirs_tps,
+        }
+    markdown = (
+        "\n".join(
+            [
+                f"## FlatteningCollator vs DataCollatorWithFlattening: {args.batches} batches of {args.batch_size} `sft` examples",
+                "",
+                f"Machine: {machine()}. Median of {args.repeats} alternating runs over all batches. Command: `{command()}`",
+                "",
+                "| inputs | ours (tokens/s) | transformers (tokens/s) | ratio |",
+                "|---|---|---|---|",
+                *rows,
+            ]
+        )
+        + "\n"
+    )
     print(markdown)
     write_results("collator", markdown, data)
 

@@ -24,8 +24,8 @@ import pyarrow as pa
 
 from packing_collators import pack_lengths
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import alternate, command, lengths_of, machine, median, write_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import alternate, command, lengths_of, machine, median, write_results  # noqa: E402
 
 
 def arrow_table(lengths: np.ndarray) -> pa.Table:
@@ -79,21 +79,35 @@ def main() -> None:
         "",
         "| contender | what it includes | time (s) | rows | gap to lower bound | efficiency |",
         "|---|---|---|---|---|---|",
-        f"| ours `pack_lengths(strategy=\"bfd\")` | lengths in, rows of indices out (global) | {ours_s:.3f} | {rows['ours']:,} | {rows['ours'] - lower} | {eff['ours']:.4%} |",
+        f'| ours `pack_lengths(strategy="bfd")` | lengths in, rows of indices out (global) | {ours_s:.3f} | {rows["ours"]:,} | {rows["ours"] - lower} | {eff["ours"]:.4%} |',
         f"| TRL `_pack_bfd` per 1,000 examples | the packing inside `trl.pack_dataset` (incl. its Arrow gather) | {trl_s:.3f} | {rows['trl']:,} | {rows['trl'] - lower} | {eff['trl']:.4%} |",
         f"| TRL `pack_dataset` whole call (1 run) | the above plus `datasets.map` | {trl_whole_s:.3f} | {trl_whole:,} | {trl_whole - lower} | {lengths.sum() / (trl_whole * capacity):.4%} |",
         "",
         f"Speed-up of ours over TRL's packing: **{trl_s / ours_s:.1f}x** (over its whole call: {trl_whole_s / ours_s:.1f}x). Lower bound: {lower:,} rows.",
     ]
     data = {
-        "examples": args.examples, "capacity": capacity, "lower_bound_rows": lower, "machine": machine(),
-        "ours_s": ours_s, "trl_chunked_s": trl_s, "trl_whole_call_s": trl_whole_s, "rows": rows,
-        "trl_whole_rows": trl_whole, "efficiency": eff, "speedup": trl_s / ours_s, "command": command(),
+        "examples": args.examples,
+        "capacity": capacity,
+        "lower_bound_rows": lower,
+        "machine": machine(),
+        "ours_s": ours_s,
+        "trl_chunked_s": trl_s,
+        "trl_whole_call_s": trl_whole_s,
+        "rows": rows,
+        "trl_whole_rows": trl_whole,
+        "efficiency": eff,
+        "speedup": trl_s / ours_s,
+        "command": command(),
     }
     if args.large:
         big = lengths_of("sft", args.large, seed=1)
-        lines += ["", f"### Scale: {args.large:,} `sft` lengths, capacity {capacity} (1 run each)", "",
-                  "| strategy | time (s) | rows | gap to lower bound | efficiency |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"### Scale: {args.large:,} `sft` lengths, capacity {capacity} (1 run each)",
+            "",
+            "| strategy | time (s) | rows | gap to lower bound | efficiency |",
+            "|---|---|---|---|---|",
+        ]
         data["large"] = {}
         for strategy in ("bfd", "ffd", "next_fit"):
             start = time.perf_counter()
@@ -101,7 +115,12 @@ def main() -> None:
             seconds = time.perf_counter() - start
             gap = result.num_rows - result.lower_bound_rows
             lines.append(f"| {strategy} | {seconds:.2f} | {result.num_rows:,} | {gap} | {result.efficiency:.4%} |")
-            data["large"][strategy] = {"seconds": seconds, "rows": result.num_rows, "efficiency": result.efficiency, "gap": gap}
+            data["large"][strategy] = {
+                "seconds": seconds,
+                "rows": result.num_rows,
+                "efficiency": result.efficiency,
+                "gap": gap,
+            }
     markdown = "\n".join(lines) + "\n"
     print(markdown)
     write_results("engine", markdown, data)

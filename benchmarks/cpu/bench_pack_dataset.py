@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import resource
 import statistics
 import subprocess
@@ -26,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import DISTRIBUTIONS, lengths_of  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import DISTRIBUTIONS, lengths_of  # noqa: E402
 
 
 def make_dataset(dist: str, n: int, seed: int):
@@ -75,7 +74,7 @@ def side_by_side(args) -> list[dict]:
         times = {name: [] for name in runners}
         outputs = {}
         for repeat in range(args.repeats):
-            for name, run in (runners.items() if repeat % 2 == 0 else reversed(runners.items())):
+            for name, run in runners.items() if repeat % 2 == 0 else reversed(runners.items()):
                 start = time.perf_counter()
                 outputs[name] = run()
                 times[name].append(time.perf_counter() - start)
@@ -112,7 +111,9 @@ def stream_child(n: int, args) -> dict:
     def examples():
         rng = np.random.default_rng(args.seed)
         for start in range(0, n, 10_000):
-            lengths = lengths_of(args.dist, min(10_000, n - start), args.seed + start, high=args.max_length)  # = stream_lengths
+            lengths = lengths_of(
+                args.dist, min(10_000, n - start), args.seed + start, high=args.max_length
+            )  # = stream_lengths
             tokens = rng.integers(0, 32000, int(lengths.sum()), dtype=np.int32)
             for ids in np.split(tokens, np.cumsum(lengths)[:-1]):
                 yield {"input_ids": ids}
@@ -134,15 +135,29 @@ def stream_child(n: int, args) -> dict:
 
 
 def run_child(n: int, buffer_size: int, args) -> dict:
-    command = [sys.executable, __file__, "--stream-child", str(n), "--buffer-size", str(buffer_size),
-               "--dist", args.dist, "--seed", str(args.seed), "--max-length", str(args.max_length)]
+    command = [
+        sys.executable,
+        __file__,
+        "--stream-child",
+        str(n),
+        "--buffer-size",
+        str(buffer_size),
+        "--dist",
+        args.dist,
+        "--seed",
+        str(args.seed),
+        "--max-length",
+        str(args.max_length),
+    ]
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
 
 def stream_lengths(n: int, args) -> np.ndarray:
     """The lengths the streaming generator yields (drawn in blocks of 10,000)."""
-    blocks = [lengths_of(args.dist, min(10_000, n - s), args.seed + s, high=args.max_length) for s in range(0, n, 10_000)]
+    blocks = [
+        lengths_of(args.dist, min(10_000, n - s), args.seed + s, high=args.max_length) for s in range(0, n, 10_000)
+    ]
     return np.concatenate(blocks)
 
 
@@ -184,7 +199,9 @@ def markdown(side, stream, buffers, command, args) -> str:
             "|---:|---:|---:|---:|---:|",
         ]
         for r in stream:
-            lines.append(f"| {r['examples']:,} | {r['rows']:,} | {r['efficiency']:.4%} | {r['seconds']:.1f} | {r['peak_rss_mib']:.0f} |")
+            lines.append(
+                f"| {r['examples']:,} | {r['rows']:,} | {r['efficiency']:.4%} | {r['seconds']:.1f} | {r['peak_rss_mib']:.0f} |"
+            )
     if buffers:
         lines += [
             "",
@@ -194,7 +211,9 @@ def markdown(side, stream, buffers, command, args) -> str:
             "|---:|---:|---:|---:|---:|",
         ]
         for r in buffers:
-            lines.append(f"| {r['buffer_size']:,} | {r['rows']:,} | {r['lower_bound_rows']:,} | {r['efficiency']:.4%} | {r['peak_rss_mib']:.0f} |")
+            lines.append(
+                f"| {r['buffer_size']:,} | {r['rows']:,} | {r['lower_bound_rows']:,} | {r['efficiency']:.4%} | {r['peak_rss_mib']:.0f} |"
+            )
         lines.append(f"| global (in memory) | | | {buffers[0]['global_efficiency']:.4%} | |")
     return "\n".join(lines) + "\n"
 
@@ -211,7 +230,9 @@ def main() -> None:
     parser.add_argument("--buffer-size", type=int, default=10_000)
     parser.add_argument("--buffer-sizes", default="1000,10000,100000", help="efficiency per buffer size; empty to skip")
     parser.add_argument("--buffer-examples", type=int, default=200_000)
-    parser.add_argument("--out", default=None, help="write <out>.md and <out>.json (e.g. benchmarks/results/pack_dataset)")
+    parser.add_argument(
+        "--out", default=None, help="write <out>.md and <out>.json (e.g. benchmarks/results/pack_dataset)"
+    )
     parser.add_argument("--stream-child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stream_child is not None:

@@ -33,8 +33,8 @@ from torch.utils.data import BatchSampler, RandomSampler
 
 from packing_collators import MultipackBatchSampler, lengths_from_dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import alternate, command, lengths_of, machine, median, write_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import alternate, command, lengths_of, machine, median, write_results  # noqa: E402
 
 
 def versions() -> str:
@@ -82,12 +82,17 @@ def planning(lengths: np.ndarray, budget: int, ranks: int, repeats: int):
 
     def ours(num_replicas):
         def run():
-            out[f"ours_{num_replicas}"] = list(MultipackBatchSampler(lengths, budget, num_replicas=num_replicas, rank=0))
+            out[f"ours_{num_replicas}"] = list(
+                MultipackBatchSampler(lengths, budget, num_replicas=num_replicas, rank=0)
+            )
+
         return run
 
     def batch_sampler():
         generator = torch.Generator().manual_seed(0)
-        out["batch_sampler"] = list(BatchSampler(RandomSampler(range(len(lengths)), generator=generator), padded_batch, False))
+        out["batch_sampler"] = list(
+            BatchSampler(RandomSampler(range(len(lengths)), generator=generator), padded_batch, False)
+        )
 
     def length_grouped():
         from transformers.trainer_pt_utils import LengthGroupedSampler
@@ -113,7 +118,9 @@ def balance_table(lengths: np.ndarray, budget: int, ranks: int) -> dict:
     rows = {}
     for balance in ("cost", "attention", "tokens", "none"):
         stats = MultipackBatchSampler(lengths, budget, num_replicas=ranks, rank=0, balance=balance).stats()
-        rows[balance] = {k: stats[k] for k in ("imbalance", "imbalance_tokens", "imbalance_attention", "step_imbalance")}
+        rows[balance] = {
+            k: stats[k] for k in ("imbalance", "imbalance_tokens", "imbalance_attention", "step_imbalance")
+        }
     return rows
 
 
@@ -141,8 +148,13 @@ def lengths_timing(rows: int, repeats: int) -> dict:
 
     times = alternate({"arrow": arrow, "loop": loop}, repeats)
     assert np.array_equal(result["arrow"], result["loop"])
-    return {"rows": rows, "arrow_s": median(times["arrow"]), "loop_s": median(times["loop"]), "loop": loop_label,
-            "shuffled": not isinstance(dataset, pa.Table)}
+    return {
+        "rows": rows,
+        "arrow_s": median(times["arrow"]),
+        "loop_s": median(times["loop"]),
+        "loop": loop_label,
+        "shuffled": not isinstance(dataset, pa.Table),
+    }
 
 
 def main() -> None:
@@ -162,8 +174,18 @@ def main() -> None:
     ours = MultipackBatchSampler(lengths, budget).stats()
     ours_ranks = MultipackBatchSampler(lengths, budget, num_replicas=ranks, rank=0).stats()
     quality = {
-        "ours_1": {"batches": ours["total_batches"], "efficiency": ours["efficiency"], "padding": 0.0, "over_budget": 0},
-        f"ours_{ranks}": {"batches": ours_ranks["total_batches"], "efficiency": ours_ranks["efficiency"], "padding": 0.0, "over_budget": 0},
+        "ours_1": {
+            "batches": ours["total_batches"],
+            "efficiency": ours["efficiency"],
+            "padding": 0.0,
+            "over_budget": 0,
+        },
+        f"ours_{ranks}": {
+            "batches": ours_ranks["total_batches"],
+            "efficiency": ours_ranks["efficiency"],
+            "padding": 0.0,
+            "over_budget": 0,
+        },
     }
     for name in ("batch_sampler", "length_grouped", "length_grouped_budget"):
         quality[name] = padded_stats(out[name], lengths, budget)
@@ -210,31 +232,61 @@ def main() -> None:
             f"{row['imbalance_attention']:.4%} | {row['step_imbalance']:.4%} |"
         )
     groups = {}
-    lines += ["", "### `group_size`: packing the shuffled epoch in groups (1 rank, median of 3)", "",
-              "| group_size | plan an epoch (s) | batches | efficiency |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "### `group_size`: packing the shuffled epoch in groups (1 rank, median of 3)",
+        "",
+        "| group_size | plan an epoch (s) | batches | efficiency |",
+        "|---|---|---|---|",
+    ]
     for group_size in (None, 100_000, 10_000):
         seconds = []
         for _ in range(3):
             start = time.perf_counter()
             stats = MultipackBatchSampler(lengths, budget, group_size=group_size).stats()
             seconds.append(time.perf_counter() - start)
-        groups[str(group_size)] = {"seconds": median(seconds), "batches": stats["total_batches"], "efficiency": stats["efficiency"]}
-        lines.append(f"| {group_size if group_size else 'None (default: one group)'} | {median(seconds):.3f} | "
-                     f"{stats['total_batches']:,} | {stats['efficiency']:.4%} |")
+        groups[str(group_size)] = {
+            "seconds": median(seconds),
+            "batches": stats["total_batches"],
+            "efficiency": stats["efficiency"],
+        }
+        lines.append(
+            f"| {group_size if group_size else 'None (default: one group)'} | {median(seconds):.3f} | "
+            f"{stats['total_batches']:,} | {stats['efficiency']:.4%} |"
+        )
     others = {}
-    lines += ["", f"### Other distributions, {args.examples:,} examples, 1 rank", "",
-              "| distribution | batches | lower bound | efficiency |", "|---|---|---|---|"]
+    lines += [
+        "",
+        f"### Other distributions, {args.examples:,} examples, 1 rank",
+        "",
+        "| distribution | batches | lower bound | efficiency |",
+        "|---|---|---|---|",
+    ]
     for distribution in ("flan_like", "orcamath_like", "long_tail"):
         stats = MultipackBatchSampler(lengths_of(distribution, args.examples), budget).stats()
         others[distribution] = stats
-        lines.append(f"| `{distribution}` | {stats['total_batches']:,} | {stats['lower_bound_batches']:,} | {stats['efficiency']:.4%} |")
+        lines.append(
+            f"| `{distribution}` | {stats['total_batches']:,} | {stats['lower_bound_batches']:,} | {stats['efficiency']:.4%} |"
+        )
     data = {
-        "examples": args.examples, "budget": budget, "ranks": ranks, "repeats": args.repeats, "machine": f"{machine()}, {os.cpu_count()} cores; {versions()}",
-        "command": command(), "lower_bound_batches": lower, "plan_seconds": plan_s, "plan_seconds_all": times,
-        "quality": quality, "balance": balance, "padded_batch_size": padded_batch,
-        "ours_stats": ours, f"ours_{ranks}_stats": ours_ranks,
+        "examples": args.examples,
+        "budget": budget,
+        "ranks": ranks,
+        "repeats": args.repeats,
+        "machine": f"{machine()}, {os.cpu_count()} cores; {versions()}",
+        "command": command(),
+        "lower_bound_batches": lower,
+        "plan_seconds": plan_s,
+        "plan_seconds_all": times,
+        "quality": quality,
+        "balance": balance,
+        "padded_batch_size": padded_batch,
+        "ours_stats": ours,
+        f"ours_{ranks}_stats": ours_ranks,
         "group_size": groups,
-        "other_distributions": {k: {"efficiency": v["efficiency"], "batches": v["total_batches"]} for k, v in others.items()},
+        "other_distributions": {
+            k: {"efficiency": v["efficiency"], "batches": v["total_batches"]} for k, v in others.items()
+        },
     }
     if args.lengths_rows:
         timing = lengths_timing(args.lengths_rows, max(3, args.repeats // 2))
@@ -244,7 +296,8 @@ def main() -> None:
             f"### `lengths_from_dataset`: {timing['rows']:,} `flan_like` rows"
             + (" of a shuffled `Dataset` (indices mapping)" if timing["shuffled"] else " of an Arrow table"),
             "",
-            "| how | time (s) |", "|---|---|",
+            "| how | time (s) |",
+            "|---|---|",
             f"| `lengths_from_dataset(ds)` (Arrow `list_value_length`) | {timing['arrow_s']:.4f} |",
             f"| `{timing['loop']}` | {timing['loop_s']:.3f} |",
             "",

@@ -34,8 +34,8 @@ import torch.distributed as dist
 
 from packing_collators import FlatteningCollator, MultipackBatchSampler
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import add_run_arguments, build_model, finish_run_arguments, lengths_of, markov_tokens, to_device  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import add_run_arguments, build_model, finish_run_arguments, lengths_of, markov_tokens, to_device  # noqa: E402
 
 
 def setup() -> tuple[int, int, torch.device]:
@@ -73,8 +73,10 @@ def run(args) -> None:
         register_varlen_attention()
     lengths = np.minimum(lengths_of(args.distribution, args.examples, seed=0), args.max_length)
     examples = markov_tokens(lengths, args.vocab, seed=0)
-    samplers = [MultipackBatchSampler(lengths, args.tokens_per_batch, seed=0, num_replicas=args.replicas, rank=r)
-                for r in range(args.replicas)]
+    samplers = [
+        MultipackBatchSampler(lengths, args.tokens_per_batch, seed=0, num_replicas=args.replicas, rank=r)
+        for r in range(args.replicas)
+    ]
     mine = [r for r in range(args.replicas) if r % world == rank]  # the sampler ranks this process trains
     plans = [list(s) for s in samplers]
     steps = min(args.steps, len(plans[0]))
@@ -117,12 +119,19 @@ def run(args) -> None:
     if rank == 0:
         stats = samplers[0].stats()
         result = {
-            "name": args.name, "world_size": world, "replicas": args.replicas, "fsdp": args.fsdp,
+            "name": args.name,
+            "world_size": world,
+            "replicas": args.replicas,
+            "fsdp": args.fsdp,
             "card": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-            "steps_per_rank": [int(c) for c in gathered], "loss": losses,
-            "real_tokens_per_s": float(tok) / sum(step_times), "step_time_s": float(np.median(step_times)),
+            "steps_per_rank": [int(c) for c in gathered],
+            "loss": losses,
+            "real_tokens_per_s": float(tok) / sum(step_times),
+            "step_time_s": float(np.median(step_times)),
             "forward_time_per_process_s": [float(f) for f in fwd_all],
-            "sampler_stats": {k: (float(v) if isinstance(v, (int, float, np.number)) else str(v)) for k, v in stats.items()},
+            "sampler_stats": {
+                k: (float(v) if isinstance(v, (int, float, np.number)) else str(v)) for k, v in stats.items()
+            },
             "command": args.command,
         }
         args.out.mkdir(parents=True, exist_ok=True)
@@ -135,16 +144,23 @@ def compare(folder: Path) -> None:
     runs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
     base = next((r for r in runs.values() if r["world_size"] == 1), None)
     runner = next(iter(runs.values())).get("runner", "a hand-written loop (distributed_scaling.py)")
-    lines = [f"## Multi-GPU training with the multipack sampler: {runner}", "",
-             f"Card: {next(iter(runs.values()))['card']}. Commands: " + "; ".join(f"`{r['command']}`" for r in runs.values()), "",
-             "| run | processes | steps per rank | real tokens/s | scaling vs 1 GPU | median step (s) | forward time per process (s) | max loss diff vs 1 GPU |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"## Multi-GPU training with the multipack sampler: {runner}",
+        "",
+        f"Card: {next(iter(runs.values()))['card']}. Commands: "
+        + "; ".join(f"`{r['command']}`" for r in runs.values()),
+        "",
+        "| run | processes | steps per rank | real tokens/s | scaling vs 1 GPU | median step (s) | forward time per process (s) | max loss diff vs 1 GPU |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in runs.items():
         scale = r["real_tokens_per_s"] / base["real_tokens_per_s"] if base else float("nan")
         diff = np.abs(np.array(r["loss"]) - np.array(base["loss"])).max() if base else float("nan")
         fwd = ", ".join(f"{f:.2f}" for f in r["forward_time_per_process_s"])
-        lines.append(f"| {name} | {r['world_size']} | {r['steps_per_rank']} | {r['real_tokens_per_s']:,.0f} | {scale:.2f}x | "
-                     f"{r['step_time_s']:.3f} | {fwd} | {diff:.4f} |")
+        lines.append(
+            f"| {name} | {r['world_size']} | {r['steps_per_rank']} | {r['real_tokens_per_s']:,.0f} | {scale:.2f}x | "
+            f"{r['step_time_s']:.3f} | {fwd} | {diff:.4f} |"
+        )
     s = next(iter(runs.values()))["sampler_stats"]
     lines += ["", "Sampler plan (same on every run): " + ", ".join(f"{k} {v}" for k, v in s.items())]
     text = "\n".join(lines) + "\n"

@@ -27,15 +27,14 @@ import argparse
 import json
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 import packing_collators  # noqa: F401  (before flash_attn.cute, whose import can change the import path)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import CompileCounter, build_model, command, lengths_of, machine, markov_tokens, padded_batch, to_device  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import CompileCounter, build_model, command, lengths_of, machine, markov_tokens, padded_batch, to_device  # noqa: E402
 
 ARCHS = ("llama", "qwen2", "mistral")
 
@@ -44,10 +43,22 @@ def small_model(arch: str, attn: str, dtype, device, vocab: int, seed: int = 0):
     import torch
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
-    common = dict(vocab_size=vocab, hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                  intermediate_size=1024, max_position_embeddings=4096, use_cache=False, tie_word_embeddings=False)
-    config = {"llama": LlamaConfig(**common), "qwen2": Qwen2Config(**common),
-              "mistral": MistralConfig(**common, sliding_window=128)}[arch]
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=4096,
+        use_cache=False,
+        tie_word_embeddings=False,
+    )
+    config = {
+        "llama": LlamaConfig(**common),
+        "qwen2": Qwen2Config(**common),
+        "mistral": MistralConfig(**common, sliding_window=128),
+    }[arch]
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -78,8 +89,13 @@ def token_loss(model, batches, device) -> float:
 def loss_equality(args, device, counter) -> list[dict]:
     import torch
 
-    from packing_collators import FlatteningCollator, MultipackBatchSampler, PrePackedCollator, pack_lengths
-    from packing_collators import register_varlen_attention
+    from packing_collators import (
+        FlatteningCollator,
+        MultipackBatchSampler,
+        PrePackedCollator,
+        pack_lengths,
+        register_varlen_attention,
+    )
 
     varlen = register_varlen_attention()
     lengths = lengths_of("sft", args.examples, seed=1, high=args.max_length)
@@ -88,7 +104,12 @@ def loss_equality(args, device, counter) -> list[dict]:
     groups = [examples[i : i + 8] for i in range(0, len(examples), 8)]
     rows = []
     for row in pack_lengths(lengths, args.max_length).rows:
-        rows.append({"input_ids": np.concatenate([tokens[i] for i in row]).tolist(), "seq_lengths": [int(lengths[i]) for i in row]})
+        rows.append(
+            {
+                "input_ids": np.concatenate([tokens[i] for i in row]).tolist(),
+                "seq_lengths": [int(lengths[i]) for i in row],
+            }
+        )
     sampler = MultipackBatchSampler(lengths, args.budget, shuffle=False)
     batches = {
         "padded": [padded_batch(g) for g in groups],
@@ -100,17 +121,25 @@ def loss_equality(args, device, counter) -> list[dict]:
     for arch in args.archs.split(","):
         ref32 = token_loss(small_model(arch, "sdpa", torch.float32, device, args.vocab), batches["padded"], device)
         row = {"arch": arch, "padded_sdpa_fp32": ref32}
-        row["padded_sdpa_bf16"] = token_loss(small_model(arch, "sdpa", torch.bfloat16, device, args.vocab), batches["padded"], device)
+        row["padded_sdpa_bf16"] = token_loss(
+            small_model(arch, "sdpa", torch.bfloat16, device, args.vocab), batches["padded"], device
+        )
         before = counter.snapshot()
         fa4 = small_model(arch, "flash_attention_4", torch.bfloat16, device, args.vocab)
         for name in ("flattened", "prepacked", "sampler"):
             row[f"{name}_fa4_bf16"] = token_loss(fa4, batches[name], device)
-        row["flattened_varlen_bf16"] = token_loss(small_model(arch, varlen, torch.bfloat16, device, args.vocab), batches["flattened"], device)
+        row["flattened_varlen_bf16"] = token_loss(
+            small_model(arch, varlen, torch.bfloat16, device, args.vocab), batches["flattened"], device
+        )
         row["fa4_compiles"] = counter.snapshot()[0] - before[0]
         bf16_gap = abs(row["padded_sdpa_bf16"] - ref32)
         row["bf16_vs_fp32_gap"] = bf16_gap
-        row["max_fa4_diff_vs_padded_bf16"] = max(abs(row[f"{n}_fa4_bf16"] - row["padded_sdpa_bf16"]) for n in ("flattened", "prepacked", "sampler"))
-        row["max_fa4_diff_vs_fp32"] = max(abs(row[f"{n}_fa4_bf16"] - ref32) for n in ("flattened", "prepacked", "sampler"))
+        row["max_fa4_diff_vs_padded_bf16"] = max(
+            abs(row[f"{n}_fa4_bf16"] - row["padded_sdpa_bf16"]) for n in ("flattened", "prepacked", "sampler")
+        )
+        row["max_fa4_diff_vs_fp32"] = max(
+            abs(row[f"{n}_fa4_bf16"] - ref32) for n in ("flattened", "prepacked", "sampler")
+        )
         row["varlen_diff_vs_padded_bf16"] = abs(row["flattened_varlen_bf16"] - row["padded_sdpa_bf16"])
         results.append(row)
         print(json.dumps(row), flush=True)
@@ -132,8 +161,13 @@ def probes(args, device) -> dict:
             refused = None
         except ValueError as error:
             refused = str(error)
-        out[arch] = {"flattening_fa4": flat.summary(), "flattening_passed": flat.passed,
-                     "prepacked_pad_fa4": pad.summary(), "prepacked_pad_passed": pad.passed, "pad_refusal": refused}
+        out[arch] = {
+            "flattening_fa4": flat.summary(),
+            "flattening_passed": flat.passed,
+            "prepacked_pad_fa4": pad.summary(),
+            "prepacked_pad_passed": pad.passed,
+            "pad_refusal": refused,
+        }
         print(json.dumps(out[arch]), flush=True)
     return out
 
@@ -164,7 +198,9 @@ def training_compiles_and_probe_cost(args, device, counter) -> dict:
         optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         step_times.append(time.perf_counter() - started)
-        per_step.append({"step": step, "max_length_q": int(batch["max_length_q"]), "compiles": counter.snapshot()[0] - before})
+        per_step.append(
+            {"step": step, "max_length_q": int(batch["max_length_q"]), "compiles": counter.snapshot()[0] - before}
+        )
     cold = probe_packing(model, collate)
     warm = [probe_packing(model, collate).seconds for _ in range(3)]
     step = float(np.median(step_times[3:]))
@@ -211,22 +247,36 @@ def main() -> None:
     results["seconds"] = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fa4_check.json").write_text(json.dumps(results, indent=2))
-    lines = [f"# FA4 check ({results['machine']})", "", f"`{results['command']}`", "",
-             "| arch | padded fp32 | padded bf16 | flattened FA4 | prepacked FA4 | sampler FA4 | flattened varlen | "
-             "bf16 vs fp32 gap | max FA4 diff vs padded bf16 |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# FA4 check ({results['machine']})",
+        "",
+        f"`{results['command']}`",
+        "",
+        "| arch | padded fp32 | padded bf16 | flattened FA4 | prepacked FA4 | sampler FA4 | flattened varlen | "
+        "bf16 vs fp32 gap | max FA4 diff vs padded bf16 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results["loss_equality"]:
-        lines.append(f"| {r['arch']} | {r['padded_sdpa_fp32']:.5f} | {r['padded_sdpa_bf16']:.5f} | {r['flattened_fa4_bf16']:.5f} | "
-                     f"{r['prepacked_fa4_bf16']:.5f} | {r['sampler_fa4_bf16']:.5f} | {r['flattened_varlen_bf16']:.5f} | "
-                     f"{r['bf16_vs_fp32_gap']:.5f} | {r['max_fa4_diff_vs_padded_bf16']:.5f} |")
-    lines += ["", "## Probe", ""] + [f"- {arch}: {p['flattening_fa4']}; PrePackedCollator(mode='pad'): {p['prepacked_pad_fa4']}"
-                                     for arch, p in results["probes"].items()]
+        lines.append(
+            f"| {r['arch']} | {r['padded_sdpa_fp32']:.5f} | {r['padded_sdpa_bf16']:.5f} | {r['flattened_fa4_bf16']:.5f} | "
+            f"{r['prepacked_fa4_bf16']:.5f} | {r['sampler_fa4_bf16']:.5f} | {r['flattened_varlen_bf16']:.5f} | "
+            f"{r['bf16_vs_fp32_gap']:.5f} | {r['max_fa4_diff_vs_padded_bf16']:.5f} |"
+        )
+    lines += ["", "## Probe", ""] + [
+        f"- {arch}: {p['flattening_fa4']}; PrePackedCollator(mode='pad'): {p['prepacked_pad_fa4']}"
+        for arch, p in results["probes"].items()
+    ]
     t = results["training"]
-    lines += ["", "## Compiles and probe cost (200M, sampler batches of 16,384 tokens)", "",
-              f"- FA4 compiles: {t['compiles_first_step']} in the first step, {t['compiles_after_first_step']} in the "
-              f"{len(t['compiles_per_step']) - 1} steps after it; {counter.count} in the whole run ({counter.seconds:.1f} s)",
-              f"- probe: {t['probe_seconds_first'] * 1e3:.1f} ms first, {t['probe_seconds_warm_median'] * 1e3:.1f} ms warm; "
-              f"one training step {t['median_step_seconds'] * 1e3:.1f} ms (the first, compiling FA4: {t['first_step_seconds']:.2f} s): "
-              f"warm probe = {t['probe_vs_step']:.2%} of a step, once per run"]
+    lines += [
+        "",
+        "## Compiles and probe cost (200M, sampler batches of 16,384 tokens)",
+        "",
+        f"- FA4 compiles: {t['compiles_first_step']} in the first step, {t['compiles_after_first_step']} in the "
+        f"{len(t['compiles_per_step']) - 1} steps after it; {counter.count} in the whole run ({counter.seconds:.1f} s)",
+        f"- probe: {t['probe_seconds_first'] * 1e3:.1f} ms first, {t['probe_seconds_warm_median'] * 1e3:.1f} ms warm; "
+        f"one training step {t['median_step_seconds'] * 1e3:.1f} ms (the first, compiling FA4: {t['first_step_seconds']:.2f} s): "
+        f"warm probe = {t['probe_vs_step']:.2%} of a step, once per run",
+    ]
     (args.out / "fa4_check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

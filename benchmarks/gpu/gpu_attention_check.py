@@ -32,8 +32,8 @@ import torch
 
 from packing_collators import FlatteningCollator, MultipackBatchSampler, register_varlen_attention
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import lengths_of, padded_batch, to_device  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import lengths_of, padded_batch, to_device  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -46,7 +46,9 @@ def parse_args(argv=None):
     parser.add_argument("--kv-heads", type=int, default=4, help="grouped-query attention when < --heads")
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--tokens-per-step", type=int, default=16384, help="token budget of one packed micro-batch")
-    parser.add_argument("--examples", type=int, default=2000, help="examples drawn (sft lengths) for the timing batches")
+    parser.add_argument(
+        "--examples", type=int, default=2000, help="examples drawn (sft lengths) for the timing batches"
+    )
     parser.add_argument("--steps", type=int, default=10, help="timed micro-batches per implementation and repeat")
     parser.add_argument("--repeats", type=int, default=3, help="alternating repeats (median reported)")
     parser.add_argument("--check-examples", type=int, default=8, help="examples in the correctness batch")
@@ -123,7 +125,11 @@ def correctness(args, device, dtype, implementations) -> dict:
     model.zero_grad(set_to_none=True)
     set_attention(model, "sdpa")
     reference = loss_and_grads(model, padded(examples, device))
-    out = {"lengths": lengths.tolist(), "padded_sdpa": {"loss": reference[0]}, "noise_floor_vs_fp32": compare(reference, fp32)}
+    out = {
+        "lengths": lengths.tolist(),
+        "padded_sdpa": {"loss": reference[0]},
+        "noise_floor_vs_fp32": compare(reference, fp32),
+    }
     packed = to_device(FlatteningCollator()(examples), device)
     floor = out["noise_floor_vs_fp32"]
     for name in implementations:
@@ -220,8 +226,10 @@ def markdown(report: dict) -> str:
                 f"| {name} | {row['loss']:.6f} | {row['loss_rel_diff']:.2e} | {row['grad_rel_err_global']:.2e} | "
                 f"{row['grad_rel_err_max_param']:.2e} | {row.get('within_tolerance', '(reference gap)')} |"
             )
-    lines.append(f"\npadded sdpa loss: {report['correctness']['padded_sdpa']['loss']:.6f}; "
-                 "`noise_floor_vs_fp32` is padded sdpa in this dtype vs fp32 (the tolerance to judge by).")
+    lines.append(
+        f"\npadded sdpa loss: {report['correctness']['padded_sdpa']['loss']:.6f}; "
+        "`noise_floor_vs_fp32` is padded sdpa in this dtype vs fp32 (the tolerance to judge by)."
+    )
     t = report["timing"]
     lines += [
         "",
@@ -250,7 +258,11 @@ def main(argv=None) -> int:
             return 2
         device, dtype = torch.device("cuda"), torch.bfloat16
         implementations = [register_varlen_attention(), "flex_attention", "sdpa"]
-    card = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()})"
+    card = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU ({platform.processor() or platform.machine()})"
+    )
     print(f"device: {card}")
     report = {
         "device": card,

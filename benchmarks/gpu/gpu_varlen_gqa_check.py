@@ -22,8 +22,8 @@ import torch
 
 from packing_collators import varlen_attention_forward
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import timed  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import timed  # noqa: E402
 
 
 def main() -> None:
@@ -42,14 +42,18 @@ def main() -> None:
     k = torch.randn(1, kv_heads, total, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(1, kv_heads, total, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     grad = torch.randn(1, total, heads, d, device="cuda", dtype=torch.bfloat16)
-    kwargs = dict(scaling=d**-0.5, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
+    kwargs = dict(
+        scaling=d**-0.5, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths)
+    )
 
     def native():
         return varlen_attention_forward(None, q, k, v, None, **kwargs)[0]
 
     def repeated():
         group = heads // kv_heads
-        return varlen_attention_forward(None, q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), None, **kwargs)[0]
+        return varlen_attention_forward(
+            None, q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), None, **kwargs
+        )[0]
 
     results = {}
     for name, fn in (("repeated", repeated), ("native", native)):
@@ -66,10 +70,14 @@ def main() -> None:
         for name, fn in (("repeated", repeated), ("native", native)):
             times.setdefault(name, []).append(timed(lambda: fn().backward(grad), args.repeats, warmup=5))
     report = {
-        "card": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "card": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
         "varlen_attn_signature": str(inspect.signature(varlen_attn)),
-        "heads": heads, "kv_heads": kv_heads, "lengths": lengths,
-        "max_abs_diff_out_dq_dk_dv": diffs, "max_abs_reference_out_dq_dk_dv": scales,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "lengths": lengths,
+        "max_abs_diff_out_dq_dk_dv": diffs,
+        "max_abs_reference_out_dq_dk_dv": scales,
         "ms_fwd_bwd_median": {name: statistics.median(t) for name, t in times.items()},
         "command": "python " + " ".join(sys.argv),
     }

@@ -33,8 +33,8 @@ import torch
 
 from packing_collators import FlatteningCollator, MultipackBatchSampler, register_varlen_attention
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import SIZES, build_model, lengths_of, markov_tokens, to_device  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import SIZES, build_model, lengths_of, markov_tokens, to_device  # noqa: E402
 
 CATEGORIES = {  # kernel-name fragments, checked in this order
     "attention": ("flash", "fmha", "attention", "attn", "sdpa", "cudnn"),
@@ -60,20 +60,24 @@ def contenders(examples, lengths, args) -> dict[str, list[tuple[str, dict]]]:
     batches = list(sampler)[: args.batches]
     mean = int(round(lengths.mean()))
     stream = np.concatenate([examples[i] for b in batches for i in b])
-    result = {"uniform|sdpa": [], "uniform|packing_varlen": [], "multipack|packing_varlen": [],
-              "multipack_as_mean|packing_varlen": []}
+    result = {
+        "uniform|sdpa": [],
+        "uniform|packing_varlen": [],
+        "multipack|packing_varlen": [],
+        "multipack_as_mean|packing_varlen": [],
+    }
     offset = 0
     for b in batches:
         tokens = int(lengths[b].sum())
         rows = tokens // mean
-        chunk = stream[offset: offset + rows * mean]
+        chunk = stream[offset : offset + rows * mean]
         offset = (offset + rows * mean) % (len(stream) - args.tokens)
         grid = torch.from_numpy(chunk.reshape(rows, mean).copy())
         result["uniform|sdpa"].append(("sdpa", {"input_ids": grid, "labels": grid.clone()}))
         result["uniform|packing_varlen"].append(("packing_varlen", flat(list(chunk.reshape(rows, mean)))))
         result["multipack|packing_varlen"].append(("packing_varlen", flat([examples[i] for i in b])))
         same = np.concatenate([examples[i] for i in b])
-        cuts = [same[j: j + mean] for j in range(0, len(same), mean)]
+        cuts = [same[j : j + mean] for j in range(0, len(same), mean)]
         result["multipack_as_mean|packing_varlen"].append(("packing_varlen", flat(cuts)))
     return result
 
@@ -96,7 +100,8 @@ def step(model, attn: str, batch: dict) -> None:
 
 
 def profile(model, attn: str, batch: dict) -> dict[str, float]:
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     step(model, attn, batch)
     torch.cuda.synchronize()
@@ -143,16 +148,25 @@ def measure(model, plan, args, device) -> dict:
 
 
 def report(results: dict, args, card: str) -> str:
-    lines = [f"## Packed vs the uniform oracle, kernel by kernel: {args.size}, bf16, {card}", "",
-             f"Forward + backward of one ~{args.tokens}-token micro-batch, contenders alternating, "
-             f"median of {args.repeats} rounds. Kernel times (torch.profiler, one step) are scaled to "
-             f"{args.tokens} tokens (a uniform batch holds whole rows of the mean length, up to one row fewer "
-             f"tokens). Command: `{args.command}`", ""]
+    lines = [
+        f"## Packed vs the uniform oracle, kernel by kernel: {args.size}, bf16, {card}",
+        "",
+        f"Forward + backward of one ~{args.tokens}-token micro-batch, contenders alternating, "
+        f"median of {args.repeats} rounds. Kernel times (torch.profiler, one step) are scaled to "
+        f"{args.tokens} tokens (a uniform batch holds whole rows of the mean length, up to one row fewer "
+        f"tokens). Command: `{args.command}`",
+        "",
+    ]
     for dist, modes in results.items():
         oracle = modes["uniform|sdpa"]
-        lines += [f"### {dist}", "",
-                  "| contender | tokens/s | vs oracle | attention work per token | attention ms | matmul ms | other ms | "
-                  "non-attention ms vs oracle |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"### {dist}",
+            "",
+            "| contender | tokens/s | vs oracle | attention work per token | attention ms | matmul ms | other ms | "
+            "non-attention ms vs oracle |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+
         def per_tokens(r: dict) -> dict:
             scale = args.tokens / r["profiled_tokens"]
             return {k: v * scale for k, v in r["profile_ms"].items() if k != "attention_kernels"}
@@ -161,13 +175,17 @@ def report(results: dict, args, card: str) -> str:
         for name, r in modes.items():
             p = per_tokens(r)
             rest = p["matmul"] + p["other"]
-            lines.append(f"| {name} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / oracle['tokens_per_s']:.1%} | "
-                         f"{r['attention_tokens_per_token']:.0f} | {p['attention']:.2f} | {p['matmul']:.2f} | "
-                         f"{p['other']:.2f} | {rest / base_rest:.1%} |")
+            lines.append(
+                f"| {name} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / oracle['tokens_per_s']:.1%} | "
+                f"{r['attention_tokens_per_token']:.0f} | {p['attention']:.2f} | {p['matmul']:.2f} | "
+                f"{p['other']:.2f} | {rest / base_rest:.1%} |"
+            )
         lines.append("")
         for name, r in modes.items():
-            lines.append(f"- {name} attention kernels (ms): " + "; ".join(
-                f"`{k}` {v:.2f}" for k, v in r["profile_ms"]["attention_kernels"].items()))
+            lines.append(
+                f"- {name} attention kernels (ms): "
+                + "; ".join(f"`{k}` {v:.2f}" for k, v in r["profile_ms"]["attention_kernels"].items())
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -221,7 +239,9 @@ def main() -> None:
         print(dist, {k: round(v["tokens_per_s"]) for k, v in results[dist].items()}, flush=True)
     card = torch.cuda.get_device_name()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "oracle_gap.json").write_text(json.dumps({"card": card, "command": args.command, "results": results}, indent=1))
+    (args.out / "oracle_gap.json").write_text(
+        json.dumps({"card": card, "command": args.command, "results": results}, indent=1)
+    )
     text = report(results, args, card)
     (args.out / "oracle_gap.md").write_text(text)
     print(text)

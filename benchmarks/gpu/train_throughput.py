@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -44,8 +43,8 @@ import torch
 
 from packing_collators import FlatteningCollator, MultipackBatchSampler, pack_lengths, warm_up_attention
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import SIZES, CompileCounter, build_model, lengths_of, markov_tokens, padded_batch, to_device  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import SIZES, CompileCounter, build_model, lengths_of, markov_tokens, padded_batch, to_device  # noqa: E402
 
 COMPILES = CompileCounter()  # FA4 kernel compiles (none without flash_attn.cute); timed steps must have none
 
@@ -111,10 +110,15 @@ def make_plans(examples, lengths, args, rng) -> dict[str, Plan]:
     rows_per_step = max(1, args.tokens_per_step // args.max_length)
     packed = pack_lengths(lengths, args.max_length)
     row_order = rng.permutation(packed.num_rows)[: n_steps * rows_per_step]
-    bfd_steps = [[[feats[i] for r in row_order[s * rows_per_step : (s + 1) * rows_per_step] for i in packed[r]]] for s in range(n_steps)]
+    bfd_steps = [
+        [[feats[i] for r in row_order[s * rows_per_step : (s + 1) * rows_per_step] for i in packed[r]]]
+        for s in range(n_steps)
+    ]
     plans["prepacked_bfd"] = Plan(bfd_steps, "flat")
     stream = np.concatenate([examples[i] for i in order])
-    wrapped = np.resize(stream, n_steps * rows_per_step * args.max_length).reshape(n_steps, rows_per_step, args.max_length)
+    wrapped = np.resize(stream, n_steps * rows_per_step * args.max_length).reshape(
+        n_steps, rows_per_step, args.max_length
+    )
     plans["prepacked_wrapped"] = Plan([[list(step)] for step in wrapped], "rows")
     sampler = MultipackBatchSampler(lengths, args.tokens_per_step, seed=args.seed, num_replicas=1, rank=0)
     batches = list(sampler)[:n_steps]
@@ -145,10 +149,17 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
     built = time.perf_counter() - began
     n_params = sum(p.numel() for p in model.parameters())
     hidden, layers = SIZES[args.size][0], SIZES[args.size][1]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, **({"fused": True} if device.type == "cuda" else {}))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, weight_decay=0.0, **({"fused": True} if device.type == "cuda" else {})
+    )
     loader = torch.utils.data.DataLoader(
-        MicroBatches(plan, args.flex_pad if attn == "flex_attention" and args.flex_pad else None), batch_size=None, shuffle=False, num_workers=args.workers,
-        pin_memory=device.type == "cuda", prefetch_factor=4 if args.workers else None, persistent_workers=False,
+        MicroBatches(plan, args.flex_pad if attn == "flex_attention" and args.flex_pad else None),
+        batch_size=None,
+        shuffle=False,
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",
+        prefetch_factor=4 if args.workers else None,
+        persistent_workers=False,
     )
     batches = iter(loader)
     if attn != "sdpa" and not args.no_attention_warmup:  # compile every kernel variant before the first step
@@ -187,8 +198,16 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         if args.eval_every and (step + 1) % args.eval_every == 0:
             val_losses.append((step + 1, evaluate(model, val_batches, device)))
     seconds = sum(step_times)
-    print(f"    [{attn}] build {built:.1f}s, whole run {time.perf_counter() - began:.1f}s, timed steps {seconds:.1f}s", flush=True)
-    real = sum(len(f["input_ids"]) if isinstance(f, dict) else len(f) for st in plan.steps[args.warmup:] for mb in st for f in mb)
+    print(
+        f"    [{attn}] build {built:.1f}s, whole run {time.perf_counter() - began:.1f}s, timed steps {seconds:.1f}s",
+        flush=True,
+    )
+    real = sum(
+        len(f["input_ids"]) if isinstance(f, dict) else len(f)
+        for st in plan.steps[args.warmup :]
+        for mb in st
+        for f in mb
+    )
     result = {
         "real_tokens_per_s": real / seconds,
         "steps_per_s": args.steps / seconds,
@@ -241,16 +260,24 @@ def mfu(tflops: float) -> float | None:
 
 
 def report(results: dict, args) -> str:
-    lines = [f"## Training throughput: {args.size} Llama-style, bf16, {card_name()}", "",
-             f"{args.steps} timed steps after {args.warmup} warm-up, median of {args.rounds} alternating round(s), "
-             f"~{args.tokens_per_step} tokens per step, "
-             f"max length {args.max_length}. Command: `{args.command}`", ""]
+    lines = [
+        f"## Training throughput: {args.size} Llama-style, bf16, {card_name()}",
+        "",
+        f"{args.steps} timed steps after {args.warmup} warm-up, median of {args.rounds} alternating round(s), "
+        f"~{args.tokens_per_step} tokens per step, "
+        f"max length {args.max_length}. Command: `{args.command}`",
+        "",
+    ]
     for dist, modes in results.items():
         ref = modes.get("padded_random|sdpa", {}).get("real_tokens_per_s")
         grouped = modes.get("padded_grouped|sdpa", {}).get("real_tokens_per_s")
         oracle = modes.get("uniform|sdpa", {}).get("real_tokens_per_s")
-        lines += [f"### {dist}", "", "| mode | attention | real tokens/s | vs padded | vs grouped | vs oracle | MFU | peak GiB | padding | final loss |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"### {dist}",
+            "",
+            "| mode | attention | real tokens/s | vs padded | vs grouped | vs oracle | MFU | peak GiB | padding | final loss |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for key, r in modes.items():
             mode, attn = key.split("|")
             tps = r["real_tokens_per_s"]
@@ -265,8 +292,11 @@ def report(results: dict, args) -> str:
         if "flattened|" + args.attn[0] in modes and "padded_random|sdpa" in modes:
             a = np.array(modes["padded_random|sdpa"]["train_loss"])
             b = np.array(modes["flattened|" + args.attn[0]]["train_loss"])
-            lines += ["", f"Loss curve, flattened vs padded (same examples per step): max |diff| {np.abs(a - b).max():.4f}, "
-                          f"mean |diff| {np.abs(a - b).mean():.4f} over {len(a)} steps."]
+            lines += [
+                "",
+                f"Loss curve, flattened vs padded (same examples per step): max |diff| {np.abs(a - b).max():.4f}, "
+                f"mean |diff| {np.abs(a - b).mean():.4f} over {len(a)} steps.",
+            ]
         lines.append("")
     return "\n".join(lines)
 
@@ -305,22 +335,39 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="200m")
     parser.add_argument("--distributions", default="flan_like,orcamath_like,sft")
     parser.add_argument("--modes", default=",".join(ALL_MODES))
-    parser.add_argument("--attn", default=default_backends(),
-                        help="backends for the packed modes (default: packing_varlen, plus flash_attention_2 where "
-                             "flash-attn is installed; flex_attention recompiles for every packed length in training)")
-    parser.add_argument("--flex-pad", type=int, default=16384,
-                        help="flex_attention runs pad each flat micro-batch to a multiple of this (a padding segment, "
-                             "labels -100), so its shape is static and transformers' compiled flex kernel is reused "
-                             "instead of recompiled for every new length; 0 turns it off")
-    parser.add_argument("--all-attn-modes", default="flattened,multipack",
-                        help="packed modes run on every --attn backend; other packed modes on the first only")
+    parser.add_argument(
+        "--attn",
+        default=default_backends(),
+        help="backends for the packed modes (default: packing_varlen, plus flash_attention_2 where "
+        "flash-attn is installed; flex_attention recompiles for every packed length in training)",
+    )
+    parser.add_argument(
+        "--flex-pad",
+        type=int,
+        default=16384,
+        help="flex_attention runs pad each flat micro-batch to a multiple of this (a padding segment, "
+        "labels -100), so its shape is static and transformers' compiled flex kernel is reused "
+        "instead of recompiled for every new length; 0 turns it off",
+    )
+    parser.add_argument(
+        "--all-attn-modes",
+        default="flattened,multipack",
+        help="packed modes run on every --attn backend; other packed modes on the first only",
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--no-attention-warmup", action="store_true",
-                        help="skip warm_up_attention (compiling FA4's kernel variants for short and long batches first)")
+    parser.add_argument(
+        "--no-attention-warmup",
+        action="store_true",
+        help="skip warm_up_attention (compiling FA4's kernel variants for short and long batches first)",
+    )
     parser.add_argument("--tokens-per-step", type=int, default=16384)
-    parser.add_argument("--micro-tokens", type=int, default=32768,
-                        help="token budget of a flattened micro-batch (default: a whole step in one)")
+    parser.add_argument(
+        "--micro-tokens",
+        type=int,
+        default=32768,
+        help="token budget of a flattened micro-batch (default: a whole step in one)",
+    )
     parser.add_argument("--batch-size", type=int, default=8, help="examples per padded micro-batch")
     parser.add_argument("--max-length", type=int, default=2048)
     parser.add_argument("--examples", type=int, default=12000)
@@ -329,8 +376,12 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="run every mode this many times, alternating, and report each mode's median round")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="run every mode this many times, alternating, and report each mode's median round",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny fp32 CPU run with sdpa (checks the script)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -362,16 +413,33 @@ def main() -> None:
         runs: dict[str, list[dict]] = {}
         for _ in range(args.rounds):  # modes alternate within each round; each mode reports its median round
             for mode in args.modes.split(","):
-                backends = ["sdpa"] if mode not in PACKED_MODES else args.attn if mode in args.all_attn_modes.split(",") else args.attn[:1]
+                backends = (
+                    ["sdpa"]
+                    if mode not in PACKED_MODES
+                    else args.attn
+                    if mode in args.all_attn_modes.split(",")
+                    else args.attn[:1]
+                )
                 for attn in backends:
-                    val_batches = val if attn != "sdpa" or mode in PACKED_MODES else [padded_batch([{"input_ids": e} for e in examples[-64:]])]
+                    val_batches = (
+                        val
+                        if attn != "sdpa" or mode in PACKED_MODES
+                        else [padded_batch([{"input_ids": e} for e in examples[-64:]])]
+                    )
                     r = train(plans[mode], attn, args, device, dtype, val_batches)
                     runs.setdefault(f"{mode}|{attn}", []).append(r)
-                    print(f"{dist:14s} {mode:18s} {attn:15s} {r['real_tokens_per_s']:>12,.0f} tok/s  "
-                          f"pad {r['padding_fraction']:.1%}  loss {r['train_loss'][-1]:.4f}  "
-                          f"mem {r['peak_memory_gib'] or 0:.1f} GiB", flush=True)
+                    print(
+                        f"{dist:14s} {mode:18s} {attn:15s} {r['real_tokens_per_s']:>12,.0f} tok/s  "
+                        f"pad {r['padding_fraction']:.1%}  loss {r['train_loss'][-1]:.4f}  "
+                        f"mem {r['peak_memory_gib'] or 0:.1f} GiB",
+                        flush=True,
+                    )
         results[dist] = {key: median_round(rs) for key, rs in runs.items()}
-        (args.out / "results.json").write_text(json.dumps({"card": card_name(), "args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
+        (args.out / "results.json").write_text(
+            json.dumps(
+                {"card": card_name(), "args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1
+            )
+        )
     markdown = report(results, args)
     (args.out / "train_throughput.md").write_text(markdown)
     print(markdown)

@@ -3,7 +3,7 @@
 The distributed recipe of the README run as written: ``PackingTrainer`` (its own
 MultipackBatchSampler, FlatteningCollator, the ``packing_varlen`` backend), launched by
 torchrun, DDP or FSDP2 through the Trainer's own options. The model is the shared Llama-style
-config (``_common.build_model``, random weights, bf16) on Markov-chain tokens with
+config (``_shared.build_model``, random weights, bf16) on Markov-chain tokens with
 `--distribution` lengths.
 
     torchrun --nproc_per_node 2 benchmarks/gpu/trainer_scaling.py --out OUT --name 2gpu_ddp
@@ -38,8 +38,8 @@ import torch
 
 from packing_collators import MultipackBatchSampler, PackingTrainer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import add_run_arguments, build_model, finish_run_arguments, lengths_of, markov_tokens  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import add_run_arguments, build_model, finish_run_arguments, lengths_of, markov_tokens  # noqa: E402
 
 
 class AllRanks:
@@ -66,11 +66,19 @@ class ReplayTrainer(PackingTrainer):
     replicas = 2
 
     def make_batch_sampler(self, lengths, batch_size, *, shuffle):
-        return AllRanks([
-            MultipackBatchSampler(lengths, self.token_budget(lengths, batch_size), shuffle=shuffle,
-                                  seed=self.args.seed, num_replicas=self.replicas, rank=r)
-            for r in range(self.replicas)
-        ])
+        return AllRanks(
+            [
+                MultipackBatchSampler(
+                    lengths,
+                    self.token_budget(lengths, batch_size),
+                    shuffle=shuffle,
+                    seed=self.args.seed,
+                    num_replicas=self.replicas,
+                    rank=r,
+                )
+                for r in range(self.replicas)
+            ]
+        )
 
 
 class Clock:
@@ -139,31 +147,56 @@ def run(args) -> None:
     clock = Clock(model, cuda)
     accumulation = args.replicas // world
     options = dict(
-        output_dir=tempfile.mkdtemp(prefix="trainer_scaling_"), max_steps=args.warmup + args.steps,
-        per_device_train_batch_size=1, gradient_accumulation_steps=accumulation, learning_rate=args.lr,
-        lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to="none", seed=args.seed,
-        optim="adamw_torch_fused" if cuda else "adamw_torch", use_cpu=not cuda, disable_tqdm=True,
-        dataloader_num_workers=args.workers, dataloader_pin_memory=cuda, ddp_broadcast_buffers=False,
+        output_dir=tempfile.mkdtemp(prefix="trainer_scaling_"),
+        max_steps=args.warmup + args.steps,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=accumulation,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=args.seed,
+        optim="adamw_torch_fused" if cuda else "adamw_torch",
+        use_cpu=not cuda,
+        disable_tqdm=True,
+        dataloader_num_workers=args.workers,
+        dataloader_pin_memory=cuda,
+        ddp_broadcast_buffers=False,
         ddp_find_unused_parameters=False,
     )
     if args.fsdp:
-        options.update(fsdp="full_shard auto_wrap",
-                       fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
+        options.update(
+            fsdp="full_shard auto_wrap",
+            fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
+        )
     trainer_class = PackingTrainer
     if world == 1 and args.replicas > 1:
         trainer_class = type("ReplayTrainer", (ReplayTrainer,), {"replicas": args.replicas})
-    trainer = trainer_class(model=model, args=TrainingArguments(**options), train_dataset=dataset,
-                            max_tokens_per_batch=args.tokens_per_batch, attn_implementation=None)  # keep --attn
+    trainer = trainer_class(
+        model=model,
+        args=TrainingArguments(**options),
+        train_dataset=dataset,
+        max_tokens_per_batch=args.tokens_per_batch,
+        attn_implementation=None,
+    )  # keep --attn
     trainer.add_callback(clock.callback())
     trainer.train()
 
     sampler = trainer._train_batch_sampler
     probe = next((c.last_report for c in trainer.callback_handler.callbacks if getattr(c, "last_report", None)), None)
     batches = list(sampler)[: (args.warmup + args.steps) * accumulation]
-    timed = batches[args.warmup * accumulation:]
+    timed = batches[args.warmup * accumulation :]
     (start, first), (end, last) = clock.step_ends[args.warmup - 1], clock.step_ends[-1]
-    local = torch.tensor([float(sum(int(lengths[b].sum()) for b in timed)), end - start,
-                          clock.forward_seconds(first, last), trainer.state.global_step], dtype=torch.float64)
+    local = torch.tensor(
+        [
+            float(sum(int(lengths[b].sum()) for b in timed)),
+            end - start,
+            clock.forward_seconds(first, last),
+            trainer.state.global_step,
+        ],
+        dtype=torch.float64,
+    )
     gathered = [local]
     if world > 1:
         import torch.distributed as dist
@@ -174,21 +207,29 @@ def run(args) -> None:
         gathered = [g.cpu() for g in gathered]
     if rank != 0:
         return
-    plan = MultipackBatchSampler(lengths, args.tokens_per_batch, seed=args.seed, num_replicas=args.replicas, rank=0,
-                                 check_ranks=False)  # rank 0 alone: no collective
+    plan = MultipackBatchSampler(
+        lengths, args.tokens_per_batch, seed=args.seed, num_replicas=args.replicas, rank=0, check_ranks=False
+    )  # rank 0 alone: no collective
     seconds = max(float(g[1]) for g in gathered)
     result = {
-        "probe": probe.summary() if probe else None, "probe_seconds": probe.seconds if probe else None,
-        "name": args.name, "world_size": world, "replicas": args.replicas, "fsdp": args.fsdp,
-        "card": torch.cuda.get_device_name() if cuda else "cpu", "runner": "PackingTrainer",
-        "wrapped_as": type(trainer.model_wrapped).__name__, "accelerate_distributed_type": str(trainer.accelerator.distributed_type),
+        "probe": probe.summary() if probe else None,
+        "probe_seconds": probe.seconds if probe else None,
+        "name": args.name,
+        "world_size": world,
+        "replicas": args.replicas,
+        "fsdp": args.fsdp,
+        "card": torch.cuda.get_device_name() if cuda else "cpu",
+        "runner": "PackingTrainer",
+        "wrapped_as": type(trainer.model_wrapped).__name__,
+        "accelerate_distributed_type": str(trainer.accelerator.distributed_type),
         "steps_per_rank": [int(g[3]) for g in gathered],
         "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e],
         "real_tokens_per_s": sum(float(g[0]) for g in gathered) / seconds,
-        "step_time_s": float(np.median(np.diff([t for t, _ in clock.step_ends[args.warmup - 1:]]))),
+        "step_time_s": float(np.median(np.diff([t for t, _ in clock.step_ends[args.warmup - 1 :]]))),
         "forward_time_per_process_s": [float(g[2]) for g in gathered],
-        "sampler_stats": {k: (float(v) if isinstance(v, (int, float, np.number)) else str(v))
-                          for k, v in plan.stats().items()},
+        "sampler_stats": {
+            k: (float(v) if isinstance(v, (int, float, np.number)) else str(v)) for k, v in plan.stats().items()
+        },
         "command": args.command,
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -24,13 +24,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _common module
-from _common import lengths_of, timed  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import lengths_of, timed  # noqa: E402
 
 
 def cudnn_ragged(q, k, v, cu, max_len, scale):
-    out = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, max_len, max_len, True, 0.0, True, False,
-                                                  scale=scale)
+    out = torch.ops.aten._cudnn_attention_forward(
+        q, k, v, None, cu, cu, max_len, max_len, True, 0.0, True, False, scale=scale
+    )
     return out[0]
 
 
@@ -58,7 +59,7 @@ def main() -> None:
         for spec in args.heads.split(","):
             h, kvh = (int(x) for x in spec.split("/"))
             d = args.head_dim
-            scale = d ** -0.5
+            scale = d**-0.5
             torch.manual_seed(0)
             q = torch.randn(total, h, d, device=device, dtype=dtype, requires_grad=True)
             k = torch.randn(total, kvh, d, device=device, dtype=dtype, requires_grad=True)
@@ -95,13 +96,25 @@ def main() -> None:
                 from torch.nn.attention import SDPBackend, sdpa_kernel
 
                 with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                    return torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=kvh != h)
+                    return torch.nn.functional.scaled_dot_product_attention(
+                        qd, kd, vd, is_causal=True, enable_gqa=kvh != h
+                    )
 
             reference = None
-            for name, fn, g in (("flash_varlen", run_flash, grad), ("cudnn_ragged", run_cudnn, grad),
-                                ("cudnn_ragged_rep", run_cudnn_rep, grad), ("dense_cudnn_mean", run_dense, gd)):
-                row = {"distribution": dist, "heads": spec, "kernel": name, "tokens": total, "segments": len(seg),
-                       "max_len": max_len}
+            for name, fn, g in (
+                ("flash_varlen", run_flash, grad),
+                ("cudnn_ragged", run_cudnn, grad),
+                ("cudnn_ragged_rep", run_cudnn_rep, grad),
+                ("dense_cudnn_mean", run_dense, gd),
+            ):
+                row = {
+                    "distribution": dist,
+                    "heads": spec,
+                    "kernel": name,
+                    "tokens": total,
+                    "segments": len(seg),
+                    "max_len": max_len,
+                }
                 try:
                     for t in (q, k, v, qd, kd, vd):
                         t.grad = None
@@ -121,9 +134,18 @@ def main() -> None:
                 results.append(row)
                 print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "varlen_kernels.json").write_text(json.dumps({
-        "card": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(), "command": "python " + " ".join(sys.argv), "results": results}, indent=1))
+    (args.out / "varlen_kernels.json").write_text(
+        json.dumps(
+            {
+                "card": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "cudnn": torch.backends.cudnn.version(),
+                "command": "python " + " ".join(sys.argv),
+                "results": results,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 __all__ = ["main"]
 
@@ -35,35 +35,73 @@ def _positive_int(text: str) -> int:
 
 
 def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("data", metavar="DATA", help="save_to_disk folder, .parquet/.arrow/.json/.jsonl/.csv file, or Hub name")
+    parser.add_argument(
+        "data", metavar="DATA", help="save_to_disk folder, .parquet/.arrow/.json/.jsonl/.csv file, or Hub name"
+    )
     parser.add_argument("--max-length", type=_positive_int, required=True, help="tokens per packed row")
-    parser.add_argument("--column", help="token ids, integer lengths, text or messages (default: input_ids, messages or text)")
+    parser.add_argument(
+        "--column", help="token ids, integer lengths, text or messages (default: input_ids, messages or text)"
+    )
     parser.add_argument("--tokenizer", help="tokenizer (folder or Hub name) for a text or messages column")
     parser.add_argument("--split", help="split of a DatasetDict or Hub dataset (default: its only split, else 'train')")
-    parser.add_argument("--num-proc", type=_positive_int, help="tokenizing processes (default: up to 8 for 10,000+ examples)")
+    parser.add_argument(
+        "--num-proc", type=_positive_int, help="tokenizing processes (default: up to 8 for 10,000+ examples)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the shuffles (default 0)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="Should I pack, and how? Analyze a dataset's lengths, or pack it to disk.")
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Should I pack, and how? Analyze a dataset's lengths, or pack it to disk."
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     analyze = commands.add_parser("analyze", help="lengths, padding waste and each packing strategy's numbers")
     _add_data_arguments(analyze)
-    analyze.add_argument("--batch-size", type=_positive_int, default=8, help="examples per padded batch, rows per step (default 8)")
-    analyze.add_argument("--max-tokens-per-batch", type=_positive_int, help="the sampler's token budget (default batch size x max length)")
-    analyze.add_argument("--overflow", choices=("truncate", "drop"), default="truncate", help="examples over the max length (default truncate)")
+    analyze.add_argument(
+        "--batch-size", type=_positive_int, default=8, help="examples per padded batch, rows per step (default 8)"
+    )
+    analyze.add_argument(
+        "--max-tokens-per-batch",
+        type=_positive_int,
+        help="the sampler's token budget (default batch size x max length)",
+    )
+    analyze.add_argument(
+        "--overflow",
+        choices=("truncate", "drop"),
+        default="truncate",
+        help="examples over the max length (default truncate)",
+    )
     analyze.add_argument("--json", action="store_true", help="print machine-readable JSON instead of the table")
-    analyze.add_argument("--plot", metavar="FILE.png", help="write a length histogram and each strategy's efficiency (needs matplotlib)")
+    analyze.add_argument(
+        "--plot", metavar="FILE.png", help="write a length histogram and each strategy's efficiency (needs matplotlib)"
+    )
     analyze.set_defaults(run=_analyze)
 
     pack = commands.add_parser("pack", help="pack with pack_dataset and write the rows to disk")
     _add_data_arguments(pack)
     pack.add_argument("out", metavar="OUT", help="output: a save_to_disk folder, or a .parquet file")
     pack.add_argument("--strategy", choices=("bfd", "ffd", "next_fit", "wrapped"), default="bfd", help="default bfd")
-    pack.add_argument("--overflow", choices=("error", "truncate", "drop"), default="error", help="examples over the max length (default error)")
-    pack.add_argument("--keep-column", action="append", default=[], metavar="NAME", help="per-example column kept as a list per row (repeatable)")
-    pack.add_argument("--remove-column", action="append", default=[], metavar="NAME", help="column left out of the packed rows (repeatable)")
+    pack.add_argument(
+        "--overflow",
+        choices=("error", "truncate", "drop"),
+        default="error",
+        help="examples over the max length (default error)",
+    )
+    pack.add_argument(
+        "--keep-column",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="per-example column kept as a list per row (repeatable)",
+    )
+    pack.add_argument(
+        "--remove-column",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="column left out of the packed rows (repeatable)",
+    )
     pack.add_argument("--no-shuffle", action="store_true", help="keep packing order instead of shuffling the rows")
     pack.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     pack.add_argument("--json", action="store_true", help="print the statistics as JSON")

@@ -21,8 +21,9 @@ one epoch plan of the sampler; 1,000,000 ``sft`` lengths analyse in 2.5 s on a s
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -354,7 +355,10 @@ def analyze_lengths(
     num_longer = int(longer.sum())
     packings.append(
         _sampler_packing(
-            usable, budget, seed, padded,
+            usable,
+            budget,
+            seed,
+            padded,
             truncated=num_longer if overflow == "truncate" else 0,
             dropped=num_longer if overflow == "drop" else 0,
         )

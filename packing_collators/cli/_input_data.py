@@ -207,7 +207,14 @@ def _unreadable(builder: str, path: Path, data: str, error: BaseException) -> st
     return f"DATA {data!r} could not be read as {kind} ({reason}); fix the file, or write the examples as .parquet instead."
 
 
-_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean", type(None): "null"}
+_JSON_KINDS = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
 
 
 def _first_bad_json_line(path: Path) -> tuple[int, str, str] | None:
@@ -277,7 +284,9 @@ def choose_column(dataset: Any, column: str | None = None) -> tuple[str, ColumnK
                 "with the one holding token ids, lengths, text or messages."
             )
     elif column not in names:
-        raise ValueError(f"The dataset has no column {column!r} (its columns: {names}); pass --column with one of them.")
+        raise ValueError(
+            f"The dataset has no column {column!r} (its columns: {names}); pass --column with one of them."
+        )
     return column, column_kind(dataset, column)
 
 
@@ -415,7 +424,9 @@ def packable_columns(dataset: Any, *, keep_columns=(), remove_columns=()):
     names = list(dataset.column_names)
     unknown = [name for name in [*keep_columns, *remove_columns] if name not in names]
     if unknown:
-        raise ValueError(f"The dataset has no column(s) {unknown} (its columns: {names}); check --keep-column and --remove-column.")
+        raise ValueError(
+            f"The dataset has no column(s) {unknown} (its columns: {names}); check --keep-column and --remove-column."
+        )
     if remove_columns:
         dataset = dataset.remove_columns(list(remove_columns))
     schema = dataset.data.schema

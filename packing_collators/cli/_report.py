@@ -63,7 +63,9 @@ def format_analysis(analysis: Analysis, *, source: str = "") -> str:
         + f"   max {_n(p['max'])}"
     )
     lines.append("")
-    lines.append(f"{'padding, ' + str(a.batch_size) + ' examples a batch':<36}{'steps':>10}{'padded tokens':>16}{'waste':>9}")
+    lines.append(
+        f"{'padding, ' + str(a.batch_size) + ' examples a batch':<36}{'steps':>10}{'padded tokens':>16}{'waste':>9}"
+    )
     for padding in a.padding:
         label = "random order" if padding.order == "random" else "length-grouped (group_by_length)"
         lines.append(f"  {label:<34}{_n(padding.steps):>10}{_n(padding.padded_tokens):>16}{padding.waste:>9.1%}")

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import operator
 from array import array
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,9 @@ def sequence_lengths(sequences: Sequence[Any], *, what: str = "input_ids", item:
         if shape is not None and len(shape) != 1:
             raise ValueError(f"{item} {i}: {what} must be one-dimensional, got shape {tuple(shape)}.")
         if not hasattr(seq, "__len__"):
-            raise TypeError(f"{item} {i}: {what} must be a list, numpy array or tensor of token ids, got {type(seq).__name__}.")
+            raise TypeError(
+                f"{item} {i}: {what} must be a list, numpy array or tensor of token ids, got {type(seq).__name__}."
+            )
     raise TypeError(f"{what} must be a sequence of token sequences.")
 
 
@@ -134,7 +137,11 @@ def _is_integer(dtype: Any, allow_bool: bool) -> bool:
 
     if dtype == torch.bool:
         return allow_bool
-    return not (dtype.is_floating_point or dtype.is_complex) and dtype.itemsize <= 8 and dtype != getattr(torch, "uint64", None)
+    return (
+        not (dtype.is_floating_point or dtype.is_complex)
+        and dtype.itemsize <= 8
+        and dtype != getattr(torch, "uint64", None)
+    )
 
 
 def _as_numpy(sequence: Any) -> np.ndarray:
@@ -197,4 +204,6 @@ def _dtype_error(values: np.ndarray, dtype: str, index: int, what: str, item: st
 
 
 def _overflow_error(number: int, position: int, index: int, what: str, item: str) -> ValueError:
-    return ValueError(f"{item} {index}: {what}[{position}] = {number} does not fit in int64; token ids are at most {_INT64.max}.")
+    return ValueError(
+        f"{item} {index}: {what}[{position}] = {number} does not fit in int64; token ids are at most {_INT64.max}."
+    )

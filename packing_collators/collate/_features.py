@@ -22,14 +22,22 @@ over the keys per example and vectorised numpy over the tokens.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from ._concat import concat_tokens, sequence_lengths
 
-__all__ = ["TokenFeatures", "check_same_lengths", "check_unpadded", "feature_column", "read_token_features", "to_tensors"]
+__all__ = [
+    "TokenFeatures",
+    "check_same_lengths",
+    "check_unpadded",
+    "feature_column",
+    "read_token_features",
+    "to_tensors",
+]
 
 # keys the collators write into a batch, so an example may not bring its own
 WRITTEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ._segments import SegmentLayout, segment_layout
+from ._segments import SegmentLayout, segment_layout  # noqa: F401  (segment_layout: the doctests use it)
 
 __all__ = ["flat_batch", "pad_to_multiple"]
 

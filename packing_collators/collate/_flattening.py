@@ -23,7 +23,8 @@ loop over tokens (``benchmarks/cpu/bench_collator.py``).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

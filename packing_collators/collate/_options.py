@@ -10,8 +10,9 @@ Cost: constant, at construction.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import numpy as np
 
@@ -58,7 +59,11 @@ class CollateOptions:
         return cls(**{f.name: values[f.name] for f in fields(cls)})
 
     def flat_batch(
-        self, input_ids: np.ndarray, labels: np.ndarray, segments: np.ndarray, carried: Mapping[str, np.ndarray] | None = None
+        self,
+        input_ids: np.ndarray,
+        labels: np.ndarray,
+        segments: np.ndarray,
+        carried: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, Any]:
         """One flat row of these segments with these options: padded to ``pad_to_multiple_of``, numpy.
 

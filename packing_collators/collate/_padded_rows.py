@@ -12,13 +12,14 @@ Rows are built with one scatter of the concatenated tokens (no loop over tokens)
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ..engine import Overflow, PackingResult, Strategy, pack_lengths
-from ._features import check_same_lengths
 from ._concat import concat_tokens, sequence_lengths
+from ._features import check_same_lengths
 
 __all__ = ["concatenate_and_pack", "pack_sequences"]
 
@@ -27,9 +28,13 @@ def _warn_losses(result: PackingResult) -> None:
     """Say, by count, what did not make it into the rows whole."""
     parts = []
     if result.num_truncated:
-        parts.append(f"truncated {result.num_truncated} sequence(s) to {result.capacity} tokens ({result.truncated_tokens} tokens cut)")
+        parts.append(
+            f"truncated {result.num_truncated} sequence(s) to {result.capacity} tokens ({result.truncated_tokens} tokens cut)"
+        )
     if result.num_dropped:
-        parts.append(f"dropped {result.num_dropped} sequence(s) longer than {result.capacity} ({result.dropped_tokens} tokens)")
+        parts.append(
+            f"dropped {result.num_dropped} sequence(s) longer than {result.capacity} ({result.dropped_tokens} tokens)"
+        )
     if result.num_empty:
         parts.append(f"skipped {result.num_empty} empty sequence(s) (indices {result.empty_indices[:10].tolist()})")
     if parts:

@@ -18,7 +18,8 @@ vectorised numpy ops per batch, no Python loop over tokens.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -188,4 +189,6 @@ def _check_segments(segments: np.ndarray, segments_per_row: np.ndarray, row_leng
     nonpositive = np.flatnonzero(segments <= 0)
     if len(nonpositive):
         i = int(row_of_segment[nonpositive[0]])
-        raise ValueError(f"Row {i}: seq_lengths has a length of {segments[nonpositive[0]]}; every segment needs at least one token.")
+        raise ValueError(
+            f"Row {i}: seq_lengths has a length of {segments[nonpositive[0]]}; every segment needs at least one token."
+        )

@@ -50,7 +50,9 @@ class SegmentLayout:
         [0, 1, 2, 0, 1, 0, 1, 2, 3]
         """
         if not self.total or self.lengths.min() == 0:
-            return (np.arange(self.total, dtype=np.int64) - np.repeat(self.starts - start, self.lengths)).astype(dtype, copy=False)
+            return (np.arange(self.total, dtype=np.int64) - np.repeat(self.starts - start, self.lengths)).astype(
+                dtype, copy=False
+            )
         # ones everywhere, a step back to `start` at each segment's first token, then cumsum
         steps = np.ones(self.total, dtype=dtype)
         steps[self.cu_seq_lens[1:-1]] = 1 - self.lengths[:-1]

@@ -18,8 +18,9 @@ statistics. No torch, transformers or datasets here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -178,7 +179,9 @@ def check_not_too_long(
     if not len(too_long):
         return
     i = int(too_long[0])
-    counts = f" ({len(too_long)} example(s) too long, the longest {int(lengths[too_long].max())} tokens)" if count else ""
+    counts = (
+        f" ({len(too_long)} example(s) too long, the longest {int(lengths[too_long].max())} tokens)" if count else ""
+    )
     raise ValueError(f"{item} {first_index + i} has {lengths[i]} tokens, more than {limit_name}={limit}{counts}. {fix}")
 
 

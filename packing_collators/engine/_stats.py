@@ -119,7 +119,9 @@ class PackStats(RowMeasures):
     split_examples: int = 0
 
     @classmethod
-    def from_result(cls, result: PackingResult, *, rows: int | None = None, packed_tokens: int | None = None) -> PackStats:
+    def from_result(
+        cls, result: PackingResult, *, rows: int | None = None, packed_tokens: int | None = None
+    ) -> PackStats:
         """The statistics of an engine result (of all its rows unless ``rows``/``packed_tokens`` say otherwise)."""
         return cls(
             strategy=result.strategy,

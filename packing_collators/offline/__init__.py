@@ -11,9 +11,9 @@ Built on the engine (lengths -> rows) and collate (segment layout); the statisti
 engine's PackStats.
 """
 
+from ._columns import RESERVED_COLUMNS, ExampleColumns, example_columns, is_per_token, token_lengths
 from ._options import MAX_LENGTH_FIX, DatasetStrategy, PackOptions
 from ._pack_dataset import pack_dataset, pack_table
-from ._columns import RESERVED_COLUMNS, ExampleColumns, example_columns, is_per_token, token_lengths
 
 __all__ = [
     "DatasetStrategy",

@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow as pa
 
-from ._columns import ExampleColumns
 from ..collate import segment_layout
+from ._columns import ExampleColumns
 from ._row_plan import RowPlan
 
 __all__ = ["build_rows", "CHUNK_TOKENS"]

@@ -15,8 +15,8 @@ vectorised comparison with 0 over the ``attention_mask`` values (a bit per token
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -121,7 +121,9 @@ def token_lengths(table: pa.Table, columns: ExampleColumns, *, first_index: int 
             raise ValueError(f"Example {first_index + i} has no {name} (null); drop it or give it a list of values.")
         values_nulls = sum(chunk.flatten().null_count for chunk in column.chunks)
         if values_nulls:
-            raise ValueError(f"Column {name!r} has {values_nulls} null value(s) inside its lists; fill or drop them first.")
+            raise ValueError(
+                f"Column {name!r} has {values_nulls} null value(s) inside its lists; fill or drop them first."
+            )
         column_lengths = pc.list_value_length(column).to_numpy().astype(np.int64)
         if lengths is None:
             lengths = column_lengths

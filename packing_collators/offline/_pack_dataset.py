@@ -22,14 +22,15 @@ input's format (``with_format``).
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..engine import Overflow, PackStats, check_not_too_long, pack_lengths
+from ._arrow_rows import CHUNK_TOKENS, build_rows
 from ._columns import RESERVED_COLUMNS, check_unpadded, example_columns, token_lengths
 from ._options import MAX_LENGTH_FIX, DatasetStrategy, PackOptions
-from ._arrow_rows import CHUNK_TOKENS, build_rows
 from ._row_plan import bin_plan, wrapped_plan
 
 __all__ = ["pack_dataset", "pack_table"]
@@ -124,7 +125,9 @@ def _with_format_of(dataset, packed):
     if columns is not None:
         columns = [name for name in columns if name in packed.column_names]
         columns += [name for name in RESERVED_COLUMNS if name not in columns]
-    packed.set_format(dataset.format["type"], columns, dataset.format["output_all_columns"], **dataset.format["format_kwargs"])
+    packed.set_format(
+        dataset.format["type"], columns, dataset.format["output_all_columns"], **dataset.format["format_kwargs"]
+    )
     return packed
 
 

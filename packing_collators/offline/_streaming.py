@@ -22,16 +22,17 @@ yields).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
 from itertools import islice
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from ..engine import PackStats, check_not_too_long, pack_lengths
+from ._arrow_rows import build_rows
 from ._columns import check_unpadded, example_columns, token_lengths
 from ._options import MAX_LENGTH_FIX, PackOptions
-from ._arrow_rows import build_rows
 from ._row_plan import bin_plan
 
 __all__ = ["pack_stream", "pack_streaming"]
@@ -90,7 +91,9 @@ def pack_stream(examples: Iterable[pa.Table], options: PackOptions, stats: PackS
             check_unpadded(table, first_index=seen, stream=True)
             if options.overflow == "error":
                 # numbered in the whole stream, not the buffer; no totals, they would be this buffer's only
-                check_not_too_long(lengths, capacity, limit_name="max_length", fix=MAX_LENGTH_FIX, first_index=seen, count=False)
+                check_not_too_long(
+                    lengths, capacity, limit_name="max_length", fix=MAX_LENGTH_FIX, first_index=seen, count=False
+                )
             new, seen = len(table), seen + len(table)
             table = table if carried is None else pa.concat_tables([carried, table], promote_options="permissive")
         else:
@@ -99,13 +102,19 @@ def pack_stream(examples: Iterable[pa.Table], options: PackOptions, stats: PackS
         lengths = token_lengths(table, columns)
         result = pack_lengths(lengths, capacity, strategy=options.strategy, overflow=options.overflow)
         row_tokens, row_sizes = result.row_tokens, np.diff(result.row_offsets)
-        carry = np.empty(0, np.int64) if final else _rows_to_carry(row_tokens, row_sizes, capacity, max(1, options.buffer_size // 4))
+        carry = (
+            np.empty(0, np.int64)
+            if final
+            else _rows_to_carry(row_tokens, row_sizes, capacity, max(1, options.buffer_size // 4))
+        )
         emit = np.setdiff1d(np.arange(result.num_rows), carry)
         if options.shuffle_rows:
             emit = rng.permutation(emit)
         carried = table.take(pa.array(bin_plan(result, carry).order)) if len(carry) else None
         _count(stats, result, lengths, new, emit, row_tokens, len(table) - new)
-        yield from build_rows(table, bin_plan(result, emit), columns, lengths, label_pad_id=options.label_pad_id).to_pylist()
+        yield from build_rows(
+            table, bin_plan(result, emit), columns, lengths, label_pad_id=options.label_pad_id
+        ).to_pylist()
         if final:
             logger.info("pack_dataset (streaming): %s", stats.summary())
             return
@@ -126,7 +135,9 @@ def pack_streaming(source: Any, options: PackOptions):
 
     if isinstance(source, datasets.IterableDatasetDict):
         results = {name: pack_streaming(split, options) for name, split in source.items()}
-        return datasets.IterableDatasetDict({k: v[0] for k, v in results.items()}), {k: v[1] for k, v in results.items()}
+        return datasets.IterableDatasetDict({k: v[0] for k, v in results.items()}), {
+            k: v[1] for k, v in results.items()
+        }
     stats = PackStats(options.strategy, options.max_length)
 
     def rows():

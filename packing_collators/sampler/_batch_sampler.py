@@ -19,7 +19,7 @@ refuses a rank built from another dataset (``_rank_agreement.py``) instead of ha
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch.distributed as dist
@@ -151,7 +151,16 @@ class MultipackBatchSampler(Sampler[list[int]]):
 
     def _fingerprint(self) -> dict:
         """Everything that decides the plan, except the rank and epoch (see :func:`fingerprint`)."""
-        settings = ("max_tokens_per_batch", "seed", "strategy", "shuffle", "drop_last", "group_size", "balance", "overflow")
+        settings = (
+            "max_tokens_per_batch",
+            "seed",
+            "strategy",
+            "shuffle",
+            "drop_last",
+            "group_size",
+            "balance",
+            "overflow",
+        )
         return fingerprint(self.lengths, **{name: getattr(self, name) for name in settings})
 
     def __repr__(self) -> str:

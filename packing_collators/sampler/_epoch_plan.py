@@ -38,8 +38,9 @@ Pure numpy; no torch here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -142,7 +143,9 @@ class EpochPlan:
         for name in ("cost", "tokens", "attention"):
             key = "imbalance" if name == "cost" else f"imbalance_{name}"
             stats[key] = _imbalance(costs[name])
-        step_cost = (self.batch_tokens + self.batch_attention / self.max_tokens_per_batch).reshape(-1, self.num_replicas)
+        step_cost = (self.batch_tokens + self.batch_attention / self.max_tokens_per_batch).reshape(
+            -1, self.num_replicas
+        )
         mean = step_cost.mean(1).sum() if total else 0.0
         stats["step_imbalance"] = float(step_cost.max(1).sum() / mean - 1) if mean else 0.0
         return stats

@@ -1,10 +1,10 @@
 """Trainer integration: the checks that keep examples apart, an attention backend, PackingTrainer.
 
-    _support_checks.py    check_packing_support: is this model + attention + batch packed-correct?
-    _probe.py             probe_packing: measured on the model itself (packed vs alone, and a leak test)
-    _varlen_attention.py  packing_varlen, an attention backend on torch.nn.attention.varlen
-    _attention_choice.py  choose_attention: the fastest packed-correct attention on this machine
-    _packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
+_support_checks.py    check_packing_support: is this model + attention + batch packed-correct?
+_probe.py             probe_packing: measured on the model itself (packed vs alone, and a leak test)
+_varlen_attention.py  packing_varlen, an attention backend on torch.nn.attention.varlen
+_attention_choice.py  choose_attention: the fastest packed-correct attention on this machine
+_packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
 """
 
 from ._attention_choice import choose_attention, packed_attention_candidates, warm_up_attention

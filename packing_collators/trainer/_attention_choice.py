@@ -94,8 +94,12 @@ def choose_attention(model, requested: str | None = AUTO_ATTENTION) -> str:
             logger.info("attention %s not taken: %s", candidate, str(error).splitlines()[0][:200])
             model.set_attn_implementation(current)
             continue
-        logger.warning("packing_collators: attention %s (the fastest packed-correct one here; the model had %s). "
-                       "Pass attn_implementation=None to keep the model's.", candidate, current)
+        logger.warning(
+            "packing_collators: attention %s (the fastest packed-correct one here; the model had %s). "
+            "Pass attn_implementation=None to keep the model's.",
+            candidate,
+            current,
+        )
         return candidate
     return current
 
@@ -131,7 +135,9 @@ def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
         length = min(length, max_length)
         count = max(1, min(tokens, max_length * 4) // length)
         examples = [{"input_ids": torch.randint(0, vocab, (length,), generator=generator)} for _ in range(count)]
-        batch = {k: v.to(parameter.device) if hasattr(v, "to") else v for k, v in FlatteningCollator()(examples).items()}
+        batch = {
+            k: v.to(parameter.device) if hasattr(v, "to") else v for k, v in FlatteningCollator()(examples).items()
+        }
         model(**batch).loss.backward()
         if length == max_length:
             break

@@ -27,13 +27,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._attention_choice import AUTO_ATTENTION, choose_attention
-from ._probe import probe_packing, refuse_failed_probe
-from ._support_checks import text_config, unwrap_model, attention_kind, check_collated_features, check_packing_support
 from .._validation import validate_choice, validate_positive_int
+from ..collate import FlatteningCollator
 from ..engine import Strategy
 from ..sampler import SamplerOverflow
-from ..collate import FlatteningCollator
+from ._attention_choice import AUTO_ATTENTION, choose_attention
+from ._probe import probe_packing, refuse_failed_probe
+from ._support_checks import attention_kind, check_collated_features, check_packing_support, text_config, unwrap_model
 
 try:
     from transformers import Trainer, TrainerCallback
@@ -148,7 +148,9 @@ class PackingCheckCallback(TrainerCallback):
                 unwrap_model(model), collate_fn, prepacked=prepacked, autocast=_autocast(args, model)
             )
             logger.info("%s", self.last_report.summary())
-            refuse_failed_probe(self.last_report, attention_kind(getattr(text_config(model), "_attn_implementation", None)))
+            refuse_failed_probe(
+                self.last_report, attention_kind(getattr(text_config(model), "_attn_implementation", None))
+            )
 
 
 class PackingTrainer(Trainer):
@@ -344,8 +346,9 @@ class PackingTrainer(Trainer):
             labels = _per_example(labels, cu)
         return loss, logits, labels
 
-    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
-                        metric_key_prefix="eval"):
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
+    ):
         """The stock loop, with ``{prefix}_loss`` token-weighted: all target tokens' losses / their count.
 
         The stock loop averages per-batch means, which weighs a token by its batch; with token-budget

@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
+
+from ._support_checks import attention_kind
 
 __all__ = ["ProbeReport", "probe_packing", "refuse_failed_probe"]
 
@@ -156,7 +159,6 @@ def _alone_inputs(example: np.ndarray, config, collator, device) -> dict:
     import torch
 
     from ..collate import FlatteningCollator
-    from ._support_checks import attention_kind
 
     implementation = getattr(config, "_attn_implementation", None)
     if attention_kind(implementation) == "cu_seq_lens":
@@ -227,8 +229,15 @@ def _first_moved(model, packed: dict, leaked: dict, rows: np.ndarray, shape: tup
     return None
 
 
-def probe_packing(model, collator=None, *, prepacked: bool | None = None, lengths: Sequence[int] = PROBE_LENGTHS,
-                  seed: int = 0, autocast=None) -> ProbeReport:
+def probe_packing(
+    model,
+    collator=None,
+    *,
+    prepacked: bool | None = None,
+    lengths: Sequence[int] = PROBE_LENGTHS,
+    seed: int = 0,
+    autocast=None,
+) -> ProbeReport:
     """Run ``model`` on synthetic examples packed (by ``collator``) and alone, and report the difference.
 
     Args:
@@ -254,13 +263,17 @@ def probe_packing(model, collator=None, *, prepacked: bool | None = None, length
     from ..collate import FlatteningCollator, PrePackedCollator
 
     if len(lengths) < 3:
-        raise ValueError(f"The packing probe needs three or more examples (the middle one is changed); got lengths={list(lengths)}.")
+        raise ValueError(
+            f"The packing probe needs three or more examples (the middle one is changed); got lengths={list(lengths)}."
+        )
     collator = FlatteningCollator() if collator is None else collator
     prepacked = isinstance(collator, PrePackedCollator) if prepacked is None else prepacked
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     parameter = next(model.parameters(), None)
     if parameter is None:
-        raise ValueError(f"The packing probe runs the model, and {type(model).__name__} has no parameters; pass probe=False.")
+        raise ValueError(
+            f"The packing probe runs the model, and {type(model).__name__} has no parameters; pass probe=False."
+        )
     started = time.perf_counter()
     examples = _synthetic_tokens(config, lengths, seed)
     changed = list(examples)
@@ -273,9 +286,10 @@ def probe_packing(model, collator=None, *, prepacked: bool | None = None, length
     was_training = model.training
     model.eval()
     try:
-        # with autograd on, as in training: JIT kernels (FA4) then run the variant training compiles
-        # (it returns the softmax statistics backward needs) instead of compiling an inference one
-        with torch.enable_grad(), autocast or contextlib.nullcontext():
+        # varlen kernels run with autograd on, as in training: FA4 then runs the variant training
+        # compiles (it returns the softmax statistics backward needs) instead of compiling another
+        grad = attention_kind(getattr(config, "_attn_implementation", None)) == "cu_seq_lens"
+        with torch.enable_grad() if grad else torch.no_grad(), autocast or contextlib.nullcontext():
             packed, leaked = _logits(model, packed_inputs), _logits(model, leaked_inputs)
             alone = [_logits(model, _alone_inputs(e, config, collator, parameter.device)) for e in examples]
             others = np.concatenate([np.arange(s.start, s.stop) for i, s in enumerate(slices) if i != middle])

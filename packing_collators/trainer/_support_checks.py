@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -32,8 +33,23 @@ logger = logging.getLogger(__name__)
 FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
 _MASKED = ("sdpa", "eager", "flex_attention")
 _RECURRENT_MODEL_TYPES = frozenset(
-    {"mamba", "mamba2", "falcon_mamba", "bamba", "jamba", "zamba", "zamba2", "falcon_h1", "nemotron_h",
-     "granitemoehybrid", "rwkv", "recurrent_gemma", "lfm2", "qwen3_next", "olmo_hybrid"}
+    {
+        "mamba",
+        "mamba2",
+        "falcon_mamba",
+        "bamba",
+        "jamba",
+        "zamba",
+        "zamba2",
+        "falcon_h1",
+        "nemotron_h",
+        "granitemoehybrid",
+        "rwkv",
+        "recurrent_gemma",
+        "lfm2",
+        "qwen3_next",
+        "olmo_hybrid",
+    }
 )
 _RECURRENT_LAYER_WORDS = ("mamba", "linear", "recurrent", "conv", "ssm", "rwkv", "delta")
 
@@ -161,7 +177,9 @@ def _restarts(positions: np.ndarray, attention_mask) -> bool:
 def _check_batch(batch: Mapping[str, Any], implementation: str, config) -> None:
     kind = attention_kind(implementation)
     if batch.get("use_cache"):
-        raise ValueError("The batch sets use_cache=True; a cache switches off packed-sequence detection. Drop use_cache from the batch.")
+        raise ValueError(
+            "The batch sets use_cache=True; a cache switches off packed-sequence detection. Drop use_cache from the batch."
+        )
     flat = "cu_seq_lens_q" in batch or "cu_seq_lens_k" in batch
     positions = batch.get("position_ids")
     if positions is not None:
@@ -192,7 +210,9 @@ def _check_batch(batch: Mapping[str, Any], implementation: str, config) -> None:
                 f"cu_seq_lens_q={cu.tolist()[:8]}... does not split the {positions.size} tokens of the batch "
                 "(it must start at 0, never decrease and end at the token count)."
             )
-        if kind == "position_ids" and not np.array_equal(_segments_from_positions(positions), cu[np.r_[True, np.diff(cu) > 0]]):
+        if kind == "position_ids" and not np.array_equal(
+            _segments_from_positions(positions), cu[np.r_[True, np.diff(cu) > 0]]
+        ):
             raise ValueError(
                 f"position_ids do not restart where cu_seq_lens_q says examples start, and {implementation!r} "
                 "separates examples by position_ids only, so they would attend to each other. "
@@ -217,8 +237,9 @@ def _check_batch(batch: Mapping[str, Any], implementation: str, config) -> None:
         )
 
 
-def check_packing_support(model, batch: Mapping[str, Any] | None = None, *, collator=None, probe: bool = True,
-                          autocast=None) -> str:
+def check_packing_support(
+    model, batch: Mapping[str, Any] | None = None, *, collator=None, probe: bool = True, autocast=None
+) -> str:
     """Raise a ValueError saying what to change if ``model`` (and ``batch``) cannot train packed safely.
 
     Static checks first (fast, with the clearest messages): the model's forward takes

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["VARLEN_ATTENTION", "register_varlen_attention", "varlen_attention_forward"]
 

@@ -40,10 +40,15 @@ LOGNORMAL = {
     "flan_like": (4.6, 0.8, 8, 2048),  # many short examples
     "orcamath_like": (6.0, 0.5, 32, 2048),  # longer
 }
-DISTRIBUTIONS = (*LOGNORMAL, "long_tail")  # long_tail: 95% lognormal(5.0, 0.7) + 5% uniform(1500, 8192), for max_length 8192
+DISTRIBUTIONS = (
+    *LOGNORMAL,
+    "long_tail",
+)  # long_tail: 95% lognormal(5.0, 0.7) + 5% uniform(1500, 8192), for max_length 8192
 
 
-def lengths_of(distribution: str, n: int, seed: int | np.random.Generator = 0, *, high: int | None = None) -> np.ndarray:
+def lengths_of(
+    distribution: str, n: int, seed: int | np.random.Generator = 0, *, high: int | None = None
+) -> np.ndarray:
     """Token counts (int64) of ``n`` examples from a standard distribution, seeded.
 
     ``seed`` may be a ``np.random.Generator``: it is drawn from (and advanced), for a script that
@@ -93,9 +98,15 @@ def build_model(args, attn: str, device, dtype):
 
     hidden, layers, heads, kv, inter = SIZES[args.size]
     config = LlamaConfig(
-        vocab_size=args.vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=max(args.max_length, 8192),
-        use_cache=False, tie_word_embeddings=False,
+        vocab_size=args.vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=inter,
+        max_position_embeddings=max(args.max_length, 8192),
+        use_cache=False,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(args.seed)
     with torch.device(device):  # initialise on the GPU: seconds instead of a minute on the CPU
@@ -222,9 +233,9 @@ class CompileCounter:
         self.seconds = 0.0
         self._interface = None
         try:
+            import cutlass.cute as cute
             import flash_attn.cute  # noqa: F401  (its import replaces cute.compile: wrap after it)
             import flash_attn.cute.interface as interface
-            import cutlass.cute as cute
         except ImportError:
             return
         self._interface, original = interface, cute.compile
@@ -243,7 +254,9 @@ class CompileCounter:
         if self._interface is None:
             return 0
         caches = [getattr(v, "compile_cache", None) for v in vars(self._interface).values()]
-        return sum(len(getattr(c, "cache", c)) for c in caches if c is not None and hasattr(getattr(c, "cache", c), "__len__"))
+        return sum(
+            len(getattr(c, "cache", c)) for c in caches if c is not None and hasattr(getattr(c, "cache", c), "__len__")
+        )
 
     def snapshot(self) -> tuple[int, float]:
         return self.count, self.seconds
