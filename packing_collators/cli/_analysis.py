@@ -15,7 +15,7 @@ Zero-length examples are in no batch and no row; they are counted as ``empty_exa
 
 Cost: numpy over the lengths (never over tokens), plus one engine call per strategy and
 one epoch plan of the sampler; 1,000,000 ``sft`` lengths analyse in 2.5 s on a shared
-2-core machine, most of it ffd and the sampler (``benchmarks/bench_cli_analyze.py``).
+2-core machine, most of it ffd and the sampler (``benchmarks/cpu/bench_cli_analyze.py``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Cost: the engine's one sort over lengths, then one Arrow ``take`` per column
 (a memcpy per example) and a cumsum for ``position_ids``; no Python loop over
 examples or tokens. 200,000 ``sft`` examples (60M tokens) pack at capacity
 2048 many times faster than TRL's ``pack_dataset``, at higher efficiency
-(``benchmarks/bench_pack_dataset.py``). The result is an in-memory Arrow table, in the
+(``benchmarks/cpu/bench_pack_dataset.py``). The result is an in-memory Arrow table, in the
 input's format (``with_format``).
 """
 

@@ -11,7 +11,7 @@ then yielded as lists of dataset indices, for a collator that flattens each one:
 
 Cost: planning is numpy plus one engine call per group; an epoch of 1,000,000 ``sft``
 examples at a 16k budget plans in 0.35-0.4 s on one CPU core and fills 99.996% of the
-budget (``benchmarks/bench_sampler.py``). The plan of the current epoch is cached,
+budget (``benchmarks/cpu/bench_sampler.py``). The plan of the current epoch is cached,
 so ``len()``, iteration and ``stats()`` plan it once. Under ``torch.distributed``,
 construction adds one ``all_gather_object`` of a ~200-byte fingerprint, so every rank
 refuses a rank built from another dataset (``_rank_agreement.py``) instead of hanging.

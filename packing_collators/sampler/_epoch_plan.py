@@ -28,7 +28,7 @@ Cost model: ``cost = tokens + sum(length**2) / max_tokens_per_batch``, i.e. the 
 layers (tokens) plus attention (sum of squared example lengths), scaled so one example
 filling the whole budget costs twice what the same tokens in short examples cost.
 
-Cost in numbers (``benchmarks/bench_sampler.py``, results in ``benchmarks/results/sampler.md``):
+Cost in numbers (``benchmarks/cpu/bench_sampler.py``, results in ``benchmarks/results/sampler.md``):
 an epoch of 1,000,000 ``sft`` examples at a 16k budget is planned in 0.35-0.4 s on one CPU
 core (most of it the engine's packing; the same as listing a plain ``BatchSampler``'s
 batches), fills 99.996% of the budget, and 8 ranks' costs differ by 0.003%. Each extra

@@ -212,7 +212,7 @@ def varlen_attention_forward(
         elif "window_size" not in params:  # PyTorch 2.10: repeat each kv head for its query group (as repeat_kv)
             k, v = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v))
         # PyTorch 2.11 (window_size, no enable_gqa flag yet): its Flash kernel takes the fewer k/v heads
-        # as they are; same output and gradients as repeated heads on an H200 (benchmarks/gpu_varlen_gqa_check.py)
+        # as they are; same output and gradients as repeated heads on an H200 (benchmarks/gpu/gpu_varlen_gqa_check.py)
     if scaling is not None:
         if "scale" in params:
             options["scale"] = scaling
