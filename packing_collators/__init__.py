@@ -8,14 +8,15 @@ built only on the ones above it in this map::
                pack_sequences, concatenate_and_pack
     offline/   pack_dataset                              a datasets Dataset/stream -> packed rows
     sampler/   MultipackBatchSampler, lengths_from_dataset   token-budget micro-batches per rank
-    trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, the safety checks and
+    trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, the safety checks,
+               PackingMetricsCallback,                   packing metrics in the logs and
                check_packing_support, probe_packing,     a varlen attention backend
                packing_varlen
     cli/       packing-collators analyze|pack            the command line
     _validation.py   the argument checks every folder shares
 
-``PackingTrainer``, ``PackingCheckCallback`` and ``MultipackBatchSampler`` load on first use
-(they import transformers' Trainer or torch), so ``import packing_collators`` stays fast.
+``PackingTrainer``, ``PackingCheckCallback``, ``PackingMetricsCallback`` and ``MultipackBatchSampler``
+load on first use (they import transformers' Trainer or torch), so ``import packing_collators`` stays fast.
 """
 
 from .collate import FlatteningCollator, PrePackedCollator, concatenate_and_pack, pack_sequences
@@ -37,6 +38,7 @@ __all__ = [
     "MultipackBatchSampler",
     "PackStats",
     "PackingCheckCallback",
+    "PackingMetricsCallback",
     "PackingResult",
     "PackingTrainer",
     "PrePackedCollator",
@@ -60,7 +62,7 @@ def __getattr__(name: str):
     # PackingTrainer / PackingCheckCallback subclass transformers' Trainer classes and the sampler
     # subclasses torch's Sampler; importing those takes seconds, so they load on first use and
     # `import packing_collators` (the engine, the collators, the command line) stays fast.
-    if name in ("PackingCheckCallback", "PackingTrainer"):
+    if name in ("PackingCheckCallback", "PackingMetricsCallback", "PackingTrainer"):
         from . import trainer
 
         return getattr(trainer, name)

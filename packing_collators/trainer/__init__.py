@@ -5,6 +5,7 @@ _probe.py             probe_packing: measured on the model itself (packed vs alo
 _varlen_attention.py  packing_varlen, an attention backend on torch.nn.attention.varlen
 _attention_choice.py  choose_attention: the fastest packed-correct attention on this machine
 _packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
+_metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
 """
 
 from ._attention_choice import choose_attention, packed_attention_candidates, warm_up_attention
@@ -14,6 +15,7 @@ from ._varlen_attention import VARLEN_ATTENTION, register_varlen_attention, varl
 
 __all__ = [
     "PackingCheckCallback",
+    "PackingMetricsCallback",
     "PackingTrainer",
     "ProbeReport",
     "VARLEN_ATTENTION",
@@ -29,10 +31,14 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # PackingTrainer / PackingCheckCallback subclass transformers' Trainer classes: importing
-    # those takes seconds, so they load on first use.
+    # PackingTrainer / PackingCheckCallback / PackingMetricsCallback subclass transformers' Trainer
+    # classes: importing those takes seconds, so they load on first use.
     if name in ("PackingCheckCallback", "PackingTrainer"):
         from . import _packing_trainer
 
         return getattr(_packing_trainer, name)
+    if name == "PackingMetricsCallback":
+        from ._metrics import PackingMetricsCallback
+
+        return PackingMetricsCallback
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

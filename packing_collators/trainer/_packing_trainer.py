@@ -12,6 +12,7 @@ What changes underneath::
     collator    FlatteningCollator()  (unless you pass one) -> one flat row per micro-batch
     accelerate  its batch-sampler shard wrapper is made a pass-through (no double sharding)
     checks      check_packing_support(model, first collated batch) before the first step
+    metrics     PackingMetricsCallback: num_tokens, padding_fraction, packing_efficiency, ... in the logs
 
 Everything else is the stock Trainer: gradient accumulation with ``num_items_in_batch``
 (a token-weighted loss, as with padding), LR schedule from ``len(train_dataloader)``
@@ -32,6 +33,7 @@ from ..collate import FlatteningCollator
 from ..engine import Strategy
 from ..sampler import SamplerOverflow
 from ._attention_choice import AUTO_ATTENTION, choose_attention
+from ._metrics import PackingMetricsCallback
 from ._probe import probe_packing, refuse_failed_probe
 from ._support_checks import attention_kind, check_collated_features, check_packing_support, text_config, unwrap_model
 
@@ -176,6 +178,9 @@ class PackingTrainer(Trainer):
             machine runs (FlashAttention-4 on Hopper/Blackwell when installed, then FA3, FA2,
             ``packing_varlen`` on any CUDA GPU; on a CPU the model's own), logged when it
             changes the model's; ``None``: keep the model's; or a name to set.
+        packing_metrics: add ``num_tokens``, ``tokens_per_second``, ``padding_fraction``,
+            ``examples_per_step`` and ``packing_efficiency`` to the training logs (default
+            True; see :class:`PackingMetricsCallback`).
 
     ``data_collator`` defaults to :class:`FlatteningCollator`. Before the first step the
     model and the first collated batch go through :func:`check_packing_support`.
@@ -198,6 +203,7 @@ class PackingTrainer(Trainer):
         overflow: SamplerOverflow = "error",
         packing_probe: bool = True,
         attn_implementation: str | None = AUTO_ATTENTION,
+        packing_metrics: bool = True,
         **kwargs: Any,
     ) -> None:
         validate_choice("packing_strategy", packing_strategy, Strategy)
@@ -218,6 +224,8 @@ class PackingTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.attn_implementation = choose_attention(self.model, attn_implementation) if self.model is not None else None
         self.add_callback(PackingCheckCallback(probe=packing_probe))
+        if packing_metrics:
+            PackingMetricsCallback().attach(self)
 
     def _set_signature_columns_if_needed(self) -> None:
         """Keep a pre-packed dataset's position_ids / seq_lengths through remove_unused_columns."""

@@ -1,0 +1,135 @@
+"""PackingMetricsCallback: exact token, padding, example and efficiency counts in the training logs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _tiny_models import padded_batch, random_examples, tiny_model
+
+from packing_collators import FlatteningCollator, PackingMetricsCallback, PackingTrainer
+
+datasets = pytest.importorskip("datasets")
+from transformers import Trainer, TrainingArguments  # noqa: E402
+
+LENGTHS = [9, 4, 15, 7, 3, 12, 6, 10, 5, 8, 14, 2, 11, 6, 9, 4]
+KEYS = ("num_tokens", "tokens_per_second", "padding_fraction", "examples_per_step")
+
+
+def training_args(tmp_path, **overrides):
+    options = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        max_steps=-1,
+        num_train_epochs=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        dataloader_pin_memory=False,
+    )
+    return TrainingArguments(**{**options, **overrides})
+
+
+def dataset():
+    return datasets.Dataset.from_list(random_examples(LENGTHS, seed=7, completion_only=True))
+
+
+def training_logs(trainer):
+    return [entry for entry in trainer.state.log_history if "loss" in entry]
+
+
+def test_packing_trainer_logs_the_planned_tokens_examples_and_efficiency(tmp_path):
+    trainer = PackingTrainer(
+        model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset(), max_tokens_per_batch=20
+    )
+    trainer.train()
+    plan = list(trainer._train_batch_sampler)  # epoch 0's plan: the micro-batches trained, in order
+    steps = [plan[i : i + 2] for i in range(0, len(plan), 2)]  # gradient accumulation 2
+    tokens = [sum(LENGTHS[i] for batch in step for i in batch) for step in steps]
+    logs = training_logs(trainer)
+    assert len(logs) == len(steps) >= 3
+    assert [entry["num_tokens"] for entry in logs] == np.cumsum(tokens).tolist()
+    assert logs[-1]["num_tokens"] == sum(LENGTHS)  # every example once, every token counted once
+    assert [entry["examples_per_step"] for entry in logs] == [sum(len(b) for b in step) for step in steps]
+    assert [entry["padding_fraction"] for entry in logs] == [0.0] * len(steps)
+    expected = [round(t / (20 * len(step)), 4) for t, step in zip(tokens, steps)]
+    assert [entry["packing_efficiency"] for entry in logs] == expected
+    assert all(entry["tokens_per_second"] > 0 for entry in logs)
+
+
+def test_stock_trainer_with_workers_counts_in_the_main_process(tmp_path):
+    # The collator runs in a dataloader worker: counting there would leave the callback at zero.
+    trainer = Trainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, dataloader_num_workers=1),
+        train_dataset=dataset(),
+        data_collator=FlatteningCollator(),
+    )
+    PackingMetricsCallback().attach(trainer)
+    trainer.train()
+    logs = training_logs(trainer)
+    assert len(logs) == 2  # 16 examples, 4 per micro-batch, 2 micro-batches per step
+    counts = [entry["num_tokens"] for entry in logs]
+    assert counts[0] < counts[1] == sum(LENGTHS)
+    assert [entry["examples_per_step"] for entry in logs] == [8.0, 8.0]
+    assert [entry["padding_fraction"] for entry in logs] == [0.0, 0.0]
+    assert all(entry["tokens_per_second"] > 0 for entry in logs)
+    assert not any("packing_efficiency" in entry for entry in logs)  # no token budget known
+
+
+def test_padded_batches_report_their_true_pad_share(tmp_path):
+    seen = []  # (real tokens, slots, rows) of each collated micro-batch, in training order
+
+    def recording_padded_batch(features):
+        batch = padded_batch(features)
+        seen.append((int(batch["attention_mask"].sum()), batch["input_ids"].numel(), len(features)))
+        return batch
+
+    trainer = Trainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path),
+        train_dataset=dataset(),
+        data_collator=recording_padded_batch,
+    )
+    PackingMetricsCallback(max_tokens_per_batch=64).attach(trainer)
+    trainer.train()
+    logs = training_logs(trainer)
+    steps = [seen[0:2], seen[2:4]]
+    assert len(seen) == 4 and len(logs) == 2
+    real = [sum(r for r, _, _ in step) for step in steps]
+    slots = [sum(s for _, s, _ in step) for step in steps]
+    assert [entry["num_tokens"] for entry in logs] == np.cumsum(real).tolist()
+    assert logs[-1]["num_tokens"] == sum(LENGTHS)
+    pad_share = [round(1 - r / s, 4) for r, s in zip(real, slots)]
+    assert all(share > 0 for share in pad_share)
+    assert [entry["padding_fraction"] for entry in logs] == pad_share
+    assert [entry["examples_per_step"] for entry in logs] == [8.0, 8.0]
+    assert [entry["packing_efficiency"] for entry in logs] == [round(r / 128, 4) for r in real]
+
+
+def test_wiring_errors_and_turning_it_off(tmp_path):
+    unattached = Trainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path),
+        train_dataset=dataset(),
+        data_collator=FlatteningCollator(),
+        callbacks=[PackingMetricsCallback()],
+    )
+    with pytest.raises(ValueError, match=r"sees no batches .* PackingMetricsCallback\(\)\.attach\(trainer\)"):
+        unattached.train()
+    packing = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset())
+    with pytest.raises(ValueError, match="already has a PackingMetricsCallback.*packing_metrics=False"):
+        PackingMetricsCallback().attach(packing)
+    off = PackingTrainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, max_steps=1),
+        train_dataset=dataset(),
+        packing_metrics=False,
+        packing_probe=False,
+    )
+    off.train()
+    assert training_logs(off) and not any(key in training_logs(off)[0] for key in KEYS)
