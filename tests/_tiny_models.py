@@ -114,3 +114,32 @@ def reference_varlen_attn(
             q, k, v, attn_mask=allowed, scale=scale
         ).transpose(0, 1)
     return out
+
+
+def training_args(tmp_path, **overrides):
+    """TrainingArguments for tiny CPU runs: 4 steps of 4 examples, accumulation 2, a log line per step."""
+    from transformers import TrainingArguments
+
+    options = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        max_steps=4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        dataloader_pin_memory=False,
+    )
+    return TrainingArguments(**{**options, **overrides})
+
+
+def causal_over_whole_row(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """An attention function plainly causal over each whole row: it ignores cu_seq_lens, position_ids and masks."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny_models import ARCHITECTURES, padded_batch, random_examples, reference_varlen_attn, tiny_model
+from _tiny_models import (
+    ARCHITECTURES,
+    causal_over_whole_row,
+    padded_batch,
+    random_examples,
+    reference_varlen_attn,
+    tiny_model,
+)
 
 from packing_collators import FlatteningCollator, check_packing_support, register_varlen_attention
 from packing_collators.trainer import _varlen_attention as _attention
@@ -123,18 +130,10 @@ def test_attention_mask_beside_a_flat_batch_changes_the_loss_and_is_refused():
         check_packing_support(model, batch)
 
 
-def _ignores_boundaries(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """An attention function that is plainly causal over the whole row (ignores cu_seq_lens and masks)."""
-    groups = query.shape[1] // key.shape[1]
-    key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
-
-
 def test_an_attention_that_ignores_boundaries_changes_the_loss_and_is_refused():
     from transformers import AttentionInterface
 
-    AttentionInterface.register("test_ignores_boundaries", _ignores_boundaries)
+    AttentionInterface.register("test_ignores_boundaries", causal_over_whole_row)
     examples = random_examples(LENGTHS, seed=3)
     padded = tiny_model("llama")(**padded_batch(examples)).loss
     model = tiny_model("llama", attn="test_ignores_boundaries")

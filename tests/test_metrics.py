@@ -5,33 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _tiny_models import padded_batch, random_examples, tiny_model
+from _tiny_models import training_args as tiny_training_args
 
 from packing_collators import FlatteningCollator, PackingMetricsCallback, PackingTrainer
 
 datasets = pytest.importorskip("datasets")
-from transformers import Trainer, TrainingArguments  # noqa: E402
+from transformers import Trainer  # noqa: E402
 
 LENGTHS = [9, 4, 15, 7, 3, 12, 6, 10, 5, 8, 14, 2, 11, 6, 9, 4]
 KEYS = ("num_tokens", "tokens_per_second", "padding_fraction", "examples_per_step")
 
 
 def training_args(tmp_path, **overrides):
-    options = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,
-        learning_rate=1e-2,
-        max_steps=-1,
-        num_train_epochs=1,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        seed=0,
-        disable_tqdm=True,
-        dataloader_pin_memory=False,
-    )
-    return TrainingArguments(**{**options, **overrides})
+    """One epoch instead of a step count: the metrics are checked against the whole plan."""
+    return tiny_training_args(tmp_path, **{"max_steps": -1, "num_train_epochs": 1, **overrides})
 
 
 def dataset():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _tiny_models import tiny_model
+from _tiny_models import causal_over_whole_row, tiny_model
 
 from packing_collators import FlatteningCollator, PrePackedCollator, check_packing_support
 from packing_collators.trainer._probe import ProbeReport, probe_packing
@@ -145,18 +145,11 @@ def test_a_list_of_eos_token_ids_is_avoided_not_a_crash():
     assert check_packing_support(model) == "sdpa"
 
 
-def _rows_without_boundaries(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """What transformers' flash path does with a batch of several rows and no cu_seq_lens: plain causal per row."""
-    groups = query.shape[1] // key.shape[1]
-    key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
-
-
 def test_a_row_whose_examples_see_each_other_is_caught_by_the_leak_test():
     # PrePackedCollator(mode="pad") under flash attention (measured on an H200 with FA4): each row is
     # one causal sequence. The changed example shares its row with the next one, so the leak shows.
-    transformers.AttentionInterface.register("test_rows_without_boundaries", _rows_without_boundaries)
+    # what transformers' flash path does with several rows and no cu_seq_lens: plain causal per row
+    transformers.AttentionInterface.register("test_rows_without_boundaries", causal_over_whole_row)
     model = tiny_model("llama", attn="test_rows_without_boundaries")
     report = probe_packing(model, PrePackedCollator(mode="pad", max_length=16))
     assert report.leak > 0 and not report.passed

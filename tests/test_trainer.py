@@ -7,32 +7,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from _tiny_models import padded_batch, random_examples, tiny_model
+from _tiny_models import padded_batch, random_examples, tiny_model, training_args
 
 from packing_collators import FlatteningCollator, PackingCheckCallback, PackingTrainer
 
 datasets = pytest.importorskip("datasets")
-from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from transformers import Trainer, TrainerCallback  # noqa: E402
 
 LENGTHS = [9, 4, 15, 7, 3, 12, 6, 10, 5, 8, 14, 2, 11, 6, 9, 4]
-
-
-def training_args(tmp_path, **overrides):
-    options = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,
-        learning_rate=1e-2,
-        max_steps=4,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        seed=0,
-        disable_tqdm=True,
-        dataloader_pin_memory=False,
-    )
-    return TrainingArguments(**{**options, **overrides})
 
 
 def dataset(lengths=LENGTHS, **extra_columns):
