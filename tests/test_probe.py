@@ -153,3 +153,97 @@ def test_a_row_whose_examples_see_each_other_is_caught_by_the_leak_test():
     model = tiny_model("llama", attn="test_rows_without_boundaries")
     report = probe_packing(model, PrePackedCollator(mode="pad", max_length=16))
     assert report.leak > 0 and not report.passed
+
+
+@pytest.fixture
+def varlen_on_cpu(monkeypatch):
+    """``packing_varlen`` (a kernel that reads cu_seq_lens) with a CPU reference kernel standing in for CUDA's."""
+    from _tiny_models import reference_varlen_attn
+
+    from packing_collators import register_varlen_attention
+    from packing_collators.trainer import _varlen_attention
+
+    register_varlen_attention()
+    kernel = {"fn": reference_varlen_attn}
+    monkeypatch.setattr(_varlen_attention, "_load_varlen_attn", lambda query: kernel["fn"])
+    return kernel
+
+
+def _count_forwards(model) -> list:
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    return calls
+
+
+def test_under_a_varlen_kernel_two_forwards_suffice_and_pass(varlen_on_cpu):
+    # the alone run is a copy of the last example in front of the packed row, so the probe runs
+    # two forwards (packed, leak) instead of three: a third of its cost on a GPU
+    model = tiny_model("llama", attn="packing_varlen")
+    forwards = _count_forwards(model)
+    report = probe_packing(model)
+    assert report.passed and report.leak == 0.0 and report.max_difference < 1e-5, report.summary()
+    assert len(forwards) == 2
+    assert len(_count_forwards(tiny_model("llama"))) == 0 and probe_packing(tiny_model("llama")).passed
+
+
+def test_under_a_varlen_kernel_a_kernel_that_ignores_cu_seq_lens_leaks(varlen_on_cpu):
+    from _tiny_models import reference_varlen_attn
+
+    def one_sequence(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwargs):
+        whole = torch.tensor([0, query.shape[0]], dtype=torch.int32)
+        return reference_varlen_attn(query, key, value, whole, whole, query.shape[0], query.shape[0], **kwargs)
+
+    varlen_on_cpu["fn"] = one_sequence
+    report = probe_packing(tiny_model("llama", attn="packing_varlen"))
+    assert report.leak > 0 and not report.passed, report.summary()
+
+
+class _RowPositions(FlatteningCollator):
+    """A collator whose position_ids run across the whole row (what a model that ignores them would see)."""
+
+    def __call__(self, features):
+        batch = super().__call__(features)
+        batch["position_ids"] = torch.arange(batch["input_ids"].shape[1])[None]
+        return batch
+
+
+def test_under_a_varlen_kernel_positions_that_run_across_the_row_are_caught(varlen_on_cpu):
+    # the kernel keeps the examples apart (no leak), but the last example's learned position embeddings
+    # start at 21, not 0: the copy of it in front of the row, at 0..8, is what it is compared with.
+    # (RoPE is relative, so a Llama would not care; GPT-2 adds absolute position embeddings.)
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=128, n_positions=64, use_cache=False)
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="packing_varlen")
+    assert probe_packing(gpt2).passed  # positions that restart: accepted
+    report = probe_packing(gpt2, _RowPositions())
+    assert report.leak == 0.0 and report.max_difference > report.tolerance and not report.passed, report.summary()
+
+
+@pytest.fixture
+def one_process_group():
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_an_fsdp1_wrapped_model_is_checked_inside_and_probed_through_its_wrapper(one_process_group):
+    # measured on 2 H100s: under FSDP version 1 the static check read the wrapper's forward(*args, **kwargs)
+    # and refused a Llama ("FullyShardedDataParallel.forward takes no position_ids"); the probe must still
+    # run through the wrapper, whose forward gathers the sharded parameters
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    wrapped = FullyShardedDataParallel(tiny_model("llama"), device_id=torch.device("cpu"), use_orig_params=True)
+    batch = FlatteningCollator()([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
+    assert check_packing_support(wrapped, batch) == "sdpa"
+
+    from packing_collators.trainer._support_checks import probe_module, unwrap_model
+
+    assert type(unwrap_model(wrapped)).__name__ == "LlamaForCausalLM"
+    assert probe_module(wrapped) is wrapped

@@ -226,6 +226,7 @@ def run(args) -> None:
         "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e],
         "real_tokens_per_s": sum(float(g[0]) for g in gathered) / seconds,
         "step_time_s": float(np.median(np.diff([t for t, _ in clock.step_ends[args.warmup - 1 :]]))),
+        "step_seconds": np.diff([t for t, _ in clock.step_ends]).round(4).tolist(),  # where a stall sits
         "forward_time_per_process_s": [float(g[2]) for g in gathered],
         "sampler_stats": {
             k: (float(v) if isinstance(v, (int, float, np.number)) else str(v)) for k, v in plan.stats().items()

@@ -35,7 +35,7 @@ from ..sampler import SamplerOverflow
 from ._attention_choice import AUTO_ATTENTION, choose_attention
 from ._metrics import PackingMetricsCallback
 from ._probe import probe_packing, refuse_failed_probe
-from ._support_checks import attention_kind, check_collated_features, check_packing_support, text_config, unwrap_model
+from ._support_checks import attention_kind, check_collated_features, check_packing_support, probe_module, text_config
 
 try:
     from transformers import Trainer, TrainerCallback
@@ -147,7 +147,7 @@ class PackingCheckCallback(TrainerCallback):
         if self.probe:
             prepacked = any(isinstance(f, dict) and f.get("seq_lengths") is not None for f in features)
             self.last_report = probe_packing(
-                unwrap_model(model), collate_fn, prepacked=prepacked, autocast=_autocast(args, model)
+                probe_module(model), collate_fn, prepacked=prepacked, autocast=_autocast(args, model)
             )
             logger.info("%s", self.last_report.summary())
             refuse_failed_probe(

@@ -1,23 +1,31 @@
 """The live equivalence probe: measure, on the user's own model, that packing keeps examples apart.
 
-Three short synthetic examples are collated the way training collates them, run
-packed and run alone, in eval mode (no dropout), under the model's own
-attention implementation, dtype and device::
+Three short synthetic examples are collated the way training collates them and
+run in eval mode (no dropout), under the model's own attention implementation,
+dtype and device::
 
-    packed:   [ A A A A A A A | B B B B B | C C C C C C C C C ]     one forward
-    alone:    [ A A A A A A A ]  [ B B B B B ]  [ C C C C C C C C C ]   three forwards
-    leak:     [ A A A A A A A | b b b b b | C C C C C C C C C ]     B's tokens changed
+    packed:   [ A A A A A A A | B B B B B | C C C C C C C C C ]     forward 1
+    leak:     [ A A A A A A A | b b b b b | C C C C C C C C C ]     forward 2: B's tokens changed
+    alone:                                [ C C C C C C C C C ]     forward 3
 
-    (a) logits of A, B, C packed ~= alone           within the dtype's tolerance
-    (b) logits of A and C under the leak run       exactly equal to the packed run's
+    (a) logits of A and C under the leak run   exactly equal to the packed run's
+    (b) logits of C packed ~= C alone          within the dtype's tolerance
 
-(b) is exact whatever the dtype: a kernel that keeps the examples apart computes A's
-and C's rows from A's and C's tokens only, so bf16 noise can neither hide nor fake a
-leak (A checks attention from later to earlier examples, as a bidirectional encoder
-would do; C the usual causal direction). A model that fails is refused with the
-measured numbers, the first layer whose output moved (forward hooks, on failure only)
-and the fix. Cost: five forward passes over about 20 tokens, once before training
-(milliseconds on a GPU; ``benchmarks/results`` has the measured cost on a 200M model).
+(a) is exact whatever the dtype: the two runs have the same layout, and a kernel that
+keeps the examples apart computes A's and C's rows from A's and C's tokens only, so
+bf16 noise can neither hide nor fake a leak (A checks attention from earlier to later
+examples, as a bidirectional encoder would do; C the usual causal direction). (b)
+checks what (a) cannot see, the positions: C sits last, after 12 other tokens, so a
+model that numbers positions across the row (or from another start) moves it.
+
+Under a kernel that reads ``cu_seq_lens`` (flash attention, ``packing_varlen``) the
+alone run is a segment of the packed row instead of a third forward: a copy of C goes
+first, ``[ C | A | B | C ]``, where (a) vouches that nothing reaches it, so it is C
+run alone, through the same kernel and collator. A model that fails is refused with
+the measured numbers, the first layer whose output moved (forward hooks, on failure
+only) and the fix. Cost: two forward passes over about 30 tokens (three over 21 for
+other attention), once before training: 40 ms on a 200M model with FA4 on an H100,
+0.7% of its first step (``benchmarks/results/probe_h100x2``).
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ class ProbeReport:
         model: the model class; implementation: its attention implementation.
         dtype, device: of its parameters (the probe runs where and as the model is).
         lengths: the synthetic examples' lengths.
-        max_difference: max |logit| difference of an example packed vs run alone.
+        max_difference: max |logit| difference of the last example packed vs run alone.
         tolerance: the largest ``max_difference`` accepted (the dtype's, scaled by the logits).
         leak: max |logit| change of the other examples when one example's tokens change (must be 0).
         culprit: the first module whose output moved in the leak run, when the leak test failed.
@@ -276,6 +284,11 @@ def probe_packing(
         )
     started = time.perf_counter()
     examples = _synthetic_tokens(config, lengths, seed)
+    # a varlen kernel reads cu_seq_lens, so the first segment of the packed row is a true "alone"
+    # run of the last example (the leak test vouches that nothing reaches it): one forward saved
+    varlen = attention_kind(getattr(config, "_attn_implementation", None)) == "cu_seq_lens"
+    if varlen:
+        examples = [examples[-1], *examples]
     changed = list(examples)
     middle = len(examples) // 2
     changed[middle] = _synthetic_tokens(config, [len(examples[middle])], seed + 1)[0]
@@ -288,18 +301,20 @@ def probe_packing(
     try:
         # varlen kernels run with autograd on, as in training: FA4 then runs the variant training
         # compiles (it returns the softmax statistics backward needs) instead of compiling another
-        grad = attention_kind(getattr(config, "_attn_implementation", None)) == "cu_seq_lens"
-        with torch.enable_grad() if grad else torch.no_grad(), autocast or contextlib.nullcontext():
+        with torch.enable_grad() if varlen else torch.no_grad(), autocast or contextlib.nullcontext():
             packed, leaked = _logits(model, packed_inputs), _logits(model, leaked_inputs)
-            alone = [_logits(model, _alone_inputs(e, config, collator, parameter.device)) for e in examples]
             others = np.concatenate([np.arange(s.start, s.stop) for i, s in enumerate(slices) if i != middle])
             leak = float(np.abs(packed[others] - leaked[others]).max())
+            if varlen:
+                alone = packed[slices[0]]
+            else:
+                alone = _logits(model, _alone_inputs(examples[-1], config, collator, parameter.device))
             shape = tuple(np.asarray(batch["input_ids"]).shape)
             culprit = _first_moved(model, packed_inputs, leaked_inputs, others, shape) if leak else None
     finally:
         model.train(was_training)
-    difference = max(float(np.abs(packed[s] - a).max()) for s, a in zip(slices, alone))
-    scale = max(1.0, max(float(np.abs(a).max()) for a in alone))
+    difference = float(np.abs(packed[slices[-1]] - alone).max())
+    scale = max(1.0, float(np.abs(alone).max()))
     dtype = str(parameter.dtype).replace("torch.", "")
     if autocast is not None and getattr(autocast, "fast_dtype", None) is not None:
         dtype = str(autocast.fast_dtype).replace("torch.", "")

@@ -54,8 +54,33 @@ _RECURRENT_MODEL_TYPES = frozenset(
 _RECURRENT_LAYER_WORDS = ("mamba", "linear", "recurrent", "conv", "ssm", "rwkv", "delta")
 
 
+def _is_fsdp1(model) -> bool:
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # pragma: no cover - torch built without distributed
+        return False
+    return isinstance(model, FullyShardedDataParallel)
+
+
 def unwrap_model(model):
-    """The transformers model inside DDP / FSDP / PEFT wrappers."""
+    """The transformers model inside DDP / FSDP / PEFT wrappers (for its class, config and signature)."""
+    for _ in range(4):
+        if hasattr(model, "get_base_model"):
+            model = model.get_base_model()
+        elif hasattr(model, "module") and (not hasattr(model, "config") or _is_fsdp1(model)):
+            model = model.module
+        else:
+            break
+    return model
+
+
+def probe_module(model):
+    """What the probe's forwards run through: DDP and PEFT wrappers stripped, FSDP (version 1) kept.
+
+    A DDP forward with autograd on would wait for a backward that never comes; an FSDP1
+    wrapper's forward is what gathers its sharded parameters (every rank runs the probe).
+    FSDP2 shards the model in place, so the model is its own probe module.
+    """
     for _ in range(4):
         if hasattr(model, "get_base_model"):
             model = model.get_base_model()
@@ -278,7 +303,7 @@ def check_packing_support(
     if probe:
         from ._probe import probe_packing, refuse_failed_probe
 
-        report = probe_packing(unwrap_model(model), collator, autocast=autocast)
+        report = probe_packing(probe_module(model), collator, autocast=autocast)
         logger.info("%s", report.summary())
         refuse_failed_probe(report, attention_kind(implementation))
     return implementation
