@@ -195,7 +195,7 @@ def test_stats_are_logged(caplog):
         ({"input_ids": [[1]], "seq_lengths": [[1]]}, {}, ValueError, r"already has a 'seq_lengths' column"),
         ({"input_ids": [[1]]}, {"keep_columns": ["nope"]}, ValueError, r"keep_columns names \['nope'\]"),
         ({"input_ids": [[1]]}, {"strategy": "best"}, ValueError, r"strategy='best' is not supported"),
-        ({"input_ids": [[1]]}, {"overflow": "split"}, ValueError, r"overflow='split' is not supported"),
+        ({"input_ids": [[1]]}, {"overflow": "wrap"}, ValueError, r"overflow='wrap' is not supported"),
         ({"input_ids": [["a"]]}, {}, ValueError, r"Column 'input_ids' .* is not a per-token column"),
         ({"input_ids": [[1.5]]}, {}, TypeError, r"'input_ids' must hold integer token ids"),
         ({"input_ids": [[1], None]}, {}, ValueError, r"Example 1 has no input_ids \(null\)"),

@@ -94,7 +94,7 @@ class PackStats(RowMeasures):
         truncated_examples / truncated_tokens: examples cut to ``capacity`` and the tokens cut off.
         dropped_examples / dropped_tokens: examples left out for being longer than ``capacity``.
         empty_examples: zero-length examples (in no row).
-        split_examples: examples whose tokens span two or more rows (``"wrapped"`` only).
+        split_examples: examples whose tokens span two or more rows (``"wrapped"``, or ``overflow="split"``).
 
     >>> from packing_collators import pack_lengths
     >>> stats = PackStats.from_result(pack_lengths([5, 2, 4, 1, 3], capacity=8))

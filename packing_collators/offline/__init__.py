@@ -2,7 +2,8 @@
 
     _options.py       PackOptions, pack_dataset's options validated once
     _columns.py       which columns are per-token (packed), kept, or refused
-    _row_plan.py      the plan: which example's tokens go to which row, in which order
+    _row_plan.py      the plan: which example's tokens (from which offset) go to which row, in which order
+    _planning.py      lengths + options -> the global plan (split pieces, shuffle, this machine's shard)
     _arrow_rows.py    building the rows as Arrow columns from the plan (no loop over tokens)
     _pack_dataset.py  pack_dataset for a Dataset / DatasetDict, and pack_table
     _streaming.py     pack_dataset for an IterableDataset or any stream, buffer by buffer
@@ -12,15 +13,17 @@ engine's PackStats.
 """
 
 from ._columns import RESERVED_COLUMNS, ExampleColumns, example_columns, is_per_token, token_lengths
-from ._options import MAX_LENGTH_FIX, DatasetStrategy, PackOptions
+from ._options import MAX_LENGTH_FIX, SPLIT_FIX, DatasetOverflow, DatasetStrategy, PackOptions
 from ._pack_dataset import pack_dataset, pack_table
 
 __all__ = [
+    "DatasetOverflow",
     "DatasetStrategy",
     "ExampleColumns",
     "MAX_LENGTH_FIX",
     "PackOptions",
     "RESERVED_COLUMNS",
+    "SPLIT_FIX",
     "example_columns",
     "is_per_token",
     "pack_dataset",

@@ -1,24 +1,26 @@
-"""Writing packed rows as an Arrow table, from a table of examples and a row plan.
+"""Packed rows as Arrow record batches, from a row plan and each segment's tokens.
 
 Two examples ``[5, 6, 7]`` and ``[8, 9]`` (with labels) packed into one row::
 
     input_ids     [5,    6, 7, 8,    9]   the examples' dtype (e.g. int32)
-    labels        [-100, 6, 7, -100, 9]   first token of each example -100
+    labels        [-100, 6, 7, -100, 9]   first token of each example (or split piece) -100
     position_ids  [0,    1, 2, 0,    1]   int32, restarting per segment
     seq_lengths   [3, 2]                  int32, one per segment
     source        ["web", "math"]         a kept per-example column: one value per segment
 
-Per-token columns are gathered with numpy through one token index per chunk
-(built by a cumsum over example jumps, shared by every column), so the cost is
-one index plus one gather per column, plus a cumsum for ``position_ids``; no
-Python loop over examples or tokens. Kept per-example columns use one Arrow
-``take``. Rows are built in chunks of about 16M tokens, so offsets stay int32
-and a progress bar can move; ``num_proc`` chunks are built at once in threads
-(numpy and Arrow release the GIL).
+Each per-token column's tokens are gathered with numpy through one token index
+(:func:`token_index`, a cumsum over segment jumps, shared by every column), so the cost is
+one index plus one gather per column, plus a cumsum for ``position_ids``; no Python loop
+over examples or tokens. Kept per-example columns use one Arrow ``take``. Rows are built in
+chunks of about 16M tokens (:func:`chunk_bounds`), so offsets stay int32 and memory stays
+bounded; ``num_proc`` chunks are built at once in threads (numpy and Arrow release the GIL).
+Where the tokens come from is the caller's: an in-memory table here (:class:`TableTokens`),
+the dataset's Arrow files in ``_disk_rows``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -28,9 +30,27 @@ from ..collate import segment_layout
 from ._columns import ExampleColumns
 from ._row_plan import RowPlan
 
-__all__ = ["build_rows", "CHUNK_TOKENS"]
+__all__ = ["CHUNK_TOKENS", "TableTokens", "build_rows", "chunk_bounds", "row_batches", "rows_batch", "token_index"]
 
 CHUNK_TOKENS = 1 << 24
+
+
+def token_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Where each token of runs ``starts[i] : starts[i] + lengths[i]`` is, the runs end to end (int64).
+
+    >>> token_index(np.array([10, 3, 7]), np.array([2, 3, 1])).tolist()
+    [10, 11, 3, 4, 5, 7]
+    """
+    total = int(lengths.sum())
+    steps = np.ones(total, dtype=np.int64)
+    if not total:
+        return steps
+    nonempty = lengths > 0
+    starts, lengths = starts[nonempty], lengths[nonempty]
+    run_starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    steps[run_starts[1:]] = starts[1:] - (starts[:-1] + lengths[:-1]) + 1
+    steps[0] = starts[0]
+    return np.cumsum(steps, out=steps)
 
 
 def _offsets(boundaries: np.ndarray) -> pa.Array:
@@ -44,13 +64,58 @@ def _signed(values: np.ndarray) -> np.ndarray:
     return values
 
 
-class _FlatColumns:
-    """Each per-token column's values as one flat numpy array, and where each example starts in them."""
+def rows_batch(
+    plan: RowPlan,
+    tokens: Mapping[str, np.ndarray],
+    columns: ExampleColumns,
+    label_pad_id: int,
+    kept: Mapping[str, pa.Array] | None = None,
+) -> pa.RecordBatch:
+    """Every row of ``plan`` as one RecordBatch, given each per-token column's segments end to end.
+
+    >>> from packing_collators.offline._row_plan import wrapped_plan
+    >>> plan = wrapped_plan(np.array([3, 2]), 4, order=np.arange(2))
+    >>> tokens = {"input_ids": np.array([5, 6, 7, 8, 9]), "labels": np.array([5, 6, 7, 8, 9])}
+    >>> rows_batch(plan, tokens, ExampleColumns(("input_ids", "labels"), "labels", ()), -100).to_pylist()
+    [{'input_ids': [5, 6, 7, 8], 'labels': [-100, 6, 7, -100], 'position_ids': [0, 1, 2, 0], 'seq_lengths': [3, 1]}, {'input_ids': [9], 'labels': [9], 'position_ids': [0], 'seq_lengths': [1]}]
+    """
+    row_offsets = _offsets(plan.row_starts)
+    segment_offsets = _offsets(plan.row_segments)
+    arrays, names = [], []
+    for name in columns.tokens:
+        values = tokens[name]
+        if name == columns.labels:
+            values = _signed(values)
+            values[plan.segment_starts[:-1][plan.restarts]] = label_pad_id
+        arrays.append(pa.ListArray.from_arrays(row_offsets, pa.array(values)))
+        names.append(name)
+        if name == (columns.labels or "input_ids"):
+            positions = segment_layout(plan.segment_lengths).position_ids(dtype=np.int32)
+            arrays.append(pa.ListArray.from_arrays(row_offsets, pa.array(positions)))
+            seq_lengths = pa.array(plan.segment_lengths.astype(np.int32))
+            arrays.append(pa.ListArray.from_arrays(segment_offsets, seq_lengths))
+            names += ["position_ids", "seq_lengths"]
+    for name in columns.keep:
+        arrays.append(pa.ListArray.from_arrays(segment_offsets, kept[name]))
+        names.append(name)
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+class TableTokens:
+    """Each per-token column of an in-memory table as one flat numpy array, and where each example starts in it."""
 
     def __init__(self, table: pa.Table, columns: ExampleColumns, lengths: np.ndarray) -> None:
+        self.table = table
         self.values = {name: _flat_values(table.column(name)) for name in columns.tokens}
         self.starts = np.r_[0, np.cumsum(lengths)[:-1]].astype(np.int64) if len(lengths) else lengths
-        self.index_dtype = np.int32 if (int(lengths.sum()) if len(lengths) else 0) < 2**31 else np.int64
+
+    def gather(self, name: str, plan: RowPlan) -> np.ndarray:
+        """The plan's tokens of column ``name``, segment after segment."""
+        return self.values[name][token_index(self.starts[plan.order] + plan.skip, plan.segment_lengths)]
+
+    def take(self, name: str, examples: np.ndarray) -> pa.Array:
+        """Per-example column ``name``'s values of ``examples``."""
+        return self.table.column(name).take(pa.array(examples)).combine_chunks()
 
 
 def _flat_values(column: pa.ChunkedArray) -> np.ndarray:
@@ -61,60 +126,42 @@ def _flat_values(column: pa.ChunkedArray) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False)
 
 
-def _token_index(flat: _FlatColumns, examples: np.ndarray, kept: np.ndarray) -> np.ndarray:
-    """Where each token of ``examples`` (their first ``kept`` tokens, end to end) is in the flat values."""
-    total = int(kept.sum())
-    steps = np.ones(total, dtype=flat.index_dtype)
-    if not total:
-        return steps
-    sources = flat.starts[examples]
-    out_starts = np.r_[0, np.cumsum(kept)[:-1]]
-    steps[out_starts[1:]] = sources[1:] - (sources[:-1] + kept[:-1]) + 1
-    steps[0] = sources[0]
-    return np.cumsum(steps, out=steps)
+def chunk_bounds(plan: RowPlan, chunk_tokens: int = CHUNK_TOKENS) -> list[tuple[int, int]]:
+    """Row ranges ``[first, last)`` of about ``chunk_tokens`` tokens each (at least one range).
 
-
-def _chunk(table, flat: _FlatColumns, plan: RowPlan, columns: ExampleColumns, label_pad_id: int, first: int, last: int):
-    """Rows ``first`` to ``last - 1`` as a RecordBatch."""
-    row_starts, example_starts = plan.row_starts, plan.example_starts
-    begin, end = int(row_starts[first]), int(row_starts[last])
-    e0 = int(np.searchsorted(example_starts[1:], begin, side="right"))
-    e1 = int(np.searchsorted(example_starts[:-1], end, side="left"))
-    base = int(example_starts[e0])
-    index = _token_index(flat, plan.order[e0:e1], plan.kept[e0:e1])[begin - base : end - base]
-    row_offsets = _offsets(row_starts[first : last + 1])
-    s0, s1 = int(plan.row_segments[first]), int(plan.row_segments[last])
-    arrays, names = [], []
-    for name in columns.tokens:
-        values = flat.values[name][index]
-        if name == columns.labels:
-            values = _signed(values)
-            starts = example_starts[e0:e1] - begin
-            values[starts[starts >= 0]] = label_pad_id
-        arrays.append(pa.ListArray.from_arrays(row_offsets, pa.array(values)))
-        names.append(name)
-        if name == (columns.labels or "input_ids"):
-            positions = segment_layout(plan.segment_lengths[s0:s1]).position_ids(dtype=np.int32)
-            arrays.append(pa.ListArray.from_arrays(row_offsets, pa.array(positions)))
-            names.append("position_ids")
-            segment_offsets = _offsets(plan.row_segments[first : last + 1])
-            seq_lengths = pa.array(plan.segment_lengths[s0:s1].astype(np.int32))
-            arrays.append(pa.ListArray.from_arrays(segment_offsets, seq_lengths))
-            names.append("seq_lengths")
-    if columns.keep:
-        examples = pa.array(plan.order[plan.segment_example[s0:s1]])
-        segment_offsets = _offsets(plan.row_segments[first : last + 1])
-        for name in columns.keep:
-            taken = table.column(name).take(examples).combine_chunks()
-            arrays.append(pa.ListArray.from_arrays(segment_offsets, taken))
-            names.append(name)
-    return pa.RecordBatch.from_arrays(arrays, names=names)
-
-
-def _chunk_bounds(plan: RowPlan) -> list[tuple[int, int]]:
-    rows_per_chunk = max(1, CHUNK_TOKENS // plan.capacity)
+    >>> from packing_collators.offline._row_plan import wrapped_plan
+    >>> chunk_bounds(wrapped_plan(np.array([9, 9]), 4, order=np.arange(2)), chunk_tokens=8)
+    [(0, 2), (2, 4), (4, 5)]
+    """
+    rows_per_chunk = max(1, chunk_tokens // plan.capacity)
     edges = list(range(0, plan.num_rows, rows_per_chunk)) + [plan.num_rows]
-    return list(zip(edges[:-1], edges[1:]))
+    return list(zip(edges[:-1], edges[1:])) or [(0, 0)]
+
+
+def row_batches(
+    table: pa.Table,
+    plan: RowPlan,
+    columns: ExampleColumns,
+    lengths: np.ndarray,
+    *,
+    label_pad_id: int = -100,
+    num_proc: int | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """The rows of ``plan`` over an in-memory ``table``, one RecordBatch per chunk, in order."""
+    source = TableTokens(table, columns, lengths)
+
+    def build(bound: tuple[int, int]) -> pa.RecordBatch:
+        part = plan.rows(*bound)
+        tokens = {name: source.gather(name, part) for name in columns.tokens}
+        kept = {name: source.take(name, part.order) for name in columns.keep}
+        return rows_batch(part, tokens, columns, label_pad_id, kept)
+
+    bounds = chunk_bounds(plan)
+    if num_proc and num_proc > 1 and len(bounds) > 1:
+        with ThreadPoolExecutor(max_workers=num_proc) as pool:
+            yield from pool.map(build, bounds)
+    else:
+        yield from map(build, bounds)
 
 
 def build_rows(
@@ -128,7 +175,7 @@ def build_rows(
     progress: bool = False,
     desc: str = "Packing rows",
 ) -> pa.Table:
-    """The packed rows of ``plan`` over ``table`` (see the module docstring for the columns).
+    """The packed rows of ``plan`` over ``table`` as one in-memory table (see the module docstring for the columns).
 
     >>> from packing_collators import pack_lengths
     >>> from packing_collators.offline._columns import example_columns
@@ -139,27 +186,12 @@ def build_rows(
     >>> rows.to_pylist()
     [{'input_ids': [5, 6, 7, 8, 9], 'labels': [-100, 6, 7, -100, 9], 'position_ids': [0, 1, 2, 0, 1], 'seq_lengths': [3, 2]}]
     """
-    flat = _FlatColumns(table, columns, lengths)
-    bounds = _chunk_bounds(plan)
-    if not bounds:
-        return pa.Table.from_batches([_chunk(table, flat, plan, columns, label_pad_id, 0, 0)])
-
-    def build(bound):
-        return _chunk(table, flat, plan, columns, label_pad_id, *bound)
-
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(bounds), desc=desc, unit="chunk", disable=not progress)
-    with bar:
-        if num_proc and num_proc > 1 and len(bounds) > 1:
-            with ThreadPoolExecutor(max_workers=num_proc) as pool:
-                batches = []
-                for batch in pool.map(build, bounds):
-                    batches.append(batch)
-                    bar.update()
-        else:
-            batches = []
-            for bound in bounds:
-                batches.append(build(bound))
-                bar.update()
-    return pa.Table.from_batches(batches)
+    batches = row_batches(table, plan, columns, lengths, label_pad_id=label_pad_id, num_proc=num_proc)
+    done = []
+    with tqdm(total=len(chunk_bounds(plan)), desc=desc, unit="chunk", disable=not progress) as bar:
+        for batch in batches:
+            done.append(batch)
+            bar.update()
+    return pa.Table.from_batches(done)

@@ -25,13 +25,11 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
-from ..engine import Overflow, PackStats, check_not_too_long, pack_lengths
+from ..engine import PackStats
 from ._arrow_rows import CHUNK_TOKENS, build_rows
 from ._columns import RESERVED_COLUMNS, check_unpadded, example_columns, token_lengths
-from ._options import MAX_LENGTH_FIX, DatasetStrategy, PackOptions
-from ._row_plan import bin_plan, wrapped_plan
+from ._options import DatasetOverflow, DatasetStrategy, PackOptions
+from ._planning import plan_rows
 
 __all__ = ["pack_dataset", "pack_table"]
 
@@ -46,21 +44,6 @@ def _show_progress(options: PackOptions, total_tokens: int) -> bool:
     return is_progress_bar_enabled() and total_tokens >= 4 * CHUNK_TOKENS
 
 
-def _wrapped_stats(lengths: np.ndarray, plan, capacity: int) -> PackStats:
-    examples_per_segment = np.bincount(plan.segment_example, minlength=len(plan.order))
-    return PackStats(
-        strategy="wrapped",
-        capacity=capacity,
-        examples=len(lengths),
-        rows=plan.num_rows,
-        packed_examples=len(plan.order),
-        input_tokens=int(lengths.sum()),
-        packed_tokens=int(plan.kept.sum()),
-        empty_examples=int((lengths == 0).sum()),
-        split_examples=int((examples_per_segment > 1).sum()),
-    )
-
-
 def pack_table(table, options: PackOptions, *, desc: str = "Packing rows"):
     """``(rows, stats)``: a ``pyarrow.Table`` of examples packed into a table of rows.
 
@@ -73,18 +56,7 @@ def pack_table(table, options: PackOptions, *, desc: str = "Packing rows"):
     columns = example_columns(table.schema, options.keep_columns)
     lengths = token_lengths(table, columns)
     check_unpadded(table)
-    rng = np.random.default_rng(options.seed)
-    capacity = options.max_length
-    if options.strategy == "wrapped":
-        order = rng.permutation(len(lengths)) if options.shuffle_rows else np.arange(len(lengths))
-        plan = wrapped_plan(lengths, capacity, order)
-        stats = _wrapped_stats(lengths, plan, capacity)
-    else:
-        if options.overflow == "error":  # named as the user named it: max_length, not the engine's capacity
-            check_not_too_long(lengths, capacity, limit_name="max_length", fix=MAX_LENGTH_FIX)
-        result = pack_lengths(lengths, capacity, strategy=options.strategy, overflow=options.overflow)
-        plan = bin_plan(result, rng.permutation(result.num_rows) if options.shuffle_rows else None)
-        stats = PackStats.from_result(result)
+    plan, stats = plan_rows(lengths, options)
     rows = build_rows(
         table,
         plan,
@@ -92,7 +64,7 @@ def pack_table(table, options: PackOptions, *, desc: str = "Packing rows"):
         lengths,
         label_pad_id=options.label_pad_id,
         num_proc=options.num_proc,
-        progress=_show_progress(options, stats.packed_tokens),
+        progress=_show_progress(options, plan.total_tokens),
         desc=desc,
     )
     return rows, stats
@@ -144,7 +116,7 @@ def pack_dataset(
     max_length: int,
     *,
     strategy: DatasetStrategy = "bfd",
-    overflow: Overflow = "error",
+    overflow: DatasetOverflow = "error",
     shuffle_rows: bool = True,
     seed: int = 0,
     keep_columns: Sequence[str] = (),
@@ -170,8 +142,11 @@ def pack_dataset(
             label (a causal LM never uses a row's first label; :class:`PrePackedCollator` masks it
             in flattened batches). The last row may be shorter. Not for streaming.
         overflow: an example longer than ``max_length``: ``"error"`` (default), ``"truncate"``
-            (its first ``max_length`` tokens, in a row of its own) or ``"drop"``; counted in the
-            stats. ``"wrapped"`` never overflows.
+            (its first ``max_length`` tokens, in a row of its own), ``"drop"``, or ``"split"``: cut
+            into pieces of ``max_length`` tokens (the last shorter), each packed as an example of
+            its own (``position_ids`` restart, first label ``label_pad_id``), every token kept;
+            counted in the stats (``split_examples``). ``"wrapped"`` never overflows. Not
+            ``"split"`` when streaming.
         shuffle_rows: shuffle the packed rows (seeded by ``seed``); ``False`` keeps packing order.
         keep_columns: per-example columns (e.g. ``["source"]``) kept as one list per row, one
             value per segment. Any other column that is not per-token is an error.
@@ -206,7 +181,9 @@ def pack_dataset(
     >>> pack_dataset(data, max_length=4)
     Traceback (most recent call last):
     ...
-    ValueError: Example 0 has 5 tokens, more than max_length=4 (1 example(s) too long, the longest 5 tokens). Pass overflow='truncate' or overflow='drop', or raise max_length.
+    ValueError: Example 0 has 5 tokens, more than max_length=4 (1 example(s) too long, the longest 5 tokens). Pass overflow='split' (keep every token, in pieces), overflow='truncate' or overflow='drop', or raise max_length.
+    >>> pack_dataset(data, max_length=4, overflow="split", shuffle_rows=False)[:]["seq_lengths"]
+    [[4], [4], [1, 3], [2]]
     """
     import datasets
 
@@ -230,6 +207,12 @@ def pack_dataset(
         stats = {name: result[1] for name, result in results.items()}
     elif isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)) or _is_example_iterator(dataset):
         from ._streaming import pack_streaming
+
+        if options.overflow == "split":
+            raise ValueError(
+                "overflow='split' is not supported when streaming (a piece would need its example's other pieces "
+                "in the same buffer); pass overflow='truncate' or overflow='drop', or pack a datasets.Dataset."
+            )
 
         packed, stats = pack_streaming(dataset, options)
     else:
