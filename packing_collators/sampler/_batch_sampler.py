@@ -28,6 +28,7 @@ from torch.utils.data import Sampler
 from .._validation import validate_choice, validate_lengths, validate_positive_int
 from ..engine import Strategy
 from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, check_overflow, plan_epoch
+from ._progress import validate_progress
 from ._rank_agreement import check_ranks_agree, fingerprint
 
 __all__ = ["MultipackBatchSampler"]
@@ -80,6 +81,11 @@ class MultipackBatchSampler(Sampler[list[int]]):
             fingerprint of the inputs at construction and refuse ranks that differ (default).
             That is a collective: every rank must build its sampler. Pass False for a sampler
             built on one rank only (e.g. to read another rank's plan or its statistics).
+        progress: a progress bar (stderr) while an epoch is planned: ``None`` (default) for
+            4,000,000+ examples unless ``datasets`` or ``transformers`` has progress bars off
+            (``datasets.disable_progress_bars()``, ``transformers.utils.logging.disable_progress_bar()``),
+            ``True`` always, ``False`` never. ``None`` shows it on rank 0 only. It changes
+            nothing in the plan.
 
     Zero-length examples are never batched (the collator would refuse them); they are
     counted in ``stats()["empty_examples"]``.
@@ -125,6 +131,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
         balance: Balance = "cost",
         overflow: SamplerOverflow = "error",
         check_ranks: bool = True,
+        progress: bool | None = None,
     ) -> None:
         super().__init__()
         validate_choice("strategy", strategy, Strategy)
@@ -140,6 +147,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
         self.drop_last = bool(drop_last)
         self.balance = balance
         self.overflow = overflow
+        self.progress = validate_progress(progress)
         if check_ranks:  # a collective: every rank of the group must build its sampler
             check_ranks_agree(self._fingerprint(), num_replicas=self.num_replicas, rank=self.rank)
         # after the exchange: with another dataset, one rank alone could raise it and leave the others waiting
@@ -186,6 +194,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
                 balance=self.balance,
                 drop_last=self.drop_last,
                 overflow=self.overflow,
+                progress=False if self.progress is None and self.rank else self.progress,  # one bar: rank 0's
             )
         return self._plan
 
