@@ -47,7 +47,7 @@ def sft_config(tmp_path, **overrides):
 
     SFTConfig's own defaults differ (bf16=True, gradient_checkpointing=True); the TrainingArguments
     values carried over keep both off. ``skip_prepare_dataset``: the rows are tokenized already, and
-    SFTTrainer's preparation would truncate ``input_ids`` of packed rows without their ``seq_lengths``.
+    SFTTrainer's preparation would cut rows over its max_length (1024) but not their ``seq_lengths``.
     """
     return SFTConfig(**training_args(tmp_path, **overrides).to_dict(), dataset_kwargs={"skip_prepare_dataset": True})
 
