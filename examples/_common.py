@@ -1,4 +1,4 @@
-"""Shared plumbing of the example scripts: offline defaults, SFT tokenization, the summary.
+"""Shared plumbing of the example scripts: offline defaults, the SFT dataset, the summary.
 
 Everything works offline. Unless ``--model`` / ``--dataset`` name something else:
 
@@ -12,8 +12,9 @@ Everything works offline. Unless ``--model`` / ``--dataset`` name something else
 The dataset and tokenizer are built once (about 15 s) and cached in ``examples/.cache/``
 (or ``$PACKING_EXAMPLES_CACHE``); delete the folder to rebuild them.
 
-Tokenization is completion-only: the chat template renders the conversation, and every
-token up to the last assistant turn (the prompt) gets label -100::
+Tokenization is the library's :func:`packing_collators.tokenize_chat`: the chat template renders
+the conversation, and only the assistant's tokens (each answer and its end-of-turn text) are
+trained; every system, user and template token gets label -100::
 
     <|im_start|>user\\nWhat does `json.dumps(obj)` do?<|im_end|>\\n<|im_start|>assistant\\n | Serialize ...<|im_end|>\\n
     labels: -100 -100 ...                                                              | trained tokens
@@ -320,60 +321,17 @@ def load_model(name: str, tokenizer, *, attn_implementation: str = "sdpa", max_l
 # ----------------------------------------------------------------------------- SFT tokenization
 
 
-def _as_messages(example: dict) -> list[dict]:
-    if "messages" in example and example["messages"] is not None:
-        return example["messages"]
-    prompt, completion = example["prompt"], example["completion"]
-    if isinstance(prompt, str):  # standard prompt/completion text
-        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
-    return list(prompt) + list(completion)  # conversational prompt/completion
-
-
-def split_prompt(messages: list[dict], tokenizer) -> tuple[str, str]:
-    """The rendered conversation as (prompt, completion) text; the completion is the last assistant turn.
-
-    The prompt is the conversation before that turn rendered with ``add_generation_prompt=True``;
-    the completion is what the full rendering adds to it (the answer and its end token).
-    """
-    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
-    if last is None:
-        raise ValueError(f"A conversation has no assistant turn to train on: roles {[m['role'] for m in messages]}.")
-    full = tokenizer.apply_chat_template(messages[: last + 1], tokenize=False)
-    prompt = tokenizer.apply_chat_template(messages[:last], tokenize=False, add_generation_prompt=True)
-    if not full.startswith(prompt):
-        raise ValueError(
-            "The chat template renders the conversation differently with and without its last assistant turn, "
-            f"so the prompt cannot be masked: prompt {prompt[-80:]!r} is not a prefix of {full[: len(prompt) + 40]!r}."
-        )
-    return prompt, full[len(prompt) :]
-
-
-def tokenize_sft(dataset, tokenizer, max_length: int):
-    """Map a conversation dataset to ``input_ids``/``labels`` (completion-only), dropping other columns.
-
-    Prompt and completion are tokenized separately (in batches) and concatenated, so the
-    prompt's tokens are exactly those masked. Examples are truncated to ``max_length``;
-    those left with no trained token (a prompt that long) are filtered out.
-    """
-
-    def tokenize(batch: dict) -> dict:
-        rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
-        prompts, completions = zip(*(split_prompt(_as_messages(row), tokenizer) for row in rows))
-        prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-        completion_ids = tokenizer(list(completions), add_special_tokens=False)["input_ids"]
-        return {
-            "input_ids": [(p + c)[:max_length] for p, c in zip(prompt_ids, completion_ids)],
-            "labels": [([-100] * len(p) + c)[:max_length] for p, c in zip(prompt_ids, completion_ids)],
-        }
-
-    tokenized = dataset.map(tokenize, batched=True, remove_columns=dataset.column_names, desc="tokenizing")
-    return tokenized.filter(lambda labels: any(t != -100 for t in labels), input_columns="labels", desc="filtering")
-
-
 def sft_dataset(args, tokenizer):
-    """The tokenized dataset named by ``--dataset``, ``--max-examples``, ``--max-length``."""
+    """The dataset named by ``--dataset`` and ``--max-examples`` as ``input_ids``/``labels``, cut to ``--max-length``.
+
+    Assistant-only labels from :func:`tokenize_chat`; examples left with no trained token (a
+    prompt of ``--max-length`` tokens or more) are dropped, and counted in its log line.
+    """
+    from packing_collators import tokenize_chat
+
     raw = load_conversations(args.dataset, args.split, args.max_examples)
-    return tokenize_sft(raw, tokenizer, args.max_length)
+    chat = ["messages"] if "messages" in raw.column_names else ["prompt", "completion"]
+    return tokenize_chat(raw.select_columns(chat), tokenizer, max_length=args.max_length, overflow="truncate")
 
 
 # ----------------------------------------------------------------------------- counting and the summary
@@ -464,7 +422,7 @@ def print_summary(
         "dataset": f"{dataset_examples:,} examples, {dataset_tokens:,} tokens",
         "examples": f"{totals['examples']:,}",
         "tokens": f"{tokens:,}",
-        "trained tokens": f"{totals['trained_tokens']:,} (completion only; prompts masked)",
+        "trained tokens": f"{totals['trained_tokens']:,} (assistant tokens only; prompts masked)",
         "micro-batches": f"{totals['micro_batches']:,}",
         "optimizer steps": f"{steps:,}",
         "padded equivalent": f"{padded:,} token slots ({1 - tokens / padded:.1%} padding)",

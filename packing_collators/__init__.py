@@ -7,6 +7,8 @@ built only on the ones above it in this map::
     collate/   FlatteningCollator, PrePackedCollator,    examples or packed rows -> batches
                pack_sequences, concatenate_and_pack
     offline/   pack_dataset                              a datasets Dataset/stream -> packed rows
+    chat/      tokenize_chat, tokenize_chat_example,     conversations -> input_ids and
+               ChatStats                                 assistant-only labels
     sampler/   MultipackBatchSampler, lengths_from_dataset   token-budget micro-batches per rank
     trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, the safety checks,
                PackingMetricsCallback,                   packing metrics in the logs and
@@ -19,6 +21,7 @@ built only on the ones above it in this map::
 load on first use (they import transformers' Trainer or torch), so ``import packing_collators`` stays fast.
 """
 
+from .chat import ChatStats, tokenize_chat, tokenize_chat_example
 from .collate import FlatteningCollator, PrePackedCollator, concatenate_and_pack, pack_sequences
 from .engine import PackingResult, PackStats, pack_lengths
 from .offline import pack_dataset
@@ -34,6 +37,7 @@ from .trainer import (
 )
 
 __all__ = [
+    "ChatStats",
     "FlatteningCollator",
     "MultipackBatchSampler",
     "PackStats",
@@ -52,6 +56,8 @@ __all__ = [
     "pack_sequences",
     "probe_packing",
     "register_varlen_attention",
+    "tokenize_chat",
+    "tokenize_chat_example",
     "varlen_attention_forward",
     "warm_up_attention",
 ]

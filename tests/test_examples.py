@@ -20,7 +20,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-SCRIPTS = ["demo.py", "sft_flattening.py", "sft_prepacked.py", "sft_packing_trainer.py", "sft_multipack.py"]
+SCRIPTS = [
+    "demo.py",
+    "sft_flattening.py",
+    "sft_prepacked.py",
+    "sft_packing_trainer.py",
+    "sft_multipack.py",
+    "chat_tokenize.py",
+]
 TINY = ["--max-examples", "24", "--batch-size", "4", "--max-length", "96", "--logging-steps", "1"]
 
 sys.path.insert(0, str(EXAMPLES))
@@ -97,7 +104,7 @@ def test_every_script_has_help():
 
 
 def test_local_files_prompt_completion_and_messages(tmp_path):
-    """--dataset with local jsonl/parquet files; prompt tokens masked, the answer and its end token trained."""
+    """--dataset with local jsonl/parquet files; prompts masked, every answer and its end token trained."""
     import datasets
 
     rows = [{"prompt": "What is 2 + 2?", "completion": "It is 4."}]
@@ -110,16 +117,23 @@ def test_local_files_prompt_completion_and_messages(tmp_path):
                 {"role": "assistant", "content": "Hello."},
                 {"role": "user", "content": "And?"},
                 {"role": "assistant", "content": "Bye."},
-            ]
+            ],
+            "source": "chat",
         }
     ]
     datasets.Dataset.from_list(chats).to_parquet(tmp_path / "b.parquet")
     tokenizer = _common.offline_tokenizer()
-    for path, answer in ((tmp_path / "a.jsonl", "It is 4."), (tmp_path / "b.parquet", "Bye.")):
-        example = _common.tokenize_sft(_common.load_conversations([str(path)]), tokenizer, 512)[0]
+    for path, answers in ((tmp_path / "a.jsonl", ["It is 4."]), (tmp_path / "b.parquet", ["Hello.", "Bye."])):
+
+        class Args:
+            dataset, split, max_examples, max_length = [str(path)], "train", None, 512
+
+        tokenized = _common.sft_dataset(Args, tokenizer)
+        assert tokenized.column_names == ["input_ids", "labels"]
+        example = tokenized[0]
         trained = [t for t, label in zip(example["input_ids"], example["labels"]) if label != -100]
-        assert tokenizer.decode(trained) == answer + "<|im_end|>\n"
-        assert tokenizer.decode(example["input_ids"]).endswith("<|im_start|>assistant\n" + answer + "<|im_end|>\n")
+        assert tokenizer.decode(trained) == "".join(answer + "<|im_end|>\n" for answer in answers)
+        assert tokenizer.decode(example["input_ids"]).endswith("<|im_start|>assistant\n" + answers[-1] + "<|im_end|>\n")
     with pytest.raises(ValueError, match="needs 'messages'"):
         datasets.Dataset.from_list([{"text": "x"}]).to_json(tmp_path / "c.jsonl")
         _common.load_conversations([str(tmp_path / "c.jsonl")])
@@ -166,3 +180,15 @@ def test_demo_padded_and_packed_agree(dataset):
     final = [float(x) for x in table["final loss"]]
     assert abs(first[0] - first[1]) < 1e-4 and abs(final[0] - final[1]) < 1e-2
     assert "x faster than padded" in out
+
+
+@pytest.mark.slow
+def test_chat_tokenize_script_agrees_with_the_scripts_dataset(dataset):
+    """Both ways of finding the answers give the same labels, and the logged counts are the training scripts'."""
+    out = run(
+        sys.executable, "examples/chat_tokenize.py", "--max-examples", "24", "--max-length", "96", "--repeats", "1"
+    )
+    examples, tokens, _ = dataset
+    assert "prefixes and markers give the same labels: True" in out
+    assert f"tokenize_chat: 24 examples -> {examples} kept, {tokens:,} tokens" in out
+    assert out.count("conversations/s") == 3

@@ -8,12 +8,17 @@ DATA may be::
     data.json(l), data.csv        load_dataset("json" or "csv", data_files=...)
     owner/name                    load_dataset(name) from the Hugging Face Hub
 
-The column (``--column``; by default the first of ``input_ids``, ``messages``, ``text``)::
+The column (``--column``; by default the first of ``input_ids``, ``messages``, ``prompt`` and
+``completion``, ``text``)::
 
     list of integers   token ids     lengths read from the Arrow offsets (lengths_from_dataset)
     integer            lengths       read as they are (the fast path: 1M examples in milliseconds)
     string             text          tokenized with --tokenizer
     list of structs    messages      chat messages, tokenized with the tokenizer's chat template
+    prompt/completion  prompt_completion   instruction pairs (strings or messages), the same way
+
+``pack`` tokenizes chat data with :func:`tokenize_chat`, so the packed rows carry ``labels``
+that train only the assistant's tokens; ``analyze`` only counts the rendered tokens.
 
 Tokenizing is a batched ``Dataset.map`` over ``num_proc`` processes with a progress bar,
 kept in memory (nothing is written next to the user's data). Every problem is a
@@ -34,6 +39,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..chat import PROMPT_COMPLETION, conversation_of, tokenize_chat
 from ..offline import is_per_token
 from ..sampler import lengths_from_dataset
 
@@ -48,7 +54,7 @@ __all__ = [
     "token_ids",
 ]
 
-ColumnKind = Literal["tokens", "lengths", "text", "messages"]
+ColumnKind = Literal["tokens", "lengths", "text", "messages", "prompt_completion"]
 AUTO_COLUMNS = ("input_ids", "messages", "text")
 FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 PARALLEL_FROM = 10_000  # examples; below this, one process tokenizes faster than starting more
@@ -265,11 +271,15 @@ def column_kind(dataset: Any, column: str) -> ColumnKind:
 
 
 def choose_column(dataset: Any, column: str | None = None) -> tuple[str, ColumnKind]:
-    """``(column, kind)``: the named column, or the first of ``input_ids``, ``messages``, ``text``.
+    """``(column, kind)``: the named column, or the first of ``input_ids``, ``messages``, prompt/completion, ``text``.
+
+    Prompt/completion data is named by its ``prompt`` column, of kind ``prompt_completion``.
 
     >>> from datasets import Dataset
     >>> choose_column(Dataset.from_dict({"text": ["a b"], "input_ids": [[1, 2]]}))
     ('input_ids', 'tokens')
+    >>> choose_column(Dataset.from_dict({"prompt": ["2 + 2?"], "completion": ["4."]}))
+    ('prompt', 'prompt_completion')
     >>> choose_column(Dataset.from_dict({"text": ["a b"]}), "labels")
     Traceback (most recent call last):
     ...
@@ -277,11 +287,14 @@ def choose_column(dataset: Any, column: str | None = None) -> tuple[str, ColumnK
     """
     names = list(dataset.column_names)
     if column is None:
-        column = next((name for name in AUTO_COLUMNS if name in names), None)
+        column = next((name for name in AUTO_COLUMNS[:2] if name in names), None)
+        if column is None and set(PROMPT_COMPLETION) <= set(names):
+            return "prompt", "prompt_completion"
+        column = column or ("text" if "text" in names else None)
         if column is None:
             raise ValueError(
-                f"The dataset has none of the columns {list(AUTO_COLUMNS)} (its columns: {names}); pass --column "
-                "with the one holding token ids, lengths, text or messages."
+                f"The dataset has none of the columns {list(AUTO_COLUMNS)} nor both 'prompt' and 'completion' "
+                f"(its columns: {names}); pass --column with the one holding token ids, lengths, text or messages."
             )
     elif column not in names:
         raise ValueError(
@@ -319,35 +332,44 @@ def _needs_tokenizer(column: str, kind: str, tokenizer: Any) -> None:
             f"Column {column!r} holds {kind}; pass --tokenizer NAME_OR_PATH to count its tokens "
             "(or --column with token ids or lengths)."
         )
-    if kind == "messages" and not getattr(tokenizer, "chat_template", None):
+    if kind in ("messages", "prompt_completion") and not getattr(tokenizer, "chat_template", None):
+        what = "chat messages" if kind == "messages" else "prompts and completions"
         raise ValueError(
-            f"Column {column!r} holds chat messages, but the tokenizer has no chat template; "
+            f"Column {column!r} holds {what}, but the tokenizer has no chat template; "
             "pass --tokenizer with a chat model's tokenizer, or --column with text or token ids."
         )
 
 
 class _Tokenize:
-    """A picklable batched map function: text or messages in, ``input_ids`` (or only their lengths) out."""
+    """A picklable batched map function: text, messages or prompt/completion in, ``input_ids`` (or their lengths) out."""
 
     def __init__(self, tokenizer: Any, column: str, kind: str, output: str) -> None:
         self.tokenizer, self.column, self.kind, self.output = tokenizer, column, kind, output
 
     def __call__(self, batch: dict) -> dict:
         values = batch[self.column]
-        if self.kind == "messages":
+        if self.kind == "prompt_completion":  # rendered as tokenize_chat renders it: prompt turns, then completion
+            pairs = zip(batch["prompt"], batch["completion"])
+            values = [conversation_of(pair, PROMPT_COMPLETION, i)[0] for i, pair in enumerate(pairs)]
+        if self.kind in ("messages", "prompt_completion"):
             ids = self.tokenizer.apply_chat_template(values, tokenize=True, return_dict=False)
         else:
             ids = self.tokenizer(values, return_attention_mask=False)["input_ids"]
         return {self.output: [len(x) for x in ids] if self.output == "length" else ids}
 
 
-def _map_tokens(dataset, column, kind, tokenizer, num_proc, output, remove):
+def _default_num_proc(dataset, num_proc: int | None) -> int | None:
     if num_proc is None:
         num_proc = min(os.cpu_count() or 1, 8) if len(dataset) >= PARALLEL_FROM else None
+    return num_proc if num_proc and num_proc > 1 else None
+
+
+def _map_tokens(dataset, column, kind, tokenizer, num_proc, output, remove):
+    num_proc = _default_num_proc(dataset, num_proc)
     return dataset.map(
         _Tokenize(tokenizer, column, kind, output),
         batched=True,
-        num_proc=num_proc if num_proc and num_proc > 1 else None,
+        num_proc=num_proc,
         remove_columns=remove,
         keep_in_memory=True,
         desc=f"Tokenizing {column!r}",
@@ -359,7 +381,7 @@ def example_lengths(
 ) -> tuple[np.ndarray, str, ColumnKind]:
     """``(lengths, column, kind)``: int64 (n,) tokens of each example, and where they came from.
 
-    Token ids and lengths are read from Arrow; text and messages are tokenized (all
+    Token ids and lengths are read from Arrow; text and chat data are tokenized (all
     columns but the lengths are dropped from the map's output, so only they are kept).
 
     >>> from datasets import Dataset
@@ -368,7 +390,7 @@ def example_lengths(
     ([3, 1], 'input_ids', 'tokens')
     """
     column, kind = choose_column(dataset, column)
-    if kind in ("text", "messages"):
+    if kind in ("text", "messages", "prompt_completion"):
         _needs_tokenizer(column, kind, tokenizer)
         dataset = _map_tokens(dataset, column, kind, tokenizer, num_proc, "length", dataset.column_names)
         return lengths_from_dataset(dataset, "length"), column, kind
@@ -376,10 +398,12 @@ def example_lengths(
 
 
 def token_ids(dataset: Any, *, column: str | None = None, tokenizer: Any = None, num_proc: int | None = None):
-    """The dataset with its tokens in ``input_ids`` (what ``pack_dataset`` packs), tokenizing text or messages.
+    """The dataset with its tokens in ``input_ids`` (what ``pack_dataset`` packs), tokenizing text or chat data.
 
-    The text or messages column is replaced by ``input_ids``; a token-id column of another
-    name is renamed to ``input_ids``.
+    A text column is replaced by ``input_ids``; chat data (messages, or prompt and completion)
+    by ``input_ids`` and ``labels`` from :func:`tokenize_chat`: only the assistant's tokens are
+    trained, and conversations with nothing to train are left out (logged). A token-id column
+    of another name is renamed to ``input_ids``.
 
     >>> from datasets import Dataset
     >>> token_ids(Dataset.from_dict({"tokens": [[1, 2, 3]]}), column="tokens")[0]
@@ -391,13 +415,21 @@ def token_ids(dataset: Any, *, column: str | None = None, tokenizer: Any = None,
             f"Column {column!r} holds lengths only; packing needs the token ids: pass --column with a "
             "token-id column, or text/messages with --tokenizer."
         )
-    if kind in ("text", "messages"):
+    if kind in ("text", "messages", "prompt_completion"):
         _needs_tokenizer(column, kind, tokenizer)
         if "input_ids" in dataset.column_names:
             raise ValueError(
                 f"The dataset has both {column!r} and 'input_ids'; pass --column input_ids to pack the token ids it has."
             )
-        return _map_tokens(dataset, column, kind, tokenizer, num_proc, "input_ids", [column])
+        if kind == "text":
+            return _map_tokens(dataset, column, kind, tokenizer, num_proc, "input_ids", [column])
+        return tokenize_chat(
+            dataset,
+            tokenizer,
+            column=column if kind == "messages" else None,
+            num_proc=_default_num_proc(dataset, num_proc),
+            keep_in_memory=True,
+        )
     if column != "input_ids":
         if "input_ids" in dataset.column_names:
             raise ValueError(f"The dataset has both {column!r} and 'input_ids'; pack 'input_ids' or remove it first.")

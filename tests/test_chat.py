@@ -1,0 +1,321 @@
+"""chat/: labels train exactly the assistant's tokens, on two real chat templates, checked independently.
+
+The two templates are written here as their models ship them (tools left out):
+- ``QWEN2``: Qwen2.5's ChatML template, with no ``{% generation %}`` markers and a default system
+  prompt, so the assistant spans come from rendering prefixes;
+- ``LLAMA3``: Llama 3's template with ``{% generation %}`` markers around each assistant answer
+  and its ``<|eot_id|>`` (as TRL's training templates mark them).
+The expected labels are derived without the library: the rendered text is searched for each
+turn's header and content, and a token is trained when its character offsets lie inside an
+assistant answer plus that template's end-of-turn text.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import numpy as np
+import pytest
+from datasets import Dataset, DatasetDict
+
+from packing_collators import ChatStats, tokenize_chat, tokenize_chat_example
+
+QWEN2 = (
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or (message.role == 'assistant') %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+LLAMA3 = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{%- generation %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endgeneration %}"
+    "{%- else %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+# How each template writes a turn: (header before the content, end-of-turn text after it, trained for the assistant)
+LAYOUT = {
+    "qwen2": (lambda role: f"<|im_start|>{role}\n", "<|im_end|>\n"),
+    "llama3": (lambda role: f"<|start_header_id|>{role}<|end_header_id|>\n\n", "<|eot_id|>"),
+}
+TEMPLATES = {"qwen2": QWEN2, "llama3": LLAMA3}
+# Qwen3 drops the reasoning of earlier assistant turns: rendering prefixes cannot split that
+QWEN3_LIKE = (
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and not loop.last %}"
+    "{%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- else %}{%- set content = message.content %}{%- endif %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# An Alpaca-style template whose generation prompt ends in a space the answer's first token takes
+ALPACA_LIKE = (
+    "{%- for m in messages %}{%- if m.role == 'user' %}### Instruction: {{ m.content }}\n"
+    "{% else %}### Response: {{ m.content }}{{ eos_token }}\n{% endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}### Response: {% endif %}"
+)
+SPECIAL = ["<|pad|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>"]
+SPECIAL += ["<|eot_id|>", "</s>"]
+WORDS = "the cat sat on a mat and then ran far away what is two plus four it is six yes no why because".split()
+
+
+@functools.lru_cache
+def _bpe_json() -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    corpus = [" ".join(WORDS), "system user assistant You are Qwen, created by Alibaba Cloud. helpful ###"] * 4
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=SPECIAL,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(corpus, trainer)
+    return bpe.to_str()
+
+
+def chat_tokenizer(template: str, name: str):
+    """A byte-level BPE trained here (nothing downloaded) with ``template`` as its chat template."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_bpe_json()),
+        pad_token="<|pad|>",
+        bos_token="<|begin_of_text|>",
+        eos_token="</s>",
+        name_or_path=name,
+    )
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def sentence(rng: np.random.Generator) -> str:
+    return " ".join(rng.choice(WORDS, int(rng.integers(1, 12)))).capitalize() + rng.choice([".", "?", "!"])
+
+
+def random_conversation(rng: np.random.Generator) -> list[dict]:
+    """An optional system turn, then 1-4 user/assistant exchanges; sometimes a final user turn."""
+    turns = [{"role": "system", "content": sentence(rng)}] if rng.random() < 0.5 else []
+    for _ in range(int(rng.integers(1, 5))):
+        turns += [{"role": "user", "content": sentence(rng)}, {"role": "assistant", "content": sentence(rng)}]
+    if rng.random() < 0.1:
+        turns.append({"role": "user", "content": sentence(rng)})
+    return turns
+
+
+def expected_labels(tokenizer, layout: str, messages: list[dict], first_trained: int = 0) -> tuple[list, list]:
+    """(input_ids, labels) found from the rendered text's offsets, not by the library."""
+    header, end = LAYOUT[layout]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans, cursor = [], 0
+    for k, message in enumerate(messages):
+        at = text.index(header(message["role"]) + message["content"], cursor) + len(header(message["role"]))
+        cursor = at + len(message["content"])
+        assert text.startswith(end, cursor), (text, cursor)
+        if message["role"] == "assistant" and k >= first_trained:
+            spans.append((at, cursor + len(end)))
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = encoded["input_ids"]
+    inside = [any(s <= a and b <= e for s, e in spans) for a, b in encoded["offset_mapping"]]
+    return ids, [t if keep else -100 for t, keep in zip(ids, inside)]
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama3"])
+def layout(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def tokenizer(layout):
+    return chat_tokenizer(TEMPLATES[layout], f"{layout}-like")
+
+
+def test_labels_train_exactly_the_assistant_tokens(layout, tokenizer):
+    """Random multi-turn conversations: -100 on every system, user and template token, ids on the answers."""
+    rng = np.random.default_rng(0)
+    conversations = [random_conversation(rng) for _ in range(60)]
+    tokenized = tokenize_chat(Dataset.from_dict({"messages": conversations}), tokenizer, drop_untrained=False)
+    for i, messages in enumerate(conversations):
+        ids, labels = expected_labels(tokenizer, layout, messages)
+        assert tokenized[i]["input_ids"] == ids
+        assert tokenized[i]["labels"] == labels, i
+        trained = [t for t in labels if t != -100]
+        answers = [m["content"] for m in messages if m["role"] == "assistant"]
+        assert tokenizer.decode(trained) == "".join(a + LAYOUT[layout][1] for a in answers)
+    assert sum(t == -100 for row in tokenized["labels"] for t in row) > 0
+
+
+def test_both_ways_of_finding_the_answer_agree_on_the_marked_template():
+    """On Llama 3 (markers), rendering prefixes finds the same tokens as the markers."""
+    tokenizer = chat_tokenizer(LLAMA3, "llama3-like")
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        example = {"messages": random_conversation(rng)}
+        marked = tokenize_chat_example(example, tokenizer, assistant_spans="generation")
+        assert tokenize_chat_example(example, tokenizer, assistant_spans="prefixes") == marked
+
+
+def test_prompt_completion_trains_the_completion_only(layout, tokenizer):
+    """String pairs become a user and an assistant turn; a conversational prompt's own assistant turn is prompt."""
+    few_shot = [
+        {"role": "user", "content": "What is two plus four?"},
+        {"role": "assistant", "content": "It is six."},
+        {"role": "user", "content": "Why?"},
+    ]
+    rows = {
+        "prompt": [[{"role": "user", "content": "What is two plus four?"}], few_shot],
+        "completion": [[{"role": "assistant", "content": "Six."}], [{"role": "assistant", "content": "Because."}]],
+    }
+    tokenized = tokenize_chat(Dataset.from_dict(rows), tokenizer)
+    assert tokenized.column_names == ["input_ids", "labels"]
+    for i in range(2):
+        messages = rows["prompt"][i] + rows["completion"][i]
+        assert (tokenized[i]["input_ids"], tokenized[i]["labels"]) == expected_labels(
+            tokenizer, layout, messages, len(rows["prompt"][i])
+        )
+    text = tokenize_chat_example({"prompt": "What is two plus four?", "completion": "Six."}, tokenizer)
+    assert text == tokenized[0]
+
+
+def test_num_proc_2_gives_the_same_dataset(tokenizer):
+    rng = np.random.default_rng(2)
+    data = Dataset.from_dict({"messages": [random_conversation(rng) for _ in range(40)], "id": list(range(40))})
+    one = tokenize_chat(data, tokenizer, max_length=64, overflow="truncate")
+    two = tokenize_chat(data, tokenizer, max_length=64, overflow="truncate", num_proc=2)
+    assert one.to_dict() == two.to_dict() and one.column_names == ["id", "input_ids", "labels"]
+
+
+def test_overflow_choices_count_what_they_cut(tokenizer, caplog):
+    rng = np.random.default_rng(3)
+    conversations = [random_conversation(rng) for _ in range(50)]
+    data = Dataset.from_dict({"messages": conversations})
+    full = tokenize_chat(data, tokenizer)
+    lengths = np.array([len(x) for x in full["input_ids"]])
+    limit = int(np.percentile(lengths, 70))
+    over = np.flatnonzero(lengths > limit)
+    with pytest.raises(
+        ValueError,
+        match=rf"Example {over[0]} has {lengths[over[0]]} tokens, more than max_length={limit} \({len(over)} example",
+    ):
+        tokenize_chat(data, tokenizer, max_length=limit)
+
+    with caplog.at_level(logging.WARNING, logger="packing_collators"):
+        cut, stats = tokenize_chat(data, tokenizer, max_length=limit, overflow="truncate", return_stats=True)
+    assert f"truncated {len(over)} ({int((lengths[over] - limit).sum())} tokens cut)" in caplog.text
+    # a prompt longer than the limit leaves nothing to train: dropped and counted
+    untrained = [i for i in over if all(t == -100 for t in full[int(i)]["labels"][:limit])]
+    assert stats.untrained_examples == len(untrained) and stats.kept_examples == 50 - len(untrained)
+    kept = [i for i in range(50) if i not in untrained]
+    assert cut["input_ids"] == [full[i]["input_ids"][:limit] for i in kept]
+    assert cut["labels"] == [full[i]["labels"][:limit] for i in kept]
+    assert stats.tokens == sum(min(int(lengths[i]), limit) for i in kept)
+    assert stats.trained_tokens == sum(sum(t != -100 for t in row) for row in cut["labels"])
+
+    dropped, stats = tokenize_chat(data, tokenizer, max_length=limit, overflow="drop", return_stats=True)
+    assert dropped["input_ids"] == [full[i]["input_ids"] for i in range(50) if lengths[i] <= limit]
+    assert (stats.dropped_examples, stats.dropped_tokens) == (len(over), int(lengths[over].sum()))
+
+
+def test_conversations_without_an_answer_are_dropped_or_kept():
+    tokenizer = chat_tokenizer(QWEN2, "qwen2-like")
+    chats = [
+        [{"role": "user", "content": "Why?"}],
+        [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": "No."}],
+    ]
+    data = DatasetDict({"train": Dataset.from_dict({"messages": chats})})
+    tokenized, stats = tokenize_chat(data, tokenizer, return_stats=True)
+    assert len(tokenized["train"]) == 1 and stats["train"].untrained_examples == 1
+    assert isinstance(stats["train"], ChatStats)
+    kept = tokenize_chat(data["train"], tokenizer, drop_untrained=False)
+    assert len(kept) == 2 and set(kept[0]["labels"]) == {-100}
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_by_name():
+    tokenizer = chat_tokenizer(QWEN3_LIKE, "qwen3-like")
+    ok = [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": "Because."}]
+    thinking = ok + [{"role": "user", "content": "And?"}, {"role": "assistant", "content": "No."}]
+    thinking[1] = {"role": "assistant", "content": "<think>\nhmm\n</think>\nBecause."}
+    data = Dataset.from_dict({"messages": [ok, thinking]})
+    with pytest.raises(
+        ValueError,
+        match=r"chat template of \w+\('qwen3-like'\) cannot be split by rendering prefixes: in "
+        r"example 1, the conversation up to the end of the turn is not a prefix of the whole conversation .* "
+        r"\{% generation %\}",
+    ):
+        tokenize_chat(data, tokenizer)
+
+
+def test_a_tokenizer_that_merges_across_the_boundary_is_refused():
+    tokenizer = chat_tokenizer(ALPACA_LIKE, "alpaca-like")
+    example = {"messages": [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": "cat sat."}]}
+    prompt = tokenizer.apply_chat_template(example["messages"][:1], tokenize=False, add_generation_prompt=True)
+    assert tokenizer.tokenize(prompt)[-1] == "Ġ" and "Ġcat" in tokenizer.tokenize(prompt + "cat sat.")
+    with pytest.raises(
+        ValueError,
+        match=r"'alpaca-like'.* example 0, a token spans the boundary between prompt and answer \(the tokenizer merges",
+    ):
+        tokenize_chat_example(example, tokenizer)
+
+
+@pytest.mark.parametrize(
+    "template, options, message",
+    [
+        ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}", {}, "never reads add_generation_prompt"),
+        (QWEN2, {"assistant_spans": "generation"}, r"has no \{% generation %\} markers"),
+        (None, {}, "has no chat template; set tokenizer.chat_template"),
+        (
+            LLAMA3.replace("message['role'] == 'assistant'", "message['role'] == 'bot'"),
+            {},
+            "cover no token of example 0",
+        ),
+    ],
+)
+def test_templates_it_cannot_use_are_errors_naming_the_tokenizer(template, options, message):
+    tokenizer = chat_tokenizer(template, "odd-template")
+    example = {"messages": [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": "Because."}]}
+    with pytest.raises(ValueError, match=message) as error:
+        tokenize_chat_example(example, tokenizer, **options)
+    assert "odd-template" in str(error.value)
+
+
+def test_bad_rows_and_datasets_are_errors_naming_the_example(tokenizer):
+    answer_first = [{"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Why?"}]
+    if tokenizer.chat_template == QWEN2:
+        with pytest.raises(ValueError, match="Example 3 starts with an assistant turn"):
+            tokenize_chat_example({"messages": answer_first}, tokenizer, index=3)
+    with pytest.raises(TypeError, match="Example 0: 'messages' holds str; it must be a list of"):
+        tokenize_chat_example({"messages": "hello"}, tokenizer)
+    with pytest.raises(ValueError, match=r"already has \['input_ids'\], which tokenize_chat writes"):
+        tokenize_chat(Dataset.from_dict({"messages": [answer_first], "input_ids": [[1]]}), tokenizer)
+    with pytest.raises(ValueError, match=r"no 'messages' column and not both 'prompt' and 'completion'"):
+        tokenize_chat(Dataset.from_dict({"prompt": ["Why?"]}), tokenizer)
+    with pytest.raises(TypeError, match="takes a datasets.Dataset or DatasetDict, got list"):
+        tokenize_chat([{"messages": answer_first}], tokenizer)
+    with pytest.raises(ValueError, match="overflow='cut' is not supported"):
+        tokenize_chat(Dataset.from_dict({"messages": [answer_first]}), tokenizer, overflow="cut")
+
+
+def test_importing_the_package_loads_neither_transformers_nor_torch():
+    """tokenize_chat is public, yet `import packing_collators` stays light: the tokenizer comes in from outside."""
+    import subprocess
+    import sys
+
+    code = "import sys, packing_collators; print(sorted({'torch', 'transformers', 'datasets'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
