@@ -104,15 +104,24 @@ def choose_attention(model, requested: str | None = AUTO_ATTENTION) -> str:
     return current
 
 
+MANY_SEQUENCES = 300
+"""Sequences in a warm-up batch that must count as "many": FA4 schedules a batch of more than
+256 sequences with a batch-lookup aid, a kernel variant of its own (flash_attn.cute's
+``BIN_BATCH_SEARCH_THRESH``)."""
+
+
 def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
     """Run forward and backward on flat batches whose longest example grows from 16 to ``max_length`` tokens.
 
     JIT-compiled kernels (FlashAttention-4) compile one variant per configuration, and the
-    configuration follows the batch's ``max_length_q`` (e.g. FA4 packs grouped-query heads
-    for short sequences): measured on an H200, a 200M run compiled 4 kernels in its first
-    step and 7 more at its first batch of only short examples, ten steps later. Warming up
-    over the range compiles them before training or timing starts. Gradients are cleared
-    after; no weight changes. Returns the seconds it took.
+    configuration follows the batch: its ``max_length_q`` (e.g. FA4 packs grouped-query heads
+    for short sequences) and its number of sequences (more than 256 get another scheduler).
+    Measured on an H200, a 200M run compiled 4 kernels in its first step and 7 more at its
+    first batch of only short examples, ten steps later; on an H100, after a warm-up over
+    lengths only, a batch of 280 short sequences compiled 6 more, 9 s inside a timed run.
+    So each length is run twice: as ``tokens`` tokens of examples of that length, and as
+    one example of that length among ``MANY_SEQUENCES`` 8-token ones. Gradients are
+    cleared after; no weight changes. Returns the seconds it took.
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1,
@@ -130,15 +139,19 @@ def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
     parameter = next(model.parameters())
     vocab = int(model.config.get_text_config().vocab_size)
     generator = torch.Generator().manual_seed(0)
-    length = 16
-    while True:
-        length = min(length, max_length)
-        count = max(1, min(tokens, max_length * 4) // length)
-        examples = [{"input_ids": torch.randint(0, vocab, (length,), generator=generator)} for _ in range(count)]
+
+    def run(lengths: list[int]) -> None:
+        examples = [{"input_ids": torch.randint(0, vocab, (n,), generator=generator)} for n in lengths]
         batch = {
             k: v.to(parameter.device) if hasattr(v, "to") else v for k, v in FlatteningCollator()(examples).items()
         }
         model(**batch).loss.backward()
+
+    length = 16
+    while True:
+        length = min(length, max_length)
+        run([length] * max(1, min(tokens, max_length * 4) // length))
+        run([length] + [min(8, length)] * MANY_SEQUENCES)
         if length == max_length:
             break
         length *= 4
