@@ -27,6 +27,7 @@ SCRIPTS = [
     "sft_packing_trainer.py",
     "sft_multipack.py",
     "chat_tokenize.py",
+    "sft_trl.py",
 ]
 TINY = ["--max-examples", "24", "--batch-size", "4", "--max-length", "96", "--logging-steps", "1"]
 

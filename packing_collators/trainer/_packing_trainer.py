@@ -263,6 +263,7 @@ class PackingTrainer(Trainer):
             rank=args.process_index,
             drop_last=args.dataloader_drop_last,
             overflow=self.overflow,
+            progress=False if args.disable_tqdm else None,  # the Trainer's own switch silences planning too
         )
 
     def get_train_dataloader(self):
