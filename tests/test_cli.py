@@ -177,6 +177,46 @@ def test_pack_json_strategy_and_kept_columns(capsys, data_dir, lengths, tmp_path
     assert sum(map(len, written["seq_lengths"])) == len(lengths)
 
 
+@pytest.mark.parametrize("suffix", [".arrow", ".parquet", ""])
+def test_pack_shards_of_a_job_array_concatenate_to_the_whole(capsys, data_dir, tmp_path, suffix):
+    source = load_from_disk(str(data_dir / "disk")).remove_columns(["source"])
+    whole = pack_dataset(source, MAX_LENGTH, overflow="split", seed=3, keep_in_memory=True)
+    parts = []
+    for index in range(3):  # one job each, as a SLURM array would run them
+        out = tmp_path / f"shard-{index}{suffix}"
+        argv = ["pack", data_dir / "disk", out, "--max-length", MAX_LENGTH, "--overflow", "split", "--seed", 3]
+        code, printed, err = run(capsys, *argv, "--remove-column", "source", "--num-shards", 3, "--shard-index", index)
+        assert code == 0, err
+        part = (
+            Dataset.from_file(str(out))
+            if suffix == ".arrow"
+            else (Dataset.from_parquet(str(out)) if suffix == ".parquet" else load_from_disk(str(out)))
+        )
+        assert f"wrote {len(part):,} rows to {out} (shard {index} of 3)" in printed
+        parts.append(part[:])
+    assert {key: sum((part[key] for part in parts), []) for key in parts[0]} == whole[:]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # temp rows removed
+    assert not list((data_dir / "disk").glob("cache-*"))  # nothing written beside the input
+
+
+def test_pack_refuses_a_shard_index_out_of_range(capsys, data_dir, tmp_path):
+    code, _, err = run(
+        capsys,
+        "pack",
+        data_dir / "tokens.parquet",
+        tmp_path / "o.arrow",
+        "--max-length",
+        MAX_LENGTH,
+        "--overflow",
+        "truncate",
+        "--num-shards",
+        2,
+        "--shard-index",
+        2,
+    )
+    assert code == 2 and "shard_index=2 is out of range for num_shards=2; shards are numbered 0 to 1." in err
+
+
 def test_plot_writes_a_png(capsys, data_dir, tmp_path):
     pytest.importorskip("matplotlib")
     code, out, _ = run(

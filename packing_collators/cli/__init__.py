@@ -7,7 +7,11 @@ token data, a max length every example exceeds) is one line on stderr,
 ``packing-collators: error: ...``, and exit code 2.
 
     packing-collators analyze DATA --max-length N [--column C] [--tokenizer T] [--json] [--plot F.png]
-    packing-collators pack DATA OUT --max-length N [--strategy S] [--overflow O]
+    packing-collators pack DATA OUT --max-length N [--strategy S] [--overflow O] [--num-shards N --shard-index I]
+
+``pack --num-shards N --shard-index I`` writes shard ``I`` only: a contiguous range of the rows
+of the one global plan (every machine computes it from the lengths), so a job array packs a
+corpus too large for one machine and the shards, in order, are the one-machine result.
 """
 
 from __future__ import annotations
@@ -80,13 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     pack = commands.add_parser("pack", help="pack with pack_dataset and write the rows to disk")
     _add_data_arguments(pack)
-    pack.add_argument("out", metavar="OUT", help="output: a save_to_disk folder, or a .parquet file")
+    pack.add_argument("out", metavar="OUT", help="output: a save_to_disk folder, a .parquet or an .arrow file")
     pack.add_argument("--strategy", choices=("bfd", "ffd", "next_fit", "wrapped"), default="bfd", help="default bfd")
     pack.add_argument(
         "--overflow",
-        choices=("error", "truncate", "drop"),
+        choices=("error", "truncate", "drop", "split"),
         default="error",
-        help="examples over the max length (default error)",
+        help="examples over the max length (default error; split keeps every token, in pieces)",
+    )
+    pack.add_argument(
+        "--num-shards", type=_positive_int, default=1, help="shards of a sharded build (one per job; default 1)"
+    )
+    pack.add_argument(
+        "--shard-index", type=int, default=0, help="which shard this job writes, 0 to num-shards - 1 (default 0)"
     )
     pack.add_argument(
         "--keep-column",
@@ -154,11 +164,14 @@ def _pack(args) -> int:
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     dataset = token_ids(dataset, column=args.column, tokenizer=tokenizer, num_proc=args.num_proc)
     dataset = packable_columns(dataset, keep_columns=args.keep_column, remove_columns=args.remove_column)
-    if args.strategy != "wrapped":  # wrapping cuts long examples into rows by design
+    if args.strategy != "wrapped" and args.overflow != "split":  # these cut long examples by design
         check_max_length(lengths_from_dataset(dataset), args.max_length)
     library_log = logging.getLogger("packing_collators")
     level = library_log.level
     library_log.setLevel(logging.ERROR)  # its one-line summary is printed below, with the details
+    arrow_out = out.suffix.lower() == ".arrow"
+    # the rows go to OUT itself (.arrow), or to a file beside it converted then deleted: never into DATA's folder
+    cache_file = out if arrow_out else out.with_name(f".{out.name}.packing.arrow")
     try:
         packed, stats = pack_dataset(
             dataset,
@@ -168,24 +181,34 @@ def _pack(args) -> int:
             shuffle_rows=not args.no_shuffle,
             seed=args.seed,
             keep_columns=args.keep_column,
-            num_proc=args.num_proc,
+            num_proc=None if arrow_out else args.num_proc,  # one process, one file: OUT
+            num_shards=args.num_shards,
+            shard_index=args.shard_index,
+            cache_file_name=str(cache_file),
+            load_from_cache_file=False,
             return_stats=True,
         )
+        if out.suffix.lower() == ".parquet":
+            packed.to_parquet(str(out))
+        elif not arrow_out:
+            packed.save_to_disk(str(out))
     finally:
         library_log.setLevel(level)
-    if out.suffix.lower() == ".parquet":
-        packed.to_parquet(str(out))
-    else:
-        packed.save_to_disk(str(out))
+        if not arrow_out:
+            for path in cache_file.parent.glob(f"{cache_file.stem}*"):
+                path.unlink()
+    rows = len(packed)
     if args.json:
-        print(json.dumps({"data": args.data, "out": args.out, **stats.as_dict()}, indent=2))
+        shard = {"num_shards": args.num_shards, "shard_index": args.shard_index, "shard_rows": rows}
+        print(json.dumps({"data": args.data, "out": args.out, **shard, **stats.as_dict()}, indent=2))
         return 0
     print(stats.summary())
     width = max(map(len, stats.as_dict()))
     for key, value in stats.as_dict().items():
         shown = f"{value:.4%}" if key == "efficiency" else f"{value:,}" if isinstance(value, int) else value
         print(f"  {key:<{width}}  {shown}")
-    print(f"wrote {stats.rows:,} rows to {args.out}")
+    shard = f" (shard {args.shard_index} of {args.num_shards})" if args.num_shards > 1 else ""
+    print(f"wrote {rows:,} rows to {args.out}{shard}")
     return 0
 
 

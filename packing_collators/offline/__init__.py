@@ -5,6 +5,9 @@
     _row_plan.py      the plan: which example's tokens (from which offset) go to which row, in which order
     _planning.py      lengths + options -> the global plan (split pieces, shuffle, this machine's shard)
     _arrow_rows.py    building the rows as Arrow columns from the plan (no loop over tokens)
+    _arrow_files.py   a Dataset's own Arrow files, memory-mapped here and released window by window
+    _disk_rows.py     the rows written to a file in two sequential passes, in bounded memory
+    _cache_files.py   cache files named by fingerprint (as Dataset.map's), the stats beside them, reuse
     _pack_dataset.py  pack_dataset for a Dataset / DatasetDict, and pack_table
     _streaming.py     pack_dataset for an IterableDataset or any stream, buffer by buffer
 

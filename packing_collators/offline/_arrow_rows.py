@@ -30,19 +30,35 @@ from ..collate import segment_layout
 from ._columns import ExampleColumns
 from ._row_plan import RowPlan
 
-__all__ = ["CHUNK_TOKENS", "TableTokens", "build_rows", "chunk_bounds", "row_batches", "rows_batch", "token_index"]
+__all__ = [
+    "CHUNK_TOKENS",
+    "TableTokens",
+    "build_rows",
+    "chunk_bounds",
+    "index_dtype",
+    "row_batches",
+    "rows_batch",
+    "token_index",
+]
 
 CHUNK_TOKENS = 1 << 24
 
 
-def token_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Where each token of runs ``starts[i] : starts[i] + lengths[i]`` is, the runs end to end (int64).
+def token_index(starts: np.ndarray, lengths: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Where each token of runs ``starts[i] : starts[i] + lengths[i]`` is, the runs end to end.
+
+    Written into ``out[:total]`` when given (a reused buffer, whose dtype must hold every
+    position: int32 halves the work); int64 otherwise.
 
     >>> token_index(np.array([10, 3, 7]), np.array([2, 3, 1])).tolist()
     [10, 11, 3, 4, 5, 7]
     """
     total = int(lengths.sum())
-    steps = np.ones(total, dtype=np.int64)
+    if out is None:
+        steps = np.ones(total, dtype=np.int64)
+    else:
+        steps = out[:total]
+        steps.fill(1)
     if not total:
         return steps
     nonempty = lengths > 0
@@ -50,7 +66,27 @@ def token_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     run_starts = np.r_[0, np.cumsum(lengths)[:-1]]
     steps[run_starts[1:]] = starts[1:] - (starts[:-1] + lengths[:-1]) + 1
     steps[0] = starts[0]
-    return np.cumsum(steps, out=steps)
+    return np.cumsum(steps, dtype=steps.dtype, out=steps)
+
+
+def index_dtype(largest: int) -> np.dtype:
+    """int32 if every position is below 2**31, else int64.
+
+    >>> index_dtype(2**31 - 1), index_dtype(2**31)
+    (dtype('int32'), dtype('int64'))
+    """
+    return np.dtype(np.int32 if largest < 2**31 else np.int64)
+
+
+def _position_ids(lengths: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """int32 position of each token in its segment (``segment_layout``'s, into ``out`` when given)."""
+    if out is None or not len(lengths) or lengths.min() == 0:
+        return segment_layout(lengths).position_ids(dtype=np.int32)
+    steps = out[: int(lengths.sum())]
+    steps.fill(1)
+    steps[np.cumsum(lengths[:-1])] = 1 - lengths[:-1]  # back to 0 at each segment's first token
+    steps[0] = 0
+    return np.cumsum(steps, dtype=np.int32, out=steps)
 
 
 def _offsets(boundaries: np.ndarray) -> pa.Array:
@@ -58,10 +94,10 @@ def _offsets(boundaries: np.ndarray) -> pa.Array:
 
 
 def _signed(values: np.ndarray) -> np.ndarray:
-    """``values`` (a fresh gather, so writable) in a dtype that can hold -100."""
+    """``values`` writable (a fresh gather is; an Arrow buffer is copied) in a dtype that can hold -100."""
     if np.issubdtype(values.dtype, np.unsignedinteger):
         return values.astype(np.int64)
-    return values
+    return values if values.flags.writeable else values.copy()
 
 
 def rows_batch(
@@ -70,8 +106,12 @@ def rows_batch(
     columns: ExampleColumns,
     label_pad_id: int,
     kept: Mapping[str, pa.Array] | None = None,
+    *,
+    positions_out: np.ndarray | None = None,
 ) -> pa.RecordBatch:
     """Every row of ``plan`` as one RecordBatch, given each per-token column's segments end to end.
+
+    ``positions_out``: an int32 buffer (reused chunk after chunk) to write ``position_ids`` into.
 
     >>> from packing_collators.offline._row_plan import wrapped_plan
     >>> plan = wrapped_plan(np.array([3, 2]), 4, order=np.arange(2))
@@ -90,7 +130,7 @@ def rows_batch(
         arrays.append(pa.ListArray.from_arrays(row_offsets, pa.array(values)))
         names.append(name)
         if name == (columns.labels or "input_ids"):
-            positions = segment_layout(plan.segment_lengths).position_ids(dtype=np.int32)
+            positions = _position_ids(plan.segment_lengths, positions_out)
             arrays.append(pa.ListArray.from_arrays(row_offsets, pa.array(positions)))
             seq_lengths = pa.array(plan.segment_lengths.astype(np.int32))
             arrays.append(pa.ListArray.from_arrays(segment_offsets, seq_lengths))
@@ -108,10 +148,12 @@ class TableTokens:
         self.table = table
         self.values = {name: _flat_values(table.column(name)) for name in columns.tokens}
         self.starts = np.r_[0, np.cumsum(lengths)[:-1]].astype(np.int64) if len(lengths) else lengths
+        self.index_dtype = index_dtype(int(lengths.sum()) if len(lengths) else 0)
 
     def gather(self, name: str, plan: RowPlan) -> np.ndarray:
         """The plan's tokens of column ``name``, segment after segment."""
-        return self.values[name][token_index(self.starts[plan.order] + plan.skip, plan.segment_lengths)]
+        index = np.empty(plan.total_tokens, self.index_dtype)
+        return self.values[name][token_index(self.starts[plan.order] + plan.skip, plan.segment_lengths, out=index)]
 
     def take(self, name: str, examples: np.ndarray) -> pa.Array:
         """Per-example column ``name``'s values of ``examples``."""

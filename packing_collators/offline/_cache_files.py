@@ -1,0 +1,141 @@
+"""pack_dataset's result on disk: Arrow cache files named by fingerprint, like ``Dataset.map``'s, and reused.
+
+Beside the source's own cache files (or at ``cache_file_name``)::
+
+    data-00000-of-00005.arrow ...                 the source (load_from_disk, map, ...)
+    cache-3f2c...e1.arrow                         the packed rows (memory-mapped when loaded)
+    cache-3f2c...e1_00000_of_00002.arrow ...      or one file per process, with num_proc=2
+    cache-3f2c...e1.json                          the statistics and the files: written last
+
+The fingerprint hashes the source's fingerprint and every option that decides the rows
+(``PackOptions.output_key``: not ``num_proc`` nor ``progress``), so a second identical call
+finds the JSON and loads the files (under a second at any size) instead of packing again.
+Building: the dataset's Arrow files are read directly (``_arrow_files``) and written in two
+passes (``_disk_rows``), in memory bounded by a chunk plus O(examples); a dataset that is not
+its files as they are (an indices mapping, rows in memory, a cast replayed) is read in memory
+(logged at INFO) and its rows still written chunk by chunk. With ``num_proc``, processes write
+contiguous row ranges of the one plan, as files that form one dataset in order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+from dataclasses import fields
+
+import pyarrow as pa
+
+from ..engine import PackStats
+from ._arrow_files import ArrowFiles, dataset_arrow_files
+from ._arrow_rows import row_batches
+from ._columns import ExampleColumns, check_unpadded, example_columns, token_lengths
+from ._disk_rows import write_batches, write_rows
+from ._options import PackOptions
+from ._planning import plan_rows
+from ._row_plan import RowPlan, shard_bounds
+
+__all__ = ["pack_to_cache", "packed_fingerprint"]
+
+logger = logging.getLogger(__name__)
+
+
+def packed_fingerprint(dataset, options: PackOptions) -> str:
+    """Derived from the input's fingerprint and the options that decide the rows (hashing rows would take seconds)."""
+    from datasets.fingerprint import Hasher, generate_random_fingerprint
+
+    source = getattr(dataset, "_fingerprint", None)
+    return Hasher.hash(["pack_dataset", source, options.output_key()]) if source else generate_random_fingerprint()
+
+
+def _stats_path(path: str) -> str:
+    root, ext = os.path.splitext(path)
+    return (root if ext == ".arrow" else path) + ".json"
+
+
+def _load(stats_path: str, fingerprint: str):
+    """``(dataset, stats)`` from a finished cache, or None when there is none to use."""
+    from datasets import Dataset, concatenate_datasets
+
+    try:
+        with open(stats_path) as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    directory = os.path.dirname(os.path.abspath(stats_path))
+    paths = [os.path.join(directory, name) for name in record.get("files", [])]
+    if not paths or not all(map(os.path.exists, paths)):
+        return None
+    parts = [Dataset.from_file(path) for path in paths]
+    packed = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+    packed._fingerprint = fingerprint
+    return packed, PackStats(**record["stats"])
+
+
+def _write_shard(paths, file_column, columns: ExampleColumns, plan: RowPlan, label_pad_id: int, out: str) -> None:
+    """One process's rows (``num_proc``): the files opened again (no checks: the parent ran them)."""
+    write_rows(ArrowFiles(paths, file_column, columns, check=False), plan, columns, out, label_pad_id=label_pad_id)
+
+
+def _write_in_processes(source, plan: RowPlan, columns, options: PackOptions, path: str, progress: bool) -> list[str]:
+    from tqdm.auto import tqdm
+
+    root = os.path.splitext(path)[0]
+    count = options.num_proc
+    outs = [f"{root}_{i:05d}_of_{count:05d}.arrow" for i in range(count)]
+    parts = [plan.rows(*shard_bounds(plan.num_rows, count, i)) for i in range(count)]
+    jobs = [
+        (source.paths, source.file_column, columns, part, options.label_pad_id, out) for part, out in zip(parts, outs)
+    ]
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"  # as datasets' map
+    with multiprocessing.get_context(method).Pool(count) as pool:
+        results = [pool.apply_async(_write_shard, job) for job in jobs]
+        for result in tqdm(results, desc="Packing rows", unit="shard", disable=not progress):
+            result.get()
+    return outs
+
+
+def _read_in_memory(dataset, columns: ExampleColumns):
+    table = dataset.with_format("arrow")[:] if len(dataset) else dataset.data.table.slice(0, 0)
+    lengths = token_lengths(table, columns)
+    check_unpadded(table)
+    return table, lengths
+
+
+def pack_to_cache(dataset, options: PackOptions, *, path: str | None, load_from_cache_file: bool, progress, desc: str):
+    """``(packed, stats, from_cache)``: ``dataset`` packed into Arrow files (at ``path``, else beside its own)."""
+    fingerprint = packed_fingerprint(dataset, options)
+    path = path or dataset._get_cache_file_path(fingerprint)
+    stats_path = _stats_path(path)
+    if load_from_cache_file and (cached := _load(stats_path, fingerprint)):
+        logger.info("pack_dataset: loading the packed rows from %s", stats_path)
+        return (*cached, True)
+    columns = example_columns(dataset.data.schema, options.keep_columns)
+    schema = dataset.data.schema
+    booleans = [name for name in columns.tokens if pa.types.is_boolean(schema.field(name).type.value_type)]
+    files = f"its column(s) {booleans} hold bits, not bytes" if booleans else dataset_arrow_files(dataset)
+    if isinstance(files, str):
+        logger.info("pack_dataset: reading the dataset in memory, since %s", files)
+        table, lengths = _read_in_memory(dataset, columns)
+        plan, stats = plan_rows(lengths, options)
+        write_batches(row_batches(table, plan, columns, lengths, label_pad_id=options.label_pad_id), path)
+        outs = [path]
+    else:
+        source = ArrowFiles(*files, columns)
+        plan, stats = plan_rows(source.lengths, options)
+        show = progress(plan.total_tokens)
+        if options.num_proc and options.num_proc > 1 and plan.num_rows >= options.num_proc:
+            outs = _write_in_processes(source, plan, columns, options, path, show)
+        else:
+            write_rows(source, plan, columns, path, label_pad_id=options.label_pad_id, progress=show, desc=desc)
+            outs = [path]
+    record = {
+        "files": [os.path.basename(out) for out in outs],
+        "stats": {f.name: getattr(stats, f.name) for f in fields(stats)},
+    }
+    with open(stats_path + ".incomplete", "w") as handle:
+        json.dump(record, handle, indent=1)
+    os.replace(stats_path + ".incomplete", stats_path)  # last: a cache without it is not used
+    packed, stats = _load(stats_path, fingerprint)
+    return packed, stats, False

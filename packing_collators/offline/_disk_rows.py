@@ -1,0 +1,227 @@
+"""Packed rows written to an Arrow stream file in two sequential passes over the input, in bounded memory.
+
+The rows come out shuffled, so one output chunk's tokens are scattered over the whole input;
+gathering them in place would touch every page of the input for every chunk. Instead::
+
+    pass 1 (scatter)  read the input window by window, in file order; each segment's tokens
+                      go to a temporary file, chunk after chunk, in input order within a chunk
+                          input   [e0 e1 e2 e3 | e4 e5 e6 e7 | ...]      window by window
+                          temp    [chunk 0: e1 e4 e6 ... | chunk 1: e0 e3 e7 ... | ...]
+    pass 2 (gather)   read one chunk's region of the temp file, put its segments in row order,
+                      write its rows (one record batch) to the output file
+
+Memory: one window of input (about 16M tokens, released after use) or one chunk (about 16M
+tokens) at a time, plus O(segments) for the plan, whatever the number of tokens: 1,000,000
+``sft`` examples (296M tokens) peak under 1 GiB. Disk: one temp file per token column (the
+packed tokens once), deleted at the end. Cost: each token is read twice and written twice
+(sequential I/O) and copied twice by a memcpy per segment (:func:`gather_runs`); a writer thread
+lets the kernel copy one chunk out while the next is built. No Python loop over examples or tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+
+from ._arrow_files import ArrowFiles
+from ._arrow_rows import chunk_bounds, rows_batch
+from ._columns import ExampleColumns
+from ._row_plan import RowPlan
+
+__all__ = ["scatter_positions", "write_batches", "write_rows"]
+
+
+def scatter_positions(plan: RowPlan, bounds: list[tuple[int, int]], num_examples: int) -> np.ndarray:
+    """int64 (s,) where each segment's first token goes in the temp file: chunk after chunk, by example within one.
+
+    >>> from packing_collators import pack_lengths
+    >>> from packing_collators.offline._row_plan import bin_plan
+    >>> plan = bin_plan(pack_lengths([5, 2, 4, 1, 3], capacity=8), row_order=np.array([1, 0]))
+    >>> plan.order.tolist(), scatter_positions(plan, [(0, 1), (1, 2)], 5).tolist()
+    ([1, 2, 3, 0, 4], [0, 2, 6, 7, 12])
+    """
+    edges = plan.row_segments[[first for first, _ in bounds] + [bounds[-1][1]]]
+    chunk = np.repeat(np.arange(len(bounds), dtype=np.int64), np.diff(edges))
+    by_chunk_then_example = np.argsort(chunk * (num_examples + 1) + plan.order, kind="stable")
+    positions = np.empty(len(plan.order), np.int64)
+    lengths = plan.segment_lengths[by_chunk_then_example]
+    positions[by_chunk_then_example] = np.cumsum(lengths) - lengths
+    return positions
+
+
+class _Buffers:
+    """Read buffers reused from chunk to chunk: a fresh 64 MB array costs more in page faults than the work in it."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def get(self, key: str, size: int, dtype) -> np.ndarray:
+        array = self._arrays.get(key)
+        if array is None or array.dtype != np.dtype(dtype) or len(array) < size:
+            array = self._arrays[key] = np.empty(size, dtype)
+        return array[:size]
+
+
+def gather_runs(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``values[starts[i] : starts[i] + lengths[i]]`` end to end: one memcpy per run, in Arrow.
+
+    A list-view over ``values`` flattened: no per-token index (2-3x faster than ``np.take``);
+    the result is the fresh Arrow buffer itself, writable.
+
+    >>> gather_runs(np.arange(100, 120), np.array([10, 3, 7]), np.array([2, 3, 1])).tolist()
+    [110, 111, 103, 104, 105, 107]
+    """
+    runs = pa.LargeListViewArray.from_arrays(
+        pa.array(starts, pa.int64()), pa.array(lengths, pa.int64()), pa.array(values)
+    )
+    flat = runs.flatten()
+    return np.frombuffer(flat.buffers()[1], values.dtype, len(flat), flat.offset * values.itemsize)
+
+
+def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while len(view):
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+def _pread_all(fd: int, out: np.ndarray, offset: int) -> np.ndarray:
+    view = memoryview(out).cast("B")
+    while len(view):
+        read = os.preadv(fd, [view], offset)
+        assert read, "the temp file is shorter than its chunks"
+        view, offset = view[read:], offset + read
+    return out
+
+
+class _Writer:
+    """One write at a time in a background thread, so the kernel copies a chunk while numpy builds the next."""
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self.pool, self.pending = pool, None
+
+    def submit(self, fn, *args) -> None:
+        self.wait()
+        self.pending = self.pool.submit(fn, *args)
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+
+def _pwrite_runs(temps: dict, data: dict, runs: list, token_starts: np.ndarray, dest: np.ndarray) -> None:
+    for name, temp in temps.items():
+        for r0, r1 in runs:
+            values = data[name]
+            _pwrite_all(temp.fileno(), values[token_starts[r0] : token_starts[r1]], int(dest[r0]) * values.itemsize)
+
+
+def _scatter(files: ArrowFiles, plan: RowPlan, positions: np.ndarray, temps: dict, writer: _Writer, bar) -> None:
+    """Pass 1: every segment's tokens into the temp files, window by window of the input."""
+    by_example = np.argsort(plan.order, kind="stable")
+    sorted_examples = plan.order[by_example]
+    for window in files.windows:
+        lo, hi = np.searchsorted(sorted_examples, [window.first, window.last])
+        segments = by_example[lo:hi]
+        if not len(segments):  # a shard or a process may have none of this window's examples
+            continue
+        segments = segments[np.argsort(positions[segments], kind="stable")]
+        lengths, dest = plan.segment_lengths[segments], positions[segments]
+        breaks = np.flatnonzero(dest[1:] != dest[:-1] + lengths[:-1]) + 1  # runs contiguous in the temp file
+        runs = list(zip(np.r_[0, breaks].tolist(), np.r_[breaks, len(segments)].tolist()))
+        token_starts = np.r_[0, np.cumsum(lengths)]
+        data = {}
+        for name in temps:
+            starts = files.positions[name][plan.order[segments]] + plan.skip[segments]
+            data[name] = gather_runs(files.view(window.file, name), starts, lengths)  # fresh arrays: no reuse
+        files.release(window.file)
+        writer.submit(_pwrite_runs, temps, data, runs, token_starts, dest)
+        bar.update(int(token_starts[-1]))
+    writer.wait()
+
+
+def _gather(files, plan, positions, temps, columns, label_pad_id, buffers, bar) -> Iterator[pa.RecordBatch]:
+    """Pass 2: each chunk's rows, its tokens read back from the temp files."""
+    for chunk_index, (first, last) in enumerate(chunk_bounds(plan)):
+        part = plan.rows(first, last)
+        s0, s1, base = int(plan.row_segments[first]), int(plan.row_segments[last]), int(plan.row_starts[first])
+        starts = positions[s0:s1] - base
+        tokens = {}
+        for name, temp in temps.items():
+            chunk = _pread_all(
+                temp.fileno(),
+                buffers.get(name, part.total_tokens, files.dtype(name)),
+                base * files.dtype(name).itemsize,
+            )
+            tokens[name] = gather_runs(chunk, starts, part.segment_lengths)
+        kept = {name: files.take(name, part.order) for name in columns.keep}
+        if columns.keep:
+            files.release()
+        # two buffers in turn: the previous chunk's may still be being written
+        positions_out = buffers.get(f"position_ids/{chunk_index % 2}", part.total_tokens, np.int32)
+        yield rows_batch(part, tokens, columns, label_pad_id, kept, positions_out=positions_out)
+        bar.update(part.total_tokens)
+
+
+def write_batches(batches: Iterable[pa.RecordBatch], path: str, writer: _Writer | None = None) -> None:
+    """Record batches into an Arrow stream file at ``path`` (written beside it, then renamed: never half a file).
+
+    With ``writer``, each batch is written in its thread while the next one is built.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, partial = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".incomplete")
+    os.close(handle)
+    try:
+        stream = None
+        with pa.OSFile(partial, "wb") as sink:
+            for batch in batches:
+                stream = stream or pa.ipc.new_stream(sink, batch.schema)
+                if writer is None:
+                    stream.write_batch(batch)
+                else:
+                    writer.submit(stream.write_batch, batch)
+            if writer is not None:
+                writer.wait()
+            stream.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(partial, 0o666 & ~umask)  # as Dataset.map leaves its cache files (mkstemp made it 0o600)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
+
+
+def write_rows(
+    files: ArrowFiles,
+    plan: RowPlan,
+    columns: ExampleColumns,
+    path: str,
+    *,
+    label_pad_id: int = -100,
+    progress: bool = False,
+    desc: str = "Packing rows",
+) -> None:
+    """The rows of ``plan`` over ``files``, written to ``path`` in two passes (see the module docstring)."""
+    from tqdm.auto import tqdm
+
+    bounds = chunk_bounds(plan)
+    positions = scatter_positions(plan, bounds, len(files.lengths))
+    directory = os.path.dirname(os.path.abspath(path))
+    with contextlib.ExitStack() as stack:
+        temps = {name: stack.enter_context(tempfile.TemporaryFile(dir=directory)) for name in columns.tokens}
+        bar = stack.enter_context(
+            tqdm(total=2 * plan.total_tokens, desc=desc, unit="tok", unit_scale=True, disable=not progress)
+        )
+        writer = _Writer(stack.enter_context(ThreadPoolExecutor(max_workers=1)))
+        _scatter(files, plan, positions, temps, writer, bar)
+        batches = _gather(files, plan, positions, temps, columns, label_pad_id, _Buffers(), bar)
+        write_batches(batches, path, writer)
