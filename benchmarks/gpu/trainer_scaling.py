@@ -140,10 +140,7 @@ def run(args) -> None:
     lengths = np.minimum(lengths_of(args.distribution, args.examples, seed=0), args.max_length)
     dataset = [{"input_ids": e} for e in markov_tokens(lengths, args.vocab, seed=0)]
     model = build_model(args, args.attn, device, torch.bfloat16 if cuda else torch.float32)
-    if cuda and args.attn != "sdpa":  # compile FA4's kernel variants before the timed steps
-        from packing_collators import warm_up_attention
-
-        warm_up_attention(model, max_length=args.max_length)
+    # PackingTrainer compiles FA4's kernel variants itself when training begins (attention_warm_up)
     clock = Clock(model, cuda)
     accumulation = args.replicas // world
     options = dict(
@@ -153,7 +150,7 @@ def run(args) -> None:
         gradient_accumulation_steps=accumulation,
         learning_rate=args.lr,
         lr_scheduler_type="constant",
-        logging_steps=1,
+        logging_steps=args.logging_steps,
         save_strategy="no",
         report_to="none",
         seed=args.seed,
@@ -214,6 +211,9 @@ def run(args) -> None:
     result = {
         "probe": probe.summary() if probe else None,
         "probe_seconds": probe.seconds if probe else None,
+        "attention_warm_up_seconds": next(
+            (c.seconds for c in trainer.callback_handler.callbacks if type(c).__name__ == "_AttentionWarmUp"), None
+        ),
         "name": args.name,
         "world_size": world,
         "replicas": args.replicas,
@@ -243,6 +243,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 through TrainingArguments(fsdp=...) instead of DDP")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
+    parser.add_argument(
+        "--logging-steps", type=int, default=1, help="1 logs every loss (a sync per step); 10 is closer to a real run"
+    )
     add_run_arguments(parser, steps=30)
     args = finish_run_arguments(parser.parse_args())
     if args.smoke:

@@ -155,6 +155,33 @@ class PackingCheckCallback(TrainerCallback):
             )
 
 
+class _AttentionWarmUp(TrainerCallback):
+    """Compile FlashAttention-4's kernel variants when training begins, not inside the steps.
+
+    FA4 compiles a kernel per configuration, and the configuration follows the batch (its
+    longest sequence, more than 256 sequences): left alone, a run stalls seconds at the
+    first batch of a new kind (measured on an H100: 7-9 s at step 25 of a 200M run). The
+    warm-up runs :func:`warm_up_attention` up to the longest example the sampler can batch,
+    on every rank, before the first step. Other implementations need none.
+    """
+
+    def __init__(self, trainer: PackingTrainer) -> None:
+        self.trainer = trainer
+        self.seconds = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        implementation = getattr(text_config(model), "_attn_implementation", None) if model is not None else None
+        longest = self.trainer._train_longest
+        if implementation != "flash_attention_4" or not longest:
+            return
+        from ._attention_choice import warm_up_attention
+
+        self.seconds = warm_up_attention(probe_module(model), max_length=longest)
+        logger.info(
+            "PackingTrainer: FlashAttention-4 kernels compiled up to %d tokens in %.1f s", longest, self.seconds
+        )
+
+
 class PackingTrainer(Trainer):
     """A ``transformers.Trainer`` whose training micro-batches hold up to ``max_tokens_per_batch`` tokens.
 
@@ -178,6 +205,8 @@ class PackingTrainer(Trainer):
             machine runs (FlashAttention-4 on Hopper/Blackwell when installed, then FA3, FA2,
             ``packing_varlen`` on any CUDA GPU; on a CPU the model's own), logged when it
             changes the model's; ``None``: keep the model's; or a name to set.
+        attention_warm_up: under FlashAttention-4, compile its kernel variants before the first
+            step (default True), so no step stalls compiling (see :func:`warm_up_attention`).
         packing_metrics: add ``num_tokens``, ``tokens_per_second``, ``padding_fraction``,
             ``examples_per_step`` and ``packing_efficiency`` to the training logs (default
             True; see :class:`PackingMetricsCallback`).
@@ -204,6 +233,7 @@ class PackingTrainer(Trainer):
         packing_probe: bool = True,
         attn_implementation: str | None = AUTO_ATTENTION,
         packing_metrics: bool = True,
+        attention_warm_up: bool = True,
         **kwargs: Any,
     ) -> None:
         validate_choice("packing_strategy", packing_strategy, Strategy)
@@ -218,12 +248,15 @@ class PackingTrainer(Trainer):
         self.eval_packing = eval_packing
         self.overflow = overflow
         self._train_batch_sampler = None
+        self._train_longest = None
         self._eval_token_loss = None  # (sum of token losses, target tokens) of the evaluation under way
         if len(args) < 3 and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = FlatteningCollator()
         super().__init__(*args, **kwargs)
         self.attn_implementation = choose_attention(self.model, attn_implementation) if self.model is not None else None
         self.add_callback(PackingCheckCallback(probe=packing_probe))
+        if attention_warm_up:
+            self.add_callback(_AttentionWarmUp(self))
         if packing_metrics:
             PackingMetricsCallback().attach(self)
 
@@ -316,6 +349,8 @@ class PackingTrainer(Trainer):
         lengths = _dataset_lengths(dataset, self.length_column)
         args = self.args
         sampler = self.make_batch_sampler(lengths, batch_size, shuffle=shuffle)
+        if shuffle and len(lengths):  # the longest example a training batch can hold: the attention warm-up's reach
+            self._train_longest = int(min(lengths.max(), self.token_budget(lengths, batch_size)))
         options: dict[str, Any] = {"num_workers": args.dataloader_num_workers, "pin_memory": args.dataloader_pin_memory}
         if args.dataloader_num_workers > 0:
             options["persistent_workers"] = args.dataloader_persistent_workers
