@@ -54,7 +54,7 @@ def _stats_path(path: str) -> str:
     return (root if ext == ".arrow" else path) + ".json"
 
 
-def _load(stats_path: str, fingerprint: str):
+def _load(stats_path: str, fingerprint: str, split=None):
     """``(dataset, stats)`` from a finished cache, or None when there is none to use."""
     from datasets import Dataset, concatenate_datasets
 
@@ -67,7 +67,7 @@ def _load(stats_path: str, fingerprint: str):
     paths = [os.path.join(directory, name) for name in record.get("files", [])]
     if not paths or not all(map(os.path.exists, paths)):
         return None
-    parts = [Dataset.from_file(path) for path in paths]
+    parts = [Dataset.from_file(path, split=split) for path in paths]
     packed = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
     packed._fingerprint = fingerprint
     return packed, PackStats(**record["stats"])
@@ -108,7 +108,7 @@ def pack_to_cache(dataset, options: PackOptions, *, path: str | None, load_from_
     fingerprint = packed_fingerprint(dataset, options)
     path = path or dataset._get_cache_file_path(fingerprint)
     stats_path = _stats_path(path)
-    if load_from_cache_file and (cached := _load(stats_path, fingerprint)):
+    if load_from_cache_file and (cached := _load(stats_path, fingerprint, dataset.split)):
         logger.info("pack_dataset: loading the packed rows from %s", stats_path)
         return (*cached, True)
     columns = example_columns(dataset.data.schema, options.keep_columns)
@@ -137,5 +137,5 @@ def pack_to_cache(dataset, options: PackOptions, *, path: str | None, load_from_
     with open(stats_path + ".incomplete", "w") as handle:
         json.dump(record, handle, indent=1)
     os.replace(stats_path + ".incomplete", stats_path)  # last: a cache without it is not used
-    packed, stats = _load(stats_path, fingerprint)
+    packed, stats = _load(stats_path, fingerprint, dataset.split)
     return packed, stats, False
