@@ -16,6 +16,7 @@ built only on the ones above it in this map::
                packing_varlen
     cli/       packing-collators analyze|pack            the command line
     _validation.py   the argument checks every folder shares
+    _progress.py     when long work shows a progress bar (one rule, following datasets/transformers)
 
 ``PackingTrainer``, ``PackingCheckCallback``, ``PackingMetricsCallback`` and ``MultipackBatchSampler``
 load on first use (they import transformers' Trainer or torch), so ``import packing_collators`` stays fast.

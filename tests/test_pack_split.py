@@ -84,6 +84,11 @@ def test_split_is_refused_for_streams_with_the_fix():
     for source in (stream, iter([{"input_ids": [1, 2, 3]}])):
         with pytest.raises(ValueError, match=r"overflow='split' is not supported when streaming.*overflow='truncate'"):
             pack_dataset(source, 2, overflow="split")
+    # wrapped never overflows: every token is kept, cut at row ends, so split is no contradiction there
+    rows = list(
+        pack_dataset(iter([{"input_ids": [1, 2, 3]}]), 2, strategy="wrapped", overflow="split", shuffle_rows=False)
+    )
+    assert [r["input_ids"] for r in rows] == [[1, 2], [3]]
 
 
 def test_split_of_an_unsigned_dataset_keeps_dtype_of_ids():

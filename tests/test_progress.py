@@ -1,4 +1,4 @@
-"""Progress bars for long work: planning an epoch (sampler/_progress.py's rule) and ``analyze``.
+"""Progress bars for long work: planning an epoch (packing_collators/_progress.py's rule) and ``analyze``.
 
 A bar shows on stderr for long work, not for short work, and not when ``datasets`` or
 ``transformers`` has progress bars off; it changes nothing in what is computed.
@@ -107,3 +107,21 @@ def test_cli_analyze_shows_a_bar_per_stage_on_stderr(bars_on, short_threshold, c
     assert json.loads(out)["examples"] == 500  # the JSON on stdout stays clean
     assert "analyzing 500 examples" in err and "6/6" in err
     assert "planning epoch" not in err  # the sampler's plan inside the analysis has no bar of its own
+
+
+def test_pack_dataset_follows_the_same_rule_as_the_sampler():
+    # pack_dataset read only datasets' switch: transformers.utils.logging.disable_progress_bar() left its bar on
+    import transformers
+
+    from packing_collators.offline._arrow_rows import CHUNK_TOKENS
+    from packing_collators.offline._options import PackOptions
+    from packing_collators.offline._pack_dataset import _show_progress
+
+    long_work, options = 4 * CHUNK_TOKENS, PackOptions(max_length=8)
+    assert _show_progress(options, long_work) and not _show_progress(options, long_work - 1)
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        assert not _show_progress(options, long_work)
+        assert _show_progress(PackOptions(max_length=8, progress=True), long_work)
+    finally:
+        transformers.utils.logging.enable_progress_bar()

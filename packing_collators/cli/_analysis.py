@@ -29,9 +29,9 @@ from typing import Literal
 
 import numpy as np
 
+from .._progress import progress_bar, show_progress
 from .._validation import validate_choice, validate_lengths, validate_positive_int
 from ..engine import RowMeasures, lower_bound, pack_lengths
-from ..sampler._progress import progress_bar, show_progress
 
 __all__ = ["Analysis", "Packing", "Padding", "Recommendation", "analyze_lengths", "check_max_length"]
 

@@ -28,6 +28,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .._progress import show_progress
 from ..engine import PackStats
 from ._arrow_rows import CHUNK_TOKENS, build_rows
 from ._cache_files import pack_to_cache, packed_fingerprint
@@ -41,11 +42,8 @@ logger = logging.getLogger(__name__)
 
 
 def _show_progress(options: PackOptions, total_tokens: int) -> bool:
-    if options.progress is not None:
-        return options.progress
-    from datasets.utils.logging import is_progress_bar_enabled
-
-    return is_progress_bar_enabled() and total_tokens >= 4 * CHUNK_TOKENS
+    """The library's one rule (``_progress``): a bar for 64M+ tokens unless datasets or transformers has bars off."""
+    return show_progress(options.progress, total_tokens, threshold=4 * CHUNK_TOKENS)
 
 
 def pack_table(table, options: PackOptions, *, desc: str = "Packing rows"):
@@ -163,13 +161,13 @@ def pack_dataset(
             restart at 0 and it has its own entry in ``seq_lengths``. Only the first token of an
             *example* gets label ``label_pad_id``; a row that starts mid-example keeps its first
             label (a causal LM never uses a row's first label; :class:`PrePackedCollator` masks it
-            in flattened batches). The last row may be shorter. Not for streaming.
+            in flattened batches). The last row may be shorter. Streams too (one buffer in memory).
         overflow: an example longer than ``max_length``: ``"error"`` (default), ``"truncate"``
             (its first ``max_length`` tokens, in a row of its own), ``"drop"``, or ``"split"``: cut
             into pieces of ``max_length`` tokens (the last shorter), each packed as an example of
             its own (``position_ids`` restart, first label ``label_pad_id``), every token kept;
             counted in the stats (``split_examples``). ``"wrapped"`` never overflows. Not
-            ``"split"`` when streaming.
+            ``"split"`` when streaming with a bin strategy.
         shuffle_rows: shuffle the packed rows (seeded by ``seed``); ``False`` keeps packing order.
         keep_columns: per-example columns (e.g. ``["source"]``) kept as one list per row, one
             value per segment. Any other column that is not per-token is an error.
@@ -270,10 +268,11 @@ def pack_dataset(
 
 def _check_stream_options(options: PackOptions, cache_file_name, keep_in_memory: bool) -> None:
     """Refuse what only a whole ``Dataset`` can do: split pieces, shards, cache files."""
-    if options.overflow == "split":
+    if options.overflow == "split" and options.strategy != "wrapped":  # wrapped never overflows
         raise ValueError(
             "overflow='split' is not supported when streaming (an example's pieces are packed with the whole "
-            "dataset's lengths); pass overflow='truncate' or overflow='drop', or pack a datasets.Dataset."
+            "dataset's lengths); pass overflow='truncate' or overflow='drop', strategy='wrapped' (every token "
+            "kept, cut at row ends), or pack a datasets.Dataset."
         )
     if options.num_shards > 1:
         raise ValueError(

@@ -25,10 +25,10 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
+from .._progress import validate_progress
 from .._validation import validate_choice, validate_lengths, validate_positive_int
 from ..engine import Strategy
 from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, check_overflow, plan_epoch
-from ._progress import validate_progress
 from ._rank_agreement import check_ranks_agree, fingerprint
 
 __all__ = ["MultipackBatchSampler"]

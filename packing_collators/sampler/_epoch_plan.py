@@ -46,9 +46,9 @@ from typing import Literal
 
 import numpy as np
 
+from .._progress import progress_bar, show_progress
 from .._validation import validate_choice, validate_lengths
 from ..engine import Strategy, check_not_too_long, efficiency, lower_bound, pack_lengths
-from ._progress import progress_bar, show_progress
 
 __all__ = ["Balance", "EpochPlan", "SamplerOverflow", "check_overflow", "plan_epoch"]
 

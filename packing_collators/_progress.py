@@ -1,4 +1,4 @@
-"""Progress bars for long work (planning an epoch, ``packing-collators analyze``), by one rule.
+"""Progress bars for long work (``pack_dataset``, planning an epoch, ``packing-collators analyze``), by one rule.
 
     progress=True    a bar
     progress=False   no bar
