@@ -5,6 +5,7 @@ Mirrors ``offline/_cache_files.py``, ``_arrow_files.py`` and ``_disk_rows.py``.
 
 import json
 import logging
+import multiprocessing
 import os
 import re
 
@@ -129,3 +130,51 @@ def test_dataset_dict_splits_each_get_a_cache(saved, tmp_path):
     assert packed["test"].column_names == ["input_ids", "position_ids", "seq_lengths"]
     with pytest.raises(ValueError, match=r"cache_file_name for a DatasetDict is a dict of split name to path"):
         pack_dataset(splits, 100, cache_file_name="x.arrow")
+
+
+def test_a_cache_file_name_holding_other_options_is_rebuilt_not_loaded(saved, tmp_path):
+    path = str(tmp_path / "packed.arrow")
+    short = pack_dataset(saved, 100, overflow="drop", keep_columns=["id"], cache_file_name=path)
+    longer, stats = pack_dataset(
+        saved, 300, overflow="drop", keep_columns=["id"], cache_file_name=path, return_stats=True
+    )
+    expected = pack_dataset(saved, 300, overflow="drop", keep_columns=["id"], keep_in_memory=True)
+    assert longer[:] == expected[:] != short[:] and stats.capacity == 300
+
+
+def test_a_build_killed_before_its_stats_leaves_no_cache_to_load(saved, tmp_path, monkeypatch):
+    path, options = str(tmp_path / "packed.arrow"), {"overflow": "drop", "keep_columns": ["id"]}
+    pack_dataset(saved, 100, cache_file_name=path, **options)
+
+    def killed(*args, **kwargs):  # the rows are written, the statistics never are
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("packing_collators.offline._cache_files.json.dump", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pack_dataset(saved, 300, cache_file_name=path, **options)
+    monkeypatch.undo()
+    again = pack_dataset(saved, 100, cache_file_name=path, **options)
+    assert again[:] == pack_dataset(saved, 100, keep_in_memory=True, **options)[:]
+
+
+def test_without_madvise_pwrite_or_preadv_the_files_are_still_written(saved, monkeypatch):
+    """Windows has none of them, older macOS no ``os.preadv``: plain reads and writes instead."""
+    expected = pack_dataset(saved, 100, overflow="split", keep_columns=["id"], keep_in_memory=True)
+    monkeypatch.delattr(_arrow_files.mmap, "MADV_DONTNEED")
+    monkeypatch.delattr(os, "pwrite")
+    monkeypatch.delattr(os, "preadv")
+    monkeypatch.setattr(_arrow_files, "WINDOW_TOKENS", 5_000)
+    monkeypatch.setattr(_arrow_rows, "CHUNK_TOKENS", 4_000)
+    assert pack_dataset(saved, 100, overflow="split", keep_columns=["id"])[:] == expected[:]
+
+
+def _killed_process(*args):  # as the kernel's OOM killer ends a worker: no exception, no cleanup
+    os._exit(1)
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="the patch reaches workers by fork")
+def test_a_num_proc_worker_that_dies_is_an_error_not_a_hang(saved, monkeypatch):
+    monkeypatch.setattr("packing_collators.offline._cache_files._write_shard", _killed_process)
+    with pytest.raises(RuntimeError, match=r"A num_proc=2 process .* died .* Pass a smaller num_proc"):
+        pack_dataset(saved, 100, overflow="drop", keep_columns=["id"], num_proc=2)
+    assert not [name for name in os.listdir(os.path.dirname(saved.cache_files[0]["filename"])) if "_of_" in name]

@@ -170,7 +170,13 @@ class ArrowFiles:
         return column.take(pa.array(examples, pa.int64())).combine_chunks()
 
     def release(self, file: int | None = None) -> None:
-        """Drop the mapped pages of one file (or all) from this process; the page cache keeps them."""
+        """Drop the mapped pages of one file (or all) from this process; the page cache keeps them.
+
+        Where there is no ``MADV_DONTNEED`` (Windows) nothing is dropped: the operating system
+        evicts clean file-backed pages under memory pressure anyway, so only the RSS reads higher.
+        """
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
         for mapped in self._maps if file is None else [self._maps[file]]:
             if len(mapped):
                 mapped.madvise(mmap.MADV_DONTNEED)

@@ -10,6 +10,8 @@ Beside the source's own cache files (or at ``cache_file_name``)::
 The fingerprint hashes the source's fingerprint and every option that decides the rows
 (``PackOptions.output_key``: not ``num_proc`` nor ``progress``), so a second identical call
 finds the JSON and loads the files (under a second at any size) instead of packing again.
+The JSON records the fingerprint too, and a build removes it first: a ``cache_file_name``
+written with other options or input, or a build stopped halfway, is packed again, never loaded.
 Building: the dataset's Arrow files are read directly (``_arrow_files``) and written in two
 passes (``_disk_rows``), in memory bounded by a chunk plus O(examples); a dataset that is not
 its files as they are (an indices mapping, rows in memory, a cast replayed) is read in memory
@@ -19,10 +21,13 @@ contiguous row ranges of the one plan, as files that form one dataset in order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import fields
 
 import pyarrow as pa
@@ -55,13 +60,15 @@ def _stats_path(path: str) -> str:
 
 
 def _load(stats_path: str, fingerprint: str, split=None):
-    """``(dataset, stats)`` from a finished cache, or None when there is none to use."""
+    """``(dataset, stats)`` from a finished cache of these very rows (same fingerprint), or None when there is none."""
     from datasets import Dataset, concatenate_datasets
 
     try:
         with open(stats_path) as handle:
             record = json.load(handle)
     except (OSError, ValueError):
+        return None
+    if record.get("fingerprint") != fingerprint:  # a cache_file_name written with other options or input
         return None
     directory = os.path.dirname(os.path.abspath(stats_path))
     paths = [os.path.join(directory, name) for name in record.get("files", [])]
@@ -89,10 +96,22 @@ def _write_in_processes(source, plan: RowPlan, columns, options: PackOptions, pa
         (source.paths, source.file_column, columns, part, options.label_pad_id, out) for part, out in zip(parts, outs)
     ]
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"  # as datasets' map
-    with multiprocessing.get_context(method).Pool(count) as pool:
-        results = [pool.apply_async(_write_shard, job) for job in jobs]
-        for result in tqdm(results, desc="Packing rows", unit="shard", disable=not progress):
-            result.get()
+    try:
+        # not multiprocessing.Pool: it waits forever for the task of a process that was killed
+        with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context(method)) as pool:
+            results = [pool.submit(_write_shard, *job) for job in jobs]
+            for result in tqdm(results, desc="Packing rows", unit="shard", disable=not progress):
+                result.result()
+    except BaseException as error:
+        for out in outs:  # the files of the processes that finished: no statistics will list them
+            with contextlib.suppress(OSError):
+                os.remove(out)
+        if isinstance(error, BrokenProcessPool):
+            raise RuntimeError(
+                f"A num_proc={count} process writing the packed rows died (killed, e.g. out of memory). "
+                "Pass a smaller num_proc (each process holds one chunk of rows), or none."
+            ) from error
+        raise
     return outs
 
 
@@ -111,6 +130,10 @@ def pack_to_cache(dataset, options: PackOptions, *, path: str | None, load_from_
     if load_from_cache_file and (cached := _load(stats_path, fingerprint, dataset.split)):
         logger.info("pack_dataset: loading the packed rows from %s", stats_path)
         return (*cached, True)
+    with contextlib.suppress(
+        FileNotFoundError
+    ):  # first: a build stopped halfway must not leave old stats over new rows
+        os.remove(stats_path)
     columns = example_columns(dataset.data.schema, options.keep_columns)
     schema = dataset.data.schema
     booleans = [name for name in columns.tokens if pa.types.is_boolean(schema.field(name).type.value_type)]
@@ -131,6 +154,7 @@ def pack_to_cache(dataset, options: PackOptions, *, path: str | None, load_from_
             write_rows(source, plan, columns, path, label_pad_id=options.label_pad_id, progress=show, desc=desc)
             outs = [path]
     record = {
+        "fingerprint": fingerprint,
         "files": [os.path.basename(out) for out in outs],
         "stats": {f.name: getattr(stats, f.name) for f in fields(stats)},
     }

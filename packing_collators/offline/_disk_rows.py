@@ -84,17 +84,28 @@ def gather_runs(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> 
     return np.frombuffer(flat.buffers()[1], values.dtype, len(flat), flat.offset * values.itemsize)
 
 
-def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
+def _pwrite_all(file, data: np.ndarray, offset: int) -> None:
+    """``data`` into ``file`` at byte ``offset`` (a seek and a write where there is no ``os.pwrite``: Windows)."""
     view = memoryview(data).cast("B")
+    if not hasattr(os, "pwrite"):
+        file.seek(offset)
+        file.write(view)
+        return
     while len(view):
-        written = os.pwrite(fd, view, offset)
+        written = os.pwrite(file.fileno(), view, offset)
         view, offset = view[written:], offset + written
 
 
-def _pread_all(fd: int, out: np.ndarray, offset: int) -> np.ndarray:
+def _pread_all(file, out: np.ndarray, offset: int) -> np.ndarray:
+    """``out`` filled from ``file`` at byte ``offset`` (a seek and a read where there is no ``os.preadv``)."""
     view = memoryview(out).cast("B")
+    if not hasattr(os, "preadv"):
+        file.seek(offset)
+        read = file.readinto(view)
+        assert read == len(view), "the temp file is shorter than its chunks"
+        return out
     while len(view):
-        read = os.preadv(fd, [view], offset)
+        read = os.preadv(file.fileno(), [view], offset)
         assert read, "the temp file is shorter than its chunks"
         view, offset = view[read:], offset + read
     return out
@@ -120,7 +131,7 @@ def _pwrite_runs(temps: dict, data: dict, runs: list, token_starts: np.ndarray, 
     for name, temp in temps.items():
         for r0, r1 in runs:
             values = data[name]
-            _pwrite_all(temp.fileno(), values[token_starts[r0] : token_starts[r1]], int(dest[r0]) * values.itemsize)
+            _pwrite_all(temp, values[token_starts[r0] : token_starts[r1]], int(dest[r0]) * values.itemsize)
 
 
 def _scatter(files: ArrowFiles, plan: RowPlan, positions: np.ndarray, temps: dict, writer: _Writer, bar) -> None:
@@ -156,7 +167,7 @@ def _gather(files, plan, positions, temps, columns, label_pad_id, buffers, bar) 
         tokens = {}
         for name, temp in temps.items():
             chunk = _pread_all(
-                temp.fileno(),
+                temp,
                 buffers.get(name, part.total_tokens, files.dtype(name)),
                 base * files.dtype(name).itemsize,
             )
