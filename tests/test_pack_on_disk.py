@@ -178,3 +178,11 @@ def test_a_num_proc_worker_that_dies_is_an_error_not_a_hang(saved, monkeypatch):
     with pytest.raises(RuntimeError, match=r"A num_proc=2 process .* died .* Pass a smaller num_proc"):
         pack_dataset(saved, 100, overflow="drop", keep_columns=["id"], num_proc=2)
     assert not [name for name in os.listdir(os.path.dirname(saved.cache_files[0]["filename"])) if "_of_" in name]
+
+
+def test_another_library_version_packs_again(saved, monkeypatch):
+    """Nothing else in the fingerprint would change if a new release packed differently."""
+    first = pack_dataset(saved, 100, overflow="drop", keep_columns=["id"])
+    monkeypatch.setattr("packing_collators.__version__", "999.0")
+    upgraded = pack_dataset(saved, 100, overflow="drop", keep_columns=["id"])
+    assert upgraded._fingerprint != first._fingerprint and names(upgraded) != names(first)

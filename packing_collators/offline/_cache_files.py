@@ -7,8 +7,8 @@ Beside the source's own cache files (or at ``cache_file_name``)::
     cache-3f2c...e1_00000_of_00002.arrow ...      or one file per process, with num_proc=2
     cache-3f2c...e1.json                          the statistics and the files: written last
 
-The fingerprint hashes the source's fingerprint and every option that decides the rows
-(``PackOptions.output_key``: not ``num_proc`` nor ``progress``), so a second identical call
+The fingerprint hashes the source's fingerprint, every option that decides the rows
+(``PackOptions.output_key``: not ``num_proc`` nor ``progress``) and the library's version, so a second identical call
 finds the JSON and loads the files (under a second at any size) instead of packing again.
 The JSON records the fingerprint too, and a build removes it first: a ``cache_file_name``
 written with other options or input, or a build stopped halfway, is packed again, never loaded.
@@ -47,11 +47,17 @@ logger = logging.getLogger(__name__)
 
 
 def packed_fingerprint(dataset, options: PackOptions) -> str:
-    """Derived from the input's fingerprint and the options that decide the rows (hashing rows would take seconds)."""
+    """Derived from the input's fingerprint, the options that decide the rows and this library's version.
+
+    Hashing the rows would take seconds; the version stands for the packing code, which a release may change.
+    """
     from datasets.fingerprint import Hasher, generate_random_fingerprint
 
+    from .. import __version__
+
     source = getattr(dataset, "_fingerprint", None)
-    return Hasher.hash(["pack_dataset", source, options.output_key()]) if source else generate_random_fingerprint()
+    key = ["pack_dataset", __version__, source, options.output_key()]
+    return Hasher.hash(key) if source else generate_random_fingerprint()
 
 
 def _stats_path(path: str) -> str:
