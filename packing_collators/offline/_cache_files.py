@@ -128,18 +128,8 @@ def _read_in_memory(dataset, columns: ExampleColumns):
     return table, lengths
 
 
-def pack_to_cache(dataset, options: PackOptions, *, path: str | None, load_from_cache_file: bool, progress, desc: str):
-    """``(packed, stats, from_cache)``: ``dataset`` packed into Arrow files (at ``path``, else beside its own)."""
-    fingerprint = packed_fingerprint(dataset, options)
-    path = path or dataset._get_cache_file_path(fingerprint)
-    stats_path = _stats_path(path)
-    if load_from_cache_file and (cached := _load(stats_path, fingerprint, dataset.split)):
-        logger.info("pack_dataset: loading the packed rows from %s", stats_path)
-        return (*cached, True)
-    with contextlib.suppress(
-        FileNotFoundError
-    ):  # first: a build stopped halfway must not leave old stats over new rows
-        os.remove(stats_path)
+def _write(dataset, options: PackOptions, path: str, progress, desc: str) -> tuple[list[str], PackStats]:
+    """Pack ``dataset`` into the file at ``path`` (or one file per process); the files and the statistics."""
     columns = example_columns(dataset.data.schema, options.keep_columns)
     schema = dataset.data.schema
     booleans = [name for name in columns.tokens if pa.types.is_boolean(schema.field(name).type.value_type)]
@@ -149,16 +139,28 @@ def pack_to_cache(dataset, options: PackOptions, *, path: str | None, load_from_
         table, lengths = _read_in_memory(dataset, columns)
         plan, stats = plan_rows(lengths, options)
         write_batches(row_batches(table, plan, columns, lengths, label_pad_id=options.label_pad_id), path)
-        outs = [path]
-    else:
-        source = ArrowFiles(*files, columns)
-        plan, stats = plan_rows(source.lengths, options)
-        show = progress(plan.total_tokens)
-        if options.num_proc and options.num_proc > 1 and plan.num_rows >= options.num_proc:
-            outs = _write_in_processes(source, plan, columns, options, path, show)
-        else:
-            write_rows(source, plan, columns, path, label_pad_id=options.label_pad_id, progress=show, desc=desc)
-            outs = [path]
+        return [path], stats
+    source = ArrowFiles(*files, columns)
+    plan, stats = plan_rows(source.lengths, options)
+    show = progress(plan.total_tokens)
+    if options.num_proc and options.num_proc > 1 and plan.num_rows >= options.num_proc:
+        return _write_in_processes(source, plan, columns, options, path, show), stats
+    write_rows(source, plan, columns, path, label_pad_id=options.label_pad_id, progress=show, desc=desc)
+    return [path], stats
+
+
+def pack_to_cache(dataset, options: PackOptions, *, path: str | None, load_from_cache_file: bool, progress, desc: str):
+    """``(packed, stats, from_cache)``: ``dataset`` packed into Arrow files (at ``path``, else beside its own)."""
+    fingerprint = packed_fingerprint(dataset, options)
+    path = path or dataset._get_cache_file_path(fingerprint)
+    stats_path = _stats_path(path)
+    if load_from_cache_file and (cached := _load(stats_path, fingerprint, dataset.split)):
+        logger.info("pack_dataset: loading the packed rows from %s", stats_path)
+        return (*cached, True)
+    # first: a build stopped halfway must not leave old stats listing its new rows
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(stats_path)
+    outs, stats = _write(dataset, options, path, progress, desc)
     record = {
         "fingerprint": fingerprint,
         "files": [os.path.basename(out) for out in outs],
