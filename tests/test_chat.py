@@ -18,6 +18,7 @@ import logging
 import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict
+from tokenizers import processors
 
 from packing_collators import ChatStats, tokenize_chat, tokenize_chat_example
 
@@ -261,8 +262,11 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_by_name():
         tokenize_chat(data, tokenizer)
 
 
-def test_a_tokenizer_that_merges_across_the_boundary_is_refused():
+@pytest.mark.parametrize("trim_offsets", [False, True])
+def test_a_tokenizer_that_merges_across_the_boundary_is_refused(trim_offsets):
+    """Also when its offsets are trimmed (GPT-2's ByteLevel(trim_offsets=True)): " cat" then reads as starting at "c"."""
     tokenizer = chat_tokenizer(ALPACA_LIKE, "alpaca-like")
+    tokenizer.backend_tokenizer.post_processor = processors.ByteLevel(trim_offsets=trim_offsets)
     example = {"messages": [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": "cat sat."}]}
     prompt = tokenizer.apply_chat_template(example["messages"][:1], tokenize=False, add_generation_prompt=True)
     assert tokenizer.tokenize(prompt)[-1] == "Ġ" and "Ġcat" in tokenizer.tokenize(prompt + "cat sat.")
@@ -271,6 +275,9 @@ def test_a_tokenizer_that_merges_across_the_boundary_is_refused():
         match=r"'alpaca-like'.* example 0, a token spans the boundary between prompt and answer \(the tokenizer merges",
     ):
         tokenize_chat_example(example, tokenizer)
+    with pytest.raises(ValueError, match="a token spans the boundary"):
+        tokenize_chat(Dataset.from_dict({"messages": [example["messages"]]}), tokenizer)
+    assert tokenizer.backend_tokenizer.post_processor.trim_offsets == trim_offsets  # the caller's tokenizer as it was
 
 
 @pytest.mark.parametrize(

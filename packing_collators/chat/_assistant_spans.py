@@ -34,13 +34,21 @@ no labels): 1.5x its time on one-turn chats, 1.8x on four-turn ones (``examples/
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["AssistantSpans", "GENERATION_FIX", "assistant_labels", "has_generation_markers", "tokenizer_name"]
+__all__ = [
+    "AssistantSpans",
+    "GENERATION_FIX",
+    "assistant_labels",
+    "has_generation_markers",
+    "tokenizer_name",
+    "with_full_offsets",
+]
 
 AssistantSpans = Literal["auto", "generation", "prefixes"]
 GENERATION_FIX = (
@@ -196,6 +204,33 @@ def _need_offsets(tokenizer: Any) -> None:
         )
 
 
+def _untrim(state: Any) -> Any:
+    if isinstance(state, dict):
+        return {key: False if key == "trim_offsets" else _untrim(value) for key, value in state.items()}
+    return [_untrim(value) for value in state] if isinstance(state, list) else state
+
+
+def with_full_offsets(tokenizer: Any) -> Any:
+    """The tokenizer, or a copy whose offsets cover each token's whole text when its post-processor trims them.
+
+    GPT-2-style tokenizers (``ByteLevel(trim_offsets=True)``) leave a token's spaces out of its offsets:
+    ``" cat"`` after ``"### Response:"`` would read as starting at ``"c"``, so a token straddling the
+    prompt/answer boundary would pass for the answer's. The copy differs only in offsets: with
+    ``add_special_tokens=False`` (as chat templates are tokenized) the post-processor adds no token.
+    Cost: a check of the post-processor; a trimming tokenizer is copied once per call (0.15 s at 50k tokens).
+    """
+    processor = getattr(getattr(tokenizer, "backend_tokenizer", None), "post_processor", None)
+    if processor is None or '"trim_offsets":true' not in processor.__getstate__().decode():
+        return tokenizer
+    import copy
+
+    untrimmed = copy.copy(processor)
+    untrimmed.__setstate__(json.dumps(_untrim(json.loads(processor.__getstate__()))).encode())
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.backend_tokenizer.post_processor = untrimmed
+    return tokenizer
+
+
 def _mask_prompts(tokenizer, conversations, firsts, indices, encodings, masks) -> None:
     """prompt/completion: assistant turns inside the prompt (few-shot) are prompt; mask up to where it ends."""
     cut = [i for i, (m, f) in enumerate(zip(conversations, firsts)) if any(x.get("role") == "assistant" for x in m[:f])]
@@ -261,6 +296,7 @@ def assistant_labels(
     ([[0, 2, 4, 1, 0, 3, 5, 1]], [[-100, -100, -100, -100, -100, -100, 5, 1]])
     """
     template = chat_template_of(tokenizer)
+    tokenizer = with_full_offsets(tokenizer)
     if assistant_spans == "generation" or (assistant_spans == "auto" and has_generation_markers(template)):
         if not has_generation_markers(template):
             raise ValueError(

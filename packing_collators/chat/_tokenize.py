@@ -28,7 +28,7 @@ import numpy as np
 from .._validation import validate_choice, validate_positive_int
 from ..engine import Overflow, check_not_too_long
 from ..offline._options import MAX_LENGTH_FIX
-from ._assistant_spans import AssistantSpans, assistant_labels
+from ._assistant_spans import AssistantSpans, assistant_labels, with_full_offsets
 from ._conversations import chat_columns, conversation_of
 from ._stats import ChatStats
 
@@ -42,7 +42,8 @@ class _ChatBatch:
     """The picklable batched map function: chat columns (and indices) in, ids, labels and two counts out."""
 
     def __init__(self, tokenizer, columns, assistant_spans, label_pad_id, max_length, truncate) -> None:
-        self.tokenizer, self.columns, self.assistant_spans = tokenizer, tuple(columns), assistant_spans
+        self.tokenizer = with_full_offsets(tokenizer)  # copied once here, not per batch
+        self.columns, self.assistant_spans = tuple(columns), assistant_spans
         self.label_pad_id, self.max_length, self.truncate = label_pad_id, max_length, truncate
 
     def __call__(self, *args) -> dict:
