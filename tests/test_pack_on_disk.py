@@ -186,3 +186,10 @@ def test_another_library_version_packs_again(saved, monkeypatch):
     monkeypatch.setattr("packing_collators.__version__", "999.0")
     upgraded = pack_dataset(saved, 100, overflow="drop", keep_columns=["id"])
     assert upgraded._fingerprint != first._fingerprint and names(upgraded) != names(first)
+
+
+def test_keep_in_memory_with_a_cache_file_name_is_refused_not_ignored(tmp_path):
+    # the file name was silently ignored; Dataset.map refuses the same pair
+    data = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5]]})
+    with pytest.raises(ValueError, match=r"keep_in_memory=True or cache_file_name=.*not both"):
+        pack_dataset(data, 8, keep_in_memory=True, cache_file_name=str(tmp_path / "p.arrow"))

@@ -237,6 +237,11 @@ def pack_dataset(
         num_shards=num_shards,
         shard_index=shard_index,
     )
+    if keep_in_memory and cache_file_name is not None:  # as Dataset.map refuses it: one of them would be ignored
+        raise ValueError(
+            f"Pass keep_in_memory=True or cache_file_name={cache_file_name!r}, not both: rows kept in memory are "
+            "written to no file."
+        )
     cache = {
         "cache_file_name": cache_file_name,
         "keep_in_memory": keep_in_memory,
