@@ -114,3 +114,19 @@ def test_a_template_that_cannot_be_split_is_one_line_naming_it(tmp_path, capsys)
     err = capsys.readouterr().err.splitlines()[-1]  # after the progress bar, one line
     assert err.startswith("packing-collators: error: The chat template of ")
     assert f"('{folder}') cannot be split by rendering prefixes: in example 0" in err and "{% generation %}" in err
+
+
+@pytest.mark.parametrize("command", ["analyze", "pack"])
+def test_a_conversation_the_template_fails_on_is_named_by_both_commands(tmp_path, capsys, command):
+    """Past the first map batch (1,000 rows), analyze and pack name the same example, in one line."""
+    good = [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": "Because."}]
+    rows = [{"prompt": good[:1], "completion": good[1:]}] * 1500 + [
+        {"prompt": good[:1], "completion": [{"role": "assistant"}]}
+    ]
+    data = write_jsonl(tmp_path / "chat.jsonl", rows)
+    folder = saved_tokenizer(tmp_path / "tok", QWEN2, "qwen2")
+    out = [str(tmp_path / "out")] if command == "pack" else []
+    assert main([command, data, *out, "--tokenizer", folder, "--max-length", "64"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"packing-collators: error: The chat template of TokenizersBackend('{folder}') fails on ")
+    assert "example 1500 (UndefinedError: 'dict object' has no attribute 'content'); fix the example" in err

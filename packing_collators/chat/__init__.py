@@ -10,7 +10,13 @@ transformers and datasets are used through the objects passed in (a tokenizer, a
 importing this folder loads neither.
 """
 
-from ._assistant_spans import AssistantSpans, assistant_labels, has_generation_markers, tokenizer_name
+from ._assistant_spans import (
+    AssistantSpans,
+    assistant_labels,
+    has_generation_markers,
+    render_chats,
+    tokenizer_name,
+)
 from ._conversations import PROMPT_COMPLETION, chat_columns, conversation_of
 from ._stats import ChatStats
 from ._tokenize import tokenize_chat, tokenize_chat_example
@@ -23,6 +29,7 @@ __all__ = [
     "chat_columns",
     "conversation_of",
     "has_generation_markers",
+    "render_chats",
     "tokenize_chat",
     "tokenize_chat_example",
     "tokenizer_name",

@@ -46,6 +46,7 @@ __all__ = [
     "GENERATION_FIX",
     "assistant_labels",
     "has_generation_markers",
+    "render_chats",
     "tokenizer_name",
     "with_full_offsets",
 ]
@@ -90,7 +91,7 @@ def has_generation_markers(template: str) -> bool:
     return bool(_GENERATION.search(template))
 
 
-def _render(tokenizer: Any, conversations: list, indices: Sequence[int], *, generation_prompt: bool) -> list[str]:
+def render_chats(tokenizer: Any, conversations: list, indices: Sequence[int], *, generation_prompt: bool) -> list[str]:
     """The conversations rendered as text (one batched call); a template error names its example."""
     if not conversations:
         return []
@@ -174,12 +175,12 @@ def _prefix_labels(tokenizer, conversations, firsts, indices, label_pad_id):
                 )
             turns.append((i, k))
     at = [indices[i] for i, _ in turns]
-    full = _render(tokenizer, list(conversations), indices, generation_prompt=False)
-    prompts = _render(tokenizer, [conversations[i][:k] for i, k in turns], at, generation_prompt=True)
+    full = render_chats(tokenizer, list(conversations), indices, generation_prompt=False)
+    prompts = render_chats(tokenizer, [conversations[i][:k] for i, k in turns], at, generation_prompt=True)
     inner = [j for j, (i, k) in enumerate(turns) if k < len(conversations[i]) - 1]  # the last turn's end is `full`
     inner_turns = [conversations[turns[j][0]][: turns[j][1] + 1] for j in inner]
     ends = [full[i] for i, _ in turns]
-    for j, text in zip(inner, _render(tokenizer, inner_turns, [at[j] for j in inner], generation_prompt=False)):
+    for j, text in zip(inner, render_chats(tokenizer, inner_turns, [at[j] for j in inner], generation_prompt=False)):
         ends[j] = text
     _check_appends(tokenizer, conversations, turns, prompts, ends, full, indices)
     ids, offsets = _encode(tokenizer, full)
@@ -235,8 +236,8 @@ def _mask_prompts(tokenizer, conversations, firsts, indices, encodings, masks) -
     """prompt/completion: assistant turns inside the prompt (few-shot) are prompt; mask up to where it ends."""
     cut = [i for i, (m, f) in enumerate(zip(conversations, firsts)) if any(x.get("role") == "assistant" for x in m[:f])]
     at = [indices[i] for i in cut]
-    prompts = _render(tokenizer, [conversations[i][: firsts[i]] for i in cut], at, generation_prompt=True)
-    full = _render(tokenizer, [conversations[i] for i in cut], at, generation_prompt=False)
+    prompts = render_chats(tokenizer, [conversations[i][: firsts[i]] for i in cut], at, generation_prompt=True)
+    full = render_chats(tokenizer, [conversations[i] for i in cut], at, generation_prompt=False)
     for i, prompt, text in zip(cut, prompts, full):
         if not text.startswith(prompt):
             what = "the prompt, rendered with add_generation_prompt=True, is not a prefix of the conversation"

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..chat import PROMPT_COMPLETION, conversation_of, tokenize_chat
+from ..chat import PROMPT_COMPLETION, conversation_of, render_chats, tokenize_chat
 from ..offline import is_per_token
 from ..sampler import lengths_from_dataset
 
@@ -346,13 +346,14 @@ class _Tokenize:
     def __init__(self, tokenizer: Any, column: str, kind: str, output: str) -> None:
         self.tokenizer, self.column, self.kind, self.output = tokenizer, column, kind, output
 
-    def __call__(self, batch: dict) -> dict:
+    def __call__(self, batch: dict, indices: list[int]) -> dict:
         values = batch[self.column]
         if self.kind == "prompt_completion":  # rendered as tokenize_chat renders it: prompt turns, then completion
             pairs = zip(batch["prompt"], batch["completion"])
-            values = [conversation_of(pair, PROMPT_COMPLETION, i)[0] for i, pair in enumerate(pairs)]
-        if self.kind in ("messages", "prompt_completion"):
-            ids = self.tokenizer.apply_chat_template(values, tokenize=True, return_dict=False)
+            values = [conversation_of(pair, PROMPT_COMPLETION, i)[0] for i, pair in zip(indices, pairs)]
+        if self.kind in ("messages", "prompt_completion"):  # a template error names its example, as in pack
+            texts = render_chats(self.tokenizer, values, indices, generation_prompt=False)
+            ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
         else:
             ids = self.tokenizer(values, return_attention_mask=False)["input_ids"]
         return {self.output: [len(x) for x in ids] if self.output == "length" else ids}
@@ -369,6 +370,7 @@ def _map_tokens(dataset, column, kind, tokenizer, num_proc, output, remove):
     return dataset.map(
         _Tokenize(tokenizer, column, kind, output),
         batched=True,
+        with_indices=True,
         num_proc=num_proc,
         remove_columns=remove,
         keep_in_memory=True,
