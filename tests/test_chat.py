@@ -262,6 +262,23 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_by_name():
         tokenize_chat(data, tokenizer)
 
 
+# Phi-3's template ends a conversation with eos_token when add_generation_prompt is off: single-turn fine
+PHI3 = (
+    "{% for m in messages %}{{ '<|' + m.role + '|>\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
+
+def test_a_template_that_closes_the_conversation_is_refused_past_one_turn():
+    """The end text shows up after every turn rendered alone, not in the whole conversation; the error says so."""
+    tokenizer = chat_tokenizer(PHI3, "phi3-like")
+    one = [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": "Because."}]
+    labels = tokenize_chat_example({"messages": one}, tokenizer)["labels"]
+    assert tokenizer.decode([t for t in labels if t != -100]) == "Because.<|im_end|>\n</s>"
+    with pytest.raises(ValueError, match=r"example 0, .*writes only at the end of a conversation \(an eos_token"):
+        tokenize_chat_example({"messages": one + one}, tokenizer)
+
+
 @pytest.mark.parametrize("trim_offsets", [False, True])
 def test_a_tokenizer_that_merges_across_the_boundary_is_refused(trim_offsets):
     """Also when its offsets are trimmed (GPT-2's ByteLevel(trim_offsets=True)): " cat" then reads as starting at "c"."""

@@ -151,8 +151,9 @@ def _check_appends(tokenizer, conversations, turns, prompts, ends, full, indices
             raise _not_appending(tokenizer, indices[i], k, what)
         if not full[i].startswith(ends[j]):
             what = (
-                "the conversation up to the end of the turn is not a prefix of the whole conversation (later turns "
-                "rewrite it, e.g. drop its reasoning)"
+                "the conversation up to the end of the turn is not a prefix of the whole conversation (the template "
+                "writes only at the end of a conversation (an eos_token, say), or later turns rewrite it, e.g. drop "
+                "its reasoning)"
             )
             raise _not_appending(tokenizer, indices[i], k, what)
 
