@@ -343,3 +343,20 @@ def test_importing_the_package_loads_neither_transformers_nor_torch():
     code = "import sys, packing_collators; print(sorted({'torch', 'transformers', 'datasets'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+def test_a_new_library_version_does_not_reuse_an_old_tokenization_cache(tokenizer, monkeypatch):
+    # datasets keys Dataset.map's cache on the hash of the map function; a labelling fix in a new release
+    # must not be served from the old release's cache
+    from datasets.fingerprint import Hasher
+
+    import packing_collators
+    from packing_collators.chat._tokenize import _ChatBatch
+
+    def key():
+        return Hasher.hash(_ChatBatch(tokenizer, ["messages"], "auto", -100, None, False))
+
+    assert key() == key()
+    before = key()
+    monkeypatch.setattr(packing_collators, "__version__", "999.0")
+    assert key() != before

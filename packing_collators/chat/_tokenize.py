@@ -45,6 +45,9 @@ class _ChatBatch:
         self.tokenizer = with_full_offsets(tokenizer)  # copied once here, not per batch
         self.columns, self.assistant_spans = tuple(columns), assistant_spans
         self.label_pad_id, self.max_length, self.truncate = label_pad_id, max_length, truncate
+        from .. import __version__
+
+        self.library_version = __version__  # hashed into datasets' cache key: a new release labels afresh
 
     def __call__(self, *args) -> dict:
         *values, indices = args

@@ -4,7 +4,6 @@
     _epoch_plan.py       plan_epoch: one epoch's batches for every rank (numpy only, no torch)
     _batch_sampler.py    MultipackBatchSampler: the plan as a torch batch sampler, resumable
     _rank_agreement.py   check_ranks_agree: every rank built the sampler from the same inputs
-    _progress.py         progress_bar: a bar for long work, off when datasets' or transformers' bars are
 
 ``MultipackBatchSampler`` loads on first use (it subclasses torch's Sampler), so planning
 and the command line stay free of torch.
