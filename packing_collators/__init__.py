@@ -12,8 +12,8 @@ built only on the ones above it in this map::
     sampler/   MultipackBatchSampler, lengths_from_dataset   token-budget micro-batches per rank
     trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, the safety checks,
                PackingMetricsCallback,                   packing metrics in the logs and
-               check_packing_support, probe_packing,     a varlen attention backend
-               packing_varlen
+               check_packing_support, probe_packing,     a varlen attention backend,
+               packing_varlen, measure_token_budget      a token budget from GPU memory
     cli/       packing-collators analyze|pack            the command line
     _validation.py   the argument checks every folder shares
     _progress.py     when long work shows a progress bar (one rule, following datasets/transformers)
@@ -30,7 +30,9 @@ from .sampler import lengths_from_dataset
 from .trainer import (
     VARLEN_ATTENTION,
     ProbeReport,
+    TokenBudget,
     check_packing_support,
+    measure_token_budget,
     probe_packing,
     register_varlen_attention,
     varlen_attention_forward,
@@ -48,10 +50,12 @@ __all__ = [
     "PackingTrainer",
     "PrePackedCollator",
     "ProbeReport",
+    "TokenBudget",
     "VARLEN_ATTENTION",
     "check_packing_support",
     "concatenate_and_pack",
     "lengths_from_dataset",
+    "measure_token_budget",
     "pack_dataset",
     "pack_lengths",
     "pack_sequences",

@@ -1,0 +1,245 @@
+"""A micro-batch token budget from the GPU's memory, measured on the model (no guessing ``max_tokens_per_batch``).
+
+Under a varlen kernel (flash attention, ``packing_varlen``) a packed micro-batch's memory grows
+linearly with its tokens, whatever its examples' lengths: activations are per token, and
+attention keeps no (T, T) matrix. Two dry runs (forward + backward, then the gradients freed)
+on flat batches of the longest example, once and twice, measure that line::
+
+    peak (GiB)
+      |                                   .  <- memory_fraction * total - optimizer states
+      |                         x  peak(2 L)
+      |               x  peak(L)      |
+      |        base  /                |  bytes per token = (peak(2L) - peak(L)) / L
+      +--------------+---------+------+----- tokens in the micro-batch
+                     L         2L     budget
+
+    budget = (memory_fraction * total - optimizer states - base) / bytes per token
+
+rounded down to a multiple of 64 (never below the longest example). ``base`` holds the weights,
+their gradients and what a step allocates whatever its size; the optimizer's states (AdamW: two
+per parameter, created at the first step) are added from the parameter count, since the dry runs
+make none. The line is a first guess, so the planned budget is then measured itself: a step whose
+peak lies above the line (gradient checkpointing's recompute, the allocator) redraws the line
+through that point and shrinks the budget, until a measured step fits. An example that does not
+fit alone is refused before training with the numbers and the fix.
+
+Measured on an H100 (``benchmarks/gpu/memory_budget.py``, ``benchmarks/results/memory_budget_h100``),
+with the line alone, before the check step existed: a 200M model (bf16, AdamW, examples of 8,192
+tokens) got 81,280 tokens and trained at 89.7% of the card, and 15% more ran out of memory; a 1B
+model with gradient checkpointing got 152,960 and ran out of memory at it. The check step is not
+yet measured on a GPU. Cost: forward + backward at ``longest``, ``2 * longest`` and the budget
+(up to four more when it shrinks), and the kernels they compile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+__all__ = ["TokenBudget", "fit_token_budget", "measure_token_budget", "plan_token_budget"]
+
+_GIB = 1 << 30
+_NOT_ONE = (
+    "Turn on gradient checkpointing, cut long examples (max_length, overflow='truncate' or 'drop'), or use a GPU "
+    "with more memory."
+)
+OPTIMIZER_STATES_PER_PARAMETER = 2  # AdamW: exp_avg and exp_avg_sq, in the parameters' dtype
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """A measured token budget and the numbers behind it (bytes).
+
+    Attributes:
+        max_tokens_per_batch: the budget, at least ``longest``, a multiple of 64 unless it is ``longest``.
+        longest: the longest example the budget must hold.
+        base_bytes: peak memory of a step extrapolated to zero tokens (weights, gradients, workspace).
+        bytes_per_token: what one more token in the micro-batch costs at the peak.
+        optimizer_bytes: the optimizer states added to the measured peaks.
+        total_bytes: the GPU's memory; memory_fraction: the share the budget may use.
+    """
+
+    max_tokens_per_batch: int
+    longest: int
+    base_bytes: int
+    bytes_per_token: float
+    optimizer_bytes: int
+    total_bytes: int
+    memory_fraction: float
+
+    def summary(self) -> str:
+        """One line for a log.
+
+        >>> TokenBudget(61440, 4096, 9 << 30, 700_000.0, 2 << 30, 80 << 30, 0.9).summary()
+        'token budget 61440 (longest example 4096): base 9.00 GiB + 0.67 MiB per token + optimizer states 2.00 GiB within 90% of 80.00 GiB'
+        """
+        return (
+            f"token budget {self.max_tokens_per_batch} (longest example {self.longest}): base "
+            f"{self.base_bytes / _GIB:.2f} GiB + {self.bytes_per_token / (1 << 20):.2f} MiB per token + optimizer "
+            f"states {self.optimizer_bytes / _GIB:.2f} GiB within {self.memory_fraction:.0%} of "
+            f"{self.total_bytes / _GIB:.2f} GiB"
+        )
+
+
+def plan_token_budget(
+    peaks: dict[int, int], *, longest: int, total_bytes: int, optimizer_bytes: int = 0, memory_fraction: float = 0.9
+) -> TokenBudget:
+    """The budget from peak memory measured at two token counts (``{tokens: peak bytes}``).
+
+    >>> plan_token_budget({4096: 12 << 30, 8192: 15 << 30}, longest=4096, total_bytes=80 << 30).summary()
+    'token budget 86016 (longest example 4096): base 9.00 GiB + 0.75 MiB per token + optimizer states 0.00 GiB within 90% of 80.00 GiB'
+    >>> plan_token_budget({4096: 74 << 30, 8192: 78 << 30}, longest=4096, total_bytes=80 << 30)
+    Traceback (most recent call last):
+    ...
+    ValueError: One example of 4096 tokens does not fit in 90% of this GPU's 80.00 GiB: a micro-batch of it alone peaks at 74.00 GiB (base 70.00 GiB + 1.00 MiB per token) plus 0.00 GiB of optimizer states. Turn on gradient checkpointing, cut long examples (max_length, overflow='truncate' or 'drop'), or use a GPU with more memory.
+    """
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}.")
+    (small, peak_small), (large, peak_large) = sorted(peaks.items())[:2]
+    per_token = max(0.0, (peak_large - peak_small) / (large - small))
+    base = int(peak_small - per_token * small)
+    room = memory_fraction * total_bytes - optimizer_bytes - base
+    fits = int(room / per_token) if per_token else large
+    budget = max(longest, fits // 64 * 64)  # a multiple of 64, unless that would cut the longest example
+    result = TokenBudget(budget, longest, base, per_token, optimizer_bytes, total_bytes, memory_fraction)
+    if fits < longest:
+        raise ValueError(
+            f"One example of {longest} tokens does not fit in {memory_fraction:.0%} of this GPU's "
+            f"{total_bytes / _GIB:.2f} GiB: a micro-batch of it alone peaks at {peak_small / _GIB:.2f} GiB (base "
+            f"{base / _GIB:.2f} GiB + {per_token / (1 << 20):.2f} MiB per token) plus {optimizer_bytes / _GIB:.2f} GiB "
+            f"of optimizer states. {_NOT_ONE}"
+        )
+    return result
+
+
+def fit_token_budget(
+    measure: Callable[[int], int | None],
+    *,
+    longest: int,
+    total_bytes: int,
+    optimizer_bytes: int = 0,
+    memory_fraction: float = 0.9,
+    checks: int = 4,
+) -> TokenBudget:
+    """The budget from ``measure(tokens)`` (peak bytes of a step of that many tokens; None: out of memory).
+
+    It measures ``longest`` and ``2 * longest`` tokens, draws the line, then measures the planned
+    budget itself: where the real peak lies above the line (measured on an H100: a 1B model with
+    gradient checkpointing ran out of memory at a budget drawn from 8k and 16k tokens), the line is
+    redrawn through the new point and the budget shrinks, up to ``checks`` times, until a measured
+    step fits. An out-of-memory step counts as the whole card.
+
+    >>> curve = lambda tokens: int(2e9 + 1e5 * tokens + 2e-2 * tokens**2)  # above any line through small sizes
+    >>> plan_token_budget({4096: curve(4096), 8192: curve(8192)}, longest=4096, total_bytes=80 << 30).max_tokens_per_batch
+    751232
+    >>> budget = fit_token_budget(curve, longest=4096, total_bytes=80 << 30)
+    >>> budget.max_tokens_per_batch, curve(budget.max_tokens_per_batch) <= 0.9 * (80 << 30)
+    (654784, True)
+    """
+    alone = measure(longest)
+    if alone is None:
+        raise ValueError(
+            f"One example of {longest} tokens does not fit on this GPU ({total_bytes / _GIB:.2f} GiB): forward and "
+            f"backward on it alone ran out of memory. {_NOT_ONE}"
+        )
+    peaks = {longest: alone}
+    peaks[2 * longest] = measure(2 * longest) or total_bytes
+    budget = plan_token_budget(
+        peaks,
+        longest=longest,
+        total_bytes=total_bytes,
+        optimizer_bytes=optimizer_bytes,
+        memory_fraction=memory_fraction,
+    )
+    for _ in range(checks):
+        tokens = budget.max_tokens_per_batch
+        if tokens in peaks:
+            break
+        peaks[tokens] = measure(tokens) or total_bytes
+        if peaks[tokens] + optimizer_bytes <= memory_fraction * total_bytes:
+            break
+        budget = plan_token_budget(
+            {longest: peaks[longest], tokens: peaks[tokens]},
+            longest=longest,
+            total_bytes=total_bytes,
+            optimizer_bytes=optimizer_bytes,
+            memory_fraction=memory_fraction,
+        )
+    target = memory_fraction * total_bytes - optimizer_bytes
+    if peaks.get(budget.max_tokens_per_batch, total_bytes) > target:  # never checked, or checked and too big
+        measured = [tokens for tokens, peak in peaks.items() if peak <= target]
+        budget = replace(budget, max_tokens_per_batch=max(measured, default=longest))
+    return budget
+
+
+def _peak_bytes(model, tokens: int, longest: int) -> int | None:
+    """Peak CUDA memory of forward + backward on ``tokens`` tokens of examples of ``longest``, flattened (None: OOM)."""
+    import torch
+
+    from ..collate import FlatteningCollator
+
+    parameter = next(model.parameters())
+    vocab = int(model.config.get_text_config().vocab_size)
+    lengths = [longest] * (tokens // longest) + ([tokens % longest] if tokens % longest else [])
+    generator = torch.Generator().manual_seed(0)
+    batch = FlatteningCollator()([{"input_ids": torch.randint(0, vocab, (n,), generator=generator)} for n in lengths])
+    batch = {k: v.to(parameter.device) if hasattr(v, "to") else v for k, v in batch.items()}
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize(parameter.device)
+    torch.cuda.reset_peak_memory_stats(parameter.device)
+    try:
+        model(**batch).loss.backward()
+        torch.cuda.synchronize(parameter.device)
+        return int(torch.cuda.max_memory_allocated(parameter.device))
+    except torch.cuda.OutOfMemoryError:
+        return None
+    finally:
+        del batch
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+
+
+def measure_token_budget(
+    model, *, longest: int, memory_fraction: float = 0.9, optimizer_states_per_parameter: int | None = None
+) -> TokenBudget:
+    """Measure ``model``'s memory per packed token on its GPU and return the largest safe budget.
+
+    Args:
+        model: a transformers causal LM on a CUDA device, with the attention, dtype and gradient
+            checkpointing it will train with (a varlen kernel: memory about linear in tokens).
+        longest: the longest example the sampler may batch (its length is refused if it cannot fit).
+        memory_fraction: the share of the GPU's memory the budget may plan to use (0.9 leaves room
+            for the allocator's fragmentation and the data loader's pinned buffers).
+        optimizer_states_per_parameter: optimizer states to add per parameter (AdamW: 2, the
+            default; 0 when the optimizer already holds its states on this GPU).
+
+    The dry runs are :func:`fit_token_budget`'s (forward + backward, no optimizer step). Raises
+    a ValueError before training, with the measured numbers and the fix, when one example of
+    ``longest`` tokens cannot fit. The model's mode and weights are left as they were and its
+    gradients freed.
+    """
+    import torch
+
+    parameter = next(model.parameters(), None)
+    if parameter is None or parameter.device.type != "cuda":
+        raise ValueError(
+            "measure_token_budget measures GPU memory: move the model to a CUDA device first "
+            f"(its parameters are on {None if parameter is None else parameter.device})."
+        )
+    states = (
+        OPTIMIZER_STATES_PER_PARAMETER if optimizer_states_per_parameter is None else optimizer_states_per_parameter
+    )
+    optimizer_bytes = states * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    total = torch.cuda.get_device_properties(parameter.device).total_memory
+    was_training = model.training
+    model.train()
+    try:
+        return fit_token_budget(
+            lambda tokens: _peak_bytes(model, tokens, longest),
+            longest=longest,
+            total_bytes=total,
+            optimizer_bytes=optimizer_bytes,
+            memory_fraction=memory_fraction,
+        )
+    finally:
+        model.train(was_training)
