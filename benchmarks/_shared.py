@@ -11,7 +11,8 @@ The scripts live in ``cpu/`` (run anywhere, write ``results/<name>.md`` and ``.j
 - multi-GPU runs: ``add_run_arguments`` / ``finish_run_arguments``, the options that
   ``gpu/distributed_scaling.py`` and ``gpu/trainer_scaling.py`` share;
 - timing: ``alternate`` + ``median`` (CPU, wall clock) and ``timed`` (CUDA events);
-- results: ``machine``, ``command`` and ``write_results`` (into ``benchmarks/results/``).
+- results: ``machine``, ``command`` and ``write_results`` (into ``benchmarks/results/``), and
+  ``peak_rss_mib`` (a process's own peak memory); ``train_step`` (one timed GPU step).
 
 torch and transformers are imported inside the functions that need them, so the CPU benchmarks
 of torch-free code (and ``cpu/bench_pack_dataset.py``'s peak-memory children) do not load torch.
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -185,6 +187,19 @@ def median(values) -> float:
     return statistics.median(values)
 
 
+def train_step(model, optimizer, batch: dict) -> float:
+    """Seconds of one synchronised forward + backward + optimizer step on a device batch."""
+    import torch
+
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    model(**batch).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
 def timed(fn, repeats: int, warmup: int = 3) -> float:
     """Median milliseconds of fn() over CUDA-event spans, after ``warmup`` untimed calls."""
     import torch
@@ -203,6 +218,15 @@ def timed(fn, repeats: int, warmup: int = 3) -> float:
 
 
 # ----------------------------------------------------------------------------- results
+def peak_rss_mib() -> float:
+    """This process's peak RSS (VmHWM: unlike ru_maxrss, not inherited from the forking parent)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def machine() -> str:
     return f"{platform.machine()}, {platform.processor() or 'cpu'}, Python {platform.python_version()}"
 

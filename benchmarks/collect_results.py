@@ -12,7 +12,17 @@ import argparse
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["engine", "collator", "pack_dataset", "pack_at_scale", "streaming", "sampler", "cli_analyze", "gpu_attention", "train_throughput"]
+ORDER = [
+    "engine",
+    "collator",
+    "pack_dataset",
+    "pack_at_scale",
+    "streaming",
+    "sampler",
+    "cli_analyze",
+    "gpu_attention",
+    "train_throughput",
+]
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import resource
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
-from _shared import DISTRIBUTIONS, lengths_of  # noqa: E402
+from _shared import DISTRIBUTIONS, lengths_of, peak_rss_mib  # noqa: E402
 
 
 def make_dataset(dist: str, n: int, seed: int):
@@ -93,15 +92,6 @@ def side_by_side(args) -> list[dict]:
                 }
             )
     return results
-
-
-def peak_rss_mib() -> float:
-    """This process's peak RSS (VmHWM: unlike ru_maxrss, not inherited from the forking parent)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def stream_child(n: int, args) -> dict:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -26,18 +25,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
-from _shared import DISTRIBUTIONS, command, lengths_of, machine, write_results  # noqa: E402
+from _shared import DISTRIBUTIONS, command, lengths_of, machine, peak_rss_mib, write_results  # noqa: E402
 
 BLOCK = 10_000
-
-
-def peak_rss_mib() -> float:
-    """This process's peak RSS (VmHWM: unlike ru_maxrss, not inherited from the forking parent)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def examples(n: int, args):

@@ -34,7 +34,17 @@ import numpy as np
 import packing_collators  # noqa: F401  (before flash_attn.cute, whose import can change the import path)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
-from _shared import CompileCounter, build_model, command, lengths_of, machine, markov_tokens, padded_batch, to_device  # noqa: E402
+from _shared import (  # noqa: E402
+    CompileCounter,
+    build_model,
+    command,
+    lengths_of,
+    machine,
+    markov_tokens,
+    padded_batch,
+    to_device,
+    train_step,
+)
 
 ARCHS = ("llama", "qwen2", "mistral")
 
@@ -191,13 +201,7 @@ def training_compiles_and_probe_cost(args, device, counter) -> dict:
             break
         batch = to_device(collate([{"input_ids": tokens[i].tolist()} for i in indices]), device)
         before = counter.snapshot()[0]
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        model(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        step_times.append(time.perf_counter() - started)
+        step_times.append(train_step(model, optimizer, batch))
         per_step.append(
             {"step": step, "max_length_q": int(batch["max_length_q"]), "compiles": counter.snapshot()[0] - before}
         )

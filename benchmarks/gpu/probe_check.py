@@ -41,7 +41,7 @@ import numpy as np
 import packing_collators  # noqa: F401  (before flash_attn.cute, whose import can change the import path)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
-from _shared import CompileCounter, build_model, command, lengths_of, machine, markov_tokens, to_device  # noqa: E402
+from _shared import CompileCounter, build_model, command, lengths_of, machine, markov_tokens, to_device, train_step  # noqa: E402
 
 
 def cost(args) -> dict:
@@ -63,13 +63,7 @@ def cost(args) -> dict:
 
     def step() -> float:
         batch = to_device(collate([{"input_ids": tokens[i].tolist()} for i in next(batches)]), device)
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        model(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        return time.perf_counter() - started
+        return train_step(model, optimizer, batch)
 
     compiles = [counter.count]
     cold = probe_packing(model, collate)
