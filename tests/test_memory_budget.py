@@ -105,3 +105,10 @@ def test_one_example_that_runs_out_of_memory_alone_is_refused_before_training():
         ValueError, match=r"One example of 8192 tokens does not fit on this GPU \(80.00 GiB\).*checkpointing"
     ):
         fit_token_budget(lambda tokens: None, longest=8192, total_bytes=80 * GIB)
+
+
+def test_a_longest_example_that_is_not_a_positive_length_is_refused():
+    with pytest.raises(ValueError, match="longest must be a positive integer, got 0"):
+        measure_token_budget(tiny_model("llama"), longest=0)
+    with pytest.raises(ValueError, match="longest must be a positive integer, got -5"):
+        plan_token_budget({1: 1, 2: 2}, longest=-5, total_bytes=10)

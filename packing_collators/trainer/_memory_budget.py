@@ -36,6 +36,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from .._validation import validate_positive_int
+
 __all__ = ["TokenBudget", "fit_token_budget", "measure_token_budget", "plan_token_budget"]
 
 _GIB = 1 << 30
@@ -93,6 +95,7 @@ def plan_token_budget(
     ...
     ValueError: One example of 4096 tokens does not fit in 90% of this GPU's 80.00 GiB: a micro-batch of it alone peaks at 74.00 GiB (base 70.00 GiB + 1.00 MiB per token) plus 0.00 GiB of optimizer states. Turn on gradient checkpointing, cut long examples (max_length, overflow='truncate' or 'drop'), or use a GPU with more memory.
     """
+    validate_positive_int("longest", longest)
     if not 0 < memory_fraction <= 1:
         raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}.")
     (small, peak_small), (large, peak_large) = sorted(peaks.items())[:2]
@@ -220,6 +223,7 @@ def measure_token_budget(
     """
     import torch
 
+    validate_positive_int("longest", longest)
     parameter = next(model.parameters(), None)
     if parameter is None or parameter.device.type != "cuda":
         raise ValueError(
