@@ -62,16 +62,20 @@ def _is_fsdp1(model) -> bool:
     return isinstance(model, FullyShardedDataParallel)
 
 
-def unwrap_model(model):
-    """The transformers model inside DDP / FSDP / PEFT wrappers (for its class, config and signature)."""
+def _strip_wrappers(model, *, keep_fsdp1: bool):
     for _ in range(4):
         if hasattr(model, "get_base_model"):
             model = model.get_base_model()
-        elif hasattr(model, "module") and (not hasattr(model, "config") or _is_fsdp1(model)):
-            model = model.module
+        elif hasattr(model, "module") and (not hasattr(model, "config") or (not keep_fsdp1 and _is_fsdp1(model))):
+            model = model.module  # DDP has no config; FSDP1 forwards its module's attributes, config included
         else:
             break
     return model
+
+
+def unwrap_model(model):
+    """The transformers model inside DDP / FSDP / PEFT wrappers (for its class, config and signature)."""
+    return _strip_wrappers(model, keep_fsdp1=False)
 
 
 def probe_module(model):
@@ -81,14 +85,7 @@ def probe_module(model):
     wrapper's forward is what gathers its sharded parameters (every rank runs the probe).
     FSDP2 shards the model in place, so the model is its own probe module.
     """
-    for _ in range(4):
-        if hasattr(model, "get_base_model"):
-            model = model.get_base_model()
-        elif hasattr(model, "module") and not hasattr(model, "config"):
-            model = model.module
-        else:
-            break
-    return model
+    return _strip_wrappers(model, keep_fsdp1=True)
 
 
 def text_config(model):
