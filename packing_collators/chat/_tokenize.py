@@ -192,7 +192,8 @@ def tokenize_chat(
         max_length: tokens per example; None (default) for no limit.
         overflow: an example longer than ``max_length``: ``"error"`` (default: a ValueError naming
             it, its length and the limit), ``"truncate"`` (its first ``max_length`` tokens) or
-            ``"drop"``.
+            ``"drop"``. To keep every token of long conversations in pieces, leave ``max_length``
+            None here and pack with ``pack_dataset(..., overflow="split")``.
         assistant_spans: ``"auto"`` (default), ``"generation"`` or ``"prefixes"``: how the assistant's
             tokens are found (``packing_collators/chat/_assistant_spans.py``).
         label_pad_id: the label of every token not trained.
