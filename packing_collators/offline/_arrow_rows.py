@@ -150,10 +150,11 @@ class TableTokens:
         self.starts = np.r_[0, np.cumsum(lengths)[:-1]].astype(np.int64) if len(lengths) else lengths
         self.index_dtype = index_dtype(int(lengths.sum()) if len(lengths) else 0)
 
-    def gather(self, name: str, plan: RowPlan) -> np.ndarray:
-        """The plan's tokens of column ``name``, segment after segment."""
+    def gather(self, names, plan: RowPlan) -> dict[str, np.ndarray]:
+        """The plan's tokens of each column in ``names``, segment after segment, through one shared token index."""
         index = np.empty(plan.total_tokens, self.index_dtype)
-        return self.values[name][token_index(self.starts[plan.order] + plan.skip, plan.segment_lengths, out=index)]
+        index = token_index(self.starts[plan.order] + plan.skip, plan.segment_lengths, out=index)
+        return {name: self.values[name][index] for name in names}
 
     def take(self, name: str, examples: np.ndarray) -> pa.Array:
         """Per-example column ``name``'s values of ``examples``."""
@@ -194,7 +195,7 @@ def row_batches(
 
     def build(bound: tuple[int, int]) -> pa.RecordBatch:
         part = plan.rows(*bound)
-        tokens = {name: source.gather(name, part) for name in columns.tokens}
+        tokens = source.gather(columns.tokens, part)
         kept = {name: source.take(name, part.order) for name in columns.keep}
         return rows_batch(part, tokens, columns, label_pad_id, kept)
 
