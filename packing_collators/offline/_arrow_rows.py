@@ -8,12 +8,11 @@ Two examples ``[5, 6, 7]`` and ``[8, 9]`` (with labels) packed into one row::
     seq_lengths   [3, 2]                  int32, one per segment
     source        ["web", "math"]         a kept per-example column: one value per segment
 
-Each per-token column's tokens are gathered with numpy through one token index
-(:func:`token_index`, a cumsum over segment jumps, shared by every column), so the cost is
-one index plus one gather per column, plus a cumsum for ``position_ids``; no Python loop
-over examples or tokens. Kept per-example columns use one Arrow ``take``. Rows are built in
-chunks of about 16M tokens (:func:`chunk_bounds`), so offsets stay int32 and memory stays
-bounded; ``num_proc`` chunks are built at once in threads (numpy and Arrow release the GIL).
+Each per-token column's tokens are gathered with one memcpy per segment
+(:func:`gather_runs`, an Arrow list-view flattened), plus a cumsum for ``position_ids``; no
+Python loop over examples or tokens. Kept per-example columns use one Arrow ``take``.
+Rows are built in chunks of about 16M tokens (:func:`chunk_bounds`), so offsets stay int32
+and memory stays bounded; ``num_proc`` chunks are built at once in threads (numpy and Arrow release the GIL).
 Where the tokens come from is the caller's: an in-memory table here (:class:`TableTokens`),
 the dataset's Arrow files in ``_disk_rows``.
 """
@@ -35,47 +34,32 @@ __all__ = [
     "TableTokens",
     "build_rows",
     "chunk_bounds",
-    "index_dtype",
+    "gather_runs",
     "row_batches",
     "rows_batch",
-    "token_index",
 ]
 
 CHUNK_TOKENS = 1 << 24
 
 
-def token_index(starts: np.ndarray, lengths: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Where each token of runs ``starts[i] : starts[i] + lengths[i]`` is, the runs end to end.
+def gather_runs(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``values[starts[i] : starts[i] + lengths[i]]`` end to end: one memcpy per run, in Arrow.
 
-    Written into ``out[:total]`` when given (a reused buffer, whose dtype must hold every
-    position: int32 halves the work); int64 otherwise.
+    A list-view over ``values`` flattened: no per-token index (2-3x faster than ``np.take``);
+    the result is the fresh Arrow buffer itself, writable.
 
-    >>> token_index(np.array([10, 3, 7]), np.array([2, 3, 1])).tolist()
-    [10, 11, 3, 4, 5, 7]
+    >>> gather_runs(np.arange(100, 120), np.array([10, 3, 7]), np.array([2, 3, 1])).tolist()
+    [110, 111, 103, 104, 105, 107]
+    >>> gather_runs(np.array([True, False, True]), np.array([1, 0]), np.array([2, 1])).tolist()
+    [False, True, True]
     """
-    total = int(lengths.sum())
-    if out is None:
-        steps = np.ones(total, dtype=np.int64)
-    else:
-        steps = out[:total]
-        steps.fill(1)
-    if not total:
-        return steps
-    nonempty = lengths > 0
-    starts, lengths = starts[nonempty], lengths[nonempty]
-    run_starts = np.r_[0, np.cumsum(lengths)[:-1]]
-    steps[run_starts[1:]] = starts[1:] - (starts[:-1] + lengths[:-1]) + 1
-    steps[0] = starts[0]
-    return np.cumsum(steps, dtype=steps.dtype, out=steps)
-
-
-def index_dtype(largest: int) -> np.dtype:
-    """int32 if every position is below 2**31, else int64.
-
-    >>> index_dtype(2**31 - 1), index_dtype(2**31)
-    (dtype('int32'), dtype('int64'))
-    """
-    return np.dtype(np.int32 if largest < 2**31 else np.int64)
+    if values.dtype == np.bool_:  # Arrow packs booleans into bits: copy them as bytes
+        return gather_runs(values.view(np.uint8), starts, lengths).view(np.bool_)
+    runs = pa.LargeListViewArray.from_arrays(
+        pa.array(starts, pa.int64()), pa.array(lengths, pa.int64()), pa.array(values)
+    )
+    flat = runs.flatten()
+    return np.frombuffer(flat.buffers()[1], values.dtype, len(flat), flat.offset * values.itemsize)
 
 
 def _position_ids(lengths: np.ndarray, out: np.ndarray | None) -> np.ndarray:
@@ -148,13 +132,11 @@ class TableTokens:
         self.table = table
         self.values = {name: _flat_values(table.column(name)) for name in columns.tokens}
         self.starts = np.r_[0, np.cumsum(lengths)[:-1]].astype(np.int64) if len(lengths) else lengths
-        self.index_dtype = index_dtype(int(lengths.sum()) if len(lengths) else 0)
 
     def gather(self, names, plan: RowPlan) -> dict[str, np.ndarray]:
-        """The plan's tokens of each column in ``names``, segment after segment, through one shared token index."""
-        index = np.empty(plan.total_tokens, self.index_dtype)
-        index = token_index(self.starts[plan.order] + plan.skip, plan.segment_lengths, out=index)
-        return {name: self.values[name][index] for name in names}
+        """The plan's tokens of each column in ``names``, segment after segment (one memcpy per segment)."""
+        starts = self.starts[plan.order] + plan.skip
+        return {name: gather_runs(self.values[name], starts, plan.segment_lengths) for name in names}
 
     def take(self, name: str, examples: np.ndarray) -> pa.Array:
         """Per-example column ``name``'s values of ``examples``."""

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from ._arrow_files import ArrowFiles
-from ._arrow_rows import chunk_bounds, rows_batch
+from ._arrow_rows import chunk_bounds, gather_runs, rows_batch
 from ._columns import ExampleColumns
 from ._row_plan import RowPlan
 
@@ -66,22 +66,6 @@ class _Buffers:
         if array is None or array.dtype != np.dtype(dtype) or len(array) < size:
             array = self._arrays[key] = np.empty(size, dtype)
         return array[:size]
-
-
-def gather_runs(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``values[starts[i] : starts[i] + lengths[i]]`` end to end: one memcpy per run, in Arrow.
-
-    A list-view over ``values`` flattened: no per-token index (2-3x faster than ``np.take``);
-    the result is the fresh Arrow buffer itself, writable.
-
-    >>> gather_runs(np.arange(100, 120), np.array([10, 3, 7]), np.array([2, 3, 1])).tolist()
-    [110, 111, 103, 104, 105, 107]
-    """
-    runs = pa.LargeListViewArray.from_arrays(
-        pa.array(starts, pa.int64()), pa.array(lengths, pa.int64()), pa.array(values)
-    )
-    flat = runs.flatten()
-    return np.frombuffer(flat.buffers()[1], values.dtype, len(flat), flat.offset * values.itemsize)
 
 
 def _pwrite_all(file, data: np.ndarray, offset: int) -> None:
