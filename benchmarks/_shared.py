@@ -41,11 +41,11 @@ LOGNORMAL = {
     "sft": (5.3, 0.9, 8, 2048),  # mean about 300 tokens
     "flan_like": (4.6, 0.8, 8, 2048),  # many short examples
     "orcamath_like": (6.0, 0.5, 32, 2048),  # longer
+    "reasoning": (8.5, 0.7, 256, 32768),  # long context: reasoning traces, median 4.9k, mean about 6.3k
 }
-DISTRIBUTIONS = (
-    *LOGNORMAL,
-    "long_tail",
-)  # long_tail: 95% lognormal(5.0, 0.7) + 5% uniform(1500, 8192), for max_length 8192
+DISTRIBUTIONS = (*LOGNORMAL, "long_tail")
+LONG_CONTEXT = ("long_tail", "reasoning")  # the distributions for max lengths of 8k-32k
+LONG_TAIL_MAX = 8192  # long_tail's default max length
 
 
 def lengths_of(
@@ -54,13 +54,23 @@ def lengths_of(
     """Token counts (int64) of ``n`` examples from a standard distribution, seeded.
 
     ``seed`` may be a ``np.random.Generator``: it is drawn from (and advanced), for a script that
-    draws its tokens from the same stream afterwards. ``high`` replaces the upper clip.
+    draws its tokens from the same stream afterwards. ``high`` replaces the upper clip; for
+    ``long_tail`` it is the max length the tail reaches: 95% lognormal(5.0, 0.7) + 5%
+    uniform(1500, high), ``high`` 8192 by default (the standard one; 2048 and 32768 make the
+    same mix at those max lengths).
+
+    >>> lengths = lengths_of("reasoning", 100_000)
+    >>> int(lengths.min()), int(lengths.max()), round(float(lengths.mean()), -2)
+    (256, 32768, 6200.0)
+    >>> [int(lengths_of("long_tail", 100_000, high=h).max()) for h in (2048, 8192, 32768)]
+    [2048, 8190, 32762]
     """
     rng = np.random.default_rng(seed)
     if distribution == "long_tail":
+        top = LONG_TAIL_MAX if high is None else high
         tail = rng.random(n) < 0.05
-        x = np.where(tail, rng.uniform(1500, 8192, n), rng.lognormal(5.0, 0.7, n))
-        x = np.clip(x, 1, 8192 if high is None else high)
+        x = np.where(tail, rng.uniform(min(1500, top), top, n), rng.lognormal(5.0, 0.7, n))
+        x = np.clip(x, 1, top)
     elif distribution in LOGNORMAL:
         mean, sigma, low, top = LOGNORMAL[distribution]
         x = np.clip(rng.lognormal(mean, sigma, n), low, top if high is None else high)

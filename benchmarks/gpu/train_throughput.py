@@ -14,6 +14,10 @@ and compares, on the same GPU in one run:
     prepacked_wrapped  tokens laid end to end and cut into rows (boundaries not kept), plain causal
     multipack        MultipackBatchSampler at --tokens-per-step, one micro-batch per step
     uniform          the ceiling: rows all of the mean length, same tokens per step, plain causal
+    uniform_work     rows all of one length L_w = sum(l^2) / sum(l) over the examples: the same tokens
+                     AND the same attention FLOPs per token as the data (plain causal). With long
+                     examples attention is a large share of the step, and rows of the mean length do
+                     less of it than the data does; this ceiling does the same work, without packing
 
 Packed modes run on each --attn backend (the library's torch varlen backend, flash_attention_2
 where installed, flex_attention on request: its flat micro-batches are padded to a multiple of
@@ -26,6 +30,11 @@ fraction, and training / validation loss curves. Writes results.json and a plot 
 
 Usage (GPU):  python benchmarks/gpu/train_throughput.py --size 200m --out benchmarks/results/train_throughput
               (every mode on three distributions, 3 alternating rounds: ~8.5 min on an H200)
+Long context: python benchmarks/gpu/train_throughput.py --size 1b --grad-checkpointing --distributions long_tail
+              --max-length 8192 --tokens-per-step 32768 --micro-tokens 32768 --batch-size 4
+              --modes padded_random,padded_grouped,multipack,uniform,uniform_work --attn flash_attention_4,packing_varlen
+              (``long_tail`` and ``reasoning`` are drawn up to --max-length; a padded micro-batch holds
+              --batch-size examples, so --batch-size x --max-length bounds its memory like the packed budget)
 Smoke (CPU):  python benchmarks/gpu/train_throughput.py --smoke --out /tmp/tt
 """
 
@@ -44,13 +53,22 @@ import torch
 from packing_collators import FlatteningCollator, MultipackBatchSampler, pack_lengths, warm_up_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
-from _shared import SIZES, CompileCounter, build_model, lengths_of, markov_tokens, padded_batch, to_device  # noqa: E402
+from _shared import (  # noqa: E402
+    LONG_CONTEXT,
+    SIZES,
+    CompileCounter,
+    build_model,
+    lengths_of,
+    markov_tokens,
+    padded_batch,
+    to_device,
+)
 
 COMPILES = CompileCounter()  # FA4 kernel compiles (none without flash_attn.cute); timed steps must have none
 
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}
 PACKED_MODES = ("flattened", "flattened_like_padded", "prepacked_bfd", "multipack")
-ALL_MODES = ("padded_random", "padded_grouped", *PACKED_MODES, "prepacked_wrapped", "uniform")
+ALL_MODES = ("padded_random", "padded_grouped", *PACKED_MODES, "prepacked_wrapped", "uniform", "uniform_work")
 
 
 # ----------------------------------------------------------------------------- data
@@ -126,7 +144,17 @@ def make_plans(examples, lengths, args, rng) -> dict[str, Plan]:
     mean = int(round(lengths.mean()))
     uniform = np.resize(stream, n_steps * (args.tokens_per_step // mean) * mean).reshape(n_steps, -1, mean)
     plans["uniform"] = Plan([[list(step)] for step in uniform], "rows")
+    work = work_length(lengths, args.tokens_per_step)
+    per_row = args.tokens_per_step // work
+    uniform_work = np.resize(stream, n_steps * per_row * work).reshape(n_steps, per_row, work)
+    plans["uniform_work"] = Plan([[list(step)] for step in uniform_work], "rows")
     return plans
+
+
+def work_length(lengths: np.ndarray, tokens_per_step: int) -> int:
+    """The row length whose attention per token equals the data's: sum(l^2) / sum(l), at most a step."""
+    squares = float((lengths.astype(np.float64) ** 2).sum())
+    return max(1, min(tokens_per_step, int(round(squares / float(lengths.sum())))))
 
 
 # ----------------------------------------------------------------------------- model
@@ -146,6 +174,8 @@ def segment_lengths(batch: dict, layout: str) -> list[int]:
 def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
     began = time.perf_counter()
     model = build_model(args, attn, device, dtype)
+    if args.grad_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     built = time.perf_counter() - began
     n_params = sum(p.numel() for p in model.parameters())
     hidden, layers = SIZES[args.size][0], SIZES[args.size][1]
@@ -259,24 +289,28 @@ def mfu(tflops: float) -> float | None:
     return None
 
 
-def report(results: dict, args) -> str:
+def report(results: dict, args, out_of_memory: dict | None = None) -> str:
     lines = [
         f"## Training throughput: {args.size} Llama-style, bf16, {card_name()}",
         "",
         f"{args.steps} timed steps after {args.warmup} warm-up, median of {args.rounds} alternating round(s), "
         f"~{args.tokens_per_step} tokens per step, "
-        f"max length {args.max_length}. Command: `{args.command}`",
+        f"max length {args.max_length}"
+        + (", gradient checkpointing" if args.grad_checkpointing else "")
+        + f". Command: `{args.command}`",
         "",
     ]
     for dist, modes in results.items():
         ref = modes.get("padded_random|sdpa", {}).get("real_tokens_per_s")
         grouped = modes.get("padded_grouped|sdpa", {}).get("real_tokens_per_s")
         oracle = modes.get("uniform|sdpa", {}).get("real_tokens_per_s")
+        work = modes.get("uniform_work|sdpa", {}).get("real_tokens_per_s")
         lines += [
             f"### {dist}",
             "",
-            "| mode | attention | real tokens/s | vs padded | vs grouped | vs oracle | MFU | peak GiB | padding | final loss |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| mode | attention | real tokens/s | vs padded | vs grouped | vs oracle | vs same-work oracle | MFU "
+            "| peak GiB | padding | final loss |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for key, r in modes.items():
             mode, attn = key.split("|")
@@ -287,6 +321,7 @@ def report(results: dict, args) -> str:
             ratio = lambda base, fmt: "" if not base else format(tps / base, fmt)  # noqa: E731
             lines.append(
                 f"| {mode} | {attn} | {tps:,.0f} | {ratio(ref, '.2f')}x | {ratio(grouped, '.2f')}x | {ratio(oracle, '.1%')} | "
+                f"{ratio(work, '.1%')} | "
                 f"{m_text} | {mem_text} | {r['padding_fraction']:.1%} | {r['train_loss'][-1]:.4f} |"
             )
         if "flattened|" + args.attn[0] in modes and "padded_random|sdpa" in modes:
@@ -297,6 +332,8 @@ def report(results: dict, args) -> str:
                 f"Loss curve, flattened vs padded (same examples per step): max |diff| {np.abs(a - b).max():.4f}, "
                 f"mean |diff| {np.abs(a - b).mean():.4f} over {len(a)} steps.",
             ]
+        if (out_of_memory or {}).get(dist):
+            lines += ["", f"Out of memory (runs left out): {', '.join(out_of_memory[dist])}."]
         lines.append("")
     return "\n".join(lines)
 
@@ -369,7 +406,17 @@ def main() -> None:
         help="token budget of a flattened micro-batch (default: a whole step in one)",
     )
     parser.add_argument("--batch-size", type=int, default=8, help="examples per padded micro-batch")
-    parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=2048,
+        help="longest example; the long-context distributions (long_tail, reasoning) are drawn up to it",
+    )
+    parser.add_argument(
+        "--grad-checkpointing",
+        action="store_true",
+        help="recompute activations in the backward (as long-context runs train)",
+    )
     parser.add_argument("--examples", type=int, default=12000)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--lr", type=float, default=3e-4)
@@ -399,10 +446,11 @@ def main() -> None:
 
         register_varlen_attention()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = {}
+    results, out_of_memory = {}, {}
     for dist in args.distributions.split(","):
         rng = np.random.default_rng(args.seed)
-        lengths = np.minimum(lengths_of(dist, args.examples, seed=args.seed), args.max_length)
+        high = args.max_length if dist in LONG_CONTEXT else None
+        lengths = np.minimum(lengths_of(dist, args.examples, seed=args.seed, high=high), args.max_length)
         if args.smoke:
             lengths = np.maximum(lengths // 8, 2)
         began = time.perf_counter()
@@ -426,7 +474,13 @@ def main() -> None:
                         if attn != "sdpa" or mode in PACKED_MODES
                         else [padded_batch([{"input_ids": e} for e in examples[-64:]])]
                     )
-                    r = train(plans[mode], attn, args, device, dtype, val_batches)
+                    try:
+                        r = train(plans[mode], attn, args, device, dtype, val_batches)
+                    except torch.OutOfMemoryError as error:  # reported in results.json, the other modes go on
+                        print(f"{dist:14s} {mode:18s} {attn:15s} out of memory: {str(error)[:200]}", flush=True)
+                        out_of_memory.setdefault(dist, []).append(f"{mode}|{attn}")
+                        torch.cuda.empty_cache()
+                        continue
                     runs.setdefault(f"{mode}|{attn}", []).append(r)
                     print(
                         f"{dist:14s} {mode:18s} {attn:15s} {r['real_tokens_per_s']:>12,.0f} tok/s  "
@@ -437,10 +491,16 @@ def main() -> None:
         results[dist] = {key: median_round(rs) for key, rs in runs.items()}
         (args.out / "results.json").write_text(
             json.dumps(
-                {"card": card_name(), "args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1
+                {
+                    "card": card_name(),
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "results": results,
+                    "out_of_memory": out_of_memory,
+                },
+                indent=1,
             )
         )
-    markdown = report(results, args)
+    markdown = report(results, args, out_of_memory)
     (args.out / "train_throughput.md").write_text(markdown)
     print(markdown)
     plot(results, args.out)
