@@ -9,7 +9,8 @@ built only on the ones above it in this map::
     offline/   pack_dataset                              a datasets Dataset/stream -> packed rows
     chat/      tokenize_chat, tokenize_chat_example,     conversations -> input_ids and
                ChatStats                                 assistant-only labels
-    sampler/   MultipackBatchSampler, lengths_from_dataset   token-budget micro-batches per rank
+    sampler/   MultipackBatchSampler, lengths_from_dataset,  token-budget micro-batches per rank,
+               fit_attention_weight, CostFit             balanced by a cost model fitted from timings
     trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, the safety checks,
                PackingMetricsCallback,                   packing metrics in the logs and
                check_packing_support, probe_packing,     a varlen attention backend,
@@ -26,7 +27,7 @@ from .chat import ChatStats, tokenize_chat, tokenize_chat_example
 from .collate import FlatteningCollator, PrePackedCollator, concatenate_and_pack, pack_sequences
 from .engine import PackingResult, PackStats, pack_lengths
 from .offline import pack_dataset
-from .sampler import lengths_from_dataset
+from .sampler import CostFit, fit_attention_weight, lengths_from_dataset
 from .trainer import (
     VARLEN_ATTENTION,
     ProbeReport,
@@ -41,6 +42,7 @@ from .trainer import (
 
 __all__ = [
     "ChatStats",
+    "CostFit",
     "FlatteningCollator",
     "MultipackBatchSampler",
     "PackStats",
@@ -54,6 +56,7 @@ __all__ = [
     "VARLEN_ATTENTION",
     "check_packing_support",
     "concatenate_and_pack",
+    "fit_attention_weight",
     "lengths_from_dataset",
     "measure_token_budget",
     "pack_dataset",

@@ -1,7 +1,8 @@
 """What the tests share: the standard length distributions, the tiny models, and two markers.
 
 - ``standard_lengths`` (a fixture) is ``lengths_of`` below: token counts per example from the
-  project's standard distributions, seeded, int64. ``standard_lengths("sft", 1000, seed=3)``.
+  project's standard distributions, seeded, int64. ``standard_lengths("sft", 1000, seed=3)``;
+  ``"reasoning"`` and ``"long_tail"`` are the long-context ones (up to 32k and 8k tokens).
   (``benchmarks/_shared.py`` draws the same numbers for the benchmark scripts.)
 - Tiny randomly initialised models, example batches and a reference varlen kernel live in
   ``tests/_tiny_models.py``, their one home: tests import it, and so do the worker processes
@@ -21,6 +22,7 @@ LOGNORMAL = {
     "sft": (5.3, 0.9, 8, 2048),  # mean about 300 tokens
     "flan_like": (4.6, 0.8, 8, 2048),  # many short examples
     "orcamath_like": (6.0, 0.5, 32, 2048),  # longer
+    "reasoning": (8.5, 0.7, 256, 32768),  # long context: reasoning traces, median 4.9k, mean about 6.3k
 }
 DISTRIBUTIONS = (*LOGNORMAL, "long_tail")  # long_tail: 95% lognormal(5.0, 0.7) + 5% uniform(1500, 8192)
 

@@ -185,3 +185,48 @@ def test_ranges_concatenates_aranges(seed):
     ends = starts + rng.integers(0, 5, 20)
     expected = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)])
     assert np.array_equal(_ranges(starts, ends), expected)
+
+
+def test_the_default_attention_weight_is_one_over_the_budget(standard_lengths):
+    lengths = standard_lengths("reasoning", 3000)
+    default = plan_epoch(lengths, 32768, num_replicas=4, seed=1)
+    # a power-of-two budget: attention * (1 / 32768) is attention / 32768 bit for bit
+    explicit = plan_epoch(lengths, 32768, num_replicas=4, seed=1, attention_weight=1 / 32768)
+    assert all_batches(default) == all_batches(explicit)
+    assert default.attention_weight is None and explicit.attention_weight == 1 / 32768
+    assert default.stats() == {**explicit.stats(), "attention_weight": 1 / 32768}
+
+
+def test_the_attention_weight_is_the_cost_model_of_the_plan_and_its_stats(standard_lengths):
+    lengths = standard_lengths("long_tail", 3000)
+    plan = plan_epoch(lengths, 16384, num_replicas=2, attention_weight=1e-3)
+    cost = plan.batch_tokens + 1e-3 * plan.batch_attention.astype(float)
+    assert np.allclose(plan.rank_costs()["cost"], cost.reshape(-1, 2).sum(0))
+    steps = cost.reshape(-1, 2)
+    assert plan.stats()["step_imbalance"] == pytest.approx(steps.max(1).sum() / steps.mean(1).sum() - 1)
+    assert plan.stats()["attention_weight"] == 1e-3
+
+
+@pytest.mark.parametrize("distribution, high, budget", [("reasoning", None, 65536), ("long_tail", 8192, 32768)])
+def test_a_heavy_attention_weight_balances_attention_on_long_context(distribution, high, budget, standard_lengths):
+    lengths = standard_lengths(distribution, 10000, high=high)
+    by_tokens = plan_epoch(lengths, budget, num_replicas=8, attention_weight=0).stats()
+    by_attention = plan_epoch(lengths, budget, num_replicas=8, attention_weight=1.0).stats()
+    assert by_tokens["imbalance_attention"] > 0.02  # the tokens even, the attention far apart
+    assert by_attention["imbalance_attention"] < by_tokens["imbalance_attention"] / 10
+    assert by_attention["imbalance_tokens"] < 0.01  # the tokens stay even (the bins are full)
+
+
+@pytest.mark.parametrize(
+    "weight, error, message",
+    [
+        (-1e-5, ValueError, r"attention_weight must be a finite number >= 0, got -1e-05\. Pass None for the default"),
+        (float("nan"), ValueError, "attention_weight must be a finite number >= 0, got nan"),
+        (float("inf"), ValueError, "got inf.*for attention alone use balance='attention'"),
+        ("0.001", TypeError, "attention_weight must be a number or None, got str '0.001'"),
+        (True, TypeError, "attention_weight must be a number or None, got bool True"),
+    ],
+)
+def test_a_bad_attention_weight_is_an_error(weight, error, message):
+    with pytest.raises(error, match=message):
+        plan_epoch([1, 2], 10, attention_weight=weight)

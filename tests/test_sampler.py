@@ -254,3 +254,31 @@ def test_check_ranks_false_builds_without_a_collective(monkeypatch):
     assert called == []
     MultipackBatchSampler([3, 4, 5], 8, num_replicas=2, rank=0)
     assert called == [1]
+
+
+def test_the_attention_weight_reaches_the_plan_fingerprint_repr_and_state():
+    lengths = random_lengths(4, n=300)
+    default = MultipackBatchSampler(lengths, 800, num_replicas=2, rank=0)
+    weighted = MultipackBatchSampler(lengths, 800, num_replicas=2, rank=0, attention_weight=1e-3)
+    assert default.plan().attention_weight is None and weighted.plan().attention_weight == 1e-3
+    assert default._fingerprint()["attention_weight"] is None
+    assert weighted._fingerprint() == {**default._fingerprint(), "attention_weight": 1e-3}
+    assert "attention_weight=0.001, " in repr(weighted) and "attention_weight=None, " in repr(default)
+    assert weighted.stats()["attention_weight"] == 1e-3
+    with pytest.raises(
+        ValueError, match="saved with attention_weight=None but this sampler has attention_weight=0.001"
+    ):
+        weighted.load_state_dict(default.state_dict())
+
+
+@pytest.mark.parametrize(
+    "weight, error, message",
+    [
+        (-1, ValueError, "attention_weight must be a finite number >= 0, got -1"),
+        (float("inf"), ValueError, "attention_weight must be a finite number >= 0, got inf"),
+        ([1e-3], TypeError, "attention_weight must be a number or None, got list"),
+    ],
+)
+def test_a_bad_attention_weight_is_an_error_at_construction(weight, error, message):
+    with pytest.raises(error, match=message):
+        MultipackBatchSampler([3, 4], 8, attention_weight=weight)

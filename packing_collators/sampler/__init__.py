@@ -4,20 +4,24 @@
     _epoch_plan.py       plan_epoch: one epoch's batches for every rank (numpy only, no torch)
     _batch_sampler.py    MultipackBatchSampler: the plan as a torch batch sampler, resumable
     _rank_agreement.py   check_ranks_agree: every rank built the sampler from the same inputs
+    _cost_model.py       fit_attention_weight: the balancing cost model fitted from measured batch times
 
 ``MultipackBatchSampler`` loads on first use (it subclasses torch's Sampler), so planning
 and the command line stay free of torch.
 """
 
+from ._cost_model import CostFit, fit_attention_weight
 from ._dataset_lengths import lengths_from_dataset
 from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, check_overflow, plan_epoch
 
 __all__ = [
     "Balance",
+    "CostFit",
     "EpochPlan",
     "MultipackBatchSampler",
     "SamplerOverflow",
     "check_overflow",
+    "fit_attention_weight",
     "lengths_from_dataset",
     "plan_epoch",
 ]

@@ -28,7 +28,7 @@ from torch.utils.data import Sampler
 from .._progress import validate_progress
 from .._validation import validate_choice, validate_lengths, validate_positive_int
 from ..engine import Strategy
-from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, check_overflow, plan_epoch
+from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, check_overflow, plan_epoch, validate_attention_weight
 from ._rank_agreement import check_ranks_agree, fingerprint
 
 __all__ = ["MultipackBatchSampler"]
@@ -71,8 +71,14 @@ class MultipackBatchSampler(Sampler[list[int]]):
             its own: more variety within a batch, slightly lower efficiency, about 0.15 s per
             group at a 16k budget). ``None`` (default) packs the whole epoch as one group.
         balance: cost that decides which rank gets which bin: ``"cost"`` (default:
-            ``tokens + sum(length**2) / max_tokens_per_batch``), ``"tokens"``, ``"attention"``
+            ``tokens + attention_weight * sum(length**2)``), ``"tokens"``, ``"attention"``
             (sum of squared lengths) or ``"none"`` (bins in shuffled order).
+        attention_weight: the weight of attention in ``"cost"`` (and in ``stats()``'s
+            ``imbalance`` and ``step_imbalance``): the seconds of attention per squared token
+            relative to the seconds per token, ``per_attention / per_token``. ``None``
+            (default) is ``1 / max_tokens_per_batch`` (an example filling the budget costs
+            twice its tokens). When ranks still wait on each other, measure batches' times
+            and pass :func:`fit_attention_weight`'s ``attention_weight``; ``0`` is tokens only.
         overflow: an example longer than ``max_tokens_per_batch``: ``"error"`` (default,
             raised at construction, naming it) or ``"drop"`` (left out every epoch, counted
             in ``stats()["overflow_dropped_examples"]``). There is no ``"truncate"``: a
@@ -129,6 +135,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
         drop_last: bool = False,
         group_size: int | None = None,
         balance: Balance = "cost",
+        attention_weight: float | None = None,
         overflow: SamplerOverflow = "error",
         check_ranks: bool = True,
         progress: bool | None = None,
@@ -146,6 +153,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.balance = balance
+        self.attention_weight = validate_attention_weight(attention_weight)
         self.overflow = overflow
         self.progress = validate_progress(progress)
         if check_ranks:  # a collective: every rank of the group must build its sampler
@@ -167,6 +175,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
             "drop_last",
             "group_size",
             "balance",
+            "attention_weight",
             "overflow",
         )
         return fingerprint(self.lengths, **{name: getattr(self, name) for name in settings})
@@ -176,7 +185,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
             f"MultipackBatchSampler({len(self.lengths)} examples, max_tokens_per_batch={self.max_tokens_per_batch}, "
             f"strategy={self.strategy!r}, shuffle={self.shuffle}, seed={self.seed}, num_replicas={self.num_replicas}, "
             f"rank={self.rank}, drop_last={self.drop_last}, group_size={self.group_size}, balance={self.balance!r}, "
-            f"overflow={self.overflow!r}, epoch={self.epoch})"
+            f"attention_weight={self.attention_weight}, overflow={self.overflow!r}, epoch={self.epoch})"
         )
 
     def plan(self) -> EpochPlan:
@@ -192,6 +201,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
                 strategy=self.strategy,
                 group_size=self.group_size,
                 balance=self.balance,
+                attention_weight=self.attention_weight,
                 drop_last=self.drop_last,
                 overflow=self.overflow,
                 progress=False if self.progress is None and self.rank else self.progress,  # one bar: rank 0's
@@ -255,12 +265,13 @@ class MultipackBatchSampler(Sampler[list[int]]):
             "num_replicas": self.num_replicas,
             "max_tokens_per_batch": self.max_tokens_per_batch,
             "num_examples": len(self.lengths),
+            "attention_weight": self.attention_weight,
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next iteration yields epoch ``state["epoch"]`` from batch ``state["batches_yielded"]``."""
         mine = self.state_dict()
-        for key in ("seed", "num_replicas", "max_tokens_per_batch", "num_examples"):
+        for key in ("seed", "num_replicas", "max_tokens_per_batch", "num_examples", "attention_weight"):
             if key in state and state[key] != mine[key]:
                 raise ValueError(
                     f"The state was saved with {key}={state[key]!r} but this sampler has {key}={mine[key]!r}; "

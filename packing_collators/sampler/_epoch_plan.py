@@ -24,9 +24,12 @@ plan without talking to the others):
    about the same), give each step's costliest bin to the rank with the least cost so far,
    and so on (so every rank's total is about the same too), then shuffle the steps.
 
-Cost model: ``cost = tokens + sum(length**2) / max_tokens_per_batch``, i.e. the linear
-layers (tokens) plus attention (sum of squared example lengths), scaled so one example
-filling the whole budget costs twice what the same tokens in short examples cost.
+Cost model: ``cost = tokens + attention_weight * sum(length**2)``, i.e. the linear layers
+(tokens) plus attention (sum of squared example lengths). ``attention_weight`` is the time
+of attention per squared token relative to the time per token (``per_attention / per_token``
+of :func:`fit_attention_weight`, fitted from measured batches when this default mispredicts);
+the default ``None`` is ``1 / max_tokens_per_batch``, so one example filling the whole budget
+costs twice what the same tokens in short examples cost.
 
 Cost in numbers (``benchmarks/cpu/bench_sampler.py``, results in ``benchmarks/results/sampler.md``):
 an epoch of 1,000,000 ``sft`` examples at a 16k budget is planned in 0.35-0.4 s on one CPU
@@ -40,8 +43,10 @@ Pure numpy; no torch here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Real
 from typing import Literal
 
 import numpy as np
@@ -50,7 +55,7 @@ from .._progress import progress_bar, show_progress
 from .._validation import validate_choice, validate_lengths
 from ..engine import Strategy, check_not_too_long, efficiency, lower_bound, pack_lengths
 
-__all__ = ["Balance", "EpochPlan", "SamplerOverflow", "check_overflow", "plan_epoch"]
+__all__ = ["Balance", "EpochPlan", "SamplerOverflow", "check_overflow", "plan_epoch", "validate_attention_weight"]
 
 Balance = Literal["cost", "tokens", "attention", "none"]
 SamplerOverflow = Literal["error", "drop"]
@@ -74,6 +79,7 @@ class EpochPlan:
         batch_tokens: int64 (num_batches,) tokens in each batch.
         batch_attention: int64 (num_batches,) sum of squared example lengths of each batch.
         stats_base: the counts behind :meth:`stats` (examples, dropped, repeated, ...).
+        attention_weight: the cost model's weight of attention (``None``: ``1 / max_tokens_per_batch``).
 
     >>> plan = plan_epoch([5, 2, 4, 1, 3, 6], 8, num_replicas=2, shuffle=False)
     >>> plan.batches(rank=0), plan.batches(rank=1)
@@ -89,6 +95,7 @@ class EpochPlan:
     batch_tokens: np.ndarray
     batch_attention: np.ndarray
     stats_base: dict
+    attention_weight: float | None = None
 
     @property
     def num_batches(self) -> int:
@@ -109,11 +116,15 @@ class EpochPlan:
         """All of ``rank``'s batches, in order."""
         return [self.batch(step, rank) for step in range(self.num_steps)]
 
+    def batch_cost(self) -> np.ndarray:
+        """float64 (num_batches,) each batch's cost: ``tokens + attention_weight * attention``."""
+        return bin_cost(self.batch_tokens, self.batch_attention, self.max_tokens_per_batch, self.attention_weight)
+
     def rank_costs(self) -> dict[str, np.ndarray]:
         """float64 (num_replicas,) total tokens, attention and cost of each rank's batches."""
         tokens = self.batch_tokens.reshape(-1, self.num_replicas)
         attention = self.batch_attention.reshape(-1, self.num_replicas).astype(np.float64)
-        cost = tokens + attention / self.max_tokens_per_batch
+        cost = self.batch_cost().reshape(-1, self.num_replicas)
         return {"tokens": tokens.sum(0).astype(np.float64), "attention": attention.sum(0), "cost": cost.sum(0)}
 
     def stats(self) -> dict:
@@ -123,7 +134,8 @@ class EpochPlan:
         ``imbalance*`` values are max over ranks of a rank's epoch total / the mean - 1
         (by the cost model, by tokens, by attention); ``step_imbalance`` is the cost
         lost to waiting at each step: sum over steps of the slowest rank's cost / sum of
-        the mean cost - 1.
+        the mean cost - 1. ``attention_weight`` is the cost model's weight (the default
+        resolved to ``1 / max_tokens_per_batch``).
 
         >>> stats = plan_epoch([5, 2, 4, 1, 3, 6], 8, num_replicas=2, shuffle=False).stats()
         >>> stats["batches_per_epoch"], stats["padded_batches"], stats["repeated_examples"]
@@ -142,17 +154,53 @@ class EpochPlan:
             "tokens": tokens,
             "lower_bound_batches": lower_bound(tokens, self.max_tokens_per_batch),
             "efficiency": efficiency(tokens, total * self.max_tokens_per_batch),
+            "attention_weight": (
+                1 / self.max_tokens_per_batch if self.attention_weight is None else self.attention_weight
+            ),
         }
         stats.update(self.stats_base)
         for name in ("cost", "tokens", "attention"):
             key = "imbalance" if name == "cost" else f"imbalance_{name}"
             stats[key] = _imbalance(costs[name])
-        step_cost = (self.batch_tokens + self.batch_attention / self.max_tokens_per_batch).reshape(
-            -1, self.num_replicas
-        )
+        step_cost = self.batch_cost().reshape(-1, self.num_replicas)
         mean = step_cost.mean(1).sum() if total else 0.0
         stats["step_imbalance"] = float(step_cost.max(1).sum() / mean - 1) if mean else 0.0
         return stats
+
+
+def bin_cost(tokens: np.ndarray, attention: np.ndarray, budget: int, attention_weight: float | None) -> np.ndarray:
+    """float64 ``tokens + attention_weight * attention``; ``None`` divides by ``budget`` (the default, bit for bit).
+
+    >>> bin_cost(np.array([8, 8]), np.array([64, 16]), 8, None).tolist(), bin_cost(np.array([8]), np.array([64]), 8, 0.0).tolist()
+    ([16.0, 10.0], [8.0])
+    """
+    attention = np.asarray(attention, np.float64)
+    return tokens + (attention / budget if attention_weight is None else attention * attention_weight)
+
+
+def validate_attention_weight(attention_weight) -> float | None:
+    """``attention_weight`` as a float (``None`` stays ``None``), or the error saying what to pass.
+
+    >>> validate_attention_weight(None), validate_attention_weight(2e-5)
+    (None, 2e-05)
+    >>> validate_attention_weight(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: attention_weight must be a finite number >= 0, got -1. Pass None for the default (1 / max_tokens_per_batch), 0 to balance by tokens alone, or CostFit.attention_weight from fit_attention_weight(); for attention alone use balance='attention'.
+    """
+    if attention_weight is None:
+        return None
+    if isinstance(attention_weight, bool) or not isinstance(attention_weight, Real):
+        raise TypeError(
+            f"attention_weight must be a number or None, got {type(attention_weight).__name__} {attention_weight!r}."
+        )
+    if not (math.isfinite(attention_weight) and attention_weight >= 0):
+        raise ValueError(
+            f"attention_weight must be a finite number >= 0, got {attention_weight!r}. Pass None for the default "
+            "(1 / max_tokens_per_batch), 0 to balance by tokens alone, or CostFit.attention_weight from "
+            "fit_attention_weight(); for attention alone use balance='attention'."
+        )
+    return float(attention_weight)
 
 
 def _imbalance(per_rank: np.ndarray) -> float:
@@ -233,6 +281,7 @@ def _balanced_plan(
     num_replicas: int,
     shuffle: bool,
     balance: str,
+    attention_weight: float | None,
     drop_last: bool,
     overflow: str,
 ) -> EpochPlan:
@@ -264,8 +313,9 @@ def _balanced_plan(
         dropped = np.argsort(tokens[bins], kind="stable")[: len(bins) % num_replicas]
         base.update(dropped_examples=int(counts[bins[dropped]].sum()), dropped_tokens=int(tokens[bins[dropped]].sum()))
         bins = np.delete(bins, dropped)
-    cost = {"tokens": tokens, "attention": attention}.get(balance, tokens + attention / budget)[bins]
-    dealt = _deal(cost.astype(np.float64), num_replicas, balance)
+    by = {"tokens": tokens, "attention": attention}
+    cost = by[balance] if balance in by else bin_cost(tokens, attention, budget, attention_weight)
+    dealt = _deal(cost[bins].astype(np.float64), num_replicas, balance)
     if shuffle and balance != "none":
         steps = rng.permutation(len(dealt) // num_replicas)
         dealt = dealt.reshape(-1, num_replicas)[steps].ravel()
@@ -278,6 +328,7 @@ def _balanced_plan(
         batch_tokens=tokens[chosen],
         batch_attention=attention[chosen],
         stats_base=base,
+        attention_weight=attention_weight,
     )
 
 
@@ -292,6 +343,7 @@ def plan_epoch(
     strategy: Strategy = "bfd",
     group_size: int | None = None,
     balance: Balance = "cost",
+    attention_weight: float | None = None,
     drop_last: bool = False,
     overflow: SamplerOverflow = "error",
     progress: bool | None = None,
@@ -313,6 +365,7 @@ def plan_epoch(
     validate_choice("strategy", strategy, Strategy)
     validate_choice("balance", balance, Balance)
     validate_choice("overflow", overflow, SamplerOverflow)
+    attention_weight = validate_attention_weight(attention_weight)
     lengths = validate_lengths(lengths)
     budget = int(max_tokens_per_batch)
     too_long = check_overflow(lengths, budget, overflow)
@@ -335,6 +388,7 @@ def plan_epoch(
             num_replicas=num_replicas,
             shuffle=shuffle,
             balance=balance,
+            attention_weight=attention_weight,
             drop_last=drop_last,
             overflow=overflow,
         )
