@@ -11,8 +11,11 @@ Contenders, each planning one epoch of the same `sft` lengths for a budget of
   greedily into batches of as many examples as fit the budget padded (fairseq `max_tokens` style).
 
 Efficiency = real tokens / (batches * budget); "padding" = padded tokens / all tokens computed.
-Then: the cost imbalance of 8 simulated ranks per balancing mode, efficiency on the other
-standard distributions, and `lengths_from_dataset` against a Python loop over the rows.
+Then: the cost imbalance of 8 simulated ranks per balancing mode; the same on the long-context
+distributions (`long_tail` up to 8k tokens at a 32k budget, `reasoning` up to 32k at a 64k
+budget; 2 and 8 ranks), where attention is most of the work and the balancing mode matters
+most; efficiency on the other standard distributions, and `lengths_from_dataset` against a
+Python loop over the rows.
 
 Usage: python benchmarks/cpu/bench_sampler.py [--examples 1000000] [--budget 16384] [--repeats 5]
        [--ranks 8] [--lengths-rows 100000]
@@ -34,7 +37,12 @@ from torch.utils.data import BatchSampler, RandomSampler
 from packing_collators import MultipackBatchSampler, lengths_from_dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
-from _shared import alternate, command, lengths_of, machine, median, write_results  # noqa: E402
+from _shared import LONG_CONTEXT, alternate, command, lengths_of, machine, median, write_results  # noqa: E402
+
+BALANCES = ("cost", "tokens", "attention", "none")
+IMBALANCES = ("step_imbalance", "imbalance", "imbalance_tokens", "imbalance_attention")
+# distribution: (lengths_of keywords, budget); long_tail's tail clipped at 8k, reasoning's at its 32k
+LONG_CONTEXT_SETUP = {"long_tail": ({"high": 8192}, 32768), "reasoning": ({}, 65536)}
 
 
 def versions() -> str:
@@ -122,6 +130,49 @@ def balance_table(lengths: np.ndarray, budget: int, ranks: int) -> dict:
             k: stats[k] for k in ("imbalance", "imbalance_tokens", "imbalance_attention", "step_imbalance")
         }
     return rows
+
+
+def imbalances(lengths: np.ndarray, budget: int, num_replicas: int, balance: str) -> dict:
+    stats = MultipackBatchSampler(lengths, budget, num_replicas=num_replicas, rank=0, balance=balance).stats()
+    return {key: stats[key] for key in IMBALANCES}
+
+
+def long_context_balance(examples: int, ranks: tuple[int, ...] = (2, 8)) -> dict:
+    """The planned imbalances of each balancing mode on the long-context distributions."""
+    table = {}
+    for distribution in LONG_CONTEXT:
+        options, budget = LONG_CONTEXT_SETUP[distribution]
+        lengths = lengths_of(distribution, examples, **options)
+        table[distribution] = {
+            "budget": budget,
+            "max_length": int(lengths.max()),
+            "mean_length": float(lengths.mean()),
+            "ranks": {r: {balance: imbalances(lengths, budget, r, balance) for balance in BALANCES} for r in ranks},
+        }
+    return table
+
+
+def long_context_lines(table: dict, examples: int) -> list[str]:
+    lines = [
+        "",
+        f"### Balance on long-context lengths, {examples:,} examples (planned; max over ranks of total / mean - 1)",
+        "",
+        "Step and cost imbalance are by the default cost model (`tokens + sum(len²) / budget`) in every row; "
+        "the attention column shows what a mode that ignores attention leaves uneven.",
+        "",
+        "| distribution | budget | ranks | balance | step imbalance | cost imbalance | token imbalance | attention imbalance |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for distribution, entry in table.items():
+        label = f"`{distribution}` (max {entry['max_length']:,}, mean {entry['mean_length']:,.0f})"
+        for num_replicas, modes in entry["ranks"].items():
+            for balance, row in modes.items():
+                lines.append(
+                    f"| {label} | {entry['budget']:,} | {num_replicas} | `{balance}`{' (default)' if balance == 'cost' else ''} | "
+                    f"{row['step_imbalance']:.4%} | {row['imbalance']:.4%} | {row['imbalance_tokens']:.4%} | "
+                    f"{row['imbalance_attention']:.4%} |"
+                )
+    return lines
 
 
 def lengths_timing(rows: int, repeats: int) -> dict:
@@ -231,6 +282,8 @@ def main() -> None:
             f"| `{mode}`{' (default)' if mode == 'cost' else ''} | {row['imbalance']:.4%} | {row['imbalance_tokens']:.4%} | "
             f"{row['imbalance_attention']:.4%} | {row['step_imbalance']:.4%} |"
         )
+    long_context = long_context_balance(args.examples)
+    lines += long_context_lines(long_context, args.examples)
     groups = {}
     lines += [
         "",
@@ -280,6 +333,7 @@ def main() -> None:
         "plan_seconds_all": times,
         "quality": quality,
         "balance": balance,
+        "long_context_balance": long_context,
         "padded_batch_size": padded_batch,
         "ours_stats": ours,
         f"ours_{ranks}_stats": ours_ranks,
