@@ -88,9 +88,9 @@ def rows_batch(rows: list[np.ndarray]) -> dict:
 class MicroBatches(torch.utils.data.Dataset):
     """Collates micro-batch i in a DataLoader worker, so collation is off the GPU's critical path."""
 
-    def __init__(self, plan: Plan, pad_to: int | None = None):
+    def __init__(self, plan: Plan, pad_to: int | None = None, *, flat_rows: bool = False):
         self.items = [mb for step in plan.steps for mb in step]
-        self.layout = plan.layout
+        self.layout = "flat" if flat_rows and plan.layout == "rows" else plan.layout  # rows as flat examples
         self.flatten = FlatteningCollator(pad_to_multiple_of=pad_to)
 
     def __len__(self):
@@ -98,7 +98,7 @@ class MicroBatches(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         if self.layout == "flat":
-            return self.flatten(self.items[i])
+            return self.flatten([f if isinstance(f, dict) else {"input_ids": f} for f in self.items[i]])
         if self.layout == "rows":
             return rows_batch(self.items[i])
         return padded_batch(self.items[i])
@@ -164,7 +164,7 @@ def flops_per_step(n_params: int, layers: int, hidden: int, segments: list[int])
 
 
 def segment_lengths(batch: dict, layout: str) -> list[int]:
-    if layout == "flat":
+    if "cu_seq_lens_q" in batch:
         return np.diff(batch["cu_seq_lens_q"].numpy()).tolist()
     if layout == "padded":
         return batch["attention_mask"].sum(1).tolist()
@@ -183,7 +183,9 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         model.parameters(), lr=args.lr, weight_decay=0.0, **({"fused": True} if device.type == "cuda" else {})
     )
     loader = torch.utils.data.DataLoader(
-        MicroBatches(plan, args.flex_pad if attn == "flex_attention" and args.flex_pad else None),
+        MicroBatches(
+            plan, args.flex_pad if attn == "flex_attention" and args.flex_pad else None, flat_rows=attn != "sdpa"
+        ),
         batch_size=None,
         shuffle=False,
         num_workers=args.workers,
@@ -303,8 +305,10 @@ def report(results: dict, args, out_of_memory: dict | None = None) -> str:
     for dist, modes in results.items():
         ref = modes.get("padded_random|sdpa", {}).get("real_tokens_per_s")
         grouped = modes.get("padded_grouped|sdpa", {}).get("real_tokens_per_s")
-        oracle = modes.get("uniform|sdpa", {}).get("real_tokens_per_s")
-        work = modes.get("uniform_work|sdpa", {}).get("real_tokens_per_s")
+
+        def ceiling(name: str, attn: str) -> float | None:  # the oracle under the same attention, else sdpa's
+            return (modes.get(f"{name}|{attn}") or modes.get(f"{name}|sdpa") or {}).get("real_tokens_per_s")
+
         lines += [
             f"### {dist}",
             "",
@@ -315,6 +319,7 @@ def report(results: dict, args, out_of_memory: dict | None = None) -> str:
         for key, r in modes.items():
             mode, attn = key.split("|")
             tps = r["real_tokens_per_s"]
+            oracle, work = ceiling("uniform", attn), ceiling("uniform_work", attn)
             m, mem = mfu(r["achieved_tflops"]), r["peak_memory_gib"]
             m_text = "" if m is None else f"{m:.1%}"
             mem_text = "" if mem is None else f"{mem:.1f}"
@@ -360,6 +365,16 @@ def plot(results: dict, out: Path) -> None:
     fig.savefig(out / "train_throughput.png", dpi=90)
 
 
+def save(results: dict, out_of_memory: dict, args) -> None:
+    data = {
+        "card": card_name(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "results": results,
+        "out_of_memory": out_of_memory,
+    }
+    (args.out / "results.json").write_text(json.dumps(data, indent=1))
+
+
 # ----------------------------------------------------------------------------- main
 def default_backends() -> str:
     import importlib.util
@@ -385,6 +400,12 @@ def main() -> None:
         help="flex_attention runs pad each flat micro-batch to a multiple of this (a padding segment, "
         "labels -100), so its shape is static and transformers' compiled flex kernel is reused "
         "instead of recompiled for every new length; 0 turns it off",
+    )
+    parser.add_argument(
+        "--oracle-attn",
+        default="sdpa",
+        help="backends for the uniform modes (sdpa: padded rows, plain causal; a packed backend such as "
+        "flash_attention_4 runs the same rows as a flat batch, so packed and oracle share one kernel)",
     )
     parser.add_argument(
         "--all-attn-modes",
@@ -438,10 +459,10 @@ def main() -> None:
         args.tokens_per_step = args.micro_tokens = 2048
         args.max_length, args.attn, args.workers, args.eval_every = 512, "sdpa", 0, 2
         args.rounds = min(args.rounds, 2)
-    args.attn = args.attn.split(",")
+    args.attn, args.oracle_attn = args.attn.split(","), args.oracle_attn.split(",")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    if "packing_varlen" in args.attn:
+    if "packing_varlen" in args.attn + args.oracle_attn:
         from packing_collators import register_varlen_attention
 
         register_varlen_attention()
@@ -462,7 +483,9 @@ def main() -> None:
         for _ in range(args.rounds):  # modes alternate within each round; each mode reports its median round
             for mode in args.modes.split(","):
                 backends = (
-                    ["sdpa"]
+                    args.oracle_attn
+                    if mode in ("uniform", "uniform_work")
+                    else ["sdpa"]
                     if mode not in PACKED_MODES
                     else args.attn
                     if mode in args.all_attn_modes.split(",")
@@ -482,24 +505,14 @@ def main() -> None:
                         torch.cuda.empty_cache()
                         continue
                     runs.setdefault(f"{mode}|{attn}", []).append(r)
+                    results[dist] = {key: median_round(rs) for key, rs in runs.items()}
+                    save(results, out_of_memory, args)  # after every run: a run cut short keeps what it measured
                     print(
                         f"{dist:14s} {mode:18s} {attn:15s} {r['real_tokens_per_s']:>12,.0f} tok/s  "
                         f"pad {r['padding_fraction']:.1%}  loss {r['train_loss'][-1]:.4f}  "
                         f"mem {r['peak_memory_gib'] or 0:.1f} GiB",
                         flush=True,
                     )
-        results[dist] = {key: median_round(rs) for key, rs in runs.items()}
-        (args.out / "results.json").write_text(
-            json.dumps(
-                {
-                    "card": card_name(),
-                    "args": {k: str(v) for k, v in vars(args).items()},
-                    "results": results,
-                    "out_of_memory": out_of_memory,
-                },
-                indent=1,
-            )
-        )
     markdown = report(results, args, out_of_memory)
     (args.out / "train_throughput.md").write_text(markdown)
     print(markdown)
