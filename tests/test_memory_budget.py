@@ -112,3 +112,63 @@ def test_a_longest_example_that_is_not_a_positive_length_is_refused():
         measure_token_budget(tiny_model("llama"), longest=0)
     with pytest.raises(ValueError, match="longest must be a positive integer, got -5"):
         plan_token_budget({1: 1, 2: 2}, longest=-5, total_bytes=10)
+
+
+class _FakeCuda:
+    """torch.cuda's memory counters on the CPU: a fixed peak, and the second forward may run out of memory."""
+
+    def __init__(self, monkeypatch, model, *, peak: int, fail_at_forward: int | None = None):
+        import torch
+
+        self.forwards, self.states_alive = 0, []
+        for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+            monkeypatch.setattr(torch.cuda, name, lambda *args, **kwargs: None)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args, **kwargs: peak)
+        live = torch.empty_like
+
+        def counting_empty_like(tensor, *args, **kwargs):  # the optimizer-state placeholders
+            self.states_alive.append(self.forwards)
+            return live(tensor, *args, **kwargs)
+
+        monkeypatch.setattr(torch, "empty_like", counting_empty_like)
+
+        def hook(module, args, kwargs):
+            self.forwards += 1
+            if self.forwards == fail_at_forward:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake)")
+
+        model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def test_the_measured_step_is_a_second_step_with_the_optimizer_states_in_place(monkeypatch):
+    # On an H100 a 1B model (gradient checkpointing) fit one forward + backward at its budget on a
+    # fresh allocator, then ran out of memory at the second training step: the states, made at the
+    # first step, split the blocks the next one needed. So the dry run runs two passes with them.
+    from packing_collators.trainer._memory_budget import _peak_bytes
+
+    model = tiny_model()
+    fake = _FakeCuda(monkeypatch, model, peak=10 * GIB)
+    params = [p for p in model.parameters() if p.requires_grad]
+    peak = _peak_bytes(model, 64, 32, states_per_parameter=2)
+    assert fake.forwards == 2  # one pass before the states, one with them
+    assert fake.states_alive == [1] * (2 * len(params))  # made between the passes, two per parameter
+    assert peak == 10 * GIB - 2 * sum(p.numel() * p.element_size() for p in params)  # the caller adds them
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_second_step_that_runs_out_of_memory_counts_as_not_fitting(monkeypatch):
+    from packing_collators.trainer._memory_budget import _peak_bytes
+
+    model = tiny_model()
+    fake = _FakeCuda(monkeypatch, model, peak=GIB, fail_at_forward=2)
+    assert _peak_bytes(model, 64, 32, states_per_parameter=2) is None
+    assert fake.forwards == 2 and all(p.grad is None for p in model.parameters())
+
+
+def test_without_optimizer_states_one_pass_is_measured(monkeypatch):
+    from packing_collators.trainer._memory_budget import _peak_bytes
+
+    model = tiny_model()
+    fake = _FakeCuda(monkeypatch, model, peak=GIB)
+    assert _peak_bytes(model, 64, 32, states_per_parameter=0) == GIB
+    assert fake.forwards == 1 and fake.states_alive == []
