@@ -137,7 +137,7 @@ class Stepper:
     def __call__(self, indices: list[int]) -> dict:
         batch = to_device(self.collate([{"input_ids": self.tokens_of(i)} for i in indices]), self.device)
         self.sync()
-        dist.barrier(**({"device_ids": [self.device.index]} if self.device.type == "cuda" else {}))
+        dist.barrier(**({"device_ids": [torch.cuda.current_device()]} if self.device.type == "cuda" else {}))
         compiled = self.compiles.count
         started = time.perf_counter()
         with self.model.no_sync():
