@@ -14,7 +14,8 @@ built only on the ones above it in this map::
     trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, the safety checks,
                PackingMetricsCallback,                   packing metrics in the logs and
                check_packing_support, probe_packing,     a varlen attention backend,
-               packing_varlen, measure_token_budget      a token budget from GPU memory
+               packing_varlen, measure_token_budget,     a token budget from GPU memory
+               check_token_budget                        (measured, or a given one checked)
     cli/       packing-collators analyze|pack            the command line
     _validation.py   the argument checks every folder shares
     _progress.py     when long work shows a progress bar (one rule, following datasets/transformers)
@@ -33,6 +34,7 @@ from .trainer import (
     ProbeReport,
     TokenBudget,
     check_packing_support,
+    check_token_budget,
     measure_token_budget,
     probe_packing,
     register_varlen_attention,
@@ -55,6 +57,7 @@ __all__ = [
     "TokenBudget",
     "VARLEN_ATTENTION",
     "check_packing_support",
+    "check_token_budget",
     "concatenate_and_pack",
     "fit_attention_weight",
     "lengths_from_dataset",

@@ -6,11 +6,11 @@ _varlen_attention.py  packing_varlen, an attention backend on torch.nn.attention
 _attention_choice.py  choose_attention: the fastest packed-correct attention on this machine
 _packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
-_memory_budget.py     measure_token_budget: max_tokens_per_batch from the GPU's memory, measured
+_memory_budget.py     measure_token_budget / check_token_budget: max_tokens_per_batch against the GPU's memory, measured
 """
 
 from ._attention_choice import choose_attention, packed_attention_candidates, warm_up_attention
-from ._memory_budget import TokenBudget, fit_token_budget, measure_token_budget, plan_token_budget
+from ._memory_budget import TokenBudget, check_token_budget, fit_token_budget, measure_token_budget, plan_token_budget
 from ._probe import ProbeReport, probe_packing
 from ._support_checks import check_collated_features, check_packing_support
 from ._varlen_attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
@@ -24,6 +24,7 @@ __all__ = [
     "VARLEN_ATTENTION",
     "check_collated_features",
     "check_packing_support",
+    "check_token_budget",
     "choose_attention",
     "fit_token_budget",
     "measure_token_budget",

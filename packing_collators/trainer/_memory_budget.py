@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from .._validation import validate_positive_int
 
-__all__ = ["TokenBudget", "fit_token_budget", "measure_token_budget", "plan_token_budget"]
+__all__ = ["TokenBudget", "check_token_budget", "fit_token_budget", "measure_token_budget", "plan_token_budget"]
 
 _GIB = 1 << 30
 _NOT_ONE = (
@@ -220,6 +220,23 @@ def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0)
         torch.cuda.empty_cache()
 
 
+def _on_gpu(model, caller: str, optimizer_states_per_parameter: int | None) -> tuple[int, int, int]:
+    """(optimizer states per parameter, their bytes, the GPU's total bytes) for a model on a CUDA device."""
+    import torch
+
+    parameter = next(model.parameters(), None)
+    if parameter is None or parameter.device.type != "cuda":
+        raise ValueError(
+            f"{caller} measures GPU memory: move the model to a CUDA device first "
+            f"(its parameters are on {None if parameter is None else parameter.device})."
+        )
+    states = (
+        OPTIMIZER_STATES_PER_PARAMETER if optimizer_states_per_parameter is None else optimizer_states_per_parameter
+    )
+    optimizer_bytes = states * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return states, optimizer_bytes, torch.cuda.get_device_properties(parameter.device).total_memory
+
+
 def measure_token_budget(
     model, *, longest: int, memory_fraction: float = 0.9, optimizer_states_per_parameter: int | None = None
 ) -> TokenBudget:
@@ -234,25 +251,13 @@ def measure_token_budget(
         optimizer_states_per_parameter: optimizer states to add per parameter (AdamW: 2, the
             default; 0 when the optimizer already holds its states on this GPU).
 
-    The dry runs are :func:`fit_token_budget`'s (forward + backward, no optimizer step). Raises
-    a ValueError before training, with the measured numbers and the fix, when one example of
-    ``longest`` tokens cannot fit. The model's mode and weights are left as they were and its
-    gradients freed.
+    The dry runs are :func:`fit_token_budget`'s, each two forward + backward passes with the
+    optimizer's states made between them (no optimizer step). Raises a ValueError before
+    training, with the measured numbers and the fix, when one example of ``longest`` tokens
+    cannot fit. The model's mode and weights are left as they were and its gradients freed.
     """
-    import torch
-
     validate_positive_int("longest", longest)
-    parameter = next(model.parameters(), None)
-    if parameter is None or parameter.device.type != "cuda":
-        raise ValueError(
-            "measure_token_budget measures GPU memory: move the model to a CUDA device first "
-            f"(its parameters are on {None if parameter is None else parameter.device})."
-        )
-    states = (
-        OPTIMIZER_STATES_PER_PARAMETER if optimizer_states_per_parameter is None else optimizer_states_per_parameter
-    )
-    optimizer_bytes = states * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    total = torch.cuda.get_device_properties(parameter.device).total_memory
+    states, optimizer_bytes, total = _on_gpu(model, "measure_token_budget", optimizer_states_per_parameter)
     was_training = model.training
     model.train()
     try:
@@ -265,3 +270,64 @@ def measure_token_budget(
         )
     finally:
         model.train(was_training)
+
+
+def check_token_budget(
+    model,
+    max_tokens_per_batch: int,
+    *,
+    longest: int,
+    memory_fraction: float = 0.9,
+    optimizer_states_per_parameter: int | None = None,
+) -> float:
+    """Run one training step's worth of memory at ``max_tokens_per_batch`` and refuse it if it does not fit.
+
+    The dry run is :func:`measure_token_budget`'s (two passes on flat batches of examples of
+    ``longest`` tokens, the optimizer's states made between them, no optimizer step). Returns
+    the step's peak, optimizer states included, as a share of the GPU's memory. Raises a
+    ValueError before training, with the numbers that show why, when the step runs out of
+    memory or its peak passes ``memory_fraction`` of the card. Arguments as in
+    :func:`measure_token_budget`.
+    """
+    validate_positive_int("max_tokens_per_batch", max_tokens_per_batch)
+    validate_positive_int("longest", longest)
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}.")
+    longest = min(longest, max_tokens_per_batch)
+    states, optimizer_bytes, total = _on_gpu(model, "check_token_budget", optimizer_states_per_parameter)
+    was_training = model.training
+    model.train()
+    try:
+        peak = _peak_bytes(model, max_tokens_per_batch, longest, states)
+    finally:
+        model.train(was_training)
+    return _share_or_refuse(peak, max_tokens_per_batch, longest, optimizer_bytes, total, memory_fraction)
+
+
+def _share_or_refuse(
+    peak: int | None, tokens: int, longest: int, optimizer_bytes: int, total: int, memory_fraction: float
+) -> float:
+    """The step's share of the card, or the ValueError that says why ``tokens`` does not fit.
+
+    >>> _share_or_refuse(60 << 30, 131072, 8192, 4 << 30, 80 << 30, 0.9)
+    0.8
+    >>> _share_or_refuse(None, 262144, 8192, 4 << 30, 80 << 30, 0.9)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_tokens_per_batch=262144 does not fit this GPU (80.00 GiB): a training step on 262144 tokens (examples of 8192) ran out of memory. Lower max_tokens_per_batch (measure_token_budget(model, longest=8192) measures the largest that fits, and PackingTrainer(max_tokens_per_batch='auto') uses it), turn on gradient checkpointing, or use a GPU with more memory.
+    """
+    why = "ran out of memory"
+    if peak is not None:
+        share = (peak + optimizer_bytes) / total
+        if share <= memory_fraction:
+            return share
+        why = (
+            f"peaks at {peak / _GIB:.2f} GiB plus {optimizer_bytes / _GIB:.2f} GiB of optimizer states, "
+            f"{share:.1%} of the card, over memory_fraction={memory_fraction:.0%}"
+        )
+    raise ValueError(
+        f"max_tokens_per_batch={tokens} does not fit this GPU ({total / _GIB:.2f} GiB): a training step on {tokens} "
+        f"tokens (examples of {longest}) {why}. Lower max_tokens_per_batch (measure_token_budget(model, "
+        f"longest={longest}) measures the largest that fits, and PackingTrainer(max_tokens_per_batch='auto') uses "
+        "it), turn on gradient checkpointing, or use a GPU with more memory."
+    )

@@ -50,6 +50,19 @@ logger = logging.getLogger(__name__)
 _PACKING_COLUMNS = ("position_ids", "seq_lengths")
 
 EvalPacking = Literal["off", "multipack"]
+AUTO_BUDGET = "auto"  # max_tokens_per_batch measured on the model's GPU
+
+
+def _smallest_over_ranks(tokens: int, device) -> int:
+    """The smallest of every rank's ``tokens`` under torch.distributed (each rank measured its own GPU)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return tokens
+    value = torch.tensor([tokens], device=device, dtype=torch.int64)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return int(value.item())
 
 
 def _dataset_lengths(dataset, column: str) -> np.ndarray:
@@ -190,6 +203,13 @@ class PackingTrainer(Trainer):
             (default): ``per_device_train_batch_size`` times the mean example length
             (at least the longest example), so a step sees about as many examples as
             the padded run did, with less memory than its worst padded batch.
+            ``"auto"``: measured on the model and its GPU for the longest example
+            (:func:`measure_token_budget`; the smallest over ranks), logged.
+        memory_check: on a CUDA model (not under FSDP or DeepSpeed), run a training step's
+            worth of memory at the training budget before the first step
+            (:func:`check_token_budget`: two forward + backward passes on examples of the
+            longest length the budget holds, AdamW's states counted) and refuse a budget that
+            runs out of memory or passes 90% of the card, with the numbers (default True).
         packing_strategy: the sampler's bin-packing strategy (``"bfd"``, ``"ffd"``, ``"next_fit"``).
         length_column: the column whose lengths are packed (``"input_ids"``).
         eval_packing: ``"off"`` (default: the stock eval sampler, batches still flattened
@@ -219,13 +239,14 @@ class PackingTrainer(Trainer):
     >>> PackingTrainer(max_tokens_per_batch=0)
     Traceback (most recent call last):
     ...
-    ValueError: max_tokens_per_batch must be a positive integer or None (derived from the batch size), got 0.
+    ValueError: max_tokens_per_batch must be a positive integer or None (derived from the batch size; or 'auto', measured on the GPU), got 0.
     """
 
     def __init__(
         self,
         *args: Any,
-        max_tokens_per_batch: int | None = None,
+        max_tokens_per_batch: int | Literal["auto"] | None = None,
+        memory_check: bool = True,
         packing_strategy: Strategy = "bfd",
         length_column: str = "input_ids",
         eval_packing: EvalPacking = "off",
@@ -239,10 +260,14 @@ class PackingTrainer(Trainer):
         validate_choice("packing_strategy", packing_strategy, Strategy)
         validate_choice("eval_packing", eval_packing, EvalPacking)
         validate_choice("overflow", overflow, SamplerOverflow)
-        validate_positive_int(
-            "max_tokens_per_batch", max_tokens_per_batch, allow_none=True, none_means="derived from the batch size"
-        )
+        if max_tokens_per_batch != AUTO_BUDGET:
+            validate_positive_int(
+                "max_tokens_per_batch", max_tokens_per_batch, allow_none=True, none_means="derived from the batch size; or 'auto', measured on the GPU"
+            )
         self.max_tokens_per_batch = max_tokens_per_batch
+        self.memory_check = memory_check
+        self._measured_budgets: dict[int, int] = {}  # longest example -> measured budget ("auto")
+        self._checked_budgets: set[tuple[int, int]] = set()  # (budget, longest) that passed the memory check
         self.packing_strategy = packing_strategy
         self.length_column = length_column
         self.eval_packing = eval_packing
@@ -269,11 +294,56 @@ class PackingTrainer(Trainer):
 
     def token_budget(self, lengths: np.ndarray, batch_size: int) -> int:
         """The micro-batch token budget for these example lengths (see ``max_tokens_per_batch``)."""
+        if self.max_tokens_per_batch == AUTO_BUDGET:
+            return self._measured_budget(int(lengths.max()) if len(lengths) else 1)
         if self.max_tokens_per_batch is not None:
             return self.max_tokens_per_batch
         if not len(lengths):
             return 1
         return max(int(lengths.max()), int(round(batch_size * float(lengths.mean()))))
+
+    def _memory_model(self):
+        """The model whose memory the budget is measured on, or None where it cannot be (CPU, FSDP, DeepSpeed)."""
+        model = probe_module(self.model) if self.model is not None else None
+        parameter = next(model.parameters(), None) if model is not None else None
+        sharded = getattr(self, "is_fsdp_enabled", False) or getattr(self, "is_deepspeed_enabled", False)
+        return None if parameter is None or parameter.device.type != "cuda" or sharded else model
+
+    def _measured_budget(self, longest: int) -> int:
+        """``max_tokens_per_batch="auto"``: measure_token_budget for ``longest``, the smallest over ranks."""
+        if longest not in self._measured_budgets:
+            model = self._memory_model()
+            if model is None:
+                raise ValueError(
+                    "max_tokens_per_batch='auto' measures the model's memory on its GPU, but the model is not on one "
+                    "CUDA device whole (on a CPU, or sharded by FSDP/DeepSpeed). Pass a number of tokens instead."
+                )
+            from ._memory_budget import measure_token_budget
+
+            budget = measure_token_budget(model, longest=longest)
+            tokens = _smallest_over_ranks(budget.max_tokens_per_batch, next(model.parameters()).device)
+            logger.info("PackingTrainer: max_tokens_per_batch='auto': %s (used: %d)", budget.summary(), tokens)
+            self._measured_budgets[longest] = tokens
+            self._checked_budgets.add((tokens, longest))  # measured: no need to check it again
+        return self._measured_budgets[longest]
+
+    def _check_memory(self, budget: int, longest: int) -> None:
+        """``memory_check``: refuse a training budget that does not fit this GPU, before the first step."""
+        if not self.memory_check or (budget, longest) in self._checked_budgets:
+            return
+        model = self._memory_model()
+        if model is None:
+            return
+        from ._memory_budget import check_token_budget
+
+        share = check_token_budget(model, budget, longest=longest)
+        logger.info(
+            "PackingTrainer: a step of %d tokens (examples of %d) peaks at %.1f%% of the GPU's memory",
+            budget,
+            longest,
+            100 * share,
+        )
+        self._checked_budgets.add((budget, longest))
 
     def make_batch_sampler(self, lengths: np.ndarray, batch_size: int, *, shuffle: bool):
         """The batch sampler of a train (``shuffle=True``) or eval dataloader: this rank's index lists.
@@ -350,7 +420,9 @@ class PackingTrainer(Trainer):
         args = self.args
         sampler = self.make_batch_sampler(lengths, batch_size, shuffle=shuffle)
         if shuffle and len(lengths):  # the longest example a training batch can hold: the attention warm-up's reach
-            self._train_longest = int(min(lengths.max(), self.token_budget(lengths, batch_size)))
+            budget = self.token_budget(lengths, batch_size)
+            self._train_longest = int(min(lengths.max(), budget))
+            self._check_memory(budget, self._train_longest)
         options: dict[str, Any] = {"num_workers": args.dataloader_num_workers, "pin_memory": args.dataloader_pin_memory}
         if args.dataloader_num_workers > 0:
             options["persistent_workers"] = args.dataloader_persistent_workers

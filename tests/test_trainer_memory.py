@@ -1,0 +1,126 @@
+"""PackingTrainer and GPU memory: max_tokens_per_batch="auto" and the memory check before the first step.
+
+The dry runs need a GPU (measured on H100s by benchmarks/gpu/memory_budget.py); here the model's
+GPU and its measured peaks are faked, and what the trainer does with them is checked.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _tiny_models import random_examples, tiny_model, training_args
+
+from packing_collators import PackingTrainer, TokenBudget
+from packing_collators.trainer import _memory_budget, _packing_trainer
+
+datasets = pytest.importorskip("datasets")
+from transformers import TrainerCallback  # noqa: E402
+
+GIB = 1 << 30
+LENGTHS = [9, 4, 15, 7, 3, 12, 6, 10, 5, 8, 14, 2, 11, 6, 9, 4]
+
+
+class StepCounter(TrainerCallback):
+    def __init__(self):
+        self.steps = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps += 1
+
+
+def trainer(tmp_path, **options):
+    dataset = datasets.Dataset.from_list(random_examples(LENGTHS, seed=7))
+    return PackingTrainer(
+        model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset, packing_probe=False, **options
+    )
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The model counts as on a GPU of 80 GiB; ``peaks[tokens]`` is a step's peak (None: out of memory)."""
+    peaks, calls = {}, []
+    monkeypatch.setattr(_packing_trainer.PackingTrainer, "_memory_model", lambda self: probe(self))
+    monkeypatch.setattr(_memory_budget, "_on_gpu", lambda model, caller, states: (2, 4 * GIB, 80 * GIB))
+
+    def peak_bytes(model, tokens, longest, states=0):
+        calls.append((tokens, longest, states))
+        return peaks.get(tokens, 10 * GIB)
+
+    monkeypatch.setattr(_memory_budget, "_peak_bytes", peak_bytes)
+    return peaks, calls
+
+
+def probe(trainer):
+    return trainer.model
+
+
+def test_a_budget_over_the_gpu_memory_is_refused_before_the_first_step_with_the_numbers(tmp_path, fake_gpu):
+    peaks, calls = fake_gpu
+    peaks[64] = None  # a step of 64 tokens runs out of memory
+    counter = StepCounter()
+    run = trainer(tmp_path, max_tokens_per_batch=64, callbacks=[counter])
+    with pytest.raises(
+        ValueError,
+        match=r"max_tokens_per_batch=64 does not fit this GPU \(80.00 GiB\): a training step "
+        r"on 64 tokens \(examples of 15\) ran out of memory\. Lower max_tokens_per_batch",
+    ):
+        run.train()
+    assert counter.steps == 0 and run.state.global_step == 0
+    assert calls == [(64, 15, 2)]  # the training budget, the longest example, AdamW's two states
+
+
+def test_a_step_past_the_memory_share_is_refused_with_its_peak(tmp_path, fake_gpu):
+    peaks, _ = fake_gpu
+    peaks[64] = 70 * GIB  # + 4 GiB of states = 92.5% of 80 GiB
+    with pytest.raises(ValueError, match=r"peaks at 70.00 GiB plus 4.00 GiB of optimizer states, 92.5% of the card"):
+        trainer(tmp_path, max_tokens_per_batch=64).train()
+
+
+def test_a_budget_that_fits_is_checked_once_and_trains(tmp_path, fake_gpu):
+    _, calls = fake_gpu
+    counter = StepCounter()
+    run = trainer(tmp_path, max_tokens_per_batch=64, callbacks=[counter])
+    run.train()
+    assert counter.steps == run.state.global_step > 0
+    assert calls == [(64, 15, 2)]
+
+
+def test_the_memory_check_can_be_turned_off(tmp_path, fake_gpu):
+    peaks, calls = fake_gpu
+    peaks[64] = None
+    trainer(tmp_path, max_tokens_per_batch=64, memory_check=False).train()
+    assert calls == []
+
+
+def test_on_a_cpu_the_memory_check_is_skipped_and_auto_is_refused(tmp_path):
+    trainer(tmp_path, max_tokens_per_batch=64).train()  # nothing to measure on a CPU: trains as before
+    with pytest.raises(
+        ValueError,
+        match=r"max_tokens_per_batch='auto' measures the model's memory on its GPU.*"
+        r"Pass a number of tokens instead",
+    ):
+        trainer(tmp_path / "auto", max_tokens_per_batch="auto").train()
+
+
+def test_auto_uses_the_measured_budget_for_the_longest_example(tmp_path, fake_gpu, monkeypatch):
+    measured = []
+
+    def measure(model, *, longest, **options):
+        measured.append(longest)
+        return TokenBudget(48, longest, GIB, 1e6, 0, 80 * GIB, 0.9)
+
+    monkeypatch.setattr(_memory_budget, "measure_token_budget", measure)
+    _, calls = fake_gpu
+    run = trainer(tmp_path, max_tokens_per_batch="auto")
+    loader = run.get_train_dataloader()
+    assert run._train_batch_sampler.max_tokens_per_batch == 48
+    assert measured == [15]  # the longest training example
+    assert calls == []  # a measured budget is not checked again
+    assert all(sum(LENGTHS[i] for i in batch) <= 48 for batch in run._train_batch_sampler)
+    assert len(loader) > 0
+
+
+def test_auto_is_the_only_word_max_tokens_per_batch_takes(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"max_tokens_per_batch must be a positive integer or None .*'auto'.*got 'max'"
+    ):
+        trainer(tmp_path, max_tokens_per_batch="max")
