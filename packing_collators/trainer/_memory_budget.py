@@ -18,17 +18,24 @@ on flat batches of the longest example, once and twice, measure that line::
 rounded down to a multiple of 64 (never below the longest example). ``base`` holds the weights,
 their gradients and what a step allocates whatever its size; the optimizer's states (AdamW: two
 per parameter, created at the first step) are added from the parameter count, since the dry runs
-make none. The line is a first guess, so the planned budget is then measured itself: a step whose
-peak lies above the line (gradient checkpointing's recompute, the allocator) redraws the line
-through that point and shrinks the budget, until a measured step fits. An example that does not
-fit alone is refused before training with the numbers and the fix.
+make none. Each dry run is two forward + backward passes with those states made between them, as
+training runs its first two steps: the states split the allocator's blocks, and a step that fits
+once on a fresh allocator can still run out of memory at the second step. The line is a first
+guess, so the planned budget is then measured itself: a step whose peak lies above the line
+(gradient checkpointing's recompute, the allocator) redraws the line through that point and
+shrinks the budget, until a measured step fits. An example that does not fit alone is refused
+before training with the numbers and the fix; :func:`check_token_budget` runs the same dry run at
+a budget the user chose and refuses it the same way (``PackingTrainer`` does so before the first
+step).
 
-Measured on an H100 (``benchmarks/gpu/memory_budget.py``, ``benchmarks/results/memory_budget_h100``),
-with the line alone, before the check step existed: a 200M model (bf16, AdamW, examples of 8,192
-tokens) got 81,280 tokens and trained at 89.7% of the card, and 15% more ran out of memory; a 1B
-model with gradient checkpointing got 152,960 and ran out of memory at it. The check step is not
-yet measured on a GPU. Cost: forward + backward at ``longest``, ``2 * longest`` and the budget
-(up to four more when it shrinks), and the kernels they compile.
+Measured on an H100 80GB (``benchmarks/gpu/memory_budget.py``, ``benchmarks/results/memory_budget_h100``):
+with one pass per dry run, a 200M model (bf16, AdamW, examples of 8,192 tokens) got 81,536 tokens
+and trained at 90.0% of the card (15% more ran out of memory), but a 1B model with gradient
+checkpointing got 151,808 and ran out of memory at its second step (allocator fragmentation:
+with ``expandable_segments`` the same step peaked at 89.3%). With two passes the 1B budget is
+131,136 tokens: it trains at 78.0% of the card, and 15% more at 88.8%. A 4M-token example is
+refused in 0.2-0.4 s. Cost: two passes at ``longest``, ``2 * longest`` and the budget (up to four
+more when it shrinks), and the kernels they compile: 13 s for the 1B model at 8k.
 """
 
 from __future__ import annotations
