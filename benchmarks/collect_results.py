@@ -2,6 +2,8 @@
 
 Each benchmark script writes its own results/<name>.md (with the command that produced it);
 this only concatenates them in a fixed order, so RESULTS.md never holds a number no script printed.
+GPU runs keep their files in a folder per run; the ones named with a folder in ORDER (the
+long-context table, the rank-balance runs) join in too.
 
 Usage: python benchmarks/collect_results.py
 """
@@ -22,14 +24,24 @@ ORDER = [
     "cli_analyze",
     "gpu_attention",
     "train_throughput",
+    "long_context_h100/long_context",
+    "rank_balance_h100x2/long_tail_8192",
+    "rank_balance_h100x2/reasoning_32768",
 ]
+# GPU runs keep their files in a folder per run; these of them join RESULTS.md too
+FROM_FOLDERS = [name for name in ORDER if "/" in name]
 
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
-    files = sorted(
-        (HERE / "results").glob("*.md"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else 99, p.stem)
-    )
+    results = HERE / "results"
+    files = [*results.glob("*.md"), *(results / f"{name}.md" for name in FROM_FOLDERS)]
+
+    def rank(path: Path) -> tuple[int, str]:
+        name = path.relative_to(results).with_suffix("").as_posix()
+        return ORDER.index(name) if name in ORDER else 99, name
+
+    files = sorted(files, key=rank)
     parts = [
         "# Benchmark results",
         "",
