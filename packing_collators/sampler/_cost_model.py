@@ -14,9 +14,9 @@ varied sizes and example lengths and fit the weight instead::
     seconds ~ per_token * tokens + per_attention * attention + fixed    (least squares)
     attention_weight = per_attention / per_token   ->  MultipackBatchSampler(..., attention_weight=...)
 
-The three coefficients are kept non-negative: when the unconstrained fit makes some
-negative (noise, or a term too small to see), those terms are left out and the rest refitted
-(their coefficient is 0). A ``per_token`` of 0 gives ``attention_weight = inf``: time follows
+The three coefficients are kept non-negative: the fit is the best least-squares fit over
+every subset of the terms whose coefficients are all >= 0 (a term left out has coefficient 0),
+which is the exact non-negative optimum. A ``per_token`` of 0 gives ``attention_weight = inf``: time follows
 attention alone, so use ``balance="attention"``. ``benchmarks/gpu/rank_balance.py`` measures
 such batches on GPUs.
 
@@ -26,6 +26,7 @@ batches. Pure numpy; no torch here.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +35,6 @@ import numpy as np
 
 __all__ = ["CostFit", "fit_attention_weight"]
 
-_TERMS = ("per_token", "per_attention", "fixed")
 _MEASURE = "measure batches of several token counts and example lengths (e.g. 1/4 to all of the budget, short and long examples)"
 
 
@@ -112,17 +112,27 @@ def _check_separable(tokens: np.ndarray, attention: np.ndarray, design: np.ndarr
 
 
 def _nonnegative_least_squares(design: np.ndarray, seconds: np.ndarray) -> np.ndarray:
-    """Least squares; terms whose coefficient comes out negative are dropped (0) and the rest refitted."""
-    keep = np.ones(design.shape[1], bool)
-    coefficients = np.zeros(design.shape[1])
-    while keep.any():
-        coefficients[:] = 0.0
+    """The least-squares coefficients >= 0 (exact: the best fit over every subset of the terms).
+
+    With three terms there are seven subsets; the best one whose own least-squares coefficients
+    are all >= 0 is the non-negative optimum. A coefficient whose term adds less than 1e-9 of
+    the longest measured time is read as 0 (it is rounding, not a cost).
+    """
+    terms = design.shape[1]
+    best, best_residual = np.zeros(terms), float((seconds**2).sum())
+    for subset in itertools.product((True, False), repeat=terms):
+        keep = np.array(subset)
+        if not keep.any():
+            continue
+        coefficients = np.zeros(terms)
         coefficients[keep] = np.linalg.lstsq(design[:, keep], seconds, rcond=None)[0]
-        negative = coefficients < 0
-        if not negative.any():
-            break
-        keep &= ~negative
-    return np.maximum(coefficients, 0.0) if keep.any() else np.zeros(design.shape[1])
+        coefficients[np.abs(coefficients) * design.max(0) < 1e-9 * seconds.max()] = 0.0
+        if (coefficients < 0).any():
+            continue
+        residual = float(((seconds - design @ coefficients) ** 2).sum())
+        if residual < best_residual * (1 - 1e-12):  # ties keep the earlier, fuller subset
+            best, best_residual = coefficients, residual
+    return best
 
 
 def fit_attention_weight(
@@ -159,6 +169,11 @@ def fit_attention_weight(
     scale = np.abs(design).max(0)  # columns of ~1e4 and ~1e8: solve on [0, 1] columns, then scale back
     scale[scale == 0] = 1.0
     _check_separable(tokens, attention, design / scale)
+    if np.ptp(seconds) == 0:
+        raise ValueError(
+            f"Every measured batch took the same time ({float(seconds[0])!r} s), so nothing can be fitted; "
+            f"time each batch after warm-up with torch.cuda.synchronize() before reading the clock, and {_MEASURE}."
+        )
     per_token, per_attention, fixed = (_nonnegative_least_squares(design / scale, seconds) / scale).tolist()
     residual = seconds - (per_token * tokens + per_attention * attention + fixed)
     total = float(((seconds - seconds.mean()) ** 2).sum())
