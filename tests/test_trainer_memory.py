@@ -7,6 +7,7 @@ GPU and its measured peaks are faked, and what the trainer does with them is che
 from __future__ import annotations
 
 import pytest
+import torch
 from _tiny_models import random_examples, tiny_model, training_args
 
 from packing_collators import PackingTrainer, TokenBudget
@@ -34,15 +35,24 @@ def trainer(tmp_path, **options):
     )
 
 
+class Calls(list):
+    """The (tokens, longest, optimizer states) of each dry run, and the autocast dtype of each in ``autocasts``."""
+
+    def __init__(self):
+        super().__init__()
+        self.autocasts = []
+
+
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """The model counts as on a GPU of 80 GiB; ``peaks[tokens]`` is a step's peak (None: out of memory)."""
-    peaks, calls = {}, []
+    peaks, calls = {}, Calls()
     monkeypatch.setattr(_packing_trainer.PackingTrainer, "_memory_model", lambda self: probe(self))
     monkeypatch.setattr(_memory_budget, "_on_gpu", lambda model, caller, states: (2, 4 * GIB, 80 * GIB))
 
-    def peak_bytes(model, tokens, longest, states=0):
+    def peak_bytes(model, tokens, longest, states=0, autocast_dtype=None):
         calls.append((tokens, longest, states))
+        calls.autocasts.append(autocast_dtype)
         return peaks.get(tokens, 10 * GIB)
 
     monkeypatch.setattr(_memory_budget, "_peak_bytes", peak_bytes)
@@ -71,7 +81,10 @@ def test_a_budget_over_the_gpu_memory_is_refused_before_the_first_step_with_the_
 def test_a_step_past_the_memory_share_is_refused_with_its_peak(tmp_path, fake_gpu):
     peaks, _ = fake_gpu
     peaks[64] = 70 * GIB  # + 4 GiB of states = 92.5% of 80 GiB
-    with pytest.raises(ValueError, match=r"peaks at 70.00 GiB plus 4.00 GiB of optimizer states, 92.5% of the card"):
+    with pytest.raises(
+        ValueError,
+        match=r"peaks at 70.00 GiB plus 4.00 GiB of optimizer states, 92.5% of the card.*memory_check=False\) skips",
+    ):
         trainer(tmp_path, max_tokens_per_batch=64).train()
 
 
@@ -124,3 +137,80 @@ def test_auto_is_the_only_word_max_tokens_per_batch_takes(tmp_path):
         ValueError, match=r"max_tokens_per_batch must be a positive integer or None .*'auto'.*got 'max'"
     ):
         trainer(tmp_path, max_tokens_per_batch="max")
+
+
+def test_the_dry_run_autocasts_as_the_trainer_trains(tmp_path, fake_gpu):
+    # float32 weights with bf16=True: a flash kernel takes only the bf16 activations autocast makes,
+    # so a dry run without autocast would crash (or measure float32 activations training never holds).
+    _, calls = fake_gpu
+    dataset = datasets.Dataset.from_list(random_examples(LENGTHS, seed=7))
+    run = PackingTrainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, bf16=True),
+        train_dataset=dataset,
+        packing_probe=False,
+        max_tokens_per_batch=64,
+    )
+    run.get_train_dataloader()
+    assert calls == [(64, 15, 2)] and calls.autocasts == [torch.bfloat16]
+
+
+def test_the_forward_of_a_dry_run_runs_under_autocast(monkeypatch):
+    from packing_collators.trainer._memory_budget import _peak_bytes
+
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args, **kwargs: GIB)
+    model, seen = tiny_model(), []
+    model.register_forward_pre_hook(lambda module, args: seen.append(torch.is_autocast_enabled("cpu")))
+    _peak_bytes(model, 64, 32, 2, torch.bfloat16)
+    _peak_bytes(model, 64, 32, 0, None)
+    assert seen == [True, True, False]
+
+
+def test_auto_measures_once_so_evaluation_during_training_reuses_it(tmp_path, fake_gpu, monkeypatch):
+    # Measuring again at the first evaluate() would run a training step beside AdamW's real states.
+    measured = []
+
+    def measure(model, *, longest, **options):
+        measured.append(longest)
+        return TokenBudget(48, longest, GIB, 1e6, 0, 80 * GIB, 0.9)
+
+    monkeypatch.setattr(_memory_budget, "measure_token_budget", measure)
+    run = trainer(tmp_path, max_tokens_per_batch="auto", eval_packing="multipack")
+    run.eval_dataset = datasets.Dataset.from_list(random_examples([3, 30, 5], seed=8))
+    run.get_train_dataloader()
+    run.get_eval_dataloader()
+    assert measured == [15]
+
+
+def test_a_rank_whose_measurement_failed_makes_every_rank_refuse(tmp_path, fake_gpu, monkeypatch):
+    # Every rank reaches the collective; a rank told by it that another failed raises too, instead of hanging.
+    monkeypatch.setattr(_packing_trainer, "_smallest_over_ranks", lambda value, device: 0)
+    with pytest.raises(ValueError, match=r"max_tokens_per_batch=64 does not fit another rank's GPU"):
+        trainer(tmp_path, max_tokens_per_batch=64).get_train_dataloader()
+    monkeypatch.setattr(
+        _memory_budget, "measure_token_budget", lambda model, **options: TokenBudget(48, 15, GIB, 1e6, 0, 80 * GIB, 0.9)
+    )
+    with pytest.raises(ValueError, match=r"another rank could not fit one example of 15 tokens"):
+        trainer(tmp_path / "auto", max_tokens_per_batch="auto").get_train_dataloader()
+
+
+def test_only_a_model_whole_on_one_gpu_is_measured(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    run = trainer(tmp_path, max_tokens_per_batch=64)
+    assert run._memory_model() is None  # on a CPU
+
+    def placed(*devices):  # a stand-in model whose parameters sit on these devices
+        params = [SimpleNamespace(device=torch.device(*d)) for d in devices]
+        return SimpleNamespace(parameters=lambda: iter(params))
+
+    whole, split = placed(("cuda", 0), ("cuda", 0)), placed(("cuda", 0), ("cuda", 1))
+    monkeypatch.setattr(_packing_trainer, "probe_module", lambda model: model)
+    run.model = whole
+    assert run._memory_model() is whole
+    run.model = split  # device_map over two GPUs: the first GPU would be charged every parameter's states
+    assert run._memory_model() is None
+    run.model, run.is_model_parallel = whole, True
+    assert run._memory_model() is None

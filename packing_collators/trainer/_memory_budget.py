@@ -182,7 +182,7 @@ def fit_token_budget(
     return budget
 
 
-def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0) -> int | None:
+def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0, autocast_dtype=None) -> int | None:
     """Peak CUDA memory of a training step on ``tokens`` tokens of examples of ``longest``, flattened (None: OOM).
 
     Two forward + backward passes, as training runs its first two steps: between them each
@@ -193,6 +193,8 @@ def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0)
     model with gradient checkpointing at 151,808 tokens, peak 70.7 GiB of 79.2, ran out of
     memory at its second step without ``expandable_segments``) is caught here. The states'
     bytes are left out of the returned peak: the caller adds them from the parameter count.
+    ``autocast_dtype`` runs the forwards under autocast, as the Trainer does with ``bf16=True``
+    (float32 weights, bf16 activations: what a flash kernel needs, and what training holds).
     """
     import torch
 
@@ -209,12 +211,18 @@ def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0)
     model.zero_grad(set_to_none=True)
     torch.cuda.synchronize(parameter.device)
     torch.cuda.reset_peak_memory_stats(parameter.device)
+
+    def step(inputs: dict) -> None:  # the forward under the Trainer's autocast, the backward outside, as accelerate
+        with torch.autocast(parameter.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            loss = model(**inputs).loss
+        loss.backward()
+
     try:
-        model(**batch).loss.backward()
+        step(batch)
         if states_per_parameter:
             states = [torch.empty_like(p) for p in trainable for _ in range(states_per_parameter)]
             model.zero_grad(set_to_none=True)
-            model(**batch).loss.backward()
+            step(batch)
         torch.cuda.synchronize(parameter.device)
         return int(torch.cuda.max_memory_allocated(parameter.device)) - sum(
             t.numel() * t.element_size() for t in states
@@ -245,7 +253,12 @@ def _on_gpu(model, caller: str, optimizer_states_per_parameter: int | None) -> t
 
 
 def measure_token_budget(
-    model, *, longest: int, memory_fraction: float = 0.9, optimizer_states_per_parameter: int | None = None
+    model,
+    *,
+    longest: int,
+    memory_fraction: float = 0.9,
+    optimizer_states_per_parameter: int | None = None,
+    autocast_dtype=None,
 ) -> TokenBudget:
     """Measure ``model``'s memory per packed token on its GPU and return the largest safe budget.
 
@@ -257,6 +270,8 @@ def measure_token_budget(
             for the allocator's fragmentation and the data loader's pinned buffers).
         optimizer_states_per_parameter: optimizer states to add per parameter (AdamW: 2, the
             default; 0 when the optimizer already holds its states on this GPU).
+        autocast_dtype: the dtype training autocasts to (``torch.bfloat16`` for a Trainer with
+            ``bf16=True``), or None (default) for none: the dry runs then hold what training holds.
 
     The dry runs are :func:`fit_token_budget`'s, each two forward + backward passes with the
     optimizer's states made between them (no optimizer step). Raises a ValueError before
@@ -269,7 +284,7 @@ def measure_token_budget(
     model.train()
     try:
         return fit_token_budget(
-            lambda tokens: _peak_bytes(model, tokens, longest, states),
+            lambda tokens: _peak_bytes(model, tokens, longest, states, autocast_dtype),
             longest=longest,
             total_bytes=total,
             optimizer_bytes=optimizer_bytes,
@@ -286,6 +301,7 @@ def check_token_budget(
     longest: int,
     memory_fraction: float = 0.9,
     optimizer_states_per_parameter: int | None = None,
+    autocast_dtype=None,
 ) -> float:
     """Run one training step's worth of memory at ``max_tokens_per_batch`` and refuse it if it does not fit.
 
@@ -305,7 +321,7 @@ def check_token_budget(
     was_training = model.training
     model.train()
     try:
-        peak = _peak_bytes(model, max_tokens_per_batch, longest, states)
+        peak = _peak_bytes(model, max_tokens_per_batch, longest, states, autocast_dtype)
     finally:
         model.train(was_training)
     return _share_or_refuse(peak, max_tokens_per_batch, longest, optimizer_bytes, total, memory_fraction)

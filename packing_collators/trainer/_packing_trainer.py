@@ -262,7 +262,10 @@ class PackingTrainer(Trainer):
         validate_choice("overflow", overflow, SamplerOverflow)
         if max_tokens_per_batch != AUTO_BUDGET:
             validate_positive_int(
-                "max_tokens_per_batch", max_tokens_per_batch, allow_none=True, none_means="derived from the batch size; or 'auto', measured on the GPU"
+                "max_tokens_per_batch",
+                max_tokens_per_batch,
+                allow_none=True,
+                none_means="derived from the batch size; or 'auto', measured on the GPU",
             )
         self.max_tokens_per_batch = max_tokens_per_batch
         self.memory_check = memory_check
@@ -303,29 +306,63 @@ class PackingTrainer(Trainer):
         return max(int(lengths.max()), int(round(batch_size * float(lengths.mean()))))
 
     def _memory_model(self):
-        """The model whose memory the budget is measured on, or None where it cannot be (CPU, FSDP, DeepSpeed)."""
+        """The model whose memory the budget is measured on, or None where it cannot be.
+
+        That is a model whole on one CUDA device: not on a CPU, not sharded (FSDP, DeepSpeed),
+        not split over several devices (model parallel, ``device_map``).
+        """
         model = probe_module(self.model) if self.model is not None else None
-        parameter = next(model.parameters(), None) if model is not None else None
-        sharded = getattr(self, "is_fsdp_enabled", False) or getattr(self, "is_deepspeed_enabled", False)
-        return None if parameter is None or parameter.device.type != "cuda" or sharded else model
+        devices = {p.device for p in model.parameters()} if model is not None else set()
+        split = (
+            getattr(self, "is_fsdp_enabled", False)
+            or getattr(self, "is_deepspeed_enabled", False)
+            or getattr(self, "is_model_parallel", False)
+            or len(devices) != 1
+        )
+        return None if split or next(iter(devices)).type != "cuda" else model
+
+    def _autocast_dtype(self):
+        """The dtype the Trainer autocasts the forward to (``bf16`` / ``fp16``), or None."""
+        import torch
+
+        return torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else None
 
     def _measured_budget(self, longest: int) -> int:
-        """``max_tokens_per_batch="auto"``: measure_token_budget for ``longest``, the smallest over ranks."""
-        if longest not in self._measured_budgets:
-            model = self._memory_model()
-            if model is None:
-                raise ValueError(
-                    "max_tokens_per_batch='auto' measures the model's memory on its GPU, but the model is not on one "
-                    "CUDA device whole (on a CPU, or sharded by FSDP/DeepSpeed). Pass a number of tokens instead."
-                )
-            from ._memory_budget import measure_token_budget
+        """``max_tokens_per_batch="auto"``: measure_token_budget for ``longest``, the smallest over ranks.
 
-            budget = measure_token_budget(model, longest=longest)
-            tokens = _smallest_over_ranks(budget.max_tokens_per_batch, next(model.parameters()).device)
-            logger.info("PackingTrainer: max_tokens_per_batch='auto': %s (used: %d)", budget.summary(), tokens)
-            self._measured_budgets[longest] = tokens
-            self._checked_budgets.add((tokens, longest))  # measured: no need to check it again
-        return self._measured_budgets[longest]
+        Measured once, by the first dataloader that asks (training, or an evaluation before
+        it), and kept: evaluation during training must not measure a training step beside the
+        optimizer's real states.
+        """
+        if self._measured_budgets:
+            return next(iter(self._measured_budgets.values()))
+        model = self._memory_model()
+        if model is None:
+            raise ValueError(
+                "max_tokens_per_batch='auto' measures the model's memory on its GPU, but the model is not whole on "
+                "one CUDA device (on a CPU, sharded by FSDP/DeepSpeed, or split over devices). Pass a number of "
+                "tokens instead."
+            )
+        from ._memory_budget import measure_token_budget
+
+        budget, error = None, None
+        try:
+            budget = measure_token_budget(model, longest=longest, autocast_dtype=self._autocast_dtype())
+        except ValueError as refused:  # every rank must reach the collective below, or the others hang
+            error = refused
+        device = next(model.parameters()).device
+        tokens = _smallest_over_ranks(budget.max_tokens_per_batch if budget else 0, device)
+        if error is not None:
+            raise error
+        if tokens == 0:
+            raise ValueError(
+                f"max_tokens_per_batch='auto': another rank could not fit one example of {longest} tokens on its "
+                "GPU (its error says why)."
+            )
+        logger.info("PackingTrainer: max_tokens_per_batch='auto': %s (used: %d)", budget.summary(), tokens)
+        self._measured_budgets[longest] = tokens
+        self._checked_budgets.add((tokens, longest))  # measured: no need to check it again
+        return tokens
 
     def _check_memory(self, budget: int, longest: int) -> None:
         """``memory_check``: refuse a training budget that does not fit this GPU, before the first step."""
@@ -336,7 +373,16 @@ class PackingTrainer(Trainer):
             return
         from ._memory_budget import check_token_budget
 
-        share = check_token_budget(model, budget, longest=longest)
+        share, error = 0.0, None
+        try:
+            share = check_token_budget(model, budget, longest=longest, autocast_dtype=self._autocast_dtype())
+        except ValueError as refused:  # every rank must reach the collective below, or the others hang
+            error = ValueError(f"{refused} PackingTrainer(memory_check=False) skips this check.")
+        if _smallest_over_ranks(0 if error else 1, next(model.parameters()).device) == 0:
+            raise error or ValueError(
+                f"max_tokens_per_batch={budget} does not fit another rank's GPU (its error says why). "
+                "PackingTrainer(memory_check=False) skips this check."
+            )
         logger.info(
             "PackingTrainer: a step of %d tokens (examples of %d) peaks at %.1f%% of the GPU's memory",
             budget,
