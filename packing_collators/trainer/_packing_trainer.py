@@ -203,8 +203,9 @@ class PackingTrainer(Trainer):
             (default): ``per_device_train_batch_size`` times the mean example length
             (at least the longest example), so a step sees about as many examples as
             the padded run did, with less memory than its worst padded batch.
-            ``"auto"``: measured on the model and its GPU for the longest example
-            (:func:`measure_token_budget`; the smallest over ranks), logged.
+            ``"auto"``: measured once on the model and its GPU for the longest example
+            (:func:`measure_token_budget`; the smallest over ranks), logged. The plan follows
+            the budget: to resume mid-epoch with the same batches, pass the logged number.
         memory_check: on a CUDA model (not under FSDP or DeepSpeed), run a training step's
             worth of memory at the training budget before the first step
             (:func:`check_token_budget`: two forward + backward passes on examples of the
