@@ -2,7 +2,7 @@
 
 One line changes from a padded Trainer script: ``Trainer`` becomes ``PackingTrainer``.
 Micro-batches are then token budgets (``--max-tokens-per-batch``; by default the batch
-size times the mean example length) filled by the multipack sampler and flattened by
+size times the mean example length; ``auto`` measures it on the GPU) filled by the multipack sampler and flattened by
 ``FlatteningCollator``; with several processes each gets its own, equally many batches::
 
     trainer = PackingTrainer(model=model, args=args, train_dataset=tokenized)
@@ -31,14 +31,20 @@ from _common import (
 from packing_collators import FlatteningCollator, PackingTrainer
 
 
+def budget(text: str) -> int | str:
+    """``--max-tokens-per-batch``: a number of tokens, or ``auto``."""
+    return text if text == "auto" else int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(parser)
     parser.add_argument(
         "--max-tokens-per-batch",
-        type=int,
+        type=budget,
         default=None,
-        help="token budget of a micro-batch (default: --batch-size x the mean example length)",
+        help="token budget of a micro-batch (default: --batch-size x the mean example length), or 'auto': "
+        "measured on the model and its GPU for the longest example (CUDA only)",
     )
     args = parser.parse_args()
 
