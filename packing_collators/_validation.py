@@ -7,18 +7,21 @@ argument or example, the value given, what is allowed, and returns the value nor
     validate_positive_int("seed", -1, minimum=0)   ValueError: seed must be an integer >= 0, got -1.
     validate_choice("strategy", "x", Strategy)     ValueError: strategy='x' is not supported; choose one of ...
     validate_lengths([3, -1])                      ValueError: Example 1 has a negative length (-1); ...
+    validate_attention_weight(-1)                  ValueError: attention_weight must be a finite number >= 0, ...
 
 Cost: constant per argument, one vectorised pass over ``lengths``. No torch here.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from numbers import Real
 from typing import get_args
 
 import numpy as np
 
-__all__ = ["validate_choice", "validate_lengths", "validate_positive_int"]
+__all__ = ["validate_attention_weight", "validate_choice", "validate_lengths", "validate_positive_int"]
 
 
 def validate_lengths(lengths: Sequence[int] | np.ndarray, *, what: str = "lengths") -> np.ndarray:
@@ -84,3 +87,32 @@ def validate_positive_int(name: str, value, *, minimum: int = 1, allow_none: boo
             wanted += f" or None ({none_means})" if none_means else " or None"
         raise ValueError(f"{name} must be {wanted}, got {value!r}.")
     return int(value)
+
+
+def validate_attention_weight(attention_weight) -> float | None:
+    """``attention_weight`` as a float (``None`` stays ``None``), or the error saying what to pass.
+
+    >>> validate_attention_weight(None), validate_attention_weight(2e-5)
+    (None, 2e-05)
+    >>> validate_attention_weight(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: attention_weight must be a finite number >= 0, got -1. Pass None for the default (1 / max_tokens_per_batch), 0 to balance by tokens alone, or CostFit.attention_weight from fit_attention_weight(); for attention alone use balance='attention'.
+    """
+    if attention_weight is None:
+        return None
+    if isinstance(attention_weight, bool) or not isinstance(attention_weight, Real):
+        raise TypeError(
+            f"attention_weight must be a number or None, got {type(attention_weight).__name__} {attention_weight!r}."
+        )
+    try:
+        value = float(attention_weight)
+    except OverflowError:  # an int too large for a float
+        value = math.inf
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"attention_weight must be a finite number >= 0, got {attention_weight!r}. Pass None for the default "
+            "(1 / max_tokens_per_batch), 0 to balance by tokens alone, or CostFit.attention_weight from "
+            "fit_attention_weight(); for attention alone use balance='attention'."
+        )
+    return value

@@ -223,6 +223,7 @@ def test_a_heavy_attention_weight_balances_attention_on_long_context(distributio
         (-1e-5, ValueError, r"attention_weight must be a finite number >= 0, got -1e-05\. Pass None for the default"),
         (float("nan"), ValueError, "attention_weight must be a finite number >= 0, got nan"),
         (float("inf"), ValueError, "got inf.*for attention alone use balance='attention'"),
+        (10**400, ValueError, "attention_weight must be a finite number >= 0, got 1000"),  # not an OverflowError
         ("0.001", TypeError, "attention_weight must be a number or None, got str '0.001'"),
         (True, TypeError, "attention_weight must be a number or None, got bool True"),
     ],

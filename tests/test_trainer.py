@@ -70,6 +70,18 @@ def test_packing_trainer_is_a_one_line_switch_and_counts_steps(tmp_path):
     assert all(np.isfinite(losses(trainer)))
 
 
+def test_the_rank_balancing_weight_reaches_the_sampler_and_is_checked_at_construction(tmp_path):
+    trainer = PackingTrainer(
+        model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset(), attention_weight=3e-5
+    )
+    trainer.get_train_dataloader()
+    assert trainer._train_batch_sampler.attention_weight == 3e-5
+    with pytest.raises(ValueError, match=r"attention_weight must be a finite number >= 0, got -1\."):
+        PackingTrainer(
+            model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset(), attention_weight=-1
+        )
+
+
 def test_default_token_budget_follows_the_batch_size(tmp_path):
     trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset())
     lengths = np.array(LENGTHS)

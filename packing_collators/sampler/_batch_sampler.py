@@ -26,9 +26,9 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from .._progress import validate_progress
-from .._validation import validate_choice, validate_lengths, validate_positive_int
+from .._validation import validate_attention_weight, validate_choice, validate_lengths, validate_positive_int
 from ..engine import Strategy
-from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, check_overflow, plan_epoch, validate_attention_weight
+from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, check_overflow, plan_epoch
 from ._rank_agreement import check_ranks_agree, fingerprint
 
 __all__ = ["MultipackBatchSampler"]

@@ -43,19 +43,17 @@ Pure numpy; no torch here.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from numbers import Real
 from typing import Literal
 
 import numpy as np
 
 from .._progress import progress_bar, show_progress
-from .._validation import validate_choice, validate_lengths
+from .._validation import validate_attention_weight, validate_choice, validate_lengths
 from ..engine import Strategy, check_not_too_long, efficiency, lower_bound, pack_lengths
 
-__all__ = ["Balance", "EpochPlan", "SamplerOverflow", "check_overflow", "plan_epoch", "validate_attention_weight"]
+__all__ = ["Balance", "EpochPlan", "SamplerOverflow", "check_overflow", "plan_epoch"]
 
 Balance = Literal["cost", "tokens", "attention", "none"]
 SamplerOverflow = Literal["error", "drop"]
@@ -176,31 +174,6 @@ def bin_cost(tokens: np.ndarray, attention: np.ndarray, budget: int, attention_w
     """
     attention = np.asarray(attention, np.float64)
     return tokens + (attention / budget if attention_weight is None else attention * attention_weight)
-
-
-def validate_attention_weight(attention_weight) -> float | None:
-    """``attention_weight`` as a float (``None`` stays ``None``), or the error saying what to pass.
-
-    >>> validate_attention_weight(None), validate_attention_weight(2e-5)
-    (None, 2e-05)
-    >>> validate_attention_weight(-1)
-    Traceback (most recent call last):
-    ...
-    ValueError: attention_weight must be a finite number >= 0, got -1. Pass None for the default (1 / max_tokens_per_batch), 0 to balance by tokens alone, or CostFit.attention_weight from fit_attention_weight(); for attention alone use balance='attention'.
-    """
-    if attention_weight is None:
-        return None
-    if isinstance(attention_weight, bool) or not isinstance(attention_weight, Real):
-        raise TypeError(
-            f"attention_weight must be a number or None, got {type(attention_weight).__name__} {attention_weight!r}."
-        )
-    if not (math.isfinite(attention_weight) and attention_weight >= 0):
-        raise ValueError(
-            f"attention_weight must be a finite number >= 0, got {attention_weight!r}. Pass None for the default "
-            "(1 / max_tokens_per_batch), 0 to balance by tokens alone, or CostFit.attention_weight from "
-            "fit_attention_weight(); for attention alone use balance='attention'."
-        )
-    return float(attention_weight)
 
 
 def _imbalance(per_rank: np.ndarray) -> float:

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._validation import validate_choice, validate_positive_int
+from .._validation import validate_attention_weight, validate_choice, validate_positive_int
 from ..collate import FlatteningCollator
 from ..engine import Strategy
 from ..sampler import SamplerOverflow
@@ -212,6 +212,9 @@ class PackingTrainer(Trainer):
             longest length the budget holds, AdamW's states counted) and refuse a budget that
             runs out of memory or passes 90% of the card, with the numbers (default True).
         packing_strategy: the sampler's bin-packing strategy (``"bfd"``, ``"ffd"``, ``"next_fit"``).
+        attention_weight: the weight of attention in the sampler's rank-balancing cost
+            (``None``: ``1 / max_tokens_per_batch``; a value from :func:`fit_attention_weight`
+            when ranks still wait on each other; see ``MultipackBatchSampler``).
         length_column: the column whose lengths are packed (``"input_ids"``).
         eval_packing: ``"off"`` (default: the stock eval sampler, batches still flattened
             by the collator) or ``"multipack"`` (token-budget eval batches). Either way
@@ -249,6 +252,7 @@ class PackingTrainer(Trainer):
         max_tokens_per_batch: int | Literal["auto"] | None = None,
         memory_check: bool = True,
         packing_strategy: Strategy = "bfd",
+        attention_weight: float | None = None,
         length_column: str = "input_ids",
         eval_packing: EvalPacking = "off",
         overflow: SamplerOverflow = "error",
@@ -273,6 +277,7 @@ class PackingTrainer(Trainer):
         self._measured_budgets: dict[int, int] = {}  # longest example -> measured budget ("auto")
         self._checked_budgets: set[tuple[int, int]] = set()  # (budget, longest) that passed the memory check
         self.packing_strategy = packing_strategy
+        self.attention_weight = validate_attention_weight(attention_weight)
         self.length_column = length_column
         self.eval_packing = eval_packing
         self.overflow = overflow
@@ -407,6 +412,7 @@ class PackingTrainer(Trainer):
             lengths,
             self.token_budget(lengths, batch_size),
             strategy=self.packing_strategy,
+            attention_weight=self.attention_weight,
             shuffle=shuffle,
             seed=args.data_seed if args.data_seed is not None else args.seed,
             num_replicas=args.world_size,
