@@ -10,7 +10,8 @@ The scripts live in ``cpu/`` (run anywhere, write ``results/<name>.md`` and ``.j
   and ``to_device``;
 - multi-GPU runs: ``add_run_arguments`` / ``finish_run_arguments``, the options that
   ``gpu/distributed_scaling.py`` and ``gpu/trainer_scaling.py`` share;
-- timing: ``alternate`` + ``median`` (CPU, wall clock) and ``timed`` (CUDA events);
+- timing: ``alternate`` + ``median`` (CPU, wall clock), ``timed`` (CUDA events) and ``median_round``
+  (a GPU mode's median round);
 - results: ``machine``, ``command`` and ``write_results`` (into ``benchmarks/results/``), and
   ``peak_rss_mib`` (a process's own peak memory); ``train_step`` (one timed GPU step).
 
@@ -195,6 +196,13 @@ def alternate(contenders: dict, repeats: int) -> dict[str, list[float]]:
 
 def median(values) -> float:
     return statistics.median(values)
+
+
+def median_round(rounds: list[dict]) -> dict:
+    """The round with the median real tokens/s (the lower middle of an even count, all its numbers),
+    plus every round's tokens/s in ``rounds_tokens_per_s`` (gpu/train_throughput.py's rounds)."""
+    ranked = sorted(rounds, key=lambda r: r["real_tokens_per_s"])
+    return {**ranked[(len(ranked) - 1) // 2], "rounds_tokens_per_s": [r["real_tokens_per_s"] for r in rounds]}
 
 
 def train_step(model, optimizer, batch: dict) -> float:

@@ -39,7 +39,11 @@ import argparse
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import median_round  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1]  # benchmarks/
 DEFAULT = HERE / "results" / "long_context_h100"
@@ -91,12 +95,6 @@ LOG_LINE = re.compile(
 
 
 # ----------------------------------------------------------------------------- reading
-def median_round(rounds: list[dict]) -> dict:
-    """The round with the median tokens/s (lower middle of an even count), as train_throughput.py."""
-    ranked = sorted(rounds, key=lambda r: r["real_tokens_per_s"])
-    return {**ranked[(len(ranked) - 1) // 2], "rounds_tokens_per_s": [r["real_tokens_per_s"] for r in rounds]}
-
-
 def option(command: str, name: str) -> str:
     words = shlex.split(command)
     return words[words.index(name) + 1]

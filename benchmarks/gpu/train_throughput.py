@@ -60,6 +60,7 @@ from _shared import (  # noqa: E402
     build_model,
     lengths_of,
     markov_tokens,
+    median_round,
     padded_batch,
     to_device,
 )
@@ -274,12 +275,6 @@ def sync(device):
 
 
 # ----------------------------------------------------------------------------- report
-def median_round(rounds: list[dict]) -> dict:
-    """The round with the median tokens/s (all its numbers), plus every round's tokens/s."""
-    ranked = sorted(rounds, key=lambda r: r["real_tokens_per_s"])
-    return {**ranked[(len(ranked) - 1) // 2], "rounds_tokens_per_s": [r["real_tokens_per_s"] for r in rounds]}
-
-
 def card_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
