@@ -53,6 +53,26 @@ EvalPacking = Literal["off", "multipack"]
 AUTO_BUDGET = "auto"  # max_tokens_per_batch measured on the model's GPU
 
 
+def _agreed_over_ranks(measure, model, *, elsewhere: str, hint: str = "") -> int:
+    """``measure()`` (a positive number of tokens) on this rank, then the smallest over ranks.
+
+    Each rank measures its own GPU; a refusal (ValueError) on any rank is raised on every rank,
+    after all of them took part in the collective (a rank that raised before it would leave
+    the others waiting): this rank's own error, or ``elsewhere``; ``hint`` ends both.
+    """
+    try:
+        tokens, error = measure(), None
+    except ValueError as refused:
+        tokens, error = 0, refused
+    parameter = next(model.parameters())
+    smallest = _smallest_over_ranks(tokens, parameter.device)
+    if error is not None:
+        raise ValueError(f"{error}{hint}") from error
+    if smallest == 0:
+        raise ValueError(f"{elsewhere}{hint}")
+    return smallest
+
+
 def _smallest_over_ranks(tokens: int, device) -> int:
     """The smallest of every rank's ``tokens`` under torch.distributed (each rank measured its own GPU)."""
     import torch
@@ -274,7 +294,7 @@ class PackingTrainer(Trainer):
             )
         self.max_tokens_per_batch = max_tokens_per_batch
         self.memory_check = memory_check
-        self._measured_budgets: dict[int, int] = {}  # longest example -> measured budget ("auto")
+        self._auto_budget: int | None = None  # max_tokens_per_batch="auto", once measured
         self._checked_budgets: set[tuple[int, int]] = set()  # (budget, longest) that passed the memory check
         self.packing_strategy = packing_strategy
         self.attention_weight = validate_attention_weight(attention_weight)
@@ -340,60 +360,52 @@ class PackingTrainer(Trainer):
         it), and kept: evaluation during training must not measure a training step beside the
         optimizer's real states.
         """
-        if self._measured_budgets:
-            return next(iter(self._measured_budgets.values()))
-        model = self._memory_model()
-        if model is None:
-            raise ValueError(
-                "max_tokens_per_batch='auto' measures the model's memory on its GPU, but the model is not whole on "
-                "one CUDA device (on a CPU, sharded by FSDP/DeepSpeed, or split over devices). Pass a number of "
-                "tokens instead."
-            )
-        from ._memory_budget import measure_token_budget
+        if self._auto_budget is None:
+            model = self._memory_model()
+            if model is None:
+                raise ValueError(
+                    "max_tokens_per_batch='auto' measures the model's memory on its GPU, but the model is not whole "
+                    "on one CUDA device (on a CPU, sharded by FSDP/DeepSpeed, or split over devices). Pass a number "
+                    "of tokens instead."
+                )
+            from ._memory_budget import measure_token_budget
 
-        budget, error = None, None
-        try:
-            budget = measure_token_budget(model, longest=longest, autocast_dtype=self._autocast_dtype())
-        except ValueError as refused:  # every rank must reach the collective below, or the others hang
-            error = refused
-        device = next(model.parameters()).device
-        tokens = _smallest_over_ranks(budget.max_tokens_per_batch if budget else 0, device)
-        if error is not None:
-            raise error
-        if tokens == 0:
-            raise ValueError(
-                f"max_tokens_per_batch='auto': another rank could not fit one example of {longest} tokens on its "
-                "GPU (its error says why)."
+            def measure() -> int:
+                budget = measure_token_budget(model, longest=longest, autocast_dtype=self._autocast_dtype())
+                logger.info("PackingTrainer: max_tokens_per_batch='auto' on this rank: %s", budget.summary())
+                return budget.max_tokens_per_batch
+
+            self._auto_budget = _agreed_over_ranks(
+                measure,
+                model,
+                elsewhere=f"max_tokens_per_batch='auto': another rank could not fit one example of {longest} tokens "
+                "on its GPU (its error says why).",
             )
-        logger.info("PackingTrainer: max_tokens_per_batch='auto': %s (used: %d)", budget.summary(), tokens)
-        self._measured_budgets[longest] = tokens
-        self._checked_budgets.add((tokens, longest))  # measured: no need to check it again
-        return tokens
+            self._checked_budgets.add((self._auto_budget, longest))  # measured: no need to check it again
+        return self._auto_budget
 
     def _check_memory(self, budget: int, longest: int) -> None:
         """``memory_check``: refuse a training budget that does not fit this GPU, before the first step."""
-        if not self.memory_check or (budget, longest) in self._checked_budgets:
-            return
-        model = self._memory_model()
-        if model is None:
+        model = self._memory_model() if self.memory_check else None
+        if model is None or (budget, longest) in self._checked_budgets:
             return
         from ._memory_budget import check_token_budget
 
-        share, error = 0.0, None
-        try:
+        def check() -> int:
             share = check_token_budget(model, budget, longest=longest, autocast_dtype=self._autocast_dtype())
-        except ValueError as refused:  # every rank must reach the collective below, or the others hang
-            error = ValueError(f"{refused} PackingTrainer(memory_check=False) skips this check.")
-        if _smallest_over_ranks(0 if error else 1, next(model.parameters()).device) == 0:
-            raise error or ValueError(
-                f"max_tokens_per_batch={budget} does not fit another rank's GPU (its error says why). "
-                "PackingTrainer(memory_check=False) skips this check."
+            logger.info(
+                "PackingTrainer: a step of %d tokens (examples of %d) peaks at %.1f%% of the GPU's memory",
+                budget,
+                longest,
+                100 * share,
             )
-        logger.info(
-            "PackingTrainer: a step of %d tokens (examples of %d) peaks at %.1f%% of the GPU's memory",
-            budget,
-            longest,
-            100 * share,
+            return budget
+
+        _agreed_over_ranks(
+            check,
+            model,
+            elsewhere=f"max_tokens_per_batch={budget} does not fit another rank's GPU (its error says why).",
+            hint=" PackingTrainer(memory_check=False) skips this check.",
         )
         self._checked_budgets.add((budget, longest))
 
