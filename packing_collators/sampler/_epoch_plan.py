@@ -32,10 +32,10 @@ the default ``None`` is ``1 / max_tokens_per_batch``, so one example filling the
 costs twice what the same tokens in short examples cost.
 
 Cost in numbers (``benchmarks/cpu/bench_sampler.py``, results in ``benchmarks/results/sampler.md``):
-an epoch of 1,000,000 ``sft`` examples at a 16k budget is planned in 0.35-0.4 s on one CPU
+an epoch of 1,000,000 ``sft`` examples at a 16k budget is planned in 0.35-0.48 s on one CPU
 core (most of it the engine's packing; the same as listing a plain ``BatchSampler``'s
 batches), fills 99.996% of the budget, and 8 ranks' costs differ by 0.003%. Each extra
-group costs about 0.15 s at a 16k budget (the engine loops over length classes).
+group costs about 0.1-0.15 s at a 16k budget (the engine loops over length classes).
 An epoch of 4,000,000 usable examples or more shows a progress bar (``progress=None``;
 ``_progress.py`` says when bars are off): it moves per packed group, not per example.
 Pure numpy; no torch here.
