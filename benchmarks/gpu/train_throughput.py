@@ -201,7 +201,7 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         print(f"    [{attn}] attention warm-up {warm:.1f}s, {COMPILES.count - compiled} FA4 compiles", flush=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    losses, val_losses, slots, flops, step_times = [], [], 0, 0.0, []
+    losses, val_losses, slots, flops, step_times, issue_shares = [], [], 0, 0.0, [], []
     compiles_warmup = compiles_timed = 0
     for step, micro_batches in enumerate(plan.steps):
         sync(device)
@@ -221,10 +221,12 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
                 slots += cpu_batch["input_ids"].numel()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        issued = time.perf_counter()  # the host has queued the whole step; the GPU may still be busy
         losses.append(float(total))
         sync(device)
         if step >= args.warmup:
             step_times.append(time.perf_counter() - start)
+            issue_shares.append((issued - start) / step_times[-1])
             compiles_timed += COMPILES.count - compiled_before
         else:
             compiles_warmup += COMPILES.count - compiled_before
@@ -247,6 +249,8 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         "padding_fraction": 1 - real / slots,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
         "achieved_tflops": flops / seconds / 1e12,
+        # median share of a step the host spent queuing its work: near 1, the GPU waits on Python/launches
+        "host_issue_share": float(np.median(issue_shares)),
         "train_loss": losses,
         "val_loss": val_losses,
         "params": n_params,
@@ -308,8 +312,8 @@ def report(results: dict, args, out_of_memory: dict | None = None) -> str:
             f"### {dist}",
             "",
             "| mode | attention | real tokens/s | vs padded | vs grouped | vs oracle | vs same-work oracle | MFU "
-            "| peak GiB | padding | final loss |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| host issue | peak GiB | padding | final loss |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for key, r in modes.items():
             mode, attn = key.split("|")
@@ -322,8 +326,9 @@ def report(results: dict, args, out_of_memory: dict | None = None) -> str:
             lines.append(
                 f"| {mode} | {attn} | {tps:,.0f} | {ratio(ref, '.2f')}x | {ratio(grouped, '.2f')}x | {ratio(oracle, '.1%')} | "
                 f"{ratio(work, '.1%')} | "
-                f"{m_text} | {mem_text} | {r['padding_fraction']:.1%} | {r['train_loss'][-1]:.4f} |"
+                f"{m_text} | {issue_cell(r)} | {mem_text} | {r['padding_fraction']:.1%} | {r['train_loss'][-1]:.4f} |"
             )
+        lines += oracle_table(modes)
         if "flattened|" + args.attn[0] in modes and "padded_random|sdpa" in modes:
             a = np.array(modes["padded_random|sdpa"]["train_loss"])
             b = np.array(modes["flattened|" + args.attn[0]]["train_loss"])
@@ -336,6 +341,49 @@ def report(results: dict, args, out_of_memory: dict | None = None) -> str:
             lines += ["", f"Out of memory (runs left out): {', '.join(out_of_memory[dist])}."]
         lines.append("")
     return "\n".join(lines)
+
+
+def issue_cell(result: dict) -> str:
+    share = result.get("host_issue_share")  # absent from runs before it was recorded
+    return "" if share is None else f"{share:.0%}"
+
+
+ORACLES = ("uniform", "uniform_work")
+
+
+def label(key: str) -> str:  # "mode|attn" -> "mode (attn)": a bare | would split a markdown cell
+    mode, attn = key.split("|")
+    return f"{mode} ({attn})"
+
+
+def oracle_table(modes: dict) -> list[str]:
+    """Each packed run against every oracle run of the distribution: tokens/s and model FLOPs/s.
+
+    The oracles (rows of the mean length; rows of the same-work length) run under sdpa and,
+    with --oracle-attn, under the packed kernel too: the table shows all, where the main table
+    picks one. FLOPs/s counts each example's own attention, so it credits packed rows for the
+    attention work the mean-length oracle does not do.
+    """
+    oracles = [k for k in modes if k.split("|")[0] in ORACLES]
+    packed = [k for k in modes if k.split("|")[0] not in ORACLES and not k.startswith("padded")]
+    if not oracles or not packed:
+        return []
+    lines = [
+        "",
+        "Packed against each oracle (tokens/s ratio; model FLOPs/s ratio):",
+        "",
+        "| packed | " + " | ".join(f"vs {label(k)}" for k in oracles) + " |",
+        "|---" * (len(oracles) + 1) + "|",
+    ]
+    for key in packed:
+        run = modes[key]
+        cells = [
+            f"{run['real_tokens_per_s'] / modes[o]['real_tokens_per_s']:.1%}; "
+            f"{run['achieved_tflops'] / modes[o]['achieved_tflops']:.1%}"
+            for o in oracles
+        ]
+        lines.append(f"| {label(key)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(results: dict, out: Path) -> None:
@@ -461,6 +509,10 @@ def main() -> None:
         from packing_collators import register_varlen_attention
 
         register_varlen_attention()
+    if "packing_fa4" in args.attn + args.oracle_attn:
+        from packing_collators.trainer import register_fa4_attention
+
+        register_fa4_attention()
     args.out.mkdir(parents=True, exist_ok=True)
     results, out_of_memory = {}, {}
     for dist in args.distributions.split(","):
