@@ -124,6 +124,10 @@ def build_model(args, attn: str, device, dtype):
     torch.manual_seed(args.seed)
     with torch.device(device):  # initialise on the GPU: seconds instead of a minute on the CPU
         model = LlamaForCausalLM(config).to(dtype=dtype)
+    if attn == "packing_fa4":  # the library's FA4 backend: registered before the first forward
+        from packing_collators.trainer import register_fa4_attention
+
+        register_fa4_attention()
     model.config._attn_implementation = attn
     model.train()
     return model

@@ -99,7 +99,8 @@ def add_common_args(parser: argparse.ArgumentParser, *, batch_size: int = 8) -> 
     parser.add_argument(
         "--attn-implementation",
         default="sdpa",
-        help="sdpa (CPU or GPU), flash_attention_2, or packing_varlen (the library's torch varlen kernel, GPU)",
+        help="sdpa (CPU or GPU), flash_attention_2/4, packing_varlen (the library's torch varlen kernel, GPU) or "
+        "packing_fa4 (FlashAttention-4's kernel straight from the batch: Hopper/Blackwell)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--logging-steps", type=int, default=10)
@@ -294,6 +295,10 @@ def load_model(name: str, tokenizer, *, attn_implementation: str = "sdpa", max_l
         from packing_collators import register_varlen_attention  # lands with the Trainer integration
 
         register_varlen_attention()
+    if attn_implementation == "packing_fa4":
+        from packing_collators.trainer import register_fa4_attention
+
+        register_fa4_attention()
     torch.manual_seed(seed)
     if name == OFFLINE_MODEL:
         config = LlamaConfig(

@@ -5,7 +5,7 @@ longest examples), a small bf16 model (hidden 512, 4 layers, head_dim 64, GQA 2)
 the same examples (``sft`` lengths clipped to --max-length):
 
     padded      sdpa, batches of 8 with an attention_mask (the reference), in bf16 and fp32
-    flattened   FlatteningCollator, same batches, flash_attention_4 (and packing_varlen)
+    flattened   FlatteningCollator, same batches, flash_attention_4 or --attn packing_fa4 (and packing_varlen)
     prepacked   pack_lengths (bfd) rows of --max-length, PrePackedCollator(mode="flatten"), FA4
     sampler     MultipackBatchSampler batches of --budget tokens, FlatteningCollator, FA4
 
@@ -28,6 +28,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -135,7 +136,7 @@ def loss_equality(args, device, counter) -> list[dict]:
             small_model(arch, "sdpa", torch.bfloat16, device, args.vocab), batches["padded"], device
         )
         before = counter.snapshot()
-        fa4 = small_model(arch, "flash_attention_4", torch.bfloat16, device, args.vocab)
+        fa4 = small_model(arch, args.attn, torch.bfloat16, device, args.vocab)
         for name in ("flattened", "prepacked", "sampler"):
             row[f"{name}_fa4_bf16"] = token_loss(fa4, batches[name], device)
         row["flattened_varlen_bf16"] = token_loss(
@@ -163,9 +164,12 @@ def probes(args, device) -> dict:
 
     out = {}
     for arch in args.archs.split(","):
-        model = small_model(arch, "flash_attention_4", torch.bfloat16, device, args.vocab)
+        model = small_model(arch, args.attn, torch.bfloat16, device, args.vocab)
         flat = probe_packing(model, FlatteningCollator())
-        pad = probe_packing(model, PrePackedCollator(mode="pad", max_length=32))
+        try:  # packing_fa4 (like packing_varlen) raises on a batch without cu_seq_lens instead of running it
+            pad = probe_packing(model, PrePackedCollator(mode="pad", max_length=32))
+        except ValueError as error:
+            pad = SimpleNamespace(summary=lambda error=error: f"the forward itself refused: {error}", passed=False)
         try:
             check_packing_support(model, collator=PrePackedCollator(mode="pad", max_length=32))
             refused = None
@@ -189,7 +193,7 @@ def training_compiles_and_probe_cost(args, device, counter) -> dict:
     from packing_collators import FlatteningCollator, MultipackBatchSampler, probe_packing
 
     model_args = argparse.Namespace(size="200m", vocab=args.vocab, max_length=2048, seed=0)
-    model = build_model(model_args, "flash_attention_4", device, torch.bfloat16)
+    model = build_model(model_args, args.attn, device, torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     lengths = lengths_of("sft", 4000, seed=3)
     tokens = markov_tokens(lengths, args.vocab, seed=4)
@@ -232,9 +236,16 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=4096, help="the sampler's tokens per batch")
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--train-steps", type=int, default=12)
+    parser.add_argument(
+        "--attn", default="flash_attention_4", help="the FA4 path: transformers' flash_attention_4 or packing_fa4"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     import torch
+
+    from packing_collators.trainer import choose_attention, register_fa4_attention
+
+    register_fa4_attention()
 
     device = torch.device("cuda")
     counter = CompileCounter()
@@ -246,6 +257,8 @@ def main() -> None:
         "probes": probes(args, device),
         "training": training_compiles_and_probe_cost(args, device, counter),
         "fa4_compiles_total": counter.count,
+        # what PackingTrainer's default (attn_implementation="auto") picks for an sdpa model here
+        "auto_choice": choose_attention(small_model("llama", "sdpa", torch.bfloat16, device, args.vocab)),
         "fa4_compile_seconds_total": counter.seconds,
     }
     results["seconds"] = time.perf_counter() - started

@@ -3,6 +3,7 @@
 _support_checks.py    check_packing_support: is this model + attention + batch packed-correct?
 _probe.py             probe_packing: measured on the model itself (packed vs alone, and a leak test)
 _varlen_attention.py  packing_varlen, an attention backend on torch.nn.attention.varlen
+_fa4_attention.py     packing_fa4, FlashAttention-4's varlen kernel called straight from the batch
 _attention_choice.py  choose_attention: the fastest packed-correct attention on this machine
 _packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
@@ -10,12 +11,14 @@ _memory_budget.py     measure_token_budget / check_token_budget: max_tokens_per_
 """
 
 from ._attention_choice import choose_attention, packed_attention_candidates, warm_up_attention
+from ._fa4_attention import FA4_ATTENTION, fa4_attention_forward, register_fa4_attention
 from ._memory_budget import TokenBudget, check_token_budget, fit_token_budget, measure_token_budget, plan_token_budget
 from ._probe import ProbeReport, probe_packing
 from ._support_checks import check_collated_features, check_packing_support
 from ._varlen_attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
 
 __all__ = [
+    "FA4_ATTENTION",
     "PackingCheckCallback",
     "PackingMetricsCallback",
     "PackingTrainer",
@@ -26,11 +29,13 @@ __all__ = [
     "check_packing_support",
     "check_token_budget",
     "choose_attention",
+    "fa4_attention_forward",
     "fit_token_budget",
     "measure_token_budget",
     "packed_attention_candidates",
     "plan_token_budget",
     "probe_packing",
+    "register_fa4_attention",
     "register_varlen_attention",
     "varlen_attention_forward",
     "warm_up_attention",

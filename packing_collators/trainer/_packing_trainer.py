@@ -33,6 +33,7 @@ from ..collate import FlatteningCollator
 from ..engine import Strategy
 from ..sampler import SamplerOverflow
 from ._attention_choice import AUTO_ATTENTION, choose_attention
+from ._fa4_attention import FA4_ATTENTION
 from ._metrics import PackingMetricsCallback
 from ._probe import probe_packing, refuse_failed_probe
 from ._support_checks import attention_kind, check_collated_features, check_packing_support, probe_module, text_config
@@ -205,7 +206,7 @@ class _AttentionWarmUp(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         implementation = getattr(text_config(model), "_attn_implementation", None) if model is not None else None
         longest = self.trainer._train_longest
-        if implementation != "flash_attention_4" or not longest:
+        if implementation not in ("flash_attention_4", FA4_ATTENTION) or not longest:
             return
         from ._attention_choice import warm_up_attention
 

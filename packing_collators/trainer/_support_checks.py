@@ -110,10 +110,21 @@ def attention_kind(implementation: str | None) -> str:
         from transformers.integrations.flash_attention import flash_attention_forward
     except ImportError:  # pragma: no cover - transformers without these names
         return "unknown"
+    from ._fa4_attention import fa4_attention_forward
     from ._varlen_attention import varlen_attention_forward
 
     registered = AttentionInterface._global_mapping.get(implementation)
-    return "cu_seq_lens" if registered in (varlen_attention_forward, flash_attention_forward) else "unknown"
+    kernels = (varlen_attention_forward, fa4_attention_forward, flash_attention_forward)
+    return "cu_seq_lens" if registered in kernels else "unknown"
+
+
+def _is_fa4(implementation: str | None) -> bool:
+    """Whether ``implementation`` is this library's FA4 backend (it has logit softcapping; packing_varlen has not)."""
+    from transformers import AttentionInterface
+
+    from ._fa4_attention import fa4_attention_forward
+
+    return AttentionInterface._global_mapping.get(implementation) is fa4_attention_forward
 
 
 def _is_recurrent(config) -> bool:
@@ -160,15 +171,15 @@ def _check_model(model) -> tuple[str, Any]:
             f"(cu_seq_lens or position_ids). Use one of {', '.join(FLASH_IMPLEMENTATIONS)}, 'packing_varlen' "
             "(register_varlen_attention()), 'flex_attention', 'sdpa' or 'eager'."
         )
-    if kind == "cu_seq_lens" and implementation not in FLASH_IMPLEMENTATIONS:  # PyTorch's varlen kernel
-        if getattr(config, "attn_logit_softcapping", None) is not None:
+    if kind == "cu_seq_lens" and implementation not in FLASH_IMPLEMENTATIONS:  # packing_varlen, packing_fa4
+        if getattr(config, "attn_logit_softcapping", None) is not None and not _is_fa4(implementation):
             raise ValueError(
                 f"{name} uses attention logit softcapping ({config.attn_logit_softcapping}), which PyTorch's varlen "
                 "kernel lacks. Use attn_implementation='flash_attention_2' or 'flex_attention'."
             )
         if getattr(config, "attention_dropout", 0.0):
             raise ValueError(
-                f"{name} has attention_dropout={config.attention_dropout}, which PyTorch's varlen kernel lacks. "
+                f"{name} has attention_dropout={config.attention_dropout}, which {implementation!r} lacks. "
                 "Set model.config.attention_dropout = 0.0, or use attn_implementation='flash_attention_2'."
             )
     return implementation, config

@@ -1,0 +1,137 @@
+"""packing_fa4 on CPU: FA4's kernel replaced by a per-segment sdpa reference of its signature.
+
+What runs here is everything around the kernel: the arguments the backend builds (flat
+q/k/v, cu_seqlens, causal, scale, sliding window, softcap, sinks), its refusals, the
+packed = padded loss and gradients through real transformers models, and how the
+library's checks and attention choice treat it. The kernel itself runs on the GPU
+(benchmarks/gpu/fa4_check.py --attn packing_fa4).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _tiny_models import ARCHITECTURES, padded_batch, random_examples, reference_varlen_attn, tiny_model
+from test_loss_equivalence import assert_same_loss_and_grads, loss_and_grads
+
+from packing_collators import FlatteningCollator, check_packing_support
+from packing_collators.trainer import _attention_choice, _fa4_attention, register_fa4_attention
+from packing_collators.trainer._support_checks import attention_kind
+
+LENGTHS = [7, 3, 12, 5, 9]
+
+
+def fake_fa4(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+             window_size, learnable_sink, softcap):  # fmt: skip
+    """flash_attn.cute.flash_attn_varlen_func's semantics for what the backend passes (no sinks/softcap)."""
+    assert q.ndim == 3 and q.is_contiguous() and isinstance(max_seqlen_q, int)
+    assert learnable_sink is None and softcap == 0.0
+    left, right = window_size
+    window = (-1 if left is None else left, 0 if causal else (-1 if right is None else right))
+    out = reference_varlen_attn(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale=softmax_scale,
+        window_size=window, enable_gqa=True,
+    )  # fmt: skip
+    return out, None  # FA4 returns (out, lse)
+
+
+@pytest.fixture
+def fa4_on_cpu(monkeypatch):
+    register_fa4_attention()
+    monkeypatch.setattr(_fa4_attention, "_kernel", lambda: fake_fa4)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_packed_equals_padded(arch, fa4_on_cpu):
+    examples = random_examples(LENGTHS, seed=3, completion_only=True)
+    reference = loss_and_grads(tiny_model(arch, attn="sdpa"), padded_batch(examples))
+    model = tiny_model(arch, attn="packing_fa4")
+    batch = FlatteningCollator()(examples)
+    assert check_packing_support(model, batch) == "packing_fa4"
+    assert_same_loss_and_grads(loss_and_grads(model, batch), reference)
+
+
+def test_kernel_arguments(monkeypatch):
+    seen = {}
+
+    def record(q, k, v, **kwargs):
+        seen.update(kwargs, shapes=(q.shape, k.shape, v.shape))
+        return torch.zeros_like(q), None
+
+    monkeypatch.setattr(_fa4_attention, "_kernel", lambda: record)
+    module = type("Attn", (), {"is_causal": True})()
+    q, k = torch.zeros(1, 4, 10, 8), torch.zeros(1, 2, 10, 8)
+    cu = torch.tensor([0, 6, 10], dtype=torch.int32)
+    out, weights = _fa4_attention.fa4_attention_forward(
+        module, q, k, k, None, scaling=0.5, sliding_window=4, softcap=30.0, s_aux="sinks",
+        cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=6, max_length_k=6,
+    )  # fmt: skip
+    assert out.shape == (1, 10, 4, 8) and weights is None
+    assert seen["shapes"] == ((10, 4, 8), (10, 2, 8), (10, 2, 8))
+    assert seen["cu_seqlens_q"] is cu and seen["max_seqlen_q"] == 6 and seen["max_seqlen_k"] == 6
+    assert seen["softmax_scale"] == 0.5 and seen["causal"] is True
+    assert seen["window_size"] == (3, 0)  # a token sees itself and w - 1 earlier ones
+    assert seen["softcap"] == 30.0 and seen["learnable_sink"] == "sinks"
+    _fa4_attention.fa4_attention_forward(module, q, k, k, None, cu_seq_lens_q=cu, max_length_q=6, is_causal=False)
+    assert seen["causal"] is False and seen["window_size"] == (None, None) and seen["softcap"] == 0.0
+    assert seen["cu_seqlens_k"] is cu and seen["max_seqlen_k"] == 6  # k defaults to q
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(attention_mask=torch.ones(1, 10)), "got an attention_mask"),
+        (dict(dropout=0.1), "no attention dropout"),
+        (dict(key=torch.zeros(1, 2, 11, 8)), "differ in length"),
+        (dict(cu_seq_lens_q=None), "needs cu_seq_lens_q/k"),
+    ],
+)
+def test_refusals_name_the_alternative(change, message, monkeypatch):
+    monkeypatch.setattr(_fa4_attention, "_kernel", lambda: pytest.fail("the kernel must not run"))
+    cu = torch.tensor([0, 10], dtype=torch.int32)
+    args = dict(query=torch.zeros(1, 4, 10, 8), key=torch.zeros(1, 2, 10, 8), value=torch.zeros(1, 2, 10, 8))
+    args.update(attention_mask=None, cu_seq_lens_q=cu, max_length_q=10)
+    args.update(change)
+    with pytest.raises(ValueError, match=message) as error:
+        _fa4_attention.fa4_attention_forward(None, **args)
+    assert "packing_fa4" in str(error.value)
+
+
+def test_missing_flash_attn_is_an_import_error_that_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(_fa4_attention, "_KERNEL", [])
+    monkeypatch.setitem(__import__("sys").modules, "flash_attn.cute", None)
+    with pytest.raises(ImportError, match=r"packing-collators\[flash-attn\]"):
+        _fa4_attention._kernel()
+
+
+def test_checks_know_it_reads_cu_seq_lens():
+    register_fa4_attention()
+    assert attention_kind("packing_fa4") == "cu_seq_lens"
+    # it has logit softcapping (packing_varlen has not), and no dropout
+    softcapped = tiny_model("llama", attn="packing_fa4")
+    softcapped.config.attn_logit_softcapping = 50.0
+    assert check_packing_support(softcapped, probe=False) == "packing_fa4"
+    dropout = tiny_model("llama", attn="packing_fa4", attention_dropout=0.1)
+    with pytest.raises(ValueError, match="attention_dropout=0.1, which 'packing_fa4' lacks"):
+        check_packing_support(dropout, probe=False)
+
+
+def test_choice_prefers_it_where_transformers_accepts_fa4(monkeypatch):
+    register_fa4_attention()
+    monkeypatch.setattr(_attention_choice, "packed_attention_candidates", lambda device: ["packing_fa4", "sdpa"])
+    model = tiny_model("llama", attn="eager")
+    # on this CPU transformers refuses flash_attention_4, so packing_fa4 is not taken either
+    assert _attention_choice.choose_attention(model) == "sdpa"
+    accepted = []
+    original = type(model).set_attn_implementation
+
+    def accept_fa4(self, name):
+        if name == "flash_attention_4":
+            accepted.append(name)  # transformers' validation of the install and GPU passed
+            return
+        original(self, name)
+
+    monkeypatch.setattr(type(model), "set_attn_implementation", accept_fa4)
+    model = tiny_model("llama", attn="eager")
+    assert _attention_choice.choose_attention(model) == "packing_fa4" and accepted == ["flash_attention_4"]
+    assert model.config._attn_implementation == "packing_fa4"
