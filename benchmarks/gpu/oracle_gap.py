@@ -17,6 +17,7 @@ matrix multiplies and everything else. Attention work per token is sum(s^2) / su
 uneven lengths it exceeds the mean length by E[s^2] / E[s]^2, which no packing can change.
 
 Usage (GPU): python benchmarks/gpu/oracle_gap.py --size 200m --out benchmarks/results/oracle_gap
+             (--kernel packing_fa4: the packed contenders on FlashAttention-4 instead of packing_varlen)
 """
 
 from __future__ import annotations
@@ -60,11 +61,12 @@ def contenders(examples, lengths, args) -> dict[str, list[tuple[str, dict]]]:
     batches = list(sampler)[: args.batches]
     mean = int(round(lengths.mean()))
     stream = np.concatenate([examples[i] for b in batches for i in b])
+    k = args.kernel  # the packed contenders' attention: packing_varlen, packing_fa4, flash_attention_4
     result = {
         "uniform|sdpa": [],
-        "uniform|packing_varlen": [],
-        "multipack|packing_varlen": [],
-        "multipack_as_mean|packing_varlen": [],
+        f"uniform|{k}": [],
+        f"multipack|{k}": [],
+        f"multipack_as_mean|{k}": [],
     }
     offset = 0
     for b in batches:
@@ -74,11 +76,11 @@ def contenders(examples, lengths, args) -> dict[str, list[tuple[str, dict]]]:
         offset = (offset + rows * mean) % (len(stream) - args.tokens)
         grid = torch.from_numpy(chunk.reshape(rows, mean).copy())
         result["uniform|sdpa"].append(("sdpa", {"input_ids": grid, "labels": grid.clone()}))
-        result["uniform|packing_varlen"].append(("packing_varlen", flat(list(chunk.reshape(rows, mean)))))
-        result["multipack|packing_varlen"].append(("packing_varlen", flat([examples[i] for i in b])))
+        result[f"uniform|{k}"].append((k, flat(list(chunk.reshape(rows, mean)))))
+        result[f"multipack|{k}"].append((k, flat([examples[i] for i in b])))
         same = np.concatenate([examples[i] for i in b])
         cuts = [same[j : j + mean] for j in range(0, len(same), mean)]
-        result["multipack_as_mean|packing_varlen"].append(("packing_varlen", flat(cuts)))
+        result[f"multipack_as_mean|{k}"].append((k, flat(cuts)))
     return result
 
 
@@ -220,6 +222,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kernel", default="packing_varlen", help="the packed contenders' attention (or packing_fa4)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--from-json", type=Path, help="rewrite the table from a results JSON (no GPU needed)")
     args = parser.parse_args()
@@ -230,7 +233,16 @@ def main() -> None:
         raise SystemExit("oracle_gap.py needs a CUDA GPU (the varlen kernel and the profiler's CUDA times)")
     device = torch.device("cuda")
     register_varlen_attention()
+    if args.kernel == "packing_fa4":
+        from packing_collators.trainer import register_fa4_attention
+
+        register_fa4_attention()
     model = build_model(args, "sdpa", device, torch.bfloat16)
+    if args.kernel != "packing_varlen":  # FA4: compile its kernel variants before any timed step
+        from packing_collators import warm_up_attention
+
+        model.config._attn_implementation = args.kernel
+        warm_up_attention(model, max_length=args.max_length)
     results = {}
     for dist in args.distributions.split(","):
         lengths = np.minimum(lengths_of(dist, args.examples, seed=args.seed), args.max_length)
