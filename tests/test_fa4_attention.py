@@ -22,10 +22,15 @@ LENGTHS = [7, 3, 12, 5, 9]
 
 
 def fake_fa4(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-             window_size, learnable_sink, softcap):  # fmt: skip
-    """flash_attn.cute.flash_attn_varlen_func's semantics for what the backend passes (no sinks/softcap)."""
-    assert q.ndim == 3 and q.is_contiguous() and isinstance(max_seqlen_q, int)
-    assert learnable_sink is None and softcap == 0.0
+             window_size, learnable_sink, softcap, deterministic):  # fmt: skip
+    """flash_attn.cute.flash_attn_varlen_func's semantics for what the backend passes (no sinks/softcap).
+
+    Its input checks as FA4 makes them: one dtype for q, k and v; int32 cu_seqlens; int lengths.
+    """
+    assert q.ndim == 3 and q.is_contiguous() and isinstance(max_seqlen_q, int) and isinstance(max_seqlen_k, int)
+    assert q.dtype == k.dtype == v.dtype, (q.dtype, k.dtype, v.dtype)
+    assert cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32
+    assert learnable_sink is None and softcap == 0.0 and deterministic is False
     left, right = window_size
     window = (-1 if left is None else left, 0 if causal else (-1 if right is None else right))
     out = reference_varlen_attn(
@@ -35,10 +40,16 @@ def fake_fa4(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     return out, None  # FA4 returns (out, lse)
 
 
+def half_only(query):
+    """The real kernel's dtype rule (bf16/fp16 only) in front of the CPU stand-in."""
+    assert query.dtype in (torch.bfloat16, torch.float16), f"FA4 got {query.dtype}"
+    return fake_fa4
+
+
 @pytest.fixture
 def fa4_on_cpu(monkeypatch):
     register_fa4_attention()
-    monkeypatch.setattr(_fa4_attention, "_kernel", lambda: fake_fa4)
+    monkeypatch.setattr(_fa4_attention, "_kernel", lambda query: fake_fa4)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -55,26 +66,59 @@ def test_kernel_arguments(monkeypatch):
     seen = {}
 
     def record(q, k, v, **kwargs):
-        seen.update(kwargs, shapes=(q.shape, k.shape, v.shape))
+        seen.update(kwargs, shapes=(q.shape, k.shape, v.shape), dtypes=(q.dtype, k.dtype, v.dtype))
         return torch.zeros_like(q), None
 
-    monkeypatch.setattr(_fa4_attention, "_kernel", lambda: record)
+    monkeypatch.setattr(_fa4_attention, "_kernel", lambda query: record)
+    monkeypatch.delenv("FLASH_ATTENTION_DETERMINISTIC", raising=False)
     module = type("Attn", (), {"is_causal": True})()
     q, k = torch.zeros(1, 4, 10, 8), torch.zeros(1, 2, 10, 8)
-    cu = torch.tensor([0, 6, 10], dtype=torch.int32)
-    out, weights = _fa4_attention.fa4_attention_forward(
+    cu = torch.tensor([0, 6, 10], dtype=torch.int64)  # int64 from a custom collator: cast to int32
+    forward = _fa4_attention.fa4_attention_forward
+    out, weights = forward(
         module, q, k, k, None, scaling=0.5, sliding_window=4, softcap=30.0, s_aux="sinks",
-        cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=6, max_length_k=6,
+        cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=6, max_length_k=torch.tensor(6),
     )  # fmt: skip
     assert out.shape == (1, 10, 4, 8) and weights is None
     assert seen["shapes"] == ((10, 4, 8), (10, 2, 8), (10, 2, 8))
-    assert seen["cu_seqlens_q"] is cu and seen["max_seqlen_q"] == 6 and seen["max_seqlen_k"] == 6
-    assert seen["softmax_scale"] == 0.5 and seen["causal"] is True
+    assert seen["cu_seqlens_q"].dtype == torch.int32 and seen["cu_seqlens_q"].tolist() == [0, 6, 10]
+    assert seen["max_seqlen_q"] == 6 and seen["max_seqlen_k"] == 6 and isinstance(seen["max_seqlen_k"], int)
+    assert seen["softmax_scale"] == 0.5 and seen["causal"] is True and seen["deterministic"] is False
     assert seen["window_size"] == (3, 0)  # a token sees itself and w - 1 earlier ones
     assert seen["softcap"] == 30.0 and seen["learnable_sink"] == "sinks"
-    _fa4_attention.fa4_attention_forward(module, q, k, k, None, cu_seq_lens_q=cu, max_length_q=6, is_causal=False)
-    assert seen["causal"] is False and seen["window_size"] == (None, None) and seen["softcap"] == 0.0
-    assert seen["cu_seqlens_k"] is cu and seen["max_seqlen_k"] == 6  # k defaults to q
+    # bidirectional layers keep their window on both sides (an encoder-style or bidirectional model)
+    forward(module, q, k, k, None, sliding_window=4, cu_seq_lens_q=cu, max_length_q=6, is_causal=False)
+    assert seen["causal"] is False and seen["window_size"] == (3, 3) and seen["softcap"] == 0.0
+    assert seen["cu_seqlens_k"].tolist() == [0, 6, 10] and seen["max_seqlen_k"] == 6  # k defaults to q
+    # no window where it cannot bind (every segment within it), and none without one
+    forward(module, q, k, k, None, sliding_window=6, cu_seq_lens_q=cu, max_length_q=6)
+    assert seen["window_size"] == (None, None) and seen["causal"] is True
+    # Trainer(full_determinism=True) sets FLASH_ATTENTION_DETERMINISTIC; a layer's kwarg wins over it
+    monkeypatch.setenv("FLASH_ATTENTION_DETERMINISTIC", "1")
+    forward(module, q, k, k, None, cu_seq_lens_q=cu, max_length_q=6)
+    assert seen["deterministic"] is True
+    forward(module, q, k, k, None, cu_seq_lens_q=cu, max_length_q=6, deterministic=False)
+    assert seen["deterministic"] is False
+    # under autocast (bf16=True on float32 weights) q/k/v reach the kernel in one half dtype
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        forward(module, q, k, k.bfloat16(), None, cu_seq_lens_q=cu, max_length_q=6)
+    assert seen["dtypes"] == (torch.bfloat16,) * 3
+
+
+def test_float32_activations_are_refused_before_the_kernel():
+    with pytest.raises(ValueError, match="needs bf16 or fp16 activations, got torch.float32"):
+        _fa4_attention._kernel(torch.zeros(4, 2, 8))
+
+
+def test_packed_equals_padded_under_autocast(monkeypatch):
+    # float32 weights, Trainer bf16=True: the kernel (half only, like FA4) gets bf16 q/k/v
+    register_fa4_attention()
+    monkeypatch.setattr(_fa4_attention, "_kernel", half_only)
+    examples = random_examples(LENGTHS, seed=3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        padded = tiny_model("llama", attn="sdpa")(**padded_batch(examples)).loss
+        packed = tiny_model("llama", attn="packing_fa4")(**FlatteningCollator()(examples)).loss
+    torch.testing.assert_close(packed, padded, rtol=2e-2, atol=0)
 
 
 @pytest.mark.parametrize(
@@ -84,24 +128,25 @@ def test_kernel_arguments(monkeypatch):
         (dict(dropout=0.1), "no attention dropout"),
         (dict(key=torch.zeros(1, 2, 11, 8)), "differ in length"),
         (dict(cu_seq_lens_q=None), "needs cu_seq_lens_q/k"),
+        (dict(cu_seq_lens_q=torch.tensor([[0, 10]], dtype=torch.int32)), "must be 1-D"),
     ],
 )
 def test_refusals_name_the_alternative(change, message, monkeypatch):
-    monkeypatch.setattr(_fa4_attention, "_kernel", lambda: pytest.fail("the kernel must not run"))
+    monkeypatch.setattr(_fa4_attention, "_kernel", lambda query: pytest.fail("the kernel must not run"))
     cu = torch.tensor([0, 10], dtype=torch.int32)
     args = dict(query=torch.zeros(1, 4, 10, 8), key=torch.zeros(1, 2, 10, 8), value=torch.zeros(1, 2, 10, 8))
     args.update(attention_mask=None, cu_seq_lens_q=cu, max_length_q=10)
     args.update(change)
     with pytest.raises(ValueError, match=message) as error:
         _fa4_attention.fa4_attention_forward(None, **args)
-    assert "packing_fa4" in str(error.value)
+    assert "packing_fa4" in str(error.value) or "1-D" in str(error.value)
 
 
 def test_missing_flash_attn_is_an_import_error_that_says_what_to_install(monkeypatch):
     monkeypatch.setattr(_fa4_attention, "_KERNEL", [])
     monkeypatch.setitem(__import__("sys").modules, "flash_attn.cute", None)
-    with pytest.raises(ImportError, match=r"packing-collators\[flash-attn\]"):
-        _fa4_attention._kernel()
+    with pytest.raises(ImportError, match=r"packing-collators\[fa4\]"):
+        _fa4_attention._kernel(torch.zeros(4, 2, 8, dtype=torch.bfloat16))
 
 
 def test_checks_know_it_reads_cu_seq_lens():
@@ -135,3 +180,26 @@ def test_choice_prefers_it_where_transformers_accepts_fa4(monkeypatch):
     model = tiny_model("llama", attn="eager")
     assert _attention_choice.choose_attention(model) == "packing_fa4" and accepted == ["flash_attention_4"]
     assert model.config._attn_implementation == "packing_fa4"
+
+
+def test_trainer_warm_up_runs_under_the_trainers_autocast(monkeypatch, tmp_path):
+    # float32 weights with bf16=True: the warm-up's forwards must autocast as training does (the
+    # forward accelerate prepared does), or a half-only kernel (FA4) gets float32 activations and
+    # training dies before its first step
+    from _tiny_models import training_args
+
+    from packing_collators import PackingTrainer
+
+    register_fa4_attention()
+    monkeypatch.setattr(_fa4_attention, "_kernel", half_only)
+    trainer = PackingTrainer(
+        model=tiny_model("llama", attn="packing_fa4"),
+        args=training_args(tmp_path, bf16=True, max_steps=1, gradient_accumulation_steps=1),
+        train_dataset=random_examples([5, 7, 9, 4] * 4),
+        max_tokens_per_batch=32,
+        attn_implementation=None,
+        packing_probe=False,
+    )
+    trainer.train()
+    warm = next(c for c in trainer.callback_handler.callbacks if type(c).__name__ == "_AttentionWarmUp")
+    assert warm.seconds is not None and trainer.state.global_step == 1

@@ -11,14 +11,18 @@ calls ``flash_attn.cute.flash_attn_varlen_func`` with nothing in between::
     model.set_attn_implementation("packing_fa4")
 
 Same kernel, same arguments as transformers passes (causal, softmax scale, sliding window as
-``(w - 1, 0)``, logit softcapping, attention sinks as ``learnable_sink``); what it cannot do
-(dropout, padded batches, decoding with a cache) is refused with an error naming the
-alternative.
+``(w - 1, 0)`` causal or ``(w - 1, w - 1)`` bidirectional, logit softcapping, attention sinks as
+``learnable_sink``, ``deterministic`` / ``FLASH_ATTENTION_DETERMINISTIC``), with q/k/v cast to
+autocast's half dtype as transformers does; what it cannot do (dropout, float32 activations,
+padded batches, decoding with a cache) is refused with an error naming the alternative.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+from ._varlen_attention import _autocast_inputs, _flat_lengths, _window
 
 __all__ = ["FA4_ATTENTION", "fa4_attention_forward", "register_fa4_attention"]
 
@@ -46,14 +50,29 @@ def register_fa4_attention() -> str:
     return FA4_ATTENTION
 
 
-def _kernel():
+def _kernel(query):
+    """FA4's varlen function, or an error saying why it cannot run on ``query``.
+
+    >>> import torch
+    >>> _kernel(torch.zeros(2, 1, 4))
+    Traceback (most recent call last):
+    ...
+    ValueError: attn_implementation='packing_fa4' needs bf16 or fp16 activations, got torch.float32. Load the model with dtype=torch.bfloat16, or train under autocast (Trainer bf16=True / fp16=True).
+    """
+    import torch
+
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        _refuse(
+            f"needs bf16 or fp16 activations, got {query.dtype}",
+            "Load the model with dtype=torch.bfloat16, or train under autocast (Trainer bf16=True / fp16=True).",
+        )
     if not _KERNEL:
         try:
             from flash_attn.cute import flash_attn_varlen_func
         except ImportError:
             raise ImportError(
                 f"attn_implementation={FA4_ATTENTION!r} needs FlashAttention-4 (pip install "
-                "'packing-collators[flash-attn]' on a Hopper or Blackwell GPU). Use 'packing_varlen' elsewhere."
+                "'packing-collators[fa4]' on a Hopper or Blackwell GPU). Use 'packing_varlen' elsewhere."
             ) from None
         _KERNEL.append(flash_attn_varlen_func)
     return _KERNEL[0]
@@ -61,6 +80,12 @@ def _kernel():
 
 def _refuse(what: str, fix: str) -> None:
     raise ValueError(f"attn_implementation={FA4_ATTENTION!r} {what}. {fix}")
+
+
+def _deterministic(requested: bool | None) -> bool:
+    """transformers' rule: the layer's ``deterministic`` kwarg, else ``FLASH_ATTENTION_DETERMINISTIC=1``
+    (which ``Trainer(full_determinism=True)`` sets): FA4's deterministic backward."""
+    return bool(requested) if requested is not None else os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
 
 
 def fa4_attention_forward(
@@ -83,20 +108,16 @@ def fa4_attention_forward(
 
     Args as transformers passes them: query (b, heads, s, head_dim), key/value (b, kv_heads,
     s, head_dim), the ``b * s`` tokens one flat sequence split by ``cu_seq_lens_q/k``;
-    ``max_length_q/k`` Python ints. Returns ``(output, None)``, output (b, s, heads, head_dim).
+    ``max_length_q/k`` Python ints. float32 q/k/v under autocast are cast to its half dtype.
+    Returns ``(output, None)``, output (b, s, heads, head_dim).
 
     >>> import torch
     >>> q = k = v = torch.zeros(1, 2, 3, 4)
     >>> fa4_attention_forward(None, q, k, v, None)
     Traceback (most recent call last):
     ...
-    ValueError: attn_implementation='packing_fa4' needs cu_seq_lens_q/k and max_length_q/k in the batch, and this batch has none. Collate with FlatteningCollator(), or use attn_implementation='flash_attention_4' for padded batches.
+    ValueError: attn_implementation='packing_fa4' needs cu_seq_lens_q/k and max_length_q/k in the batch (model(**batch) passes them to every attention layer); this batch has none. Collate with FlatteningCollator(), or use attn_implementation='sdpa' for padded batches.
     """
-    if cu_seq_lens_q is None or max_length_q is None:
-        _refuse(
-            "needs cu_seq_lens_q/k and max_length_q/k in the batch, and this batch has none",
-            "Collate with FlatteningCollator(), or use attn_implementation='flash_attention_4' for padded batches.",
-        )
     if attention_mask is not None:
         _refuse("got an attention_mask: it runs flattened batches only", "Collate with FlatteningCollator().")
     if dropout:
@@ -104,30 +125,29 @@ def fa4_attention_forward(
             f"has no attention dropout (got dropout={dropout})",
             "Set model.config.attention_dropout = 0.0, or use 'flash_attention_2'.",
         )
-    if query.shape[2] != key.shape[2]:
-        _refuse(
-            "is for training on packed batches, but queries and keys differ in length (decoding with a cache)",
-            "Generate with attn_implementation='sdpa' or 'flash_attention_4'.",
-        )
+    cu_q, cu_k, max_q, max_k = _flat_lengths(
+        query, key, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, name=FA4_ATTENTION
+    )
+    query, key, value = _autocast_inputs(query, key, value)
+    kernel = _kernel(query)
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    left, right = _window(causal, sliding_window, max_k)
     batch, heads, length, dim = query.shape
-    q = query.transpose(1, 2).reshape(batch * length, heads, dim)
-    k = key.transpose(1, 2).reshape(batch * length, key.shape[1], dim)
-    v = value.transpose(1, 2).reshape(batch * length, value.shape[1], value.shape[3])
-    cu_k = cu_seq_lens_q if cu_seq_lens_k is None else cu_seq_lens_k
-    is_causal = kwargs.get("is_causal")
-    out = _kernel()(
-        q,
-        k,
-        v,
-        cu_seqlens_q=cu_seq_lens_q,
+    out = kernel(
+        query.transpose(1, 2).reshape(batch * length, heads, dim),
+        key.transpose(1, 2).reshape(batch * length, key.shape[1], dim),
+        value.transpose(1, 2).reshape(batch * length, value.shape[1], value.shape[3]),
+        cu_seqlens_q=cu_q,
         cu_seqlens_k=cu_k,
-        max_seqlen_q=int(max_length_q),
-        max_seqlen_k=int(max_length_q if max_length_k is None else max_length_k),
+        max_seqlen_q=max_q,
+        max_seqlen_k=max_k,
         softmax_scale=scaling,
-        causal=getattr(module, "is_causal", True) if is_causal is None else is_causal,
-        window_size=(sliding_window - 1, 0) if sliding_window else (None, None),
+        causal=causal,
+        window_size=(None, None) if left < 0 else (left, right),  # no window: as transformers passes it
         learnable_sink=kwargs.get("s_aux"),
         softcap=softcap or 0.0,
+        deterministic=_deterministic(kwargs.get("deterministic")),
     )
     out = out[0] if isinstance(out, tuple) else out
     return out.view(batch, length, heads, out.shape[-1]), None

@@ -128,19 +128,19 @@ def _refuse_unsupported(attention_mask, dropout: float, softcap, kwargs: dict) -
         )
 
 
-def _flat_lengths(query, key, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k):
-    """Check the packed-layout kwargs (shapes only: no device sync) and return them for the kernel."""
+def _flat_lengths(query, key, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, *, name=VARLEN_ATTENTION):
+    """Check the packed-layout kwargs (shapes only: no device sync) and return them for ``name``'s kernel."""
     import torch
 
     if cu_seq_lens_q is None or max_length_q is None:
         raise ValueError(
-            f"attn_implementation={VARLEN_ATTENTION!r} needs cu_seq_lens_q/k and max_length_q/k in the batch "
+            f"attn_implementation={name!r} needs cu_seq_lens_q/k and max_length_q/k in the batch "
             "(model(**batch) passes them to every attention layer); this batch has none. Collate with "
             "FlatteningCollator(), or use attn_implementation='sdpa' for padded batches."
         )
     if query.shape[2] != key.shape[2]:
         raise ValueError(
-            f"attn_implementation={VARLEN_ATTENTION!r} is for training on packed batches: queries "
+            f"attn_implementation={name!r} is for training on packed batches: queries "
             f"({query.shape[2]}) and keys ({key.shape[2]}) differ in length, as when decoding with a cache. "
             "Generate with attn_implementation='sdpa' (model.set_attn_implementation('sdpa'))."
         )
