@@ -13,8 +13,9 @@ built only on the ones above it in this map::
                fit_attention_weight, CostFit             balanced by a cost model fitted from timings
     trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, the safety checks,
                PackingMetricsCallback,                   packing metrics in the logs and
-               check_packing_support, probe_packing,     a varlen attention backend,
-               packing_varlen, measure_token_budget,     a token budget from GPU memory
+               check_packing_support, probe_packing,     varlen attention backends (torch's
+               packing_varlen, packing_fa4,              kernel, FA4's), a token budget from
+               measure_token_budget,                     GPU memory
                check_token_budget                        (measured, or a given one checked)
     cli/       packing-collators analyze|pack            the command line
     _validation.py   the argument checks every folder shares
@@ -30,6 +31,7 @@ from .engine import PackingResult, PackStats, pack_lengths
 from .offline import pack_dataset
 from .sampler import CostFit, fit_attention_weight, lengths_from_dataset
 from .trainer import (
+    FA4_ATTENTION,
     VARLEN_ATTENTION,
     ProbeReport,
     TokenBudget,
@@ -37,6 +39,7 @@ from .trainer import (
     check_token_budget,
     measure_token_budget,
     probe_packing,
+    register_fa4_attention,
     register_varlen_attention,
     varlen_attention_forward,
     warm_up_attention,
@@ -55,6 +58,7 @@ __all__ = [
     "PrePackedCollator",
     "ProbeReport",
     "TokenBudget",
+    "FA4_ATTENTION",
     "VARLEN_ATTENTION",
     "check_packing_support",
     "check_token_budget",
@@ -66,6 +70,7 @@ __all__ = [
     "pack_lengths",
     "pack_sequences",
     "probe_packing",
+    "register_fa4_attention",
     "register_varlen_attention",
     "tokenize_chat",
     "tokenize_chat_example",
