@@ -203,3 +203,15 @@ def test_trainer_warm_up_runs_under_the_trainers_autocast(monkeypatch, tmp_path)
     trainer.train()
     warm = next(c for c in trainer.callback_handler.callbacks if type(c).__name__ == "_AttentionWarmUp")
     assert warm.seconds is not None and trainer.state.global_step == 1
+
+
+@pytest.mark.parametrize("name", ["packing_fa4", "packing_varlen"])
+def test_asking_for_a_library_backend_by_name_registers_it(name, monkeypatch):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    monkeypatch.delitem(AttentionInterface._global_mapping, name, raising=False)
+    monkeypatch.delitem(AttentionMaskInterface._global_mapping, name, raising=False)
+    model = tiny_model("llama", attn="sdpa")
+    assert _attention_choice.choose_attention(model, name) == name
+    assert model.config._attn_implementation == name

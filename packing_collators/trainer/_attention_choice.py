@@ -68,12 +68,24 @@ def _has_module(name: str) -> bool:
         return False
 
 
+def _register_own(name: str) -> None:
+    """Register this library's backends by name, so that asking for one by name just works."""
+    from ._varlen_attention import VARLEN_ATTENTION, register_varlen_attention
+
+    if name == VARLEN_ATTENTION:
+        register_varlen_attention()
+    elif name == FA4_ATTENTION:
+        from ._fa4_attention import register_fa4_attention
+
+        register_fa4_attention()
+
+
 def choose_attention(model, requested: str | None = AUTO_ATTENTION) -> str:
     """Set ``model``'s attention implementation for packed training and return it.
 
     ``requested``: ``"auto"`` (the fastest packed-correct one available, else the model's
-    own), ``None`` (keep the model's), or a name (set exactly that one; transformers raises
-    if it cannot run here).
+    own), ``None`` (keep the model's), or a name (set exactly that one, registering this
+    library's ``packing_varlen`` / ``packing_fa4`` first; transformers raises if it cannot run here).
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1,
@@ -88,6 +100,7 @@ def choose_attention(model, requested: str | None = AUTO_ATTENTION) -> str:
     if requested is None:
         return current
     if requested != AUTO_ATTENTION:
+        _register_own(requested)
         model.set_attn_implementation(requested)
         return requested
     parameter = next(model.parameters(), None)
