@@ -112,6 +112,7 @@ def main() -> None:
                 f"({plan['repeated_examples']:,} repeated examples even out the last round)",
             },
         )
+    accelerator.wait_for_everyone()  # no rank tears the process group down while another still uses it
     accelerator.end_training()
 
 
