@@ -215,3 +215,15 @@ def test_asking_for_a_library_backend_by_name_registers_it(name, monkeypatch):
     model = tiny_model("llama", attn="sdpa")
     assert _attention_choice.choose_attention(model, name) == name
     assert model.config._attn_implementation == name
+
+
+def test_a_model_that_does_not_switch_is_not_reported_as_switched(monkeypatch):
+    # transformers only warns where a model cannot change its attention: the choice must not
+    # claim an implementation the model does not run
+    register_fa4_attention()
+    model = tiny_model("llama", attn="sdpa")
+    monkeypatch.setattr(type(model), "set_attn_implementation", lambda self, name: None)
+    with pytest.raises(ValueError, match="did not switch to attn_implementation='packing_varlen'"):
+        _attention_choice.choose_attention(model, "packing_varlen")
+    monkeypatch.setattr(_attention_choice, "packed_attention_candidates", lambda device: ["packing_varlen"])
+    assert _attention_choice.choose_attention(model) == "sdpa" == model.config._attn_implementation

@@ -99,9 +99,19 @@ def choose_attention(model, requested: str | None = AUTO_ATTENTION) -> str:
     current = getattr(text_config(model), "_attn_implementation", None)
     if requested is None:
         return current
+
+    def set_to(name: str) -> None:  # transformers may only warn where a model cannot switch: check it did
+        model.set_attn_implementation(name)
+        now = getattr(text_config(model), "_attn_implementation", None)
+        if now != name:
+            raise ValueError(
+                f"{type(model).__name__} did not switch to attn_implementation={name!r} (it has {now!r}; "
+                "transformers logs why). Load the model with that attn_implementation instead."
+            )
+
     if requested != AUTO_ATTENTION:
         _register_own(requested)
-        model.set_attn_implementation(requested)
+        set_to(requested)
         return requested
     parameter = next(model.parameters(), None)
     for candidate in packed_attention_candidates(parameter.device if parameter is not None else None):
@@ -110,7 +120,7 @@ def choose_attention(model, requested: str | None = AUTO_ATTENTION) -> str:
         try:
             if candidate == FA4_ATTENTION:  # transformers validates FA4's install and GPU for its own name
                 model.set_attn_implementation("flash_attention_4")
-            model.set_attn_implementation(candidate)
+            set_to(candidate)
             check_packing_support(model, probe=False)
         except (ImportError, ValueError) as error:
             logger.info("attention %s not taken: %s", candidate, str(error).splitlines()[0][:200])
