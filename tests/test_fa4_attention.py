@@ -227,3 +227,20 @@ def test_a_model_that_does_not_switch_is_not_reported_as_switched(monkeypatch):
         _attention_choice.choose_attention(model, "packing_varlen")
     monkeypatch.setattr(_attention_choice, "packed_attention_candidates", lambda device: ["packing_varlen"])
     assert _attention_choice.choose_attention(model) == "sdpa" == model.config._attn_implementation
+
+
+def test_what_a_backend_lacks_follows_the_function_registered_not_the_name(monkeypatch):
+    from transformers import AttentionInterface
+    from transformers.integrations.flash_attention import flash_attention_forward
+
+    from packing_collators import register_varlen_attention
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "my_flash", flash_attention_forward)
+    register_varlen_attention("my_varlen")
+    softcapped = tiny_model("llama", attn="sdpa")
+    softcapped.config.attn_logit_softcapping = 50.0
+    softcapped.config._attn_implementation = "my_flash"  # FA2/3/4's own function: it has softcapping
+    assert check_packing_support(softcapped, probe=False) == "my_flash"
+    softcapped.config._attn_implementation = "my_varlen"  # torch's varlen kernel, under another name
+    with pytest.raises(ValueError, match="softcapping.*PyTorch's varlen kernel lacks"):
+        check_packing_support(softcapped, probe=False)

@@ -110,21 +110,25 @@ def attention_kind(implementation: str | None) -> str:
         from transformers.integrations.flash_attention import flash_attention_forward
     except ImportError:  # pragma: no cover - transformers without these names
         return "unknown"
+    if _own_backend(implementation) is not None:
+        return "cu_seq_lens"
+    return (
+        "cu_seq_lens"
+        if AttentionInterface._global_mapping.get(implementation) is flash_attention_forward
+        else "unknown"
+    )
+
+
+def _own_backend(implementation: str | None) -> str | None:
+    """``"varlen"`` or ``"fa4"`` where ``implementation`` is registered to one of this library's backends
+    (under any name), else None: what each lacks is checked by that, not by name."""
+    from transformers import AttentionInterface
+
     from ._fa4_attention import fa4_attention_forward
     from ._varlen_attention import varlen_attention_forward
 
     registered = AttentionInterface._global_mapping.get(implementation)
-    kernels = (varlen_attention_forward, fa4_attention_forward, flash_attention_forward)
-    return "cu_seq_lens" if registered in kernels else "unknown"
-
-
-def _is_fa4(implementation: str | None) -> bool:
-    """Whether ``implementation`` is this library's FA4 backend (it has logit softcapping; packing_varlen has not)."""
-    from transformers import AttentionInterface
-
-    from ._fa4_attention import fa4_attention_forward
-
-    return AttentionInterface._global_mapping.get(implementation) is fa4_attention_forward
+    return {varlen_attention_forward: "varlen", fa4_attention_forward: "fa4"}.get(registered)
 
 
 def _is_recurrent(config) -> bool:
@@ -171,8 +175,9 @@ def _check_model(model) -> tuple[str, Any]:
             f"(cu_seq_lens or position_ids). Use one of {', '.join(FLASH_IMPLEMENTATIONS)}, 'packing_varlen' "
             "(register_varlen_attention()), 'flex_attention', 'sdpa' or 'eager'."
         )
-    if kind == "cu_seq_lens" and implementation not in FLASH_IMPLEMENTATIONS:  # packing_varlen, packing_fa4
-        if getattr(config, "attn_logit_softcapping", None) is not None and not _is_fa4(implementation):
+    backend = _own_backend(implementation)
+    if backend is not None:  # packing_varlen, packing_fa4: what their kernels lack
+        if getattr(config, "attn_logit_softcapping", None) is not None and backend == "varlen":
             raise ValueError(
                 f"{name} uses attention logit softcapping ({config.attn_logit_softcapping}), which PyTorch's varlen "
                 "kernel lacks. Use attn_implementation='flash_attention_2' or 'flex_attention'."
@@ -258,7 +263,7 @@ def _check_batch(batch: Mapping[str, Any], implementation: str, config) -> None:
             "them from position_ids when there is one row): the examples of each row would attend to each other. "
             "Collate with PrePackedCollator(mode='flatten') (or FlatteningCollator); mode='pad' is for sdpa/eager/flex."
         )
-    elif kind == "cu_seq_lens" and implementation not in FLASH_IMPLEMENTATIONS:
+    elif _own_backend(implementation) is not None:
         raise ValueError(
             f"attn_implementation={implementation!r} needs cu_seq_lens_q/k and max_length_q/k in the batch; "
             "collate with FlatteningCollator."
