@@ -114,14 +114,20 @@ def test_on_a_cpu_the_memory_check_is_skipped_and_auto_is_refused(tmp_path):
         trainer(tmp_path / "auto", max_tokens_per_batch="auto").train()
 
 
-def test_auto_uses_the_measured_budget_for_the_longest_example(tmp_path, fake_gpu, monkeypatch):
-    measured = []
+@pytest.fixture
+def measured(monkeypatch):
+    """measure_token_budget replaced by one that says 48 tokens; the list of ``longest`` it was asked for."""
+    asked = []
 
     def measure(model, *, longest, **options):
-        measured.append(longest)
+        asked.append(longest)
         return TokenBudget(48, longest, GIB, 1e6, 0, 80 * GIB, 0.9)
 
     monkeypatch.setattr(_memory_budget, "measure_token_budget", measure)
+    return asked
+
+
+def test_auto_uses_the_measured_budget_for_the_longest_example(tmp_path, fake_gpu, measured):
     _, calls = fake_gpu
     run = trainer(tmp_path, max_tokens_per_batch="auto")
     loader = run.get_train_dataloader()
@@ -168,15 +174,8 @@ def test_the_forward_of_a_dry_run_runs_under_autocast(monkeypatch):
     assert seen == [True, True, False]
 
 
-def test_auto_measures_once_so_evaluation_during_training_reuses_it(tmp_path, fake_gpu, monkeypatch):
+def test_auto_measures_once_so_evaluation_during_training_reuses_it(tmp_path, fake_gpu, measured):
     # Measuring again at the first evaluate() would run a training step beside AdamW's real states.
-    measured = []
-
-    def measure(model, *, longest, **options):
-        measured.append(longest)
-        return TokenBudget(48, longest, GIB, 1e6, 0, 80 * GIB, 0.9)
-
-    monkeypatch.setattr(_memory_budget, "measure_token_budget", measure)
     run = trainer(tmp_path, max_tokens_per_batch="auto", eval_packing="multipack")
     run.eval_dataset = datasets.Dataset.from_list(random_examples([3, 30, 5], seed=8))
     run.get_train_dataloader()
