@@ -105,7 +105,8 @@ SIZES = {  # hidden, layers, heads, kv_heads, intermediate
 
 
 def build_model(args, attn: str, device, dtype):
-    """A Llama-style model of ``args.size`` (random weights, seeded by ``args.seed``) on ``device``."""
+    """A Llama-style model of ``args.size`` (random weights, seeded by ``args.seed``) on ``device``, with ``attn``
+    (this library's packing_varlen / packing_fa4 registered first)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -124,10 +125,10 @@ def build_model(args, attn: str, device, dtype):
     torch.manual_seed(args.seed)
     with torch.device(device):  # initialise on the GPU: seconds instead of a minute on the CPU
         model = LlamaForCausalLM(config).to(dtype=dtype)
-    if attn == "packing_fa4":  # the library's FA4 backend: registered before the first forward
-        from packing_collators.trainer import register_fa4_attention
+    if attn in ("packing_varlen", "packing_fa4"):  # the library's backends: registered before the first forward
+        from packing_collators import register_fa4_attention, register_varlen_attention
 
-        register_fa4_attention()
+        (register_varlen_attention if attn == "packing_varlen" else register_fa4_attention)()
     model.config._attn_implementation = attn
     model.train()
     return model

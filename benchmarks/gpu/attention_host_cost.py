@@ -154,14 +154,8 @@ def measure_calls(args) -> dict:
 
 
 def measure_step(attn: str, args, out: Path) -> dict:
-    from packing_collators import FlatteningCollator, register_varlen_attention, warm_up_attention
+    from packing_collators import FlatteningCollator, warm_up_attention
 
-    if attn == "packing_varlen":
-        register_varlen_attention()
-    if attn == "packing_fa4":
-        from packing_collators.trainer import register_fa4_attention
-
-        register_fa4_attention()
     model = build_model(
         SimpleNamespace(size=args.size, vocab=32000, max_length=2048, seed=0), attn, "cuda", torch.bfloat16
     )

@@ -67,10 +67,6 @@ def run(args) -> None:
     if args.replicas % world:
         raise SystemExit(f"--replicas {args.replicas} must be a multiple of the {world} processes")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    if args.attn == "packing_varlen":
-        from packing_collators import register_varlen_attention
-
-        register_varlen_attention()
     lengths = np.minimum(lengths_of(args.distribution, args.examples, seed=0), args.max_length)
     examples = markov_tokens(lengths, args.vocab, seed=0)
     samplers = [

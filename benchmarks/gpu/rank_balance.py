@@ -319,10 +319,6 @@ def prepare_model(args, device: torch.device, compiles: CompileCounter):
     """The model, gradient checkpointing on if asked, attention kernels warmed up, wrapped in DDP."""
     from torch.nn.parallel import DistributedDataParallel
 
-    if args.attn == "packing_varlen":
-        from packing_collators import register_varlen_attention
-
-        register_varlen_attention()
     model = build_model(args, args.attn, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
     if args.grad_checkpointing:  # before the warm-up: its longest batch then fits at 32k on a 1B model
         options = {"use_reentrant": False}

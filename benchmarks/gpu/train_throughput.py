@@ -505,14 +505,6 @@ def main() -> None:
     args.attn, args.oracle_attn = args.attn.split(","), args.oracle_attn.split(",")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    if "packing_varlen" in args.attn + args.oracle_attn:
-        from packing_collators import register_varlen_attention
-
-        register_varlen_attention()
-    if "packing_fa4" in args.attn + args.oracle_attn:
-        from packing_collators.trainer import register_fa4_attention
-
-        register_fa4_attention()
     args.out.mkdir(parents=True, exist_ok=True)
     results, out_of_memory = {}, {}
     for dist in args.distributions.split(","):

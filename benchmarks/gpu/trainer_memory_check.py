@@ -114,10 +114,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.command = command()
-    if args.attn == "packing_varlen":
-        from packing_collators import register_varlen_attention
-
-        register_varlen_attention()
     lengths = lengths_of(args.distribution, args.examples, seed=0, high=args.max_length)
     dataset = [{"input_ids": e} for e in markov_tokens(lengths, 32000, seed=0)]
     model_args = argparse.Namespace(size=args.size, vocab=32000, max_length=args.too_long, seed=0)

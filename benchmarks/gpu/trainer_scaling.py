@@ -133,10 +133,6 @@ def run(args) -> None:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     device = torch.device("cuda" if cuda else "cpu")
-    if args.attn == "packing_varlen":
-        from packing_collators import register_varlen_attention
-
-        register_varlen_attention()
     lengths = np.minimum(lengths_of(args.distribution, args.examples, seed=0), args.max_length)
     dataset = [{"input_ids": e} for e in markov_tokens(lengths, args.vocab, seed=0)]
     model = build_model(args, args.attn, device, torch.bfloat16 if cuda else torch.float32)
