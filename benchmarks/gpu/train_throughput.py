@@ -203,10 +203,14 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         torch.cuda.reset_peak_memory_stats()
     losses, val_losses, slots, flops, step_times, issue_shares = [], [], 0, 0.0, [], []
     compiles_warmup = compiles_timed = 0
+    window = args.timing == "window"  # timed steps back to back, as Trainer runs them: one sync at each end
     for step, micro_batches in enumerate(plan.steps):
-        sync(device)
+        if not window or step == args.warmup:
+            sync(device)
         compiled_before = COMPILES.count
         start = time.perf_counter()
+        if step == args.warmup:
+            window_start = start
         cpu_batches = [next(batches) for _ in micro_batches]
         n_items = sum(int((b["labels"][:, 1:] != -100).sum()) for b in cpu_batches)
         total = 0.0
@@ -222,7 +226,11 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         issued = time.perf_counter()  # the host has queued the whole step; the GPU may still be busy
-        losses.append(float(total))
+        losses.append(total if window else float(total))  # float() waits for the GPU
+        if window:
+            compiles_timed += COMPILES.count - compiled_before if step >= args.warmup else 0
+            compiles_warmup += COMPILES.count - compiled_before if step < args.warmup else 0
+            continue
         sync(device)
         if step >= args.warmup:
             step_times.append(time.perf_counter() - start)
@@ -232,7 +240,12 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
             compiles_warmup += COMPILES.count - compiled_before
         if args.eval_every and (step + 1) % args.eval_every == 0:
             val_losses.append((step + 1, evaluate(model, val_batches, device)))
-    seconds = sum(step_times)
+    if window:
+        sync(device)
+        seconds = time.perf_counter() - window_start
+        losses = [float(x) for x in losses]
+    else:
+        seconds = sum(step_times)
     print(
         f"    [{attn}] build {built:.1f}s, whole run {time.perf_counter() - began:.1f}s, timed steps {seconds:.1f}s",
         flush=True,
@@ -250,7 +263,7 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
         "achieved_tflops": flops / seconds / 1e12,
         # median share of a step the host spent queuing its work: near 1, the GPU waits on Python/launches
-        "host_issue_share": float(np.median(issue_shares)),
+        "host_issue_share": float(np.median(issue_shares)) if issue_shares else None,
         "train_loss": losses,
         "val_loss": val_losses,
         "params": n_params,
@@ -294,7 +307,9 @@ def report(results: dict, args, out_of_memory: dict | None = None) -> str:
     lines = [
         f"## Training throughput: {args.size} Llama-style, bf16, {card_name()}",
         "",
-        f"{args.steps} timed steps after {args.warmup} warm-up, median of {args.rounds} alternating round(s), "
+        f"{args.steps} timed steps after {args.warmup} warm-up"
+        + (" (timed back to back as one span)" if args.timing == "window" else " (each synchronised)")
+        + f", median of {args.rounds} alternating round(s), "
         f"~{args.tokens_per_step} tokens per step, "
         f"max length {args.max_length}"
         + (", gradient checkpointing" if args.grad_checkpointing else "")
@@ -455,6 +470,15 @@ def main() -> None:
         default="flattened,multipack",
         help="packed modes run on every --attn backend; other packed modes on the first only",
     )
+    parser.add_argument(
+        "--timing",
+        choices=("step", "window"),
+        default="step",
+        help="step: each timed step synchronised on its own (and its host-queue share recorded); window: "
+        "the timed steps back to back with one sync at each end, as Trainer runs them when it does not "
+        "log every step, so the host may queue the next step while the GPU finishes this one "
+        "(needs --eval-every 0)",
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument(
@@ -500,8 +524,13 @@ def main() -> None:
     if args.smoke:
         args.size, args.vocab, args.steps, args.warmup, args.examples = "tiny", 128, 4, 1, 3000
         args.tokens_per_step = args.micro_tokens = 2048
-        args.max_length, args.attn, args.workers, args.eval_every = 512, "sdpa", 0, 2
+        args.max_length, args.attn, args.workers = 512, "sdpa", 0
+        args.eval_every = 0 if args.timing == "window" else 2
         args.rounds = min(args.rounds, 2)
+    if args.timing == "window" and args.eval_every:
+        parser.error(
+            "--timing window times the steps as one span; an evaluation inside it would count: add --eval-every 0"
+        )
     args.attn, args.oracle_attn = args.attn.split(","), args.oracle_attn.split(",")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
