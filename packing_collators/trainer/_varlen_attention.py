@@ -25,10 +25,18 @@ float32 q/k/v under autocast are cast to its half dtype, sliding windows map to
 what the kernel cannot do (logit softcapping, attention sinks, dropout, padded
 batches, decoding with a cache) is refused with an error naming the alternative.
 Cost: the kernel call plus at most one int32 cast of ``cu_seq_lens`` per layer.
+
+Flash only: newer PyTorch builds let ``varlen_attn`` pick cuDNN's ragged kernel instead
+(``torch.nn.attention.varlen._select_backend``; cuDNN >= 9.18, Hopper/Blackwell, no GQA).
+On the H100 image this library was measured on, that kernel returned wrong dq/dk for a
+packed batch (``benchmarks/gpu/packed_kernels.py``), and the packing probe checks the
+forward pass only, so this backend keeps ``varlen_attn`` on the Flash kernel it was
+validated with wherever PyTorch would choose between the two.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable
@@ -228,8 +236,37 @@ def varlen_attention_forward(
         )
     else:
         options["is_causal"] = window == (-1, 0)
-    out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, **options)
+    with _flash_only():
+        out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, **options)
     return out.view(query.shape[0], query.shape[2], heads, out.shape[-1]), None
+
+
+def _flash_only():
+    """A context that keeps ``varlen_attn`` on its Flash kernel where this PyTorch could pick cuDNN's.
+
+    PyTorch builds whose ``varlen_attn`` chooses a backend (``_select_backend``) choose by the
+    sdpa backend flags; enabling only Flash for the call pins it (the backward follows the
+    forward's choice). Elsewhere ``varlen_attn`` runs Flash anyway: nothing to do.
+
+    >>> import torch
+    >>> with _flash_only():  # this PyTorch's varlen_attn has no backend choice, or Flash is pinned
+    ...     torch.backends.cuda.flash_sdp_enabled()
+    True
+    """
+    if not _varlen_chooses_backend():
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+
+
+@functools.cache
+def _varlen_chooses_backend() -> bool:
+    try:
+        from torch.nn.attention import varlen
+    except ImportError:
+        return False
+    return hasattr(varlen, "_select_backend")
 
 
 def _autocast_inputs(query, key, value):
