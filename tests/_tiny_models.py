@@ -87,6 +87,7 @@ def reference_varlen_attn(
     scale=None,
     window_size=(-1, -1),
     enable_gqa=False,
+    num_splits=None,
     is_causal=None,
 ):
     """``varlen_attn`` semantics on CPU: per-segment sdpa with the (left, right) window as a mask."""

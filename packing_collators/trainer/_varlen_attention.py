@@ -26,17 +26,17 @@ what the kernel cannot do (logit softcapping, attention sinks, dropout, padded
 batches, decoding with a cache) is refused with an error naming the alternative.
 Cost: the kernel call plus at most one int32 cast of ``cu_seq_lens`` per layer.
 
-Flash only: newer PyTorch builds let ``varlen_attn`` pick cuDNN's ragged kernel instead
-(``torch.nn.attention.varlen._select_backend``; cuDNN >= 9.18, Hopper/Blackwell, no GQA).
-On the H100 image this library was measured on, that kernel returned wrong dq/dk for a
-packed batch (``benchmarks/gpu/packed_kernels.py``), and the packing probe checks the
-forward pass only, so this backend keeps ``varlen_attn`` on the Flash kernel it was
-validated with wherever PyTorch would choose between the two.
+Flash only: PyTorch 2.14 sends some ``varlen_attn`` calls to cuDNN's ragged kernel instead
+(cuDNN >= 9.18 on Hopper/Blackwell, full attention without GQA; later builds causal ones
+too). On the H100 image this library was measured on, that kernel's backward returned wrong
+dq/dk for a packed batch (``benchmarks/gpu/packed_kernels.py``), and the packing probe checks
+the forward pass only. So the call passes ``num_splits=1``, which cuDNN's path does not take:
+it stays on the Flash kernel it was validated with. (Split-KV, which that turns off, is a
+decoding aid; a training batch fills the GPU without it.)
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 from collections.abc import Callable
@@ -226,6 +226,8 @@ def varlen_attention_forward(
             options["scale"] = scaling
         else:  # the kernel scales by 1/sqrt(head_dim); fold the difference into q
             q = q * (scaling * head_dim**0.5)
+    if "num_splits" in params:  # keeps PyTorch >= 2.14 on the Flash kernel (module docstring)
+        options["num_splits"] = 1
     window = _window(is_causal, sliding_window, max_k)
     if "window_size" in params:
         options["window_size"] = window
@@ -236,37 +238,8 @@ def varlen_attention_forward(
         )
     else:
         options["is_causal"] = window == (-1, 0)
-    with _flash_only():
-        out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, **options)
+    out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, **options)
     return out.view(query.shape[0], query.shape[2], heads, out.shape[-1]), None
-
-
-def _flash_only():
-    """A context that keeps ``varlen_attn`` on its Flash kernel where this PyTorch could pick cuDNN's.
-
-    PyTorch builds whose ``varlen_attn`` chooses a backend (``_select_backend``) choose by the
-    sdpa backend flags; enabling only Flash for the call pins it (the backward follows the
-    forward's choice). Elsewhere ``varlen_attn`` runs Flash anyway: nothing to do.
-
-    >>> import torch
-    >>> with _flash_only():  # this PyTorch's varlen_attn has no backend choice, or Flash is pinned
-    ...     torch.backends.cuda.flash_sdp_enabled()
-    True
-    """
-    if not _varlen_chooses_backend():
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
-
-
-@functools.cache
-def _varlen_chooses_backend() -> bool:
-    try:
-        from torch.nn.attention import varlen
-    except ImportError:
-        return False
-    return hasattr(varlen, "_select_backend")
 
 
 def _autocast_inputs(query, key, value):
