@@ -55,8 +55,7 @@ def test_kernel_gets_collator_lengths_gqa_scale_and_causal_window(calls):
     assert q.shape == (13, 4, 8) and k.shape == v.shape == (13, 2, 8)  # k/v not repeated
     assert cu_q.tolist() == cu_k.tolist() == [0, 4, 10, 13] and cu_q.dtype == torch.int32
     assert (max_q, max_k) == (6, 6)
-    # num_splits=1: PyTorch >= 2.14 would otherwise send some calls to cuDNN's ragged kernel
-    assert options == {"enable_gqa": True, "scale": 8**-0.5, "window_size": (-1, 0), "num_splits": 1}
+    assert options == {"enable_gqa": True, "scale": 8**-0.5, "window_size": (-1, 0)}
 
 
 def test_sliding_window_maps_to_left_window(calls):
@@ -203,3 +202,35 @@ def test_kernel_keywords_match_this_torch():
     params = set(inspect.signature(varlen.varlen_attn).parameters)
     assert {"query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k"} <= params
     assert {"scale", "window_size", "enable_gqa"} <= params or "is_causal" in params
+
+
+@pytest.fixture
+def varlen_can_pick_cudnn(monkeypatch):
+    """This PyTorch's varlen module as PyTorch 2.14's: one that may route a call to cuDNN's ragged kernel."""
+    varlen = pytest.importorskip("torch.nn.attention.varlen")
+    monkeypatch.setattr(varlen, "_can_use_cudnn", lambda *args, **kwargs: True, raising=False)
+    _attention._varlen_can_pick_cudnn.cache_clear()
+    yield
+    _attention._varlen_can_pick_cudnn.cache_clear()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_varlen_that_can_pick_cudnn_gets_a_bounded_window_and_the_same_outputs(varlen_can_pick_cudnn, causal):
+    # PyTorch 2.14 routes window (-1, -1) calls to cuDNN's ragged kernel, in the forward and again in the
+    # backward; an unbounded side passed as the longest sequence keeps both on Flash, for the same attention.
+    register_varlen_attention()
+    seen = []
+    kernel = recording(reference_varlen_attn, seen)
+    module = type("Layer", (), {"is_causal": causal})()
+    batch = FlatteningCollator()(random_examples([4, 6, 3]))
+    q, k, v = (torch.randn(1, 2, 13, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    flat = {key: batch[key] for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_attention, "_load_varlen_attn", lambda query: kernel)
+        out, _ = varlen_attention_forward(module, q, k, v, None, **flat)
+    assert seen[0][1]["window_size"] == ((6, 0) if causal else (6, 6))
+    unbounded = (-1, 0) if causal else (-1, -1)
+    flat_qkv = [x.transpose(1, 2).reshape(13, 2, 8) for x in (q, k, v)]
+    cu = batch["cu_seq_lens_q"].int()
+    want = reference_varlen_attn(*flat_qkv, cu, cu, 6, 6, window_size=unbounded)
+    torch.testing.assert_close(out.reshape(13, 2, 8), want)

@@ -27,12 +27,14 @@ batches, decoding with a cache) is refused with an error naming the alternative.
 Cost: the kernel call plus at most one int32 cast of ``cu_seq_lens`` per layer.
 
 Flash only: PyTorch 2.14 sends some ``varlen_attn`` calls to cuDNN's ragged kernel instead
-(cuDNN >= 9.18 on Hopper/Blackwell, full attention without GQA; later builds causal ones
-too). On the H100 image this library was measured on, that kernel's backward returned wrong
-dq/dk for a packed batch (``benchmarks/gpu/packed_kernels.py``), and the packing probe checks
-the forward pass only. So the call passes ``num_splits=1``, which cuDNN's path does not take:
-it stays on the Flash kernel it was validated with. (Split-KV, which that turns off, is a
-decoding aid; a training batch fills the GPU without it.)
+(cuDNN >= 9.18 on Hopper/Blackwell, window ``(-1, -1)``, no GQA; later builds causal ones
+too), deciding again in the backward. Called as an aten op, that kernel returned wrong dq/dk
+for a packed batch on the H100 image measured (cuDNN 9.19, ``benchmarks/gpu/packed_kernels.py``),
+and the packing probe checks the forward pass only. Where ``varlen_attn`` can route to cuDNN,
+an unbounded side of the window is therefore passed as the longest sequence (``-1`` becomes
+``max_length_k``: the same attention, as every key of a sequence lies within it), which
+cuDNN's path turns down in the forward and the backward, and which Flash reads as unbounded
+again: the call stays on the Flash kernel this library was validated with.
 """
 
 from __future__ import annotations
@@ -226,9 +228,9 @@ def varlen_attention_forward(
             options["scale"] = scaling
         else:  # the kernel scales by 1/sqrt(head_dim); fold the difference into q
             q = q * (scaling * head_dim**0.5)
-    if "num_splits" in params:  # keeps PyTorch >= 2.14 on the Flash kernel (module docstring)
-        options["num_splits"] = 1
     window = _window(is_causal, sliding_window, max_k)
+    if _varlen_can_pick_cudnn():  # keep it on Flash (module docstring)
+        window = tuple(max_k if side == -1 else side for side in window)
     if "window_size" in params:
         options["window_size"] = window
     elif window not in ((-1, 0), (-1, -1)):
@@ -240,6 +242,17 @@ def varlen_attention_forward(
         options["is_causal"] = window == (-1, 0)
     out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, **options)
     return out.view(query.shape[0], query.shape[2], heads, out.shape[-1]), None
+
+
+@functools.cache
+def _varlen_can_pick_cudnn() -> bool:
+    """Whether this PyTorch's ``varlen_attn`` may run cuDNN's ragged kernel instead of Flash's:
+    2.14 decides in ``_can_use_cudnn``, later builds in ``_select_backend``."""
+    try:
+        from torch.nn.attention import varlen
+    except ImportError:
+        return False
+    return hasattr(varlen, "_can_use_cudnn") or hasattr(varlen, "_select_backend")
 
 
 def _autocast_inputs(query, key, value):
