@@ -13,7 +13,7 @@ alternating, medians of --rounds:
     cudnn_ragged_packed   the same micro-batch through cuDNN's ragged path (aten._cudnn_attention_forward
                           with cum_seq_q/k, as nested tensors use it; k/v repeated to 32 heads)
 
-and checks each packed kernel against a float32 per-example reference (max |diff| of the output
+and checks each packed kernel against a per-example reference run in float32 (max |diff| of the output
 and of dq/dk/dv), so a fast kernel that mixes examples shows up as wrong, not as fast.
 
 Usage (GPU): python benchmarks/gpu/packed_kernels.py --out benchmarks/results/packed_kernels
@@ -90,16 +90,18 @@ def fwd_bwd(fn, q, k, v, dout, *extra):
 
 
 def check(fn, lengths, device) -> dict:
-    """Max |diff| against the float32 per-example reference, on a small packed batch."""
+    """Max |diff| against the per-example reference computed in float32 (float32 leaves, so its
+    gradients stay float32), and the largest |reference| value of each, for scale."""
     lengths = [int(n) for n in lengths]
     q, k, v, dout = inputs(sum(lengths), device, 1)
     cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
     got = fwd_bwd(fn, q, k, v, dout, cu, max(lengths))
-    want = fwd_bwd(lambda a, b, c: reference(a, b, c, lengths), q, k, v, dout.float())
-    return {
-        name: float((g.detach().float() - w.detach().float()).abs().max())
-        for name, g, w in zip(("out", "dq", "dk", "dv"), got, want)
-    }
+    want = fwd_bwd(lambda a, b, c: reference(a, b, c, lengths), q.float(), k.float(), v.float(), dout.float())
+    result = {}
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        result[name] = float((g.detach().float() - w.detach()).abs().max())
+        result[f"{name}_scale"] = float(w.detach().abs().max())
+    return result
 
 
 def kernel_ms(run, iters: int) -> float:
@@ -133,14 +135,26 @@ def report(results: dict) -> str:
         base = run["ms_per_16k"]["dense_cudnn"]
         cells = [f"{run['ms_per_16k'][n]:.3f} ({run['ms_per_16k'][n] / base:.0%})" for n in names]
         lines.append(f"| {dist} | {run['examples']} | " + " | ".join(cells) + " |")
+
+    def shown(diff) -> str:  # "dq 0.0156 of 4.1": max |difference|, then the largest |reference| value
+        if not isinstance(diff, dict):
+            return diff
+        return ", ".join(
+            f"{k} {diff[k]:.3g}" + (f" of {diff[k + '_scale']:.3g}" if k + "_scale" in diff else "")
+            for k in ("out", "dq", "dk", "dv")
+        )
+
     lines += [
         "",
-        "Max |difference| from a float32 per-example reference (examples of 7, 130, 1, 300, 64, 129 tokens):",
+        "Max |difference| from a per-example reference in float32 (of the reference's largest |value| where "
+        "recorded): on examples of 7, 130, 1, 300, 64, 129 tokens, and on each timed micro-batch:",
         "",
     ]
     for name, diff in results["exactness"].items():
-        shown = ", ".join(f"{k} {v:.3g}" for k, v in diff.items()) if isinstance(diff, dict) else diff
-        lines.append(f"- {name}: {shown}")
+        lines.append(f"- {name}, the 6 examples: {shown(diff)}")
+    for dist, run in results["runs"].items():
+        for name, diff in run.get("exactness", {}).items():
+            lines.append(f"- {name}, {dist}'s micro-batch: {shown(diff)}")
     return "\n".join(lines) + "\n"
 
 
@@ -206,7 +220,19 @@ def main() -> None:
             for name, run in live.items():
                 times[name].append(kernel_ms(run, args.repeats))
         per = {name: statistics.median(t) / tokens[name] * args.tokens for name, t in times.items()}
-        results["runs"][dist] = {"examples": len(seg), "tokens": total, "mean": mean, "ms_per_16k": per}
+        exact = {}
+        for name, fn in contenders.items():  # the timed micro-batch itself against the reference
+            try:
+                exact[name] = check(fn, seg, device)
+            except Exception as error:
+                exact[name] = f"{type(error).__name__}: {str(error)[:300]}"
+        results["runs"][dist] = {
+            "examples": len(seg),
+            "tokens": total,
+            "mean": mean,
+            "ms_per_16k": per,
+            "exactness": exact,
+        }
         print(dist, len(seg), "examples", {k: round(v, 3) for k, v in per.items()}, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "packed_kernels.json").write_text(json.dumps(results, indent=1))
