@@ -203,7 +203,7 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         torch.cuda.reset_peak_memory_stats()
     losses, val_losses, slots, flops, step_times, issue_shares = [], [], 0, 0.0, [], []
     compiles_warmup = compiles_timed = 0
-    window = args.timing == "window"  # timed steps back to back, as Trainer runs them: one sync at each end
+    window = args.timing == "window"  # timed steps back to back: this script syncs only at each end
     for step, micro_batches in enumerate(plan.steps):
         if not window or step == args.warmup:
             sync(device)
@@ -475,9 +475,10 @@ def main() -> None:
         choices=("step", "window"),
         default="step",
         help="step: each timed step synchronised on its own (and its host-queue share recorded); window: "
-        "the timed steps back to back with one sync at each end, as Trainer runs them when it does not "
-        "log every step, so the host may queue the next step while the GPU finishes this one "
-        "(needs --eval-every 0)",
+        "the timed steps back to back with no sync of this script's between them (one at each end), so "
+        "the host may queue the optimizer step and the next batch while the GPU finishes; the model's "
+        "forward still syncs once per step (transformers' packed-sequence check), as does Trainer's "
+        "default NaN/inf loss filter (needs --eval-every 0)",
     )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
