@@ -16,6 +16,8 @@ from _tiny_models import random_examples, reference_varlen_attn, tiny_model
 from packing_collators import FlatteningCollator, register_varlen_attention, varlen_attention_forward
 from packing_collators.trainer import _varlen_attention as _attention
 
+REAL_CUDNN_CHECK = _attention._varlen_can_pick_cudnn  # conftest stands it in with "no" for every test
+
 
 def recording(kernel, calls):
     @functools.wraps(kernel)
@@ -206,12 +208,39 @@ def test_kernel_keywords_match_this_torch():
 
 @pytest.fixture
 def varlen_can_pick_cudnn(monkeypatch):
-    """This PyTorch's varlen module as PyTorch 2.14's: one that may route a call to cuDNN's ragged kernel."""
+    """This PyTorch's varlen module as PyTorch 2.14's: one that may route a call to cuDNN's ragged kernel
+    (the real check, not the conftest's stand-in that keeps the other tests' windows unbounded)."""
     varlen = pytest.importorskip("torch.nn.attention.varlen")
     monkeypatch.setattr(varlen, "_can_use_cudnn", lambda *args, **kwargs: True, raising=False)
-    _attention._varlen_can_pick_cudnn.cache_clear()
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(_attention, "_varlen_can_pick_cudnn", REAL_CUDNN_CHECK)
+    REAL_CUDNN_CHECK.cache_clear()
     yield
-    _attention._varlen_can_pick_cudnn.cache_clear()
+    REAL_CUDNN_CHECK.cache_clear()
+
+
+def test_the_cudnn_check_is_off_on_rocm_and_where_varlen_has_no_cudnn_route(monkeypatch):
+    varlen = pytest.importorskip("torch.nn.attention.varlen")
+    for name in ("_can_use_cudnn", "_select_backend"):  # as PyTorch 2.10-2.13 have it
+        monkeypatch.delattr(varlen, name, raising=False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    REAL_CUDNN_CHECK.cache_clear()
+    assert not REAL_CUDNN_CHECK()
+    monkeypatch.setattr(varlen, "_can_use_cudnn", lambda *args, **kwargs: True, raising=False)
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    REAL_CUDNN_CHECK.cache_clear()
+    assert not REAL_CUDNN_CHECK()  # ROCm: never cuDNN, and its builds may ignore windows
+    monkeypatch.setattr(torch.version, "hip", None)
+    REAL_CUDNN_CHECK.cache_clear()
+    assert REAL_CUDNN_CHECK()
+    REAL_CUDNN_CHECK.cache_clear()
+
+
+def test_sliding_window_is_kept_where_cudnn_could_be_picked(varlen_can_pick_cudnn, calls):
+    model = tiny_model("mistral", attn="packing_varlen")
+    model.config.sliding_window = 4
+    model(**FlatteningCollator()(random_examples([4, 6, 3])))
+    assert all(options["window_size"] == (3, 0) for _, options in calls)
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -229,9 +229,9 @@ def varlen_attention_forward(
         else:  # the kernel scales by 1/sqrt(head_dim); fold the difference into q
             q = q * (scaling * head_dim**0.5)
     window = _window(is_causal, sliding_window, max_k)
-    if _varlen_can_pick_cudnn():  # keep it on Flash (module docstring)
-        window = tuple(max_k if side == -1 else side for side in window)
     if "window_size" in params:
+        if _varlen_can_pick_cudnn():  # keep it on Flash (module docstring)
+            window = tuple(max_k if side == -1 else side for side in window)
         options["window_size"] = window
     elif window not in ((-1, 0), (-1, -1)):
         raise ValueError(
@@ -247,7 +247,12 @@ def varlen_attention_forward(
 @functools.cache
 def _varlen_can_pick_cudnn() -> bool:
     """Whether this PyTorch's ``varlen_attn`` may run cuDNN's ragged kernel instead of Flash's:
-    2.14 decides in ``_can_use_cudnn``, later builds in ``_select_backend``."""
+    2.14 decides in ``_can_use_cudnn``, later builds in ``_select_backend``; never on ROCm, whose
+    builds may ignore a window (so a causal call must keep its unbounded ``(-1, 0)`` there)."""
+    import torch
+
+    if torch.version.hip is not None:
+        return False
     try:
         from torch.nn.attention import varlen
     except ImportError:
