@@ -4,8 +4,9 @@ In order of speed on packed batches (measured on an H200: FA4 varlen fwd+bwd 0.8
 PyTorch's varlen 1.07 ms on 16,384 ``sft`` tokens at 200M shapes; see docs/benchmarks.md)::
 
     packing_fa4         FA4's kernel called straight from the batch (this library's backend): what
-                        flash_attention_4 runs, less host time per layer (1-2% faster training at
-                        200M on an H100); taken only where transformers accepts flash_attention_4
+                        flash_attention_4 runs, less host work per layer (ahead of it at 200M in 14 of
+                        15 H100 runs and distributions); taken only where transformers accepts
+                        flash_attention_4
     flash_attention_4   Hopper (sm90) / Blackwell (sm100+), flash-attn-4 installed (flash_attn.cute)
     flash_attention_3   Hopper, flash-attn 3 installed (flash_attn_interface)
     flash_attention_2   Ampere or newer, flash-attn 2 installed

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._varlen_attention import _autocast_inputs, _flat_lengths, _window
+from ._varlen_attention import _autocast_inputs, _flat, _flat_lengths, _is_causal, _window
 
 __all__ = ["FA4_ATTENTION", "fa4_attention_forward", "register_fa4_attention"]
 
@@ -130,14 +130,13 @@ def fa4_attention_forward(
     )
     query, key, value = _autocast_inputs(query, key, value)
     kernel = _kernel(query)
-    causal = kwargs.get("is_causal")
-    causal = getattr(module, "is_causal", True) if causal is None else causal
+    causal = _is_causal(module, kwargs)
     left, right = _window(causal, sliding_window, max_k)
-    batch, heads, length, dim = query.shape
+    batch, heads, length, _ = query.shape
     out = kernel(
-        query.transpose(1, 2).reshape(batch * length, heads, dim),
-        key.transpose(1, 2).reshape(batch * length, key.shape[1], dim),
-        value.transpose(1, 2).reshape(batch * length, value.shape[1], value.shape[3]),
+        _flat(query),
+        _flat(key),
+        _flat(value),
         cu_seqlens_q=cu_q,
         cu_seqlens_k=cu_k,
         max_seqlen_q=max_q,

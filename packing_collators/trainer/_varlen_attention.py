@@ -210,11 +210,10 @@ def varlen_attention_forward(
     query, key, value = _autocast_inputs(query, key, value)
     kernel = _load_varlen_attn(query)
     params = _kernel_parameters(kernel)
-    is_causal = kwargs.get("is_causal")
-    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    is_causal = _is_causal(module, kwargs)
     heads, kv_heads, head_dim = query.shape[1], key.shape[1], query.shape[-1]
     # (b, h, s, d) -> (b * s, h, d): a view when b == 1 (head_dim stays contiguous, as the kernel needs).
-    q, k, v = (x.transpose(1, 2).reshape(-1, x.shape[1], head_dim) for x in (query, key, value))
+    q, k, v = (_flat(x) for x in (query, key, value))
     options: dict[str, Any] = {}
     if kv_heads != heads:
         if "enable_gqa" in params:
@@ -242,6 +241,22 @@ def varlen_attention_forward(
         options["is_causal"] = window == (-1, 0)
     out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, **options)
     return out.view(query.shape[0], query.shape[2], heads, out.shape[-1]), None
+
+
+def _is_causal(module, kwargs: dict) -> bool:
+    """The layer's ``is_causal`` kwarg, else its module's (a decoder's self-attention: True)."""
+    requested = kwargs.get("is_causal")
+    return getattr(module, "is_causal", True) if requested is None else requested
+
+
+def _flat(x):
+    """(b, heads, s, d) -> (b * s, heads, d), the kernels' varlen layout: a view when b == 1.
+
+    >>> import torch
+    >>> _flat(torch.zeros(1, 4, 10, 8)).shape
+    torch.Size([10, 4, 8])
+    """
+    return x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[-1])
 
 
 @functools.cache
