@@ -119,3 +119,79 @@ def test_concatenate_and_pack_refuses_mismatches_before_warning_about_losses():
         warnings.simplefilter("error")  # a loss warning before the error would fail here
         with pytest.raises(ValueError, match=r"Example 1: labels has 1 tokens but input_ids has 2"):
             concatenate_and_pack([[], [5, 6]], [[], [5]], [[], [1, 1]], 4, 0)
+
+
+# --- return_position_ids: rows a model can train on exactly ------------------------------------
+
+
+def test_plain_outputs_are_unchanged_by_the_new_option():
+    sequences = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+    rows = pack_sequences(sequences, 6, 0)
+    assert isinstance(rows, torch.Tensor) and rows.tolist() == [[1, 2, 3, 4, 5, 0], [6, 7, 8, 9, 10, 0]]
+    rows, bounds = pack_sequences(sequences, 6, 0, return_boundaries=True)
+    assert bounds == [[(0, 3), (3, 5)], [(0, 4), (4, 5)]]
+    packed = concatenate_and_pack(sequences, sequences, [[1] * len(s) for s in sequences], 6, 0)
+    assert len(packed) == 3
+    assert [t.tolist() for t in packed] == [
+        [[1, 2, 3, 4, 5, 0], [6, 7, 8, 9, 10, 0]],
+        [[-100, 2, 3, -100, 5, -100], [-100, 7, 8, 9, -100, -100]],
+        [[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0]],
+    ]
+
+
+def test_position_ids_restart_per_sequence_and_for_the_padding():
+    sequences = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+    rows, positions = pack_sequences(sequences, 6, 0, return_position_ids=True)
+    assert rows.tolist() == [[1, 2, 3, 4, 5, 0], [6, 7, 8, 9, 10, 0]]
+    assert positions.dtype == torch.int64 and positions.tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 0]]
+    rows, bounds, positions = pack_sequences(sequences, 6, 0, return_boundaries=True, return_position_ids=True)
+    assert bounds == [[(0, 3), (3, 5)], [(0, 4), (4, 5)]] and positions.shape == (2, 6)
+    *packed, positions = concatenate_and_pack(
+        sequences, sequences, [[1] * len(s) for s in sequences], 6, 0, return_position_ids=True
+    )
+    assert len(packed) == 3 and positions.tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 0]]
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "next_fit"])
+@pytest.mark.parametrize("seed", range(4))
+def test_position_ids_follow_the_boundaries(strategy, seed):
+    rng = np.random.default_rng(seed)
+    sequences = random_sequences(rng, 40, 12)
+    with pytest.warns(UserWarning, match="empty"):
+        rows, bounds, positions = pack_sequences(
+            sequences, 16, 0, return_boundaries=True, return_position_ids=True, strategy=strategy
+        )
+    for row, spans in enumerate(bounds):
+        expected = np.concatenate([np.arange(e - s) for s, e in spans] + [np.arange(16 - spans[-1][1])])
+        assert positions[row].tolist() == expected.tolist()
+
+
+def test_truncated_sequences_get_positions_of_their_kept_tokens():
+    with pytest.warns(UserWarning, match="truncated 1"):
+        rows, positions = pack_sequences([[1, 2, 3, 4, 5, 6], [7]], 4, 0, return_position_ids=True, overflow="truncate")
+    assert rows.tolist() == [[1, 2, 3, 4], [7, 0, 0, 0]] and positions.tolist() == [[0, 1, 2, 3], [0, 0, 1, 2]]
+
+
+def test_no_sequences_give_no_rows_and_no_positions():
+    rows, positions = pack_sequences([], 4, 0, return_position_ids=True)
+    assert rows.shape == positions.shape == (0, 4)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_rows_with_position_ids_give_the_padded_loss(attn):
+    from _tiny_models import padded_batch, random_examples, tiny_model
+
+    model = tiny_model("llama", attn=attn)
+    examples = random_examples([7, 3, 9, 5, 2, 6], seed=1, completion_only=True)
+    ids = [e["input_ids"] for e in examples]
+    labels = [e["labels"] for e in examples]
+    inputs, packed_labels, masks, positions = concatenate_and_pack(
+        ids, labels, [[1] * len(i) for i in ids], 16, 0, return_position_ids=True
+    )
+    assert inputs.shape[0] < len(examples)  # several examples share a row
+    with torch.no_grad():
+        padded = model(**padded_batch(examples)).loss
+        exact = model(input_ids=inputs, labels=packed_labels, position_ids=positions).loss
+        bare = model(input_ids=inputs, labels=packed_labels, attention_mask=masks).loss
+    torch.testing.assert_close(exact, padded, rtol=0, atol=1e-6)
+    assert abs(bare.item() - padded.item()) > 1e-3  # the bare rows let examples attend to each other

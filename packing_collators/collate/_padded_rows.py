@@ -5,7 +5,16 @@ Four sequences packed into rows of 8 (next-fit, the default, keeps their order):
     tokens = [[ 1,  2,  3,  4,  5,  0,  0,  0],     S0 S0 S0 S1 S1 pad pad pad
               [ 6,  7,  8,  9, 10, 11, 12,  0]]     S2 S2 S2 S2 S3 S3  S3 pad
     boundaries = [[(0, 3), (3, 5)], [(0, 4), (4, 7)]]
+    position_ids = [[ 0,  1,  2,  0,  1,  0,  1,  2],   (return_position_ids=True)
+                    [ 0,  1,  2,  3,  0,  1,  2,  0]]   the padding is a segment of its own
 
+The bare rows do not keep their sequences apart: fed to a model with only the
+attention mask, every sequence attends to the ones before it in its row (the mask
+hides just the padding). Pass ``return_position_ids=True`` and call
+``model(input_ids=rows, position_ids=positions)`` with no attention mask: positions
+restart at 0 for every sequence, so transformers' packed-sequence masks (sdpa, eager,
+flex) keep each sequence to itself, and the loss is the padded loss (with no KV cache:
+``use_cache=False`` in the call or the model's config, as in any packed training).
 Rows are built with one scatter of the concatenated tokens (no loop over tokens).
 """
 
@@ -20,6 +29,7 @@ import numpy as np
 from ..engine import Overflow, PackingResult, Strategy, pack_lengths
 from ._concat import concat_tokens, sequence_lengths
 from ._features import check_same_lengths
+from ._segments import segment_layout
 
 __all__ = ["concatenate_and_pack", "pack_sequences"]
 
@@ -74,6 +84,15 @@ def _boundaries(result: PackingResult) -> list[list[tuple[int, int]]]:
     return bounds
 
 
+def _row_positions(result: PackingResult) -> np.ndarray:
+    """int64 (rows, capacity): positions restarting at 0 for every sequence and for each row's padding."""
+    width, lengths = result.capacity, result.seq_lengths
+    used = np.add.reduceat(lengths, result.row_offsets[:-1]) if result.num_rows else np.zeros(0, np.int64)
+    segments = np.insert(lengths, result.row_offsets[1:], width - used)  # each row's sequences, then its padding
+    layout = segment_layout(segments[segments > 0])
+    return layout.position_ids().reshape(result.num_rows, width)
+
+
 def _pack_flat(sequences, max_length, strategy, overflow, what="sequences"):
     lengths = sequence_lengths(sequences, what=what)
     flat = concat_tokens(sequences, int(lengths.sum()), what=what)
@@ -89,6 +108,7 @@ def pack_sequences(
     pad_token_id: int,
     *,
     return_boundaries: bool = False,
+    return_position_ids: bool = False,
     strategy: Strategy = "next_fit",
     overflow: Overflow = "error",
 ):
@@ -99,13 +119,22 @@ def pack_sequences(
         max_length: tokens per row.
         pad_token_id: fills the end of each row.
         return_boundaries: also return, per row, the ``(start, end)`` of each sequence in it.
+        return_position_ids: also return int64 (rows, max_length) positions restarting at 0
+            for every sequence and for the padding (a segment of its own), last.
         strategy: ``"next_fit"`` (default: sequences stay in order, a row is closed when the
             next one does not fit), ``"bfd"`` or ``"ffd"`` (fewer rows, order changes).
         overflow: for a sequence longer than ``max_length``: ``"error"``, ``"truncate"`` or ``"drop"``
             (counted in a warning). Empty sequences are skipped with a warning.
 
     Returns:
-        int64 (rows, max_length), and the boundaries if asked for.
+        int64 (rows, max_length); then the boundaries and the position ids, each if asked for.
+        No sequences at all give a (0, max_length) tensor.
+
+    The bare rows let the sequences of a row attend to each other (with an attention mask
+    that hides only the padding). To train on them as if each sequence were alone, ask for
+    the position ids and call ``model(input_ids=rows, position_ids=positions)`` without an
+    attention mask (sdpa, eager, flex) and with ``use_cache=False`` (a cache switches the
+    packed-sequence masks off): transformers then keeps every sequence to itself.
 
     >>> import torch
     >>> from torch import tensor
@@ -116,14 +145,19 @@ def pack_sequences(
     >>> rows, bounds = pack_sequences([[1, 2, 3], [4, 5]], max_length=4, pad_token_id=0, return_boundaries=True)
     >>> rows.tolist(), bounds
     ([[1, 2, 3, 0], [4, 5, 0, 0]], [[(0, 3)], [(0, 2)]])
+    >>> rows, positions = pack_sequences([[1, 2, 3], [4, 5], [6]], max_length=4, pad_token_id=0, return_position_ids=True)
+    >>> rows.tolist(), positions.tolist()
+    ([[1, 2, 3, 0], [4, 5, 6, 0]], [[0, 1, 2, 0], [0, 1, 0, 0]])
     """
     import torch
 
     _, flat, result, starts = _pack_flat(sequences, max_length, strategy, overflow)
-    rows = torch.from_numpy(_scatter_rows(flat, result, starts, pad_token_id))
+    out = [torch.from_numpy(_scatter_rows(flat, result, starts, pad_token_id))]
     if return_boundaries:
-        return rows, _boundaries(result)
-    return rows
+        out.append(_boundaries(result))
+    if return_position_ids:
+        out.append(torch.from_numpy(_row_positions(result)))
+    return out[0] if len(out) == 1 else tuple(out)
 
 
 def concatenate_and_pack(
@@ -134,6 +168,7 @@ def concatenate_and_pack(
     pad_token_id: int,
     label_pad_id: int = -100,
     *,
+    return_position_ids: bool = False,
     strategy: Strategy = "next_fit",
     overflow: Overflow = "error",
 ):
@@ -144,13 +179,24 @@ def concatenate_and_pack(
     (for a sequence on its own that label is never used, so the loss matches padding).
     Padding is ``pad_token_id`` in inputs, ``label_pad_id`` in labels and 0 in masks.
 
+    The masks hide only the padding: a model given ``attention_mask=masks`` lets the
+    sequences of a row attend to each other. For the padded loss, pass
+    ``return_position_ids=True`` and call ``model(input_ids=inputs, labels=labels,
+    position_ids=positions, use_cache=False)`` without the masks (sdpa, eager, flex):
+    positions restart at 0 for every sequence and for the padding (a segment of its own),
+    and transformers keeps every sequence to itself.
+
     Returns:
-        ``(packed_inputs, packed_labels, packed_masks)``, each int64 (rows, max_length).
+        ``(packed_inputs, packed_labels, packed_masks)``, each int64 (rows, max_length);
+        ``(packed_inputs, packed_labels, packed_masks, position_ids)`` with ``return_position_ids=True``.
 
     >>> inputs, labels, masks = concatenate_and_pack(
     ...     [[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5]], [[1, 1, 1], [1, 1]], max_length=6, pad_token_id=0)
     >>> inputs.tolist(), labels.tolist(), masks.tolist()
     ([[1, 2, 3, 4, 5, 0]], [[-100, 2, 3, -100, 5, -100]], [[1, 1, 1, 1, 1, 0]])
+    >>> concatenate_and_pack([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5]], [[1, 1, 1], [1, 1]], max_length=6,
+    ...                      pad_token_id=0, return_position_ids=True)[3].tolist()
+    [[0, 1, 2, 0, 1, 0]]
     >>> concatenate_and_pack([[1, 2]], [[1]], [[1, 1]], max_length=4, pad_token_id=0)
     Traceback (most recent call last):
     ...
@@ -168,4 +214,5 @@ def concatenate_and_pack(
     tables = [flat_inputs] + [concat_tokens(column, int(lengths.sum()), what=key) for key, column in columns]
     tables[1][starts[lengths > 0]] = label_pad_id
     fills = (pad_token_id, label_pad_id, 0)
-    return tuple(torch.from_numpy(_scatter_rows(t, result, starts, f)) for t, f in zip(tables, fills))
+    packed = tuple(torch.from_numpy(_scatter_rows(t, result, starts, f)) for t, f in zip(tables, fills))
+    return (*packed, torch.from_numpy(_row_positions(result))) if return_position_ids else packed
