@@ -23,6 +23,7 @@ def random_features(seed, n=16, with_labels=True, kind=list):
 
 
 def assert_same_batch(ours, theirs):
+    assert ours.pop("use_cache") is False  # ours also turns the KV cache off (transformers' collator does not)
     assert set(ours) == set(theirs)
     for key, value in theirs.items():
         if isinstance(value, torch.Tensor):
@@ -49,6 +50,7 @@ def test_same_values_as_transformers_numpy_and_position_start():
         features
     )
     ours = FlatteningCollator(position_ids_start=2, return_tensors="np")(features)
+    assert ours.pop("use_cache") is False
     assert set(ours) == set(theirs)
     for key in theirs:
         np.testing.assert_array_equal(ours[key], theirs[key])
@@ -203,6 +205,7 @@ def test_keys_whose_value_is_none_are_skipped():
         "cu_seq_lens_k",
         "max_length_q",
         "max_length_k",
+        "use_cache",
     }
     assert batch["labels"].tolist() == [[-100, 2, -100]]
 

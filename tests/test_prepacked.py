@@ -44,7 +44,7 @@ def test_flatten_equals_flattening_collator_on_the_same_examples(seed, with_labe
         if isinstance(value, torch.Tensor):
             assert ours[key].dtype == value.dtype and torch.equal(ours[key], value), key
         else:
-            assert ours[key] == value and type(ours[key]) is int, key
+            assert ours[key] == value and type(ours[key]) is type(value), key
     assert "attention_mask" not in ours
 
 
@@ -62,7 +62,8 @@ def test_pad_rows_keep_tokens_and_separate_examples(seed):
     rows, data = packed_rows(seed)
     batch = PrePackedCollator(mode="pad", max_length=64, pad_token_id=7, return_seq_idx=True)(rows[:4])
     assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (4, 64)
-    assert all(v.dtype == torch.int64 for k, v in batch.items() if k != "seq_idx")
+    assert all(v.dtype == torch.int64 for k, v in batch.items() if k not in ("seq_idx", "use_cache"))
+    assert batch["use_cache"] is False
     assert batch["seq_idx"].dtype == torch.int32
     assert "cu_seq_lens_q" not in batch and "attention_mask" not in batch
     segments = find_packed_sequence_indices(batch["position_ids"])

@@ -9,12 +9,15 @@ Three examples ``S1 = [a, b, c]``, ``S2 = [d, e]``, ``S3 = [f, g, h]``::
     max_length_q  = max_length_k  = 3                          int
     seq_idx       = [[ 0,    0, 0,  1,    1,  2,    2, 2]]     int32 (1, T), optional
     token_type_ids (any other per-token key, if given)         int64 (1, T), like input_ids
+    use_cache     = False                                      bool (no KV cache: see below)
 
 The first label of every example is -100: in a causal LM it would be predicted
 from the previous example's last token; in a padded batch it is never used
 either, so the loss is exactly the padded loss. ``position_ids`` restart at 0,
 which is what flash-attention (and transformers' packed-sequence masks) use to
 keep examples from attending to each other. No ``attention_mask`` is returned.
+``use_cache=False`` keeps a model whose config says ``use_cache=True`` (transformers'
+default) from building a KV cache, which would switch those masks off.
 Every key of every example is read: a per-token key is carried, anything else refused.
 
 Cost: one concatenation and a few vectorised numpy ops per batch; no Python
@@ -29,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ._concat import sequence_lengths
-from ._features import feature_column, read_token_features, to_tensors
+from ._features import feature_column, read_token_features
 from ._options import CollateOptions, ReturnTensors
 
 __all__ = ["FlatteningCollator"]
@@ -47,6 +50,11 @@ class FlatteningCollator:
         position_ids_start: first position of every example (2 for RoBERTa-style models).
         return_seq_idx: also return ``seq_idx`` (for Mamba-style / linear-attention models).
         label_pad_id: label given to each example's first token and to padding.
+        disable_cache: put ``use_cache=False`` in every batch (default True), so a model whose
+            config keeps transformers' default ``use_cache=True`` builds no KV cache in training (a
+            cache switches off the packed-sequence masks of sdpa/eager/flex, and the examples of a
+            row would attend to each other). Every transformers causal LM's forward takes it; pass
+            False only for a model whose forward does not (then set its config's use_cache off).
 
     Input features need ``input_ids``, and may have ``labels`` (kept as given, so
     completion-only masks survive; every example has them or none does, which trains
@@ -63,6 +71,7 @@ class FlatteningCollator:
         ``cu_seq_lens_q`` / ``cu_seq_lens_k`` int32 (n + 1,), ``max_length_q`` /
         ``max_length_k`` int, ``seq_idx`` int32 (1, T) if asked for, and each carried
         per-token key (e.g. ``token_type_ids``) int64 (1, T), 0 in the padding.
+        And ``use_cache`` False, last (unless ``disable_cache=False``).
 
     >>> collate = FlatteningCollator(return_tensors="np")
     >>> batch = collate([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}])
@@ -89,6 +98,7 @@ class FlatteningCollator:
         position_ids_start: int = 0,
         return_seq_idx: bool = False,
         label_pad_id: int = -100,
+        disable_cache: bool = True,
     ) -> None:
         self.options = CollateOptions.pick(locals())
 
@@ -108,4 +118,4 @@ class FlatteningCollator:
             )
         tokens = read_token_features(features, lengths, collator="FlatteningCollator")
         batch = self.options.flat_batch(tokens.input_ids, tokens.labels, lengths, tokens.carried)
-        return to_tensors(batch, self.options.return_tensors)
+        return self.options.finish(batch)

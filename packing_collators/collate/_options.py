@@ -1,7 +1,8 @@
 """The options both collators share, as one frozen keyword-only dataclass they hold.
 
     CollateOptions(pad_to_multiple_of=None, pad_token_id=0, return_tensors="pt",
-                   position_ids_start=0, return_seq_idx=False, label_pad_id=-100)
+                   position_ids_start=0, return_seq_idx=False, label_pad_id=-100,
+                   disable_cache=True)
 
 :class:`FlatteningCollator` and :class:`PrePackedCollator` take these as keyword arguments
 (so ``help()`` lists them), validate them here once, and keep them as ``collator.options``.
@@ -17,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .._validation import validate_choice, validate_positive_int
+from ._features import to_tensors
 from ._flat_row import flat_batch, pad_to_multiple
 from ._segments import segment_layout
 
@@ -43,8 +45,11 @@ class CollateOptions:
     position_ids_start: int = 0
     return_seq_idx: bool = False
     label_pad_id: int = -100
+    disable_cache: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.disable_cache, bool):
+            raise TypeError(f"disable_cache must be True or False, got {self.disable_cache!r}.")
         validate_choice("return_tensors", self.return_tensors, ReturnTensors)
         validate_positive_int("pad_to_multiple_of", self.pad_to_multiple_of, allow_none=True)
 
@@ -53,10 +58,27 @@ class CollateOptions:
         """The options named in ``values`` (a collator's keyword arguments), validated.
 
         >>> CollateOptions.pick({"mode": "pad", "pad_to_multiple_of": None, "pad_token_id": 0, "return_tensors": "np",
-        ...                      "position_ids_start": 0, "return_seq_idx": False, "label_pad_id": -100}).return_tensors
+        ...                      "position_ids_start": 0, "return_seq_idx": False, "label_pad_id": -100,
+        ...                      "disable_cache": True}).return_tensors
         'np'
         """
         return cls(**{f.name: values[f.name] for f in fields(cls)})
+
+    def finish(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch as returned: tensors (``return_tensors``), and ``use_cache=False`` last (``disable_cache``).
+
+        A causal LM whose config keeps transformers' default ``use_cache=True`` builds a KV cache
+        in every forward, training included, and with a cache transformers stops detecting packed
+        sequences: under sdpa/eager/flex the examples of a flat row would attend to each other.
+        ``use_cache=False`` in the batch turns the cache off for that call, whatever the config says.
+
+        >>> CollateOptions(return_tensors="np").finish({"input_ids": np.array([[5, 6]])})
+        {'input_ids': array([[5, 6]]), 'use_cache': False}
+        """
+        batch = to_tensors(batch, self.return_tensors)
+        if self.disable_cache:
+            batch["use_cache"] = False
+        return batch
 
     def flat_batch(
         self,

@@ -26,7 +26,7 @@ import numpy as np
 from .._validation import validate_choice, validate_positive_int
 from ..engine import check_not_too_long
 from ._concat import concat_tokens, sequence_lengths
-from ._features import TokenFeatures, feature_column, read_token_features, to_tensors
+from ._features import TokenFeatures, feature_column, read_token_features
 from ._options import CollateOptions, ReturnTensors
 from ._segments import segment_layout
 
@@ -49,6 +49,11 @@ class PrePackedCollator:
         position_ids_start: first position of every segment.
         return_seq_idx: also return ``seq_idx`` (segment index of each token; per row in ``"pad"``).
         label_pad_id: label of each segment's first token and of padding.
+        disable_cache: put ``use_cache=False`` in every batch (default True), so a model whose
+            config keeps transformers' default ``use_cache=True`` builds no KV cache in training (a
+            cache switches off the packed-sequence masks of sdpa/eager/flex, and the examples of a
+            row would attend to each other). Every transformers causal LM's forward takes it; pass
+            False only for a model whose forward does not (then set its config's use_cache off).
 
     Rows need ``input_ids`` and ``seq_lengths`` (summing to the row's length) and may have
     ``labels`` (every row has them or none does); an ``attention_mask`` must be all ones in
@@ -71,6 +76,7 @@ class PrePackedCollator:
         flattened ``B * max_length`` tokens, which no attention path expects) and no ``attention_mask``.
         Both: each carried per-token key (e.g. ``token_type_ids``) int64, the shape of
         ``input_ids``, 0 in the padding.
+        And ``use_cache`` False, last (unless ``disable_cache=False``).
 
     >>> rows = [{"input_ids": [1, 2, 3, 4, 5], "seq_lengths": [3, 2]}, {"input_ids": [6, 7], "seq_lengths": [2]}]
     >>> batch = PrePackedCollator(return_tensors="np")(rows)
@@ -97,6 +103,7 @@ class PrePackedCollator:
         position_ids_start: int = 0,
         return_seq_idx: bool = False,
         label_pad_id: int = -100,
+        disable_cache: bool = True,
     ) -> None:
         validate_choice("mode", mode, Mode)
         self.options = CollateOptions.pick(locals())
@@ -119,7 +126,7 @@ class PrePackedCollator:
             batch = self.options.flat_batch(tokens.input_ids, tokens.labels, segments, tokens.carried)
         else:
             batch = self._pad(tokens, row_lengths, segments, segments_per_row)
-        return to_tensors(batch, self.options.return_tensors)
+        return self.options.finish(batch)
 
     def _read(self, rows):
         row_lengths = sequence_lengths(feature_column(rows, "input_ids"), item="Row")
