@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ._concat import concat_tokens, sequence_lengths
+from ._concat import check_non_negative, concat_tokens, sequence_lengths
 
 __all__ = [
     "TokenFeatures",
@@ -92,6 +92,7 @@ def read_token_features(
     """
     total = int(lengths.sum())
     input_ids = concat_tokens(feature_column(features, "input_ids"), total, item=item)
+    check_non_negative(input_ids, lengths, item=item)
     labels, carried = None, {}
     for key in sorted(set().union(*features), key=str):  # every example's keys, not only the first one's
         if key in ("input_ids", "position_ids", *own):

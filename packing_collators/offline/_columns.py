@@ -22,7 +22,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["ExampleColumns", "RESERVED_COLUMNS", "check_unpadded", "example_columns", "is_per_token", "token_lengths"]
+__all__ = [
+    "ExampleColumns",
+    "RESERVED_COLUMNS",
+    "check_non_negative_ids",
+    "check_unpadded",
+    "example_columns",
+    "is_per_token",
+    "token_lengths",
+]
 
 RESERVED_COLUMNS = ("position_ids", "seq_lengths")
 
@@ -126,6 +134,7 @@ def token_lengths(table: pa.Table, columns: ExampleColumns, *, first_index: int 
             )
         column_lengths = pc.list_value_length(column).to_numpy().astype(np.int64)
         if lengths is None:
+            check_non_negative_ids(column, first_index=first_index)
             lengths = column_lengths
             continue
         bad = np.flatnonzero(column_lengths != lengths)
@@ -137,6 +146,38 @@ def token_lengths(table: pa.Table, columns: ExampleColumns, *, first_index: int 
                 "per example)."
             )
     return lengths
+
+
+def check_non_negative_ids(column: pa.ChunkedArray, *, first_index: int = 0) -> None:
+    """Refuse a negative token id in an ``input_ids`` list column, naming the example, position and value.
+
+    Cost: one vectorised ``min`` over the values (and, only once one is negative, a search for it).
+
+    >>> check_non_negative_ids(pa.chunked_array([[[5, 6], [7, -100, 8]]]))
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 1: input_ids[1] = -100 is negative; token ids are 0 or more (an embedding row). A -100 belongs in labels, not input_ids: tokenize again or fix this column.
+    """
+    if pa.types.is_unsigned_integer(column.type.value_type):
+        return
+    start = first_index
+    for chunk in column.chunks:
+        offsets = chunk.offsets.to_numpy().astype(np.int64)
+        values = chunk.values.slice(offsets[0], offsets[-1] - offsets[0])
+        smallest = pc.min(values).as_py() if len(values) else None
+        if smallest is not None and smallest < 0:
+            token = int(np.argmax(values.to_numpy(zero_copy_only=False) < 0)) + offsets[0]
+            example = int(np.searchsorted(offsets, token, side="right")) - 1
+            raise negative_id_error(start + example, int(token - offsets[example]), values[int(token - offsets[0])].as_py())
+        start += len(chunk)
+
+
+def negative_id_error(example: int, position: int, value: int) -> ValueError:
+    """The error for a negative token id: where it is, and the fix."""
+    return ValueError(
+        f"Example {example}: input_ids[{position}] = {value} is negative; token ids are 0 or more (an embedding "
+        "row). A -100 belongs in labels, not input_ids: tokenize again or fix this column."
+    )
 
 
 def _zero_owners(column: pa.ChunkedArray) -> np.ndarray:
