@@ -432,3 +432,72 @@ def test_flash_attention_4_is_warmed_up_to_the_longest_batchable_example_before_
     trainer.get_train_dataloader()
     _AttentionWarmUp(trainer).on_train_begin(None, None, None, model=model)
     assert calls == [20, 16]  # never longer than the token budget
+
+
+# --- the training data itself: nothing to train on, ids past the embedding ----------------------
+
+
+def test_an_empty_train_dataset_is_refused_before_the_first_step(tmp_path):
+    empty = dataset().select([])
+    trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=empty)
+    with pytest.raises(ValueError, match="The train_dataset has no examples, so training would run no step"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    # a stock Trainer's RandomSampler refuses an empty dataset itself; a sequential one reaches the callback
+    loader = torch.utils.data.DataLoader(empty, batch_size=2, collate_fn=FlatteningCollator())
+    args = training_args(tmp_path)
+    with pytest.raises(ValueError, match="The train_dataset has no examples"):
+        PackingCheckCallback().on_train_begin(args, None, None, model=tiny_model("llama"), train_dataloader=loader)
+
+
+def test_a_dataloader_without_batches_is_refused(tmp_path):
+    trainer = PackingTrainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, max_steps=2),
+        train_dataset=dataset([20, 30]),
+        max_tokens_per_batch=12,
+        overflow="drop",
+    )
+    with pytest.raises(ValueError, match="yields no batch from its 2 examples"):
+        trainer.train()
+
+
+@pytest.mark.parametrize("stock", [False, True])
+@pytest.mark.parametrize("view", [False, True])
+def test_a_token_id_past_the_embedding_is_refused_naming_the_example(tmp_path, stock, view):
+    model = tiny_model("llama")
+    rows = model.get_input_embeddings().num_embeddings  # 128
+    data = dataset()
+    ids, labels = list(data["input_ids"]), list(data["labels"])
+    ids[5] = ids[5][:2] + [rows] + ids[5][3:]
+    data = datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
+    expected = 5
+    if view:  # a shuffled view: the example is named by its index in the view, a dropped bad row is ignored
+        ids[9] = ids[9][:1] + [rows + 7] + ids[9][2:]
+        data = datasets.Dataset.from_dict({"input_ids": ids, "labels": labels}).select([3, 1, 5, 0])
+        expected = 2
+    if stock:
+        trainer = Trainer(
+            model=model, args=training_args(tmp_path), train_dataset=data, callbacks=[PackingCheckCallback()]
+        )
+        trainer.data_collator = FlatteningCollator()
+    else:
+        trainer = PackingTrainer(model=model, args=training_args(tmp_path), train_dataset=data)
+    with pytest.raises(
+        ValueError, match=rf"Example {expected}: input_ids holds token id {rows}, but the model's input embedding has {rows} rows"
+    ):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_ids_within_the_embedding_train_and_a_torch_dataset_is_checked_too(tmp_path):
+    from packing_collators.trainer._token_range import check_training_data
+
+    model = tiny_model("llama")
+    examples = random_examples([4, 6, 3], seed=1)
+    check_training_data(model, examples)  # a list of dicts: read example by example
+    examples[2]["input_ids"][1] = 500
+    with pytest.raises(ValueError, match="Example 2: input_ids holds token id 500, but .* 128 rows"):
+        check_training_data(model, examples)
+    good = dataset().select(range(4))
+    check_training_data(model, good)

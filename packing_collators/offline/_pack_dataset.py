@@ -32,6 +32,7 @@ from .._progress import show_progress
 from ..engine import PackStats
 from ._arrow_rows import CHUNK_TOKENS, build_rows
 from ._cache_files import pack_to_cache, packed_fingerprint
+from ._empty import typed_empty, warn_if_nothing_packed
 from ._columns import RESERVED_COLUMNS, check_unpadded, example_columns, token_lengths
 from ._options import DatasetOverflow, DatasetStrategy, PackOptions
 from ._planning import plan_rows
@@ -75,13 +76,14 @@ def pack_table(table, options: PackOptions, *, desc: str = "Packing rows"):
 def _log(stats: PackStats, name: str) -> None:
     lost = stats.truncated_examples + stats.dropped_examples + stats.empty_examples
     logger.log(logging.WARNING if lost else logging.INFO, "pack_dataset%s: %s", name, stats.summary())
+    warn_if_nothing_packed(stats, name)
 
 
 def _pack_in_memory(dataset, options: PackOptions, split_name: str = ""):
     from datasets import Dataset
     from datasets.table import InMemoryTable
 
-    table = dataset.with_format("arrow")[:] if len(dataset) else dataset.data.table.slice(0, 0)
+    table = dataset.with_format("arrow")[:] if len(dataset) else typed_empty(dataset.data.table.slice(0, 0))
     rows, stats = pack_table(table, options, desc=f"Packing {split_name or 'rows'}")
     _log(stats, f"[{split_name}]" if split_name else "")
     packed = Dataset(InMemoryTable(rows), split=dataset.split, fingerprint=packed_fingerprint(dataset, options))

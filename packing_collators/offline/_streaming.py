@@ -62,6 +62,7 @@ from datasets.iterable_dataset import _BaseExamplesIterable
 from ..engine import PackStats, check_not_too_long, pack_lengths
 from ._arrow_rows import build_rows
 from ._columns import ExampleColumns, check_unpadded, example_columns, token_lengths
+from ._empty import warn_if_nothing_packed
 from ._options import MAX_LENGTH_FIX, PackOptions
 from ._row_plan import bin_plan, wrapped_plan
 
@@ -408,12 +409,15 @@ class _WrappedExamplesIterable(_BaseExamplesIterable):
     def __iter__(self) -> Iterator[tuple[int, dict]]:
         state = self._state_dict if self._state_dict is not None else self._init_state_dict()
         packer = _WrappedPacker(self.options, self.stats)
-        if state["buffer"] is None:
+        fresh = state["buffer"] is None
+        if fresh:
             self.stats.reset()
         else:
             packer.load_state(state["buffer"])
         reader = _SourceReader(self.source, self.options.buffer_size, state["source"])
         yield from enumerate(_wrapped_rows(iter(reader), packer, state, reader.state_dict))
+        if fresh:
+            warn_if_nothing_packed(self.stats)
 
     @property
     def num_shards(self) -> int:
@@ -440,12 +444,21 @@ def pack_streaming(source: Any, options: PackOptions):
         }
     stats = PackStats(options.strategy, options.max_length)
     if isinstance(source, datasets.IterableDataset) and options.strategy == "wrapped":
-        return datasets.IterableDataset(_WrappedExamplesIterable(source, options, stats), split=source.split), stats
+        packed = datasets.IterableDataset(_WrappedExamplesIterable(source, options, stats), split=source.split)
+        return _with_format_of(source, packed), stats
 
     def rows():
         stats.reset()
         yield from pack_stream(_example_tables(source, options.buffer_size), options, stats)
+        warn_if_nothing_packed(stats)
 
     if isinstance(source, datasets.IterableDataset):
-        return datasets.IterableDataset.from_generator(rows), stats
+        return _with_format_of(source, datasets.IterableDataset.from_generator(rows)), stats
     return rows(), stats
+
+
+def _with_format_of(source: Any, packed: Any) -> Any:
+    """``packed`` in the stream's format (``with_format("numpy")`` in, numpy rows out), as the map-style path keeps it."""
+    formatting = getattr(source, "_formatting", None)  # datasets keeps an IterableDataset's format only there
+    format_type = getattr(formatting, "format_type", None)
+    return packed if format_type is None else packed.with_format(format_type)

@@ -36,7 +36,15 @@ from ._attention_choice import AUTO_ATTENTION, choose_attention
 from ._fa4_attention import FA4_ATTENTION
 from ._metrics import PackingMetricsCallback
 from ._probe import probe_packing, refuse_failed_probe
-from ._support_checks import attention_kind, check_collated_features, check_packing_support, probe_module, text_config
+from ._support_checks import (
+    attention_kind,
+    check_collated_features,
+    check_packing_support,
+    probe_module,
+    text_config,
+    unwrap_model,
+)
+from ._token_range import check_training_data, refuse_no_batches, refuse_no_examples
 
 try:
     from transformers import Trainer, TrainerCallback
@@ -152,7 +160,8 @@ class PackingCheckCallback(TrainerCallback):
     It collates the train dataset's first examples with the dataloader's collator (no
     sampler is touched, so the data order is unchanged) and raises, before the first
     step, what :func:`check_packing_support` reports: the static checks on the model and
-    on every row of that batch, a pre-packed dataset whose packing the collator drops,
+    on every row of that batch, a pre-packed dataset whose packing the collator drops, an
+    empty dataset (or dataloader), a token id outside the model's input embedding,
     and (``probe=True``, the default) the live equivalence probe, run with the same
     collator under the Trainer's mixed precision on every rank. ``last_report`` keeps
     what the probe measured. ``PackingTrainer`` adds this callback itself.
@@ -172,6 +181,8 @@ class PackingCheckCallback(TrainerCallback):
         if model is None or train_dataloader is None:
             return
         dataset, collate_fn = train_dataloader.dataset, train_dataloader.collate_fn
+        check_training_data(unwrap_model(model), dataset)
+        refuse_no_batches(train_dataloader)
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__") or not len(dataset):
             check_packing_support(model, probe=False)
             return
@@ -483,6 +494,8 @@ class PackingTrainer(Trainer):
         else:
             collator = self._get_collator_with_removed_columns(collator, description=description)
         lengths = _dataset_lengths(dataset, self.length_column)
+        if shuffle:
+            refuse_no_examples(len(lengths))
         args = self.args
         sampler = self.make_batch_sampler(lengths, batch_size, shuffle=shuffle)
         if shuffle and len(lengths):  # the longest example a training batch can hold: the attention warm-up's reach
