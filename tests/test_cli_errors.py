@@ -96,3 +96,10 @@ def test_a_good_jsonl_file_still_works(capfd, tmp_path, command):
     code, out, err = run(capfd, command, data, tmp_path, "--json")
     assert code == 0, err
     assert json.loads(out)["examples"] == 4
+
+
+def test_pack_refuses_a_negative_token_id(capfd, tmp_path):
+    data = tmp_path / "neg.jsonl"
+    data.write_text('{"input_ids": [1, 2]}\n{"input_ids": [3, -100, 4]}\n')
+    code, out, err = run(capfd, "pack", data, tmp_path)
+    assert_one_line_error(code, out, err, "Example 1: input_ids[1] = -100 is negative")

@@ -218,3 +218,36 @@ def test_numpy_integer_options_are_plain_ints_in_the_stats():
     data = Dataset.from_dict({"input_ids": [[1, 2], [3]]})
     _, stats = pack_dataset(iter(data), np.int64(4), buffer_size=np.int64(8), return_stats=True)
     assert type(stats.capacity) is int
+
+
+# --- nothing to pack: an empty result and a warning; negative ids refused ------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        Dataset.from_dict({"input_ids": []}),  # untyped: a null column, packed as int64 lists
+        Dataset.from_dict({"input_ids": [[1, 2]], "labels": [[1, 2]]}).select([]),
+    ],
+    ids=["untyped", "typed"],
+)
+def test_an_empty_dataset_packs_to_no_rows_with_a_warning(data):
+    with pytest.warns(UserWarning, match="the dataset has no examples, so the result has no rows"):
+        packed, stats = pack_dataset(data, 8, return_stats=True)
+    assert len(packed) == 0 and stats.rows == 0
+    assert {"input_ids", "position_ids", "seq_lengths"} <= set(packed.column_names)
+    assert packed.features["input_ids"].feature.dtype.startswith("int")
+
+
+def test_only_empty_examples_pack_to_no_rows_with_a_warning():
+    with pytest.warns(UserWarning, match="3 examples are all empty or left out"):
+        packed = pack_dataset(Dataset.from_dict({"input_ids": [[], [], []]}), 8)
+    assert len(packed) == 0
+
+
+def test_a_negative_token_id_is_refused_naming_the_example():
+    data = Dataset.from_dict({"input_ids": [[1, 2], [3, 4, 5], [6, -3]]})
+    with pytest.raises(ValueError, match=r"Example 2: input_ids\[1\] = -3 is negative"):
+        pack_dataset(data, 8)
+    with pytest.raises(ValueError, match=r"Example 1: input_ids\[1\] = -3 is negative"):
+        pack_dataset(data.select([0, 2]), 8)

@@ -343,3 +343,11 @@ def test_float_arrays_anywhere_in_the_batch_are_refused(kind):
 def test_token_ids_too_large_for_int64_are_refused():
     with pytest.raises(ValueError, match=r"Example 0: input_ids\[1\] = 1180591620717411303424 does not fit in int64"):
         FlatteningCollator()([{"input_ids": [1, 2**70]}])
+
+
+@pytest.mark.parametrize("kind", [list, np.array, torch.tensor])
+def test_a_negative_token_id_is_refused_naming_example_position_and_value(kind):
+    features = [{"input_ids": kind([5, 6, 7])}, {"input_ids": kind([8, -100, 9])}]
+    with pytest.raises(ValueError, match=r"Example 1: input_ids\[1\] = -100 is negative; .* belongs in labels"):
+        FlatteningCollator()(features)
+    FlatteningCollator()([{"input_ids": kind([0, 6])}, {"input_ids": kind([8, 9])}])  # 0 is a token id

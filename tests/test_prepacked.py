@@ -229,3 +229,10 @@ def test_every_value_is_type_checked(key, bad, match):
     rows[1][key] = rows[1][key][:1] + [bad]
     with pytest.raises(TypeError, match=match):
         PrePackedCollator()(rows)
+
+
+def test_a_negative_token_id_in_a_row_is_refused():
+    rows = [{"input_ids": [1, 2, 3], "seq_lengths": [3]}, {"input_ids": [4, 5, -1, 6], "seq_lengths": [2, 2]}]
+    for mode in ("flatten", "pad"):
+        with pytest.raises(ValueError, match=r"Row 1: input_ids\[2\] = -1 is negative"):
+            PrePackedCollator(mode=mode, max_length=8)(rows)

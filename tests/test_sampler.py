@@ -282,3 +282,10 @@ def test_the_attention_weight_reaches_the_plan_fingerprint_repr_and_state():
 def test_a_bad_attention_weight_is_an_error_at_construction(weight, error, message):
     with pytest.raises(error, match=message):
         MultipackBatchSampler([3, 4], 8, attention_weight=weight)
+
+
+@pytest.mark.parametrize("lengths", [[], [0, 0, 0]])
+def test_nothing_to_batch_yields_nothing_with_a_warning(lengths):
+    with pytest.warns(UserWarning, match=f"got {len(lengths)} examples with tokens in none of them, so it yields no batch"):
+        sampler = MultipackBatchSampler(lengths, 8)
+    assert list(sampler) == [] and len(sampler) == 0

@@ -269,3 +269,34 @@ def test_wrapped_iterable_dataset_dict_and_empty_stream():
     assert list(rows) == [] and stats.rows == 0
     rows, stats = pack_dataset(iter([{"input_ids": []}] * 3), 8, strategy="wrapped", buffer_size=2, return_stats=True)
     assert list(rows) == [] and (stats.examples, stats.empty_examples) == (3, 3)
+
+
+# ----------------------------------------------------------------------------- format, nothing to pack
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "wrapped"])
+@pytest.mark.parametrize("format_type, row_type", [("numpy", np.ndarray), ("torch", "torch"), (None, list)])
+def test_a_stream_keeps_its_format(strategy, format_type, row_type):
+    import torch
+
+    source = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5]]}).to_iterable_dataset().with_format(format_type)
+    packed = pack_dataset(source, 8, strategy=strategy)
+    row = next(iter(packed))
+    expected = torch.Tensor if row_type == "torch" else row_type
+    assert isinstance(row["input_ids"], expected) and isinstance(row["seq_lengths"], expected)
+    assert packed._formatting is None if format_type is None else packed._formatting.format_type == format_type
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "wrapped"])
+def test_an_empty_stream_warns_that_nothing_was_packed(strategy):
+    with pytest.warns(UserWarning, match="the dataset has no examples, so the result has no rows"):
+        assert list(pack_dataset(iter([]), 8, strategy=strategy)) == []
+    source = Dataset.from_dict({"input_ids": [[1]]}).to_iterable_dataset().filter(lambda example: False)
+    with pytest.warns(UserWarning, match="no examples"):
+        assert list(pack_dataset(source, 8, strategy=strategy)) == []
+
+
+def test_a_negative_token_id_in_a_stream_is_numbered_in_the_whole_stream():
+    examples = [{"input_ids": [1, 2]}] * 5 + [{"input_ids": [3, -7]}]
+    with pytest.raises(ValueError, match=r"Example 5: input_ids\[1\] = -7 is negative"):
+        list(pack_dataset(iter(examples), 8, buffer_size=2))

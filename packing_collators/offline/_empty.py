@@ -43,15 +43,18 @@ def warn_if_nothing_packed(stats: PackStats, name: str = "") -> None:
 
 
 def typed_empty(table: pa.Table) -> pa.Table:
-    """An empty table whose untyped columns (``Dataset.from_dict({"input_ids": []})`` stores null) hold int64 lists.
+    """``table`` with its untyped columns as int64 lists: a null column of no rows
+    (``Dataset.from_dict({"input_ids": []})``), or lists of nulls (``{"input_ids": [[], []]}``).
 
     >>> typed_empty(pa.table({"input_ids": pa.array([], pa.null())})).schema
     input_ids: list<item: int64>
       child 0, item: int64
+    >>> typed_empty(pa.table({"input_ids": [[], []]})).column("input_ids").type
+    ListType(list<item: int64>)
     """
-    if table.num_rows:
-        return table
     for i, field in enumerate(table.schema):
-        if pa.types.is_null(field.type) or (pa.types.is_list(field.type) and pa.types.is_null(field.type.value_type)):
+        if pa.types.is_null(field.type) and not table.num_rows:
             table = table.set_column(i, field.name, pa.array([], pa.list_(pa.int64())))
+        elif pa.types.is_list(field.type) and pa.types.is_null(field.type.value_type):
+            table = table.set_column(i, field.name, table.column(i).cast(pa.list_(pa.int64())))
     return table

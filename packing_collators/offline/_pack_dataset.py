@@ -19,7 +19,7 @@ Cost: the engine's one sort over lengths, then a memcpy per segment per column a
 for ``position_ids``; no Python loop over examples or tokens. 1,000,000 ``sft`` examples
 (296M tokens, 2.2 GB on disk) pack at capacity 2048 in a few seconds with a peak RSS under
 1 GiB, several times faster than TRL's ``pack_dataset`` (``benchmarks/cpu/bench_pack_at_scale.py``).
-The result is in the input's format (``with_format``).
+The result is in the input's format (``with_format``), streams included.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def _pack_in_memory(dataset, options: PackOptions, split_name: str = ""):
     from datasets import Dataset
     from datasets.table import InMemoryTable
 
-    table = dataset.with_format("arrow")[:] if len(dataset) else typed_empty(dataset.data.table.slice(0, 0))
+    table = typed_empty(dataset.with_format("arrow")[:] if len(dataset) else dataset.data.table.slice(0, 0))
     rows, stats = pack_table(table, options, desc=f"Packing {split_name or 'rows'}")
     _log(stats, f"[{split_name}]" if split_name else "")
     packed = Dataset(InMemoryTable(rows), split=dataset.split, fingerprint=packed_fingerprint(dataset, options))
@@ -199,12 +199,14 @@ def pack_dataset(
         example's first token ``label_pad_id``; ``position_ids`` int32 (t,), restarting at 0 per
         segment; ``seq_lengths`` int32 (s,); every other per-token column (e.g.
         ``attention_mask``) concatenated the same way; each kept column as a list of (s,) values.
-        Zero-length examples are in no row (counted as ``empty_examples``).
+        Zero-length examples are in no row (counted as ``empty_examples``). Nothing to pack (no
+        examples, or only empty ones) gives an empty result and a ``UserWarning``, not an error.
 
     Examples must not be padded: an ``attention_mask`` with zeros is a ValueError naming the first
-    padded example. A ``Dataset`` (each split of a ``DatasetDict``) comes back in its format: the
+    padded example; a negative ``input_ids`` value is a ValueError naming the example, position
+    and value. A ``Dataset`` (each split of a ``DatasetDict``) comes back in its format: the
     same type, format kwargs and ``output_all_columns``, and chosen columns plus ``position_ids``
-    and ``seq_lengths``.
+    and ``seq_lengths``; an ``IterableDataset`` keeps its format type (``with_format("numpy")``).
 
     >>> from datasets import Dataset
     >>> data = Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11], [12, 13, 14]],

@@ -19,6 +19,7 @@ refuses a rank built from another dataset (``_rank_agreement.py``) instead of ha
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -94,7 +95,8 @@ class MultipackBatchSampler(Sampler[list[int]]):
             nothing in the plan.
 
     Zero-length examples are never batched (the collator would refuse them); they are
-    counted in ``stats()["empty_examples"]``.
+    counted in ``stats()["empty_examples"]``. No examples (or only empty ones) is not an
+    error: the sampler yields no batch, and warns at construction that it will not.
 
     ``len(sampler)`` is the number of batches the next iteration yields on this rank
     (after :meth:`load_state_dict`, the batches still to come in that epoch);
@@ -160,6 +162,12 @@ class MultipackBatchSampler(Sampler[list[int]]):
             check_ranks_agree(self._fingerprint(), num_replicas=self.num_replicas, rank=self.rank)
         # after the exchange: with another dataset, one rank alone could raise it and leave the others waiting
         check_overflow(self.lengths, self.max_tokens_per_batch, overflow)
+        if not np.any(self.lengths > 0):
+            warnings.warn(
+                f"MultipackBatchSampler got {len(self.lengths)} examples with tokens in none of them, so it yields no "
+                "batch; training on it would run no step (PackingTrainer and PackingCheckCallback refuse that).",
+                stacklevel=2,
+            )
         self.epoch = 0
         self._start = 0  # batches to skip at the next iteration (resuming mid-epoch)
         self._yielded = 0  # batches of this epoch handed out so far
