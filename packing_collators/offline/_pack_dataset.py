@@ -32,8 +32,8 @@ from .._progress import show_progress
 from ..engine import PackStats
 from ._arrow_rows import CHUNK_TOKENS, build_rows
 from ._cache_files import pack_to_cache, packed_fingerprint
-from ._empty import typed_empty, warn_if_nothing_packed
 from ._columns import RESERVED_COLUMNS, check_unpadded, example_columns, token_lengths
+from ._empty import typed_empty, warn_if_nothing_packed
 from ._options import DatasetOverflow, DatasetStrategy, PackOptions
 from ._planning import plan_rows
 
