@@ -36,6 +36,7 @@ from ._attention_choice import AUTO_ATTENTION, choose_attention
 from ._fa4_attention import FA4_ATTENTION
 from ._metrics import PackingMetricsCallback
 from ._probe import probe_packing, refuse_failed_probe
+from ._sequence_loss import LossNormalization, global_sequence_count, sequence_compute_loss
 from ._support_checks import attention_kind, check_collated_features, check_packing_support, probe_module, text_config
 
 try:
@@ -255,6 +256,12 @@ class PackingTrainer(Trainer):
         packing_metrics: add ``num_tokens``, ``tokens_per_second``, ``padding_fraction``,
             ``examples_per_step`` and ``packing_efficiency`` to the training logs (default
             True; see :class:`PackingMetricsCallback`).
+        loss_normalization: ``"token"`` (default): the training loss is the mean over all target
+            tokens of the optimizer step (``num_items_in_batch``), as padding gives; ``"sequence"``:
+            each example's mean token loss, averaged over the step's examples (counted over
+            micro-batches and ranks like ``num_items_in_batch``), so each example counts once and
+            a short example's tokens weigh more (see :func:`sequence_loss_weights`). Evaluation
+            stays token-weighted. Not with Liger's fused loss (which never forms the logits).
 
     ``data_collator`` defaults to :class:`FlatteningCollator`. Before the first step the
     model and the first collated batch go through :func:`check_packing_support`.
@@ -281,9 +288,11 @@ class PackingTrainer(Trainer):
         attn_implementation: str | None = AUTO_ATTENTION,
         packing_metrics: bool = True,
         attention_warm_up: bool = True,
+        loss_normalization: LossNormalization = "token",
         **kwargs: Any,
     ) -> None:
         validate_choice("packing_strategy", packing_strategy, Strategy)
+        validate_choice("loss_normalization", loss_normalization, LossNormalization)
         validate_choice("eval_packing", eval_packing, EvalPacking)
         validate_choice("overflow", overflow, SamplerOverflow)
         if max_tokens_per_batch != AUTO_BUDGET:
@@ -302,6 +311,7 @@ class PackingTrainer(Trainer):
         self.length_column = length_column
         self.eval_packing = eval_packing
         self.overflow = overflow
+        self.loss_normalization = loss_normalization
         self._train_batch_sampler = None
         self._train_longest = None
         self._eval_token_loss = None  # (sum of token losses, target tokens) of the evaluation under way
@@ -501,6 +511,24 @@ class PackingTrainer(Trainer):
         if wrapper is not None and wrapper is not sampler and getattr(wrapper, "batch_sampler", None) is sampler:
             wrapper.num_processes, wrapper.process_index = 1, 0
         return loader, sampler
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The stock step's micro-batches; under ``loss_normalization="sequence"`` their example count."""
+        if self.loss_normalization != "sequence":
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        batch_samples = []
+        for _ in range(num_batches):
+            try:
+                batch_samples.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        return batch_samples, global_sequence_count(self, batch_samples, device)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The stock loss; in training under ``loss_normalization="sequence"`` the per-sequence mean."""
+        if self.loss_normalization == "sequence" and model.training:
+            return sequence_compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     def _run_epoch(self, *args: Any, **kwargs: Any):
         # On a mid-epoch resume the Trainer wraps the dataloader to skip batches, and its
