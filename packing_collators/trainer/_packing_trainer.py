@@ -33,6 +33,7 @@ from ..collate import FlatteningCollator
 from ..engine import Strategy
 from ..sampler import SamplerOverflow
 from ._attention_choice import AUTO_ATTENTION, choose_attention
+from ._deepspeed import check_deepspeed_setup
 from ._fa4_attention import FA4_ATTENTION
 from ._metrics import PackingMetricsCallback
 from ._probe import probe_packing, refuse_failed_probe
@@ -209,6 +210,9 @@ class _AttentionWarmUp(TrainerCallback):
         longest = self.trainer._train_longest
         if implementation not in ("flash_attention_4", FA4_ATTENTION) or not longest:
             return
+        if getattr(self.trainer, "is_deepspeed_enabled", False):  # a backward outside the engine: see _deepspeed.py
+            logger.info("PackingTrainer: under DeepSpeed FlashAttention-4 compiles its kernels in the first steps")
+            return
         from ._attention_choice import warm_up_attention
 
         self.seconds = warm_up_attention(probe_module(model), max_length=longest)
@@ -318,6 +322,7 @@ class PackingTrainer(Trainer):
         if len(args) < 3 and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = FlatteningCollator()
         super().__init__(*args, **kwargs)
+        check_deepspeed_setup(self)
         self.attn_implementation = choose_attention(self.model, attn_implementation) if self.model is not None else None
         self.add_callback(PackingCheckCallback(probe=packing_probe))
         if attention_warm_up:
