@@ -35,6 +35,7 @@ from ..sampler import SamplerOverflow
 from ._attention_choice import AUTO_ATTENTION, choose_attention
 from ._deepspeed import check_deepspeed_setup
 from ._fa4_attention import FA4_ATTENTION
+from ._liger import check_liger_setup
 from ._metrics import PackingMetricsCallback
 from ._probe import probe_packing, refuse_failed_probe
 from ._sequence_loss import LossNormalization, global_sequence_count, sequence_compute_loss
@@ -453,6 +454,7 @@ class PackingTrainer(Trainer):
     def get_train_dataloader(self):
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
+        check_liger_setup(self)  # train() has applied use_liger_kernel by now
         loader, sampler = self._multipack_dataloader(
             self.train_dataset, "Training", self._train_batch_size, shuffle=True
         )
