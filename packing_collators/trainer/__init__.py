@@ -8,6 +8,8 @@ _attention_choice.py  choose_attention: the fastest packed-correct attention on 
 _packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
 _memory_budget.py     measure_token_budget / check_token_budget: max_tokens_per_batch against the GPU's memory, measured
+_deepspeed.py         the DeepSpeed config checks (batch numbers the sampler and Trainer own)
+_liger.py             the Liger fused-loss checks (num_items_in_batch kept, what it cannot do)
 _sequence_loss.py     sequence_loss_weights / sequence_mean_loss: each example counted once (loss_normalization="sequence")
 """
 
