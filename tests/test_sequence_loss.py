@@ -143,3 +143,13 @@ def test_an_own_loop_with_the_helpers_equals_the_padded_per_sequence_mean():
 def test_weights_need_tensor_labels():
     with pytest.raises(ValueError, match="needs batch\\['labels'\\] as a \\(batch, tokens\\) torch tensor, got list"):
         sequence_loss_weights({"labels": [[1, 2]]})
+
+
+def test_what_the_sequence_loss_would_silently_replace_is_refused(tmp_path):
+    train = datasets.Dataset.from_list(random_examples([5, 7, 3], seed=0))
+    with pytest.raises(ValueError, match="compute_loss_func would never be called"):
+        PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=train,
+                       loss_normalization="sequence", compute_loss_func=lambda outputs, labels, num_items_in_batch: 0)
+    with pytest.raises(ValueError, match="label_smoothing_factor=0.1 would be ignored"):
+        PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path, label_smoothing_factor=0.1),
+                       train_dataset=train, loss_normalization="sequence")

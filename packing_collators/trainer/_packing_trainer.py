@@ -38,7 +38,7 @@ from ._fa4_attention import FA4_ATTENTION
 from ._liger import check_liger_setup
 from ._metrics import PackingMetricsCallback
 from ._probe import probe_packing, refuse_failed_probe
-from ._sequence_loss import LossNormalization, global_sequence_count, sequence_compute_loss
+from ._sequence_loss import LossNormalization, check_sequence_setup, global_sequence_count, sequence_compute_loss
 from ._support_checks import attention_kind, check_collated_features, check_packing_support, probe_module, text_config
 
 try:
@@ -324,6 +324,7 @@ class PackingTrainer(Trainer):
             kwargs["data_collator"] = FlatteningCollator()
         super().__init__(*args, **kwargs)
         check_deepspeed_setup(self)
+        check_sequence_setup(self)
         self.attn_implementation = choose_attention(self.model, attn_implementation) if self.model is not None else None
         self.add_callback(PackingCheckCallback(probe=packing_probe))
         if attention_warm_up:

@@ -170,3 +170,20 @@ def sequence_compute_loss(trainer, model, inputs: dict, return_outputs: bool, nu
     if _trainer_divides_by_accumulation(trainer, num_sequences):
         loss = loss * trainer.current_gradient_accumulation_steps
     return (loss, outputs) if return_outputs else loss
+
+
+def check_sequence_setup(trainer) -> None:
+    """Refuse, at construction, what ``loss_normalization="sequence"`` would silently replace."""
+    if trainer.loss_normalization != "sequence":
+        return
+    if trainer.compute_loss_func is not None:
+        raise ValueError(
+            "loss_normalization='sequence' computes the training loss itself, so compute_loss_func would never be "
+            "called. Pass one or the other (a compute_loss_func gets num_items_in_batch, the step's target tokens)."
+        )
+    if getattr(trainer.args, "label_smoothing_factor", 0):
+        raise ValueError(
+            f"loss_normalization='sequence' computes the training loss without label smoothing, so "
+            f"label_smoothing_factor={trainer.args.label_smoothing_factor} would be ignored. Set it to 0, or "
+            "keep loss_normalization='token'."
+        )
