@@ -153,3 +153,13 @@ def test_what_the_sequence_loss_would_silently_replace_is_refused(tmp_path):
     with pytest.raises(ValueError, match="label_smoothing_factor=0.1 would be ignored"):
         PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path, label_smoothing_factor=0.1),
                        train_dataset=train, loss_normalization="sequence")
+
+
+def test_compute_loss_called_directly_is_the_batchs_per_sequence_mean(tmp_path):
+    examples = random_examples([7, 3, 11, 5], seed=2, completion_only=True)
+    trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path, gradient_accumulation_steps=4),
+                             train_dataset=datasets.Dataset.from_list(examples), loss_normalization="sequence")
+    with torch.no_grad():
+        loss = trainer.compute_loss(trainer.model.train(), FlatteningCollator()(examples))
+        reference = _per_sequence_padded_loss(trainer.model, examples)
+    assert float(loss) == pytest.approx(float(reference), rel=1e-5)

@@ -162,8 +162,9 @@ def sequence_compute_loss(trainer, model, inputs: dict, return_outputs: bool, nu
     labels = inputs["labels"]
     outputs = model(**{key: value for key, value in inputs.items() if key != "labels"})
     logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs[0]
-    if num_sequences is None:
-        num_sequences = global_sequence_count(trainer, [inputs], logits.device)
+    if num_sequences is None:  # called outside a training step: this batch's own per-sequence mean
+        loss = sequence_mean_loss(logits, labels, weights)
+        return (loss, outputs) if return_outputs else loss
     loss = sequence_mean_loss(logits, labels, weights, num_sequences)
     if trainer.args.world_size > 1:
         loss = loss * trainer.accelerator.num_processes
