@@ -269,7 +269,9 @@ class PackingTrainer(Trainer):
             stays token-weighted. Not with Liger's fused loss (which never forms the logits).
 
     ``data_collator`` defaults to :class:`FlatteningCollator`. Before the first step the
-    model and the first collated batch go through :func:`check_packing_support`.
+    model and the first collated batch go through :func:`check_packing_support`; a DeepSpeed
+    config is checked at construction and Liger's fused loss when training begins (what would
+    make the loss or the batches inexact is refused: ``docs/setups.md``).
 
     >>> PackingTrainer.__mro__[1].__name__
     'Trainer'
