@@ -8,12 +8,16 @@ _attention_choice.py  choose_attention: the fastest packed-correct attention on 
 _packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
 _memory_budget.py     measure_token_budget / check_token_budget: max_tokens_per_batch against the GPU's memory, measured
+_deepspeed.py         the DeepSpeed config checks (batch numbers the sampler and Trainer own)
+_liger.py             the Liger fused-loss checks (num_items_in_batch kept, what it cannot do)
+_sequence_loss.py     sequence_loss_weights / sequence_mean_loss: each example counted once (loss_normalization="sequence")
 """
 
 from ._attention_choice import choose_attention, packed_attention_candidates, warm_up_attention
 from ._fa4_attention import FA4_ATTENTION, fa4_attention_forward, register_fa4_attention
 from ._memory_budget import TokenBudget, check_token_budget, fit_token_budget, measure_token_budget, plan_token_budget
 from ._probe import ProbeReport, probe_packing
+from ._sequence_loss import count_sequences, sequence_loss_weights, sequence_mean_loss
 from ._support_checks import check_collated_features, check_packing_support
 from ._varlen_attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
 
@@ -29,6 +33,7 @@ __all__ = [
     "check_packing_support",
     "check_token_budget",
     "choose_attention",
+    "count_sequences",
     "fa4_attention_forward",
     "fit_token_budget",
     "measure_token_budget",
@@ -37,6 +42,8 @@ __all__ = [
     "probe_packing",
     "register_fa4_attention",
     "register_varlen_attention",
+    "sequence_loss_weights",
+    "sequence_mean_loss",
     "varlen_attention_forward",
     "warm_up_attention",
 ]

@@ -33,9 +33,12 @@ from ..collate import FlatteningCollator
 from ..engine import Strategy
 from ..sampler import SamplerOverflow
 from ._attention_choice import AUTO_ATTENTION, choose_attention
+from ._deepspeed import check_deepspeed_setup
 from ._fa4_attention import FA4_ATTENTION
+from ._liger import check_liger_setup
 from ._metrics import PackingMetricsCallback
 from ._probe import probe_packing, refuse_failed_probe
+from ._sequence_loss import LossNormalization, check_sequence_setup, global_sequence_count, sequence_compute_loss
 from ._support_checks import (
     attention_kind,
     check_collated_features,
@@ -219,6 +222,9 @@ class _AttentionWarmUp(TrainerCallback):
         longest = self.trainer._train_longest
         if implementation not in ("flash_attention_4", FA4_ATTENTION) or not longest:
             return
+        if getattr(self.trainer, "is_deepspeed_enabled", False):  # a backward outside the engine: see _deepspeed.py
+            logger.info("PackingTrainer: under DeepSpeed FlashAttention-4 compiles its kernels in the first steps")
+            return
         from ._attention_choice import warm_up_attention
 
         self.seconds = warm_up_attention(probe_module(model), max_length=longest)
@@ -266,9 +272,17 @@ class PackingTrainer(Trainer):
         packing_metrics: add ``num_tokens``, ``tokens_per_second``, ``padding_fraction``,
             ``examples_per_step`` and ``packing_efficiency`` to the training logs (default
             True; see :class:`PackingMetricsCallback`).
+        loss_normalization: ``"token"`` (default): the training loss is the mean over all target
+            tokens of the optimizer step (``num_items_in_batch``), as padding gives; ``"sequence"``:
+            each example's mean token loss, averaged over the step's examples (counted over
+            micro-batches and ranks like ``num_items_in_batch``), so each example counts once and
+            a short example's tokens weigh more (see :func:`sequence_loss_weights`). Evaluation
+            stays token-weighted. Not with Liger's fused loss (which never forms the logits).
 
     ``data_collator`` defaults to :class:`FlatteningCollator`. Before the first step the
-    model and the first collated batch go through :func:`check_packing_support`.
+    model and the first collated batch go through :func:`check_packing_support`; a DeepSpeed
+    config is checked at construction and Liger's fused loss when training begins (what would
+    make the loss or the batches inexact is refused: ``docs/setups.md``).
 
     >>> PackingTrainer.__mro__[1].__name__
     'Trainer'
@@ -292,9 +306,11 @@ class PackingTrainer(Trainer):
         attn_implementation: str | None = AUTO_ATTENTION,
         packing_metrics: bool = True,
         attention_warm_up: bool = True,
+        loss_normalization: LossNormalization = "token",
         **kwargs: Any,
     ) -> None:
         validate_choice("packing_strategy", packing_strategy, Strategy)
+        validate_choice("loss_normalization", loss_normalization, LossNormalization)
         validate_choice("eval_packing", eval_packing, EvalPacking)
         validate_choice("overflow", overflow, SamplerOverflow)
         if max_tokens_per_batch != AUTO_BUDGET:
@@ -313,12 +329,15 @@ class PackingTrainer(Trainer):
         self.length_column = length_column
         self.eval_packing = eval_packing
         self.overflow = overflow
+        self.loss_normalization = loss_normalization
         self._train_batch_sampler = None
         self._train_longest = None
         self._eval_token_loss = None  # (sum of token losses, target tokens) of the evaluation under way
         if len(args) < 3 and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = FlatteningCollator()
         super().__init__(*args, **kwargs)
+        check_deepspeed_setup(self)
+        check_sequence_setup(self)
         self.attn_implementation = choose_attention(self.model, attn_implementation) if self.model is not None else None
         self.add_callback(PackingCheckCallback(probe=packing_probe))
         if attention_warm_up:
@@ -449,6 +468,7 @@ class PackingTrainer(Trainer):
     def get_train_dataloader(self):
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
+        check_liger_setup(self)  # train() has applied use_liger_kernel by now
         loader, sampler = self._multipack_dataloader(
             self.train_dataset, "Training", self._train_batch_size, shuffle=True
         )
@@ -514,6 +534,24 @@ class PackingTrainer(Trainer):
         if wrapper is not None and wrapper is not sampler and getattr(wrapper, "batch_sampler", None) is sampler:
             wrapper.num_processes, wrapper.process_index = 1, 0
         return loader, sampler
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The stock step's micro-batches; under ``loss_normalization="sequence"`` their example count."""
+        if self.loss_normalization != "sequence":
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        batch_samples = []
+        for _ in range(num_batches):
+            try:
+                batch_samples.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        return batch_samples, global_sequence_count(self, batch_samples, device)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The stock loss; in training under ``loss_normalization="sequence"`` the per-sequence mean."""
+        if self.loss_normalization == "sequence" and model.training:
+            return sequence_compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     def _run_epoch(self, *args: Any, **kwargs: Any):
         # On a mid-epoch resume the Trainer wraps the dataloader to skip batches, and its

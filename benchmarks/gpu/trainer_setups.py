@@ -1,0 +1,335 @@
+"""PackingTrainer under the set-ups users train with: DDP, FSDP2, DeepSpeed ZeRO-2/3 on 2 GPUs; Liger on 1.
+
+2 GPUs, one launch per set-up (same model, data, seed and token budget; bf16 mixed precision:
+float32 weights, ``TrainingArguments(bf16=True)``, ``packing_varlen``), then one table::
+
+    for s in ddp fsdp zero2 zero3; do
+      timeout 150 torchrun --nproc-per-node 2 benchmarks/gpu/trainer_setups.py --out OUT --setup $s
+    done                                                # ~40 s each (start-up, plan, 3 + 15 steps)
+    python benchmarks/gpu/trainer_setups.py --out OUT --compare
+
+Each records the logged loss of every step, real tokens/s over the timed steps (the two
+ranks' tokens / the slower rank's time), the peak memory per rank, the probe's line (it runs
+on every rank, under ZeRO-3 on partitioned weights) and what the model was wrapped in.
+ZeRO runs read examples/ds_zero2.json / ds_zero3.json (every batch number "auto").
+``--compare`` sets each run's per-step losses beside DDP's (max |difference|, and whether it
+is within ``--tolerance``, 2% relative by default: bf16 noise) and their tokens/s in one table (``setups.md``).
+
+1 GPU, Liger Kernel's fused linear cross-entropy (``--liger``, ~2-3 min)::
+
+    timeout 300 python benchmarks/gpu/trainer_setups.py --out OUT --liger
+
+  budget   measure_token_budget(longest=--longest) without and with Liger's fused loss
+           (applied by hand to the instance, fused loss only) at the 1B shape (32k vocabulary)
+           and at an 8B-like shape with a 151,936 vocabulary (hidden 4096, 32/8 heads, MLP
+           14336, --layers-8b layers, 4 by default instead of 32: the logits are the wall, not
+           the layers), bf16 weights, AdamW states counted
+  train    PackingTrainer on the 1B shape (--liger-tokens per micro-batch), unfused, then TrainingArguments(use_liger_kernel=True)
+           (every Liger kernel, as users turn it on), same data and budget: per-step losses side
+           by side (max |difference|) and tokens/s
+
+CPU check: ``--smoke`` (gloo, tiny float32 model, sdpa; DDP and FSDP only: DeepSpeed and Liger
+need CUDA), e.g. ``torchrun --nproc-per-node 2 benchmarks/gpu/trainer_setups.py --smoke --setup ddp --out /tmp/s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from packing_collators import PackingTrainer
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # benchmarks/: the shared _shared module
+from _shared import SIZES, build_model, lengths_of, markov_tokens  # noqa: E402
+
+EXAMPLES = HERE.parents[1] / "examples"
+SETUPS = ("ddp", "fsdp", "zero2", "zero3")
+SHAPE_8B = (4096, 4, 32, 8, 14336)  # hidden, layers (--layers-8b), heads, kv heads, MLP
+VOCAB_8B = 151936
+
+
+class StepClock:
+    """Wall time at each optimizer step's end, after a sync."""
+
+    def __init__(self, cuda: bool):
+        self.cuda, self.ends = cuda, []
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        clock = self
+
+        class StepEnd(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if clock.cuda:
+                    torch.cuda.synchronize()
+                clock.ends.append(time.perf_counter())
+
+        return StepEnd()
+
+
+def _dataset(args) -> tuple[list[dict], np.ndarray]:
+    lengths = np.minimum(lengths_of(args.distribution, args.examples, seed=0), args.max_length)
+    return [{"input_ids": e} for e in markov_tokens(lengths, args.vocab, seed=0)], lengths
+
+
+def _training_args(args, cuda: bool, **extra):
+    from transformers import TrainingArguments
+
+    options = dict(
+        output_dir=tempfile.mkdtemp(prefix="trainer_setups_"),
+        max_steps=args.warmup + args.steps,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=1,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=args.seed,
+        bf16=cuda,
+        optim="adamw_torch_fused" if cuda else "adamw_torch",
+        use_cpu=not cuda,
+        disable_tqdm=True,
+        dataloader_num_workers=0 if args.smoke else 2,
+        dataloader_pin_memory=cuda,
+        ddp_find_unused_parameters=False,
+        ddp_broadcast_buffers=False,
+    )
+    return TrainingArguments(**{**options, **extra})
+
+
+def _setup_options(setup: str) -> dict:
+    if setup == "fsdp":
+        return dict(fsdp="full_shard auto_wrap",
+                    fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
+    if setup in ("zero2", "zero3"):  # the config as users write it: TrainingArguments fills every "auto"
+        return dict(deepspeed=json.loads((EXAMPLES / f"ds_{setup}.json").read_text()))
+    return {}
+
+
+def _train(trainer, clock: StepClock, lengths: np.ndarray, warmup: int) -> dict:
+    """Train, then this rank's timed tokens and seconds, its losses and peak memory."""
+    trainer.train()
+    sampler = trainer._train_batch_sampler
+    steps = trainer.state.global_step
+    timed = list(sampler)[warmup:steps]  # accumulation 1: a batch per step
+    probe = next((c.last_report for c in trainer.callback_handler.callbacks if getattr(c, "last_report", None)), None)
+    return {
+        "tokens": float(sum(int(lengths[b].sum()) for b in timed)),
+        "seconds": clock.ends[-1] - clock.ends[warmup - 1],
+        "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+        "probe": probe.summary() if probe else None,
+        "steps": steps,
+    }
+
+
+def run_setup(args) -> None:
+    """One set-up on every rank of a torchrun launch; rank 0 writes OUT/<setup>.json."""
+    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    cuda = torch.cuda.is_available() and not args.smoke
+    if not cuda and args.setup.startswith("zero"):
+        raise SystemExit("DeepSpeed set-ups need CUDA GPUs (run --setup ddp or fsdp for the CPU check).")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dataset, lengths = _dataset(args)
+    training_args = _training_args(args, cuda, **_setup_options(args.setup))  # before the model: ZeRO-3 sees it
+    model = build_model(args, args.attn, torch.device("cuda" if cuda else "cpu"), torch.float32)
+    clock = StepClock(cuda)
+    trainer = PackingTrainer(model=model, args=training_args, train_dataset=dataset,
+                             max_tokens_per_batch=args.tokens_per_batch, attn_implementation=None)
+    trainer.add_callback(clock.callback())
+    local = _train(trainer, clock, lengths, args.warmup)
+    numbers = torch.tensor([local["tokens"], local["seconds"], local["peak_gib"], local["steps"]], dtype=torch.float64)
+    gathered = [numbers]
+    if world > 1:
+        import torch.distributed as dist
+
+        numbers = numbers.to(trainer.args.device)
+        gathered = [torch.zeros_like(numbers) for _ in range(world)]
+        dist.all_gather(gathered, numbers)
+        gathered = [g.cpu() for g in gathered]
+    if rank != 0:
+        return
+    result = {
+        "setup": args.setup,
+        "world_size": world,
+        "card": torch.cuda.get_device_name() if cuda else "cpu",
+        "wrapped_as": type(trainer.model_wrapped).__name__,
+        "accelerate_distributed_type": str(trainer.accelerator.distributed_type),
+        "loss": local["loss"],
+        "real_tokens_per_s": sum(float(g[0]) for g in gathered) / max(float(g[1]) for g in gathered),
+        "peak_gib_per_rank": [round(float(g[2]), 2) for g in gathered],
+        "steps_per_rank": [int(g[3]) for g in gathered],
+        "probe": local["probe"],
+        "size": args.size,
+        "tokens_per_batch": args.tokens_per_batch,
+        "command": " ".join(["torchrun --nproc-per-node", str(world), *sys.argv]),
+    }
+    _write(args.out, args.setup, result)
+
+
+def _write(out: Path, name: str, result: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "loss"}, indent=1))
+
+
+def _fused_loss_only(model):
+    """Liger's fused linear cross-entropy on this instance only (its rope/norm/MLP patches are module-wide)."""
+    from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+    apply_liger_kernel_to_llama(rope=False, rms_norm=False, swiglu=False, fused_linear_cross_entropy=True, model=model)
+    return model
+
+
+def _budget(args, shape: str, liger: bool) -> dict:
+    """measure_token_budget on a fresh model of ``shape`` ("1b" or "8b_like"), bf16 weights, unfused or fused."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from packing_collators import measure_token_budget, register_varlen_attention
+
+    hidden, layers, heads, kv, inter = SIZES["1b"] if shape == "1b" else (SHAPE_8B[0], args.layers_8b, *SHAPE_8B[2:])
+    vocab = args.vocab if shape == "1b" else VOCAB_8B
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=max(args.longest, 8192),
+                         use_cache=False, tie_word_embeddings=False)
+    register_varlen_attention()
+    torch.manual_seed(args.seed)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.config._attn_implementation = "packing_varlen"
+    if liger:
+        _fused_loss_only(model)
+    started = time.perf_counter()
+    try:
+        budget = measure_token_budget(model, longest=args.longest)
+        row = {"max_tokens_per_batch": budget.max_tokens_per_batch, "summary": budget.summary()}
+    except ValueError as refused:  # one example of --longest does not fit
+        row = {"max_tokens_per_batch": 0, "summary": str(refused)}
+    row.update(shape=shape, liger=liger, layers=layers, hidden=hidden, vocab=vocab,
+               parameters=sum(p.numel() for p in model.parameters()), seconds=round(time.perf_counter() - started, 1))
+    del model
+    torch.cuda.empty_cache()
+    print(json.dumps(row))
+    return row
+
+
+def _liger_training(args, dataset, lengths, liger: bool) -> dict:
+    model = build_model(argparse.Namespace(**{**vars(args), "size": "1b"}), "packing_varlen", torch.device("cuda"),
+                        torch.float32)
+    clock = StepClock(True)
+    training_args = _training_args(args, True, use_liger_kernel=liger)
+    trainer = PackingTrainer(model=model, args=training_args, train_dataset=dataset,
+                             max_tokens_per_batch=args.liger_tokens, attn_implementation=None)
+    trainer.add_callback(clock.callback())
+    torch.cuda.reset_peak_memory_stats()
+    result = _train(trainer, clock, lengths, args.warmup)
+    result["tokens_per_s"] = result["tokens"] / result["seconds"]
+    result["forward"] = f"{type(model).forward.__module__} / instance: {getattr(model.forward, '__module__', '')}"
+    del trainer, model
+    torch.cuda.empty_cache()
+    return result
+
+
+def run_liger(args) -> None:
+    """1 GPU: the token budget without and with the fused loss, then training unfused vs use_liger_kernel=True."""
+    if not torch.cuda.is_available():
+        raise SystemExit("--liger needs a CUDA GPU (Liger's kernels are Triton).")
+    budgets = [_budget(args, shape, liger) for shape in ("1b", "8b_like") for liger in (False, True)]
+    dataset, lengths = _dataset(args)
+    plain = _liger_training(args, dataset, lengths, liger=False)
+    fused = _liger_training(args, dataset, lengths, liger=True)  # last: use_liger_kernel patches modules process-wide
+    difference = _relative_difference(fused["loss"], plain["loss"])
+    result = {
+        "card": torch.cuda.get_device_name(),
+        "budgets": budgets,
+        "training": {"unfused": plain, "liger": fused},
+        "loss_max_relative_difference": difference,
+        "loss_within_tolerance": difference <= args.tolerance,
+        "tolerance": args.tolerance,
+        "tokens_per_s": {"unfused": plain["tokens_per_s"], "liger": fused["tokens_per_s"]},
+        "command": " ".join(["python", *sys.argv]),
+    }
+    _write(args.out, "liger", result)
+
+
+def _relative_difference(losses, reference) -> float:
+    """max over steps of |loss - reference| / |reference|."""
+    steps = min(len(losses), len(reference))
+    losses, reference = np.array(losses[:steps]), np.array(reference[:steps])
+    return float((np.abs(losses - reference) / np.abs(reference)).max())
+
+
+def compare(out: Path, tolerance: float) -> None:
+    """One table: each set-up's tokens/s and its per-step losses against DDP's."""
+    runs = {s: json.loads((out / f"{s}.json").read_text()) for s in SETUPS if (out / f"{s}.json").exists()}
+    if "ddp" not in runs:
+        raise SystemExit(f"{out}/ddp.json is missing: run --setup ddp first")
+    reference = runs["ddp"]["loss"]
+    lines = ["| set-up | wrapped as | tokens/s | vs DDP | max rel. loss diff vs DDP | within bf16 noise | peak GiB/rank |",
+             "|---|---|---:|---:|---:|---|---|"]
+    summary = {}
+    for name, run in runs.items():
+        diff = _relative_difference(run["loss"], reference)
+        ratio = run["real_tokens_per_s"] / runs["ddp"]["real_tokens_per_s"]
+        summary[name] = {"max_relative_loss_diff_vs_ddp": diff, "within_tolerance": diff <= tolerance,
+                         "real_tokens_per_s": run["real_tokens_per_s"], "vs_ddp": ratio}
+        lines.append(f"| {name} | {run['wrapped_as']} | {run['real_tokens_per_s']:,.0f} | {ratio:.2f} | {diff:.4f} | "
+                     f"{'yes' if diff <= tolerance else 'NO'} (<= {tolerance}) | {run['peak_gib_per_rank']} |")
+    card = runs["ddp"]["card"]
+    text = f"{card} x{runs['ddp']['world_size']}, {runs['ddp']['size']}, {runs['ddp']['tokens_per_batch']} tokens/micro-batch\n\n"
+    text += "\n".join(lines) + "\n"
+    (out / "setups.md").write_text(text)
+    (out / "setups.json").write_text(json.dumps({"card": card, "tolerance": tolerance, "runs": summary}, indent=1))
+    print(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--setup", choices=SETUPS, help="one 2-GPU set-up (under torchrun)")
+    mode.add_argument("--liger", action="store_true", help="the 1-GPU Liger measurements")
+    mode.add_argument("--compare", action="store_true", help="the table of the --setup runs in --out")
+    parser.add_argument("--size", choices=sorted(SIZES), default="200m", help="model of the --setup runs")
+    parser.add_argument("--attn", default="packing_varlen")
+    parser.add_argument("--distribution", default="sft")
+    parser.add_argument("--tokens-per-batch", type=int, default=16384)
+    parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--examples", type=int, default=6000)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--steps", type=int, default=15, help="timed steps, after --warmup")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--longest", type=int, default=4096, help="--liger: the longest example of the budget")
+    parser.add_argument("--liger-tokens", type=int, default=8192, help="--liger: tokens per micro-batch of the 1B runs")
+    parser.add_argument("--layers-8b", type=int, default=4, help="--liger: layers of the 8B-like shape (32 in 8B)")
+    parser.add_argument("--tolerance", type=float, default=0.02,
+                        help="max relative |loss difference| per step counted as bf16 noise")
+    parser.add_argument("--smoke", action="store_true", help="tiny float32 model, sdpa, gloo (CPU check)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.size, args.vocab, args.attn, args.examples, args.steps, args.warmup = "tiny", 128, "sdpa", 600, 3, 1
+        args.tokens_per_batch, args.max_length = 512, 128
+    if args.compare:
+        compare(args.out, args.tolerance)
+    elif args.liger:
+        run_liger(args)
+    else:
+        run_setup(args)
+
+
+if __name__ == "__main__":
+    main()
