@@ -264,6 +264,14 @@ def column_kind(dataset: Any, column: str) -> ColumnKind:
             return "tokens"
         if pa.types.is_struct(value) and value.get_field_index("content") >= 0:
             return "messages"
+        if getattr(value, "extension_name", None) == "arrow.json":  # datasets' Json: messages of differing keys
+            return "messages"  # each message is checked as it is tokenized
+        if pa.types.is_struct(value) and value.get_field_index("role") >= 0:
+            keys = [value.field(i).name for i in range(value.num_fields)]
+            raise ValueError(
+                f"Column {column!r} holds messages with no 'content' (their keys: {keys}, from example 0 on); each "
+                "message needs 'role' and 'content', e.g. {'role': 'user', 'content': 'hi'}: rename the key first."
+            )
     raise TypeError(
         f"Column {column!r} holds {kind}, not token data: it must hold token ids (a list of integers per example) "
         "or lengths (one integer per example), or be text or messages to tokenize with --tokenizer."
@@ -351,6 +359,8 @@ class _Tokenize:
         if self.kind == "prompt_completion":  # rendered as tokenize_chat renders it: prompt turns, then completion
             pairs = zip(batch["prompt"], batch["completion"])
             values = [conversation_of(pair, PROMPT_COMPLETION, i)[0] for i, pair in zip(indices, pairs)]
+        elif self.kind == "messages":  # checked as tokenize_chat checks them: a message without content is refused
+            values = [conversation_of([value], (self.column,), i)[0] for i, value in zip(indices, values)]
         if self.kind in ("messages", "prompt_completion"):  # a template error names its example, as in pack
             texts = render_chats(self.tokenizer, values, indices, generation_prompt=False)
             ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
