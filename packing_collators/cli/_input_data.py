@@ -52,6 +52,7 @@ __all__ = [
     "open_dataset",
     "packable_columns",
     "token_ids",
+    "without_columns",
 ]
 
 ColumnKind = Literal["tokens", "lengths", "text", "messages", "prompt_completion"]
@@ -449,6 +450,24 @@ def token_ids(dataset: Any, *, column: str | None = None, tokenizer: Any = None,
     return dataset
 
 
+def without_columns(dataset: Any, remove_columns=()):
+    """The dataset without ``remove_columns`` (``--remove-column``), each of which it must have.
+
+    ``pack`` removes them before tokenizing, so a column that tokenizing would write (``labels``
+    beside ``messages``) can be removed as the error about it says.
+
+    >>> from datasets import Dataset
+    >>> without_columns(Dataset.from_dict({"input_ids": [[1, 2]], "id": [7]}), ["id"]).column_names
+    ['input_ids']
+    """
+    unknown = [name for name in remove_columns if name not in dataset.column_names]
+    if unknown:
+        raise ValueError(
+            f"The dataset has no column(s) {unknown} (its columns: {list(dataset.column_names)}); check --remove-column."
+        )
+    return dataset.remove_columns(list(remove_columns)) if remove_columns else dataset
+
+
 def packable_columns(dataset: Any, *, keep_columns=(), remove_columns=()):
     """The dataset without ``remove_columns``, once every other column can go into packed rows.
 
@@ -471,8 +490,7 @@ def packable_columns(dataset: Any, *, keep_columns=(), remove_columns=()):
         raise ValueError(
             f"The dataset has no column(s) {unknown} (its columns: {names}); check --keep-column and --remove-column."
         )
-    if remove_columns:
-        dataset = dataset.remove_columns(list(remove_columns))
+    dataset = without_columns(dataset, remove_columns)
     schema = dataset.data.schema
     refused = [n for n in dataset.column_names if n not in keep_columns and not is_per_token(schema.field(n).type)]
     if refused:
