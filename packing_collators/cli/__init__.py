@@ -161,6 +161,7 @@ def _pack(args) -> int:
     if out.exists() and not args.overwrite:
         raise ValueError(f"OUT {args.out!r} exists; pass --overwrite to replace it, or choose another path.")
     dataset = without_columns(open_dataset(args.data, split=args.split), args.remove_column)  # before tokenizing
+    out.parent.mkdir(parents=True, exist_ok=True)  # a job array's shard-$I.parquet into a folder not made yet
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     dataset = token_ids(dataset, column=args.column, tokenizer=tokenizer, num_proc=args.num_proc)
     dataset = packable_columns(dataset, keep_columns=args.keep_column)
