@@ -35,15 +35,18 @@ def test_a_message_without_content_is_refused_naming_row_keys_and_expected_key(t
         r"each message needs 'role' and 'content'",
     ):
         tokenize_chat(mixed, tokenizer)
-    with pytest.raises(ValueError, match=r"Example 0: message 0 of 'messages' has no 'content' \(its keys: \['role', 'text'\]\)"):
+    only_text = r"Example 0: message 0 of 'messages' has no 'content' \(its keys: \['role', 'text'\]\)"
+    with pytest.raises(ValueError, match=only_text):
         tokenize_chat(Dataset.from_dict({"messages": [TEXT_KEY]}), tokenizer)
     with pytest.raises(ValueError, match=r"Example 4: message 0 of 'completion' has no 'content'"):
-        tokenize_chat_example({"prompt": "Why?", "completion": [{"role": "assistant", "value": "x"}]}, tokenizer, index=4)
+        completion = [{"role": "assistant", "value": "x"}]
+        tokenize_chat_example({"prompt": "Why?", "completion": completion}, tokenizer, index=4)
 
 
 def test_a_message_without_role_is_refused(tokenizer):
     no_role = [{"content": "Why?"}, {"role": "assistant", "content": "Because."}]
-    with pytest.raises(ValueError, match=r"Example 0: message 0 of 'messages' has no 'role' \(its keys: \['content'\]\)"):
+    no_role_error = r"Example 0: message 0 of 'messages' has no 'role' \(its keys: \['content'\]\)"
+    with pytest.raises(ValueError, match=no_role_error):
         tokenize_chat_example({"messages": no_role}, tokenizer)
     with pytest.raises(ValueError, match=r"has no 'role' and no 'content' \(its keys: \['from', 'value'\]\)"):
         tokenize_chat_example({"messages": [{"from": "human", "value": "hi"}]}, tokenizer)
@@ -61,7 +64,13 @@ def write_jsonl(path, rows) -> str:
 
 
 @pytest.mark.parametrize("command", ["pack", "analyze"])
-@pytest.mark.parametrize("rows, expected", [([TEXT_KEY], "holds messages with no 'content'"), ([GOOD, TEXT_KEY], "Example 1: message 0 of 'messages' has no 'content'")])
+@pytest.mark.parametrize(
+    "rows, expected",
+    [
+        ([TEXT_KEY], "holds messages with no 'content'"),  # every message: Arrow has no content field
+        ([GOOD, TEXT_KEY], "Example 1: message 0 of 'messages' has no 'content'"),  # datasets loads them as Json
+    ],
+)
 def test_the_command_line_refuses_them_in_one_line(tmp_path, capsys, tokenizer, command, rows, expected):
     tokenizer.save_pretrained(str(tmp_path / "tok"))
     data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in rows])

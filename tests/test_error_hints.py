@@ -38,7 +38,10 @@ def write_tokens(path, **columns) -> str:
     "extra, expected",
     [
         ([], "more than --max-length 8 (1 example(s) too long, the longest 12 tokens). Pass --overflow split (keep"),
-        (["--overflow", "truncate", "--num-shards", 2, "--shard-index", 3], "--shard-index 3 is out of range for --num-shards 2"),
+        (
+            ["--overflow", "truncate", "--num-shards", 2, "--shard-index", 3],
+            "--shard-index 3 is out of range for --num-shards 2",
+        ),
         (["--overflow", "truncate", "--keep-column", "input_ids"], "--keep-column cannot name 'input_ids'"),
     ],
 )

@@ -109,7 +109,7 @@ def _empty_split(dataset, columns, options: dict, split_name: str):
     """No examples: an empty dataset with ``input_ids`` and ``labels`` (``map`` writes no columns for 0 rows), warned."""
     import datasets
 
-    ids, labels = datasets.Sequence(datasets.Value("int32")), datasets.Sequence(datasets.Value("int64"))  # as map writes them
+    ids, labels = datasets.Sequence(datasets.Value("int32")), datasets.Sequence(datasets.Value("int64"))  # as map does
     features = datasets.Features({**dataset.remove_columns(list(columns)).features, "input_ids": ids, "labels": labels})
     empty = datasets.Dataset.from_dict({name: [] for name in features}, features=features)
     stats = ChatStats(examples=0, kept_examples=0, tokens=0, trained_tokens=0, max_length=options["max_length"])

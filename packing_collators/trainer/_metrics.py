@@ -139,7 +139,9 @@ class PackingMetricsCallback(TrainerCallback):
         if self._trainer is trainer:
             return self
         if self._trainer is not None:
-            raise ValueError("This PackingMetricsCallback is attached to another trainer already; make one per trainer.")
+            raise ValueError(
+                "This PackingMetricsCallback is attached to another trainer already; make one per trainer."
+            )
         callbacks = trainer.callback_handler.callbacks
         if any(isinstance(c, PackingMetricsCallback) and c is not self for c in callbacks):
             raise ValueError(
