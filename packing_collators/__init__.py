@@ -14,8 +14,8 @@ built only on the ones above it in this map::
     trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, the safety checks,
                PackingMetricsCallback,                   packing metrics in the logs and
                check_packing_support, probe_packing,     varlen attention backends (torch's
-               packing_varlen, packing_fa4,              kernel, FA4's), a token budget from
-               measure_token_budget,                     GPU memory
+               packing_varlen, packing_fa4,              kernel, FA4's) and the fastest one
+               choose_attention, measure_token_budget,   here, a token budget from GPU memory
                check_token_budget                        (measured, or a given one checked)
     cli/       packing-collators analyze|pack            the command line
     _validation.py   the argument checks every folder shares
@@ -37,6 +37,7 @@ from .trainer import (
     TokenBudget,
     check_packing_support,
     check_token_budget,
+    choose_attention,
     count_sequences,
     measure_token_budget,
     probe_packing,
@@ -65,6 +66,7 @@ __all__ = [
     "VARLEN_ATTENTION",
     "check_packing_support",
     "check_token_budget",
+    "choose_attention",
     "concatenate_and_pack",
     "count_sequences",
     "fit_attention_weight",

@@ -214,7 +214,7 @@ def test_pack_refuses_a_shard_index_out_of_range(capsys, data_dir, tmp_path):
         "--shard-index",
         2,
     )
-    assert code == 2 and "shard_index=2 is out of range for num_shards=2; shards are numbered 0 to 1." in err
+    assert code == 2 and "--shard-index 2 is out of range for --num-shards 2; shards are numbered 0 to 1." in err
 
 
 def test_plot_writes_a_png(capsys, data_dir, tmp_path):
@@ -287,7 +287,7 @@ ERRORS = [
     (["pack", "{tmp}/long.parquet", "{tmp}/o", "--max-length", "8"], "Every example is longer than max length 8"),
     (
         ["pack", "{tmp}/long.parquet", "{tmp}/o", "--max-length", "25"],
-        "Example 1 has 30 tokens, more than max_length=25",
+        "Example 1 has 30 tokens, more than --max-length 25 (1 example(s) too long, the longest 30 tokens). Pass --overflow split",
     ),
     (
         ["pack", "{data}/tokens.parquet", "{tmp}/exists", "--max-length", "8"],

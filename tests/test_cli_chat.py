@@ -121,7 +121,7 @@ def test_a_conversation_the_template_fails_on_is_named_by_both_commands(tmp_path
     """Past the first map batch (1,000 rows), analyze and pack name the same example, in one line."""
     good = [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": "Because."}]
     rows = [{"prompt": good[:1], "completion": good[1:]}] * 1500 + [
-        {"prompt": good[:1], "completion": [{"role": "assistant"}]}
+        {"prompt": good[:1], "completion": [{"role": "assistant", "content": 5}]}  # a number: '...' + 5 fails
     ]
     data = write_jsonl(tmp_path / "chat.jsonl", rows)
     folder = saved_tokenizer(tmp_path / "tok", QWEN2, "qwen2")
@@ -129,4 +129,4 @@ def test_a_conversation_the_template_fails_on_is_named_by_both_commands(tmp_path
     assert main([command, data, *out, "--tokenizer", folder, "--max-length", "64"]) == 2
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith(f"packing-collators: error: The chat template of TokenizersBackend('{folder}') fails on ")
-    assert "example 1500 (UndefinedError: 'dict object' has no attribute 'content'); fix the example" in err
+    assert 'example 1500 (TypeError: can only concatenate str (not "int") to str); fix the example' in err

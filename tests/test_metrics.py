@@ -98,19 +98,59 @@ def test_padded_batches_report_their_true_pad_share(tmp_path):
     assert [entry["packing_efficiency"] for entry in logs] == [round(r / 128, 4) for r in real]
 
 
+@pytest.mark.parametrize("collate", ["flattening", "padded"])
+def test_callbacks_list_logs_what_attach_logs_and_counts_every_real_token(tmp_path, collate):
+    """The Trainer's own way, callbacks=[...]: the same numbers as attach(), num_tokens exact."""
+    seen = []  # real tokens of each collated micro-batch (one epoch, no prefetch past its end)
+
+    def collator(features):
+        batch = FlatteningCollator()(features) if collate == "flattening" else padded_batch(features)
+        seen.append(int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel())
+        return batch
+
+    logs = {}
+    for way in ("callbacks", "attach"):
+        metrics = PackingMetricsCallback(max_tokens_per_batch=64)
+        trainer = Trainer(
+            model=tiny_model("llama"),
+            args=training_args(tmp_path / way),
+            train_dataset=dataset(),
+            data_collator=collator,
+            callbacks=[metrics] if way == "callbacks" else None,
+        )
+        if way == "attach":
+            metrics.attach(trainer)
+        seen.clear()
+        trainer.train()
+        logs[way] = training_logs(trainer)
+        assert [c for c in trainer.callback_handler.callbacks if isinstance(c, PackingMetricsCallback)] == [metrics]
+        assert logs[way][-1]["num_tokens"] == sum(seen) == sum(LENGTHS)  # every real token once
+        assert [entry["num_tokens"] for entry in logs[way]] == np.cumsum([sum(seen[0:2]), sum(seen[2:4])]).tolist()
+    timed = ("tokens_per_second", "train_runtime")
+    untimed = {way: [{k: v for k, v in e.items() if k not in timed} for e in logs[way]] for way in logs}
+    assert untimed["callbacks"] == untimed["attach"]
+    assert all(key in logs["callbacks"][0] for key in (*KEYS, "packing_efficiency"))
+
+
 def test_wiring_errors_and_turning_it_off(tmp_path):
-    unattached = Trainer(
-        model=tiny_model("llama"),
-        args=training_args(tmp_path),
-        train_dataset=dataset(),
-        data_collator=FlatteningCollator(),
-        callbacks=[PackingMetricsCallback()],
-    )
-    with pytest.raises(ValueError, match=r"sees no batches .* PackingMetricsCallback\(\)\.attach\(trainer\)"):
-        unattached.train()
     packing = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset())
     with pytest.raises(ValueError, match="already has a PackingMetricsCallback.*packing_metrics=False"):
         PackingMetricsCallback().attach(packing)
+    with pytest.raises(ValueError, match="already has a PackingMetricsCallback.*packing_metrics=False"):
+        PackingTrainer(
+            model=tiny_model("llama"),
+            args=training_args(tmp_path),
+            train_dataset=dataset(),
+            callbacks=[PackingMetricsCallback()],
+        )
+    metrics = PackingMetricsCallback()
+    stock = Trainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset())
+    assert metrics.attach(stock) is metrics.attach(stock) is metrics  # attaching twice wires once
+    with pytest.raises(ValueError, match="attached to another trainer already; make one per trainer"):
+        metrics.attach(Trainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset()))
+    lone = PackingMetricsCallback()  # called by no trainer: nothing to wire into
+    with pytest.raises(ValueError, match=r"could not find the Trainer calling it .*PackingMetricsCallback\(\)\.attach"):
+        lone.on_train_begin(stock.args, stock.state, stock.control)
     off = PackingTrainer(
         model=tiny_model("llama"),
         args=training_args(tmp_path, max_steps=1),

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PROMPT_COMPLETION", "chat_columns", "conversation_of"]
+__all__ = ["PROMPT_COMPLETION", "chat_columns", "check_message", "conversation_of"]
 
 PROMPT_COMPLETION = ("prompt", "completion")
 _MESSAGE_SHAPE = "a list of {'role': ..., 'content': ...} dicts"
@@ -51,16 +51,41 @@ def chat_columns(column_names: Sequence[str], column: str | None = None) -> tupl
     )
 
 
+def check_message(message: dict, index: int, column: str, position: int) -> None:
+    """Refuse a message without ``role`` or ``content``: rendered, it would be an empty or broken turn.
+
+    A key Arrow filled with None (a column whose rows use different keys) counts as missing; an
+    assistant turn with ``tool_calls`` may leave ``content`` None.
+
+    >>> check_message({"role": "user", "text": "hi"}, 3, "messages", 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 3: message 1 of 'messages' has no 'content' (its keys: ['role', 'text']); each message needs 'role' and 'content', e.g. {'role': 'user', 'content': 'hi'}: rename the key (dataset.map) before tokenizing.
+    """
+    found = [key for key, value in message.items() if value is not None]
+    missing = [key for key in ("role", "content") if message.get(key) is None]
+    if "content" in missing and message.get("tool_calls") is not None:
+        missing.remove("content")
+    if missing:
+        raise ValueError(
+            f"Example {index}: message {position} of {column!r} has no {' and no '.join(map(repr, missing))} "
+            f"(its keys: {found}); each message needs 'role' and 'content', e.g. {{'role': 'user', 'content': 'hi'}}: "
+            "rename the key (dataset.map) before tokenizing."
+        )
+
+
 def _messages(value: Any, index: int, column: str, default_role: str) -> list[dict]:
     """``value`` as a list of message dicts: a string becomes one turn of ``default_role``."""
     if isinstance(value, str) and default_role:
         return [{"role": default_role, "content": value}]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(m, dict) and "role" in m for m in value):
+    if not isinstance(value, (list, tuple)) or not all(isinstance(m, dict) for m in value):
         shown = type(value).__name__ if not isinstance(value, (list, tuple)) else "a list with a non-message item"
         raise TypeError(
             f"Example {index}: {column!r} holds {shown}; it must be {_MESSAGE_SHAPE}"
             f"{' or a string' if default_role else ''}."
         )
+    for position, message in enumerate(value):
+        check_message(message, index, column, position)
     return list(value)
 
 

@@ -105,6 +105,22 @@ def _counts(tokenized, name: str) -> np.ndarray:
     return tokenized.data.column(name).to_numpy().astype(np.int64, copy=False)
 
 
+def _empty_split(dataset, columns, options: dict, split_name: str):
+    """No examples: an empty dataset with ``input_ids`` and ``labels`` (``map`` writes no columns for 0 rows), warned."""
+    import datasets
+
+    ids, labels = datasets.Sequence(datasets.Value("int32")), datasets.Sequence(datasets.Value("int64"))  # as map does
+    features = datasets.Features({**dataset.remove_columns(list(columns)).features, "input_ids": ids, "labels": labels})
+    empty = datasets.Dataset.from_dict({name: [] for name in features}, features=features)
+    stats = ChatStats(examples=0, kept_examples=0, tokens=0, trained_tokens=0, max_length=options["max_length"])
+    logger.warning(
+        "tokenize_chat%s: the dataset has no examples, so the result is empty (%s).",
+        f"[{split_name}]" if split_name else "",
+        stats.summary(),
+    )
+    return empty, stats
+
+
 def _tokenize_split(dataset, tokenizer, options: dict, split_name: str = ""):
     columns = chat_columns(dataset.column_names, options["column"])
     clash = [name for name in ("input_ids", "labels") if name in dataset.column_names and name not in columns]
@@ -113,6 +129,8 @@ def _tokenize_split(dataset, tokenizer, options: dict, split_name: str = ""):
             f"The dataset already has {clash}, which tokenize_chat writes; remove them first "
             f"(dataset.remove_columns({clash}))."
         )
+    if len(dataset) == 0:
+        return _empty_split(dataset, columns, options, split_name)
     max_length, overflow = options["max_length"], options["overflow"]
     num_proc = options["num_proc"]
     tokenized = dataset.map(

@@ -155,15 +155,16 @@ def _analyze(args) -> int:
 def _pack(args) -> int:
     from .. import lengths_from_dataset, pack_dataset
     from ._analysis import check_max_length
-    from ._input_data import load_tokenizer, open_dataset, packable_columns, token_ids
+    from ._input_data import load_tokenizer, open_dataset, packable_columns, token_ids, without_columns
 
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise ValueError(f"OUT {args.out!r} exists; pass --overwrite to replace it, or choose another path.")
-    dataset = open_dataset(args.data, split=args.split)
+    dataset = without_columns(open_dataset(args.data, split=args.split), args.remove_column)  # before tokenizing
+    out.parent.mkdir(parents=True, exist_ok=True)  # a job array's shard-$I.parquet into a folder not made yet
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     dataset = token_ids(dataset, column=args.column, tokenizer=tokenizer, num_proc=args.num_proc)
-    dataset = packable_columns(dataset, keep_columns=args.keep_column, remove_columns=args.remove_column)
+    dataset = packable_columns(dataset, keep_columns=args.keep_column)
     if args.strategy != "wrapped" and args.overflow != "split":  # these cut long examples by design
         check_max_length(lengths_from_dataset(dataset), args.max_length)
     library_log = logging.getLogger("packing_collators")
@@ -213,10 +214,12 @@ def _pack(args) -> int:
 
 
 def _one_line(error: BaseException) -> str:
+    from ._messages import as_command_line
+
     text = " ".join(str(error).split())
     if isinstance(error, KeyError):  # str(KeyError) is the repr of its key
         text = text.strip("'\"")
-    return text or type(error).__name__
+    return as_command_line(text) or type(error).__name__  # the library's overflow='split' is --overflow split here
 
 
 def main(argv: Sequence[str] | None = None) -> int:

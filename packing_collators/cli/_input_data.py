@@ -52,6 +52,7 @@ __all__ = [
     "open_dataset",
     "packable_columns",
     "token_ids",
+    "without_columns",
 ]
 
 ColumnKind = Literal["tokens", "lengths", "text", "messages", "prompt_completion"]
@@ -264,6 +265,14 @@ def column_kind(dataset: Any, column: str) -> ColumnKind:
             return "tokens"
         if pa.types.is_struct(value) and value.get_field_index("content") >= 0:
             return "messages"
+        if getattr(value, "extension_name", None) == "arrow.json":  # datasets' Json: messages of differing keys
+            return "messages"  # each message is checked as it is tokenized
+        if pa.types.is_struct(value) and value.get_field_index("role") >= 0:
+            keys = [value.field(i).name for i in range(value.num_fields)]
+            raise ValueError(
+                f"Column {column!r} holds messages with no 'content' (their keys: {keys}, from example 0 on); each "
+                "message needs 'role' and 'content', e.g. {'role': 'user', 'content': 'hi'}: rename the key first."
+            )
     raise TypeError(
         f"Column {column!r} holds {kind}, not token data: it must hold token ids (a list of integers per example) "
         "or lengths (one integer per example), or be text or messages to tokenize with --tokenizer."
@@ -351,6 +360,8 @@ class _Tokenize:
         if self.kind == "prompt_completion":  # rendered as tokenize_chat renders it: prompt turns, then completion
             pairs = zip(batch["prompt"], batch["completion"])
             values = [conversation_of(pair, PROMPT_COMPLETION, i)[0] for i, pair in zip(indices, pairs)]
+        elif self.kind == "messages":  # checked as tokenize_chat checks them: a message without content is refused
+            values = [conversation_of([value], (self.column,), i)[0] for i, value in zip(indices, values)]
         if self.kind in ("messages", "prompt_completion"):  # a template error names its example, as in pack
             texts = render_chats(self.tokenizer, values, indices, generation_prompt=False)
             ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
@@ -439,6 +450,24 @@ def token_ids(dataset: Any, *, column: str | None = None, tokenizer: Any = None,
     return dataset
 
 
+def without_columns(dataset: Any, remove_columns=()):
+    """The dataset without ``remove_columns`` (``--remove-column``), each of which it must have.
+
+    ``pack`` removes them before tokenizing, so a column that tokenizing would write (``labels``
+    beside ``messages``) can be removed as the error about it says.
+
+    >>> from datasets import Dataset
+    >>> without_columns(Dataset.from_dict({"input_ids": [[1, 2]], "id": [7]}), ["id"]).column_names
+    ['input_ids']
+    """
+    unknown = [name for name in remove_columns if name not in dataset.column_names]
+    if unknown:
+        raise ValueError(
+            f"The dataset has no column(s) {unknown} (its columns: {list(dataset.column_names)}); check --remove-column."
+        )
+    return dataset.remove_columns(list(remove_columns)) if remove_columns else dataset
+
+
 def packable_columns(dataset: Any, *, keep_columns=(), remove_columns=()):
     """The dataset without ``remove_columns``, once every other column can go into packed rows.
 
@@ -461,8 +490,7 @@ def packable_columns(dataset: Any, *, keep_columns=(), remove_columns=()):
         raise ValueError(
             f"The dataset has no column(s) {unknown} (its columns: {names}); check --keep-column and --remove-column."
         )
-    if remove_columns:
-        dataset = dataset.remove_columns(list(remove_columns))
+    dataset = without_columns(dataset, remove_columns)
     schema = dataset.data.schema
     refused = [n for n in dataset.column_names if n not in keep_columns and not is_per_token(schema.field(n).type)]
     if refused:

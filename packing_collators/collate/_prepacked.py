@@ -130,6 +130,7 @@ class PrePackedCollator:
 
     def _read(self, rows):
         row_lengths = sequence_lengths(feature_column(rows, "input_ids"), item="Row")
+        _check_has_seq_lengths(rows)
         seq_column = feature_column(rows, "seq_lengths")
         segments_per_row = sequence_lengths(seq_column, what="seq_lengths", item="Row")
         segments = concat_tokens(seq_column, int(segments_per_row.sum()), what="seq_lengths", item="Row")
@@ -177,6 +178,24 @@ def _into_rows(values: np.ndarray, target: np.ndarray, shape: tuple[int, int], f
     out = np.full(shape[0] * shape[1], fill, np.int64)
     out[target] = values
     return out.reshape(shape)
+
+
+def _check_has_seq_lengths(rows: Sequence[Mapping[str, Any]]) -> None:
+    """A row without ``seq_lengths`` cannot be split into its examples: say why it is gone, and the fix.
+
+    >>> _check_has_seq_lengths([{"input_ids": [1, 2, 3]}])
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 0 has no 'seq_lengths' (its keys: ['input_ids']): PrePackedCollator needs it to keep the packed row's examples apart. The Trainer drops every column its model's forward does not take while remove_unused_columns=True (its default): pass TrainingArguments(..., remove_unused_columns=False), or train with PackingTrainer, which keeps seq_lengths. Rows not from pack_dataset: pack them with pack_dataset.
+    """
+    missing = next((i for i, row in enumerate(rows) if "seq_lengths" not in row), None)
+    if missing is not None:
+        raise ValueError(
+            f"Example {missing} has no 'seq_lengths' (its keys: {sorted(rows[missing])}): PrePackedCollator needs it to "
+            "keep the packed row's examples apart. The Trainer drops every column its model's forward does not take while "
+            "remove_unused_columns=True (its default): pass TrainingArguments(..., remove_unused_columns=False), or "
+            "train with PackingTrainer, which keeps seq_lengths. Rows not from pack_dataset: pack them with pack_dataset."
+        )
 
 
 def _check_segments(segments: np.ndarray, segments_per_row: np.ndarray, row_lengths: np.ndarray) -> None:

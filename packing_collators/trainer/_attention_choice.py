@@ -89,6 +89,7 @@ def choose_attention(model, requested: str | None = AUTO_ATTENTION) -> str:
     library's ``packing_varlen`` / ``packing_fa4`` first; transformers raises if it cannot run here).
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> from packing_collators import choose_attention
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1,
     ...                                      num_attention_heads=2, intermediate_size=8, use_cache=False))
     >>> choose_attention(model)  # on a CPU nothing beats the model's own
@@ -157,6 +158,7 @@ def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
     cleared after; no weight changes. Returns the seconds it took.
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> from packing_collators import choose_attention
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1,
     ...                                      num_attention_heads=2, intermediate_size=8, use_cache=False))
     >>> warm_up_attention(model, max_length=64, tokens=128) >= 0

@@ -22,13 +22,17 @@ that no shape tells apart from an example: it counts as real tokens and one exam
 ``m`` tokens per micro-batch).
 
 Design: the Trainer gives callbacks no batches and adds the reporters' callbacks before yours,
-so :meth:`PackingMetricsCallback.attach` wraps two methods of the trainer instance:
-``training_step`` counts each micro-batch where the Trainer trains it (the main process, so
-``dataloader_num_workers > 0`` works; counting inside the collator would count in the workers),
-and ``log`` adds the numbers to the ``logs`` dict before the Trainer records and reports it.
-``PackingTrainer`` attaches one itself; a stock ``Trainer`` or TRL's ``SFTTrainer`` takes one line::
+so the callback wraps two methods of the trainer instance: ``training_step`` counts each
+micro-batch where the Trainer trains it (the main process, so ``dataloader_num_workers > 0``
+works; counting inside the collator would count in the workers), and ``log`` adds the numbers to
+the ``logs`` dict before the Trainer records and reports it. ``PackingTrainer`` has one itself; a
+stock ``Trainer`` or TRL's ``SFTTrainer`` takes it the Trainer's own way::
 
-    PackingMetricsCallback().attach(trainer)
+    Trainer(..., callbacks=[PackingMetricsCallback()])
+
+At ``on_train_begin`` the callback finds the trainer running it (the frame of the trainer method
+that called the callback handler: the Trainer passes callbacks no reference to itself) and wires
+itself in there; ``PackingMetricsCallback().attach(trainer)`` does the same at once, explicitly.
 
 Cost: per micro-batch, Python arithmetic on shapes plus, for a batch with an ``attention_mask``,
 one ``(mask == 0).sum()`` kept on the batch's device (no ``.item()``, no device sync); per log, one
@@ -37,6 +41,7 @@ one ``(mask == 0).sum()`` kept on the batch's device (no ``.item()``, no device 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Mapping
 
@@ -69,9 +74,27 @@ def _batch_counts(inputs) -> tuple:
     return slots, pad, examples
 
 
+def _trainer_running(callback):
+    """The transformers Trainer whose callback handler is calling ``callback`` now, or None.
+
+    The Trainer hands callbacks no reference to itself, so the call stack is searched for the
+    trainer method that called the handler (its ``self``): a Trainer holding this very callback.
+    """
+    from transformers import Trainer
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer) and any(c is callback for c in candidate.callback_handler.callbacks):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
 class PackingMetricsCallback(TrainerCallback):
     """Add ``num_tokens``, ``tokens_per_second``, ``padding_fraction``, ``examples_per_step`` and
-    ``packing_efficiency`` to every training log; ``attach(trainer)`` wires it in (see the module).
+    ``packing_efficiency`` to every training log: ``Trainer(..., callbacks=[PackingMetricsCallback()])``,
+    or ``PackingMetricsCallback().attach(trainer)`` (see the module).
 
     Args:
         max_tokens_per_batch: the micro-batch token budget for ``packing_efficiency``. ``None``
@@ -109,11 +132,21 @@ class PackingMetricsCallback(TrainerCallback):
         return f"PackingMetricsCallback(max_tokens_per_batch={self.max_tokens_per_batch})"
 
     def attach(self, trainer):
-        """Count ``trainer``'s micro-batches and add the numbers to its training logs; returns ``self``."""
-        if any(isinstance(c, PackingMetricsCallback) for c in trainer.callback_handler.callbacks):
+        """Count ``trainer``'s micro-batches and add the numbers to its training logs; returns ``self``.
+
+        What ``callbacks=[PackingMetricsCallback()]`` does when training begins, done now.
+        """
+        if self._trainer is trainer:
+            return self
+        if self._trainer is not None:
             raise ValueError(
-                f"{type(trainer).__name__} already has a PackingMetricsCallback; attach only one "
-                "(PackingTrainer attaches its own unless packing_metrics=False)."
+                "This PackingMetricsCallback is attached to another trainer already; make one per trainer."
+            )
+        callbacks = trainer.callback_handler.callbacks
+        if any(isinstance(c, PackingMetricsCallback) and c is not self for c in callbacks):
+            raise ValueError(
+                f"{type(trainer).__name__} already has a PackingMetricsCallback; give it only one "
+                "(PackingTrainer has its own unless packing_metrics=False)."
             )
         step, log = trainer.training_step, trainer.log
 
@@ -127,7 +160,8 @@ class PackingMetricsCallback(TrainerCallback):
             return log(logs, *args, **kwargs)
 
         trainer.training_step, trainer.log = training_step, log_with_metrics
-        trainer.add_callback(self)
+        if not any(c is self for c in callbacks):
+            trainer.add_callback(self)
         self._trainer = trainer
         return self
 
@@ -174,10 +208,13 @@ class PackingMetricsCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self._trainer is None:
-            raise ValueError(
-                "PackingMetricsCallback sees no batches from callbacks=[...]: the Trainer passes none to "
-                "callbacks. Attach it instead: PackingMetricsCallback().attach(trainer)."
-            )
+            trainer = _trainer_running(self)
+            if trainer is None:
+                raise ValueError(
+                    "PackingMetricsCallback could not find the Trainer calling it (it counts batches in the "
+                    "trainer's training_step); attach it explicitly: PackingMetricsCallback().attach(trainer)."
+                )
+            self.attach(trainer)
         # On resume, go on from the last logged count (state.log_history comes from the checkpoint).
         logged = [entry["num_tokens"] for entry in state.log_history if "num_tokens" in entry]
         self.num_tokens = int(logged[-1]) if logged else 0
