@@ -4,6 +4,7 @@ _support_checks.py    check_packing_support: is this model + attention + batch p
 _probe.py             probe_packing: measured on the model itself (packed vs alone, and a leak test)
 _varlen_attention.py  packing_varlen, an attention backend on torch.nn.attention.varlen
 _fa4_attention.py     packing_fa4, FlashAttention-4's varlen kernel called straight from the batch
+_attention_ops.py     FA4's kernel as torch.library custom ops (fake + autograd): traced by torch.compile
 _attention_choice.py  choose_attention: the fastest packed-correct attention on this machine
 _packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
