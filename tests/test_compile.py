@@ -272,7 +272,7 @@ def test_trainer_compiles_before_the_first_step_and_trains_as_eager(fa4_referenc
         _packing_trainer, "probe_packing", lambda model, *a, **k: probed.append(type(model).__name__) or original(model, *a, **k)
     )
     trainer, losses = _train(tmp_path, compiled=True)
-    report = trainer._compile.report
+    report = trainer.compile_report
     assert report.buckets == (96,)  # the budget, rounded up to a multiple of 8
     assert 1 <= report.graphs <= 3 and report.recompiles == 0 and report.seconds > 0
     plan = trainer._train_batch_sampler.plan().batch_tokens
@@ -296,6 +296,6 @@ def test_an_eager_trainer_keeps_its_collator_and_compiles_nothing(tmp_path, fa4_
         packing_probe=False,
     )
     trainer.train()
-    assert trainer._compile.report is None
+    assert trainer.compile_report is None
     for batch in trainer.get_train_dataloader():  # no bucket padding (token id 0; the examples' ids are >= 1)
         assert batch["input_ids"].ne(0).all()

@@ -7,6 +7,7 @@ _fa4_attention.py     packing_fa4, FlashAttention-4's varlen kernel called strai
 _attention_ops.py     FA4's kernel as torch.library custom ops (fake + autograd): traced by torch.compile
 _attention_choice.py  choose_attention: the fastest packed-correct attention on this machine
 _packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
+_compile.py           torch_compile=True: rows padded to buckets, graphs compiled before the first step
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
 _memory_budget.py     measure_token_budget / check_token_budget: max_tokens_per_batch against the GPU's memory, measured
 """
@@ -19,6 +20,7 @@ from ._support_checks import check_collated_features, check_packing_support
 from ._varlen_attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
 
 __all__ = [
+    "CompileReport",
     "FA4_ATTENTION",
     "PackingCheckCallback",
     "PackingMetricsCallback",
@@ -40,6 +42,7 @@ __all__ = [
     "register_varlen_attention",
     "varlen_attention_forward",
     "warm_up_attention",
+    "warm_up_compiled",
 ]
 
 
@@ -50,6 +53,10 @@ def __getattr__(name: str):
         from . import _packing_trainer
 
         return getattr(_packing_trainer, name)
+    if name in ("CompileReport", "warm_up_compiled"):  # _compile.py subclasses transformers' TrainerCallback
+        from . import _compile
+
+        return getattr(_compile, name)
     if name == "PackingMetricsCallback":
         from ._metrics import PackingMetricsCallback
 

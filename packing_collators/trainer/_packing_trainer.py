@@ -262,6 +262,12 @@ class PackingTrainer(Trainer):
     ``data_collator`` defaults to :class:`FlatteningCollator`. Before the first step the
     model and the first collated batch go through :func:`check_packing_support`.
 
+    Under ``TrainingArguments(torch_compile=True)`` training micro-batches are padded to one
+    bucket (the token budget; the padding a segment of its own, never trained), every graph
+    is compiled before the first step (:func:`warm_up_compiled`), the probe runs the compiled
+    model, and ``trainer.compile_report`` (:class:`CompileReport`: graphs, seconds, the
+    buckets' padding, recompiles since) is logged; a later recompile is warned about.
+
     >>> PackingTrainer.__mro__[1].__name__
     'Trainer'
     >>> PackingTrainer(max_tokens_per_batch=0)
@@ -320,6 +326,11 @@ class PackingTrainer(Trainer):
             self.add_callback(_AttentionWarmUp(self))
         if packing_metrics:
             PackingMetricsCallback().attach(self)
+
+    @property
+    def compile_report(self):
+        """What compiling cost (:class:`CompileReport`), under ``torch_compile=True``; else None."""
+        return self._compile.report
 
     def _set_signature_columns_if_needed(self) -> None:
         """Keep a pre-packed dataset's position_ids / seq_lengths through remove_unused_columns."""
