@@ -88,7 +88,13 @@ def __getattr__(name: str):
     # PackingTrainer / PackingCheckCallback subclass transformers' Trainer classes and the sampler
     # subclasses torch's Sampler; importing those takes seconds, so they load on first use and
     # `import packing_collators` (the engine, the collators, the command line) stays fast.
-    if name in ("CompileReport", "PackingCheckCallback", "PackingMetricsCallback", "PackingTrainer", "warm_up_compiled"):
+    if name in (
+        "CompileReport",
+        "PackingCheckCallback",
+        "PackingMetricsCallback",
+        "PackingTrainer",
+        "warm_up_compiled",
+    ):
         from . import trainer
 
         return getattr(trainer, name)

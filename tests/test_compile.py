@@ -108,7 +108,9 @@ def test_fa4_op_fake_tensors_give_the_kernels_shapes():
     with FakeTensorMode():
         q, k, v = torch.empty(13, 4, 8, dtype=torch.bfloat16), torch.empty(13, 2, 8), torch.empty(13, 2, 16)
         cu = torch.empty(4, dtype=torch.int32)
-        out, lse = torch.ops.packing_collators.fa4_varlen_fwd(q, k, v, cu, cu, 6, 6, None, True, -1, -1, 0.0, None, False)
+        out, lse = torch.ops.packing_collators.fa4_varlen_fwd(
+            q, k, v, cu, cu, 6, 6, None, True, -1, -1, 0.0, None, False
+        )
         grads = torch.ops.packing_collators.fa4_varlen_bwd(
             out, q, k, v, out, lse, cu, cu, 6, 6, None, True, -1, -1, 0.0, None, False
         )
@@ -269,7 +271,9 @@ def test_trainer_compiles_before_the_first_step_and_trains_as_eager(fa4_referenc
     probed = []
     original = _packing_trainer.probe_packing
     monkeypatch.setattr(
-        _packing_trainer, "probe_packing", lambda model, *a, **k: probed.append(type(model).__name__) or original(model, *a, **k)
+        _packing_trainer,
+        "probe_packing",
+        lambda model, *a, **k: probed.append(type(model).__name__) or original(model, *a, **k),
     )
     trainer, losses = _train(tmp_path, compiled=True)
     report = trainer.compile_report

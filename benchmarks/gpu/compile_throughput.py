@@ -199,7 +199,9 @@ def markdown(summary: dict, warm: dict, args, card: str) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--size", choices=sorted(STEPS), default="200m")
     parser.add_argument("--distributions", default="flan_like,orcamath_like,sft")
     parser.add_argument("--attn", default="packing_fa4", help="packing_fa4 (default) or packing_varlen")
@@ -244,7 +246,12 @@ def main(argv=None) -> None:
         tokens = markov_tokens(lengths, args.vocab, seed=args.seed + i)
         (packed, stats[dist]), (unpadded, _) = (packed_batches(lengths, tokens, args, bucket=b) for b in (bucket, None))
         oracle = oracle_batches(lengths, tokens, args)
-        data[dist] = {"compiled_packed": packed, "eager_packed": unpadded, "compiled_oracle": oracle, "eager_oracle": oracle}
+        data[dist] = {
+            "compiled_packed": packed,
+            "eager_packed": unpadded,
+            "compiled_oracle": oracle,
+            "eager_oracle": oracle,
+        }
     results = {dist: {mode: [] for mode in MODES} for dist in data}
     for round_ in range(args.rounds):
         if time.perf_counter() - started > args.budget_s:

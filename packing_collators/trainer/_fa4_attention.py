@@ -146,7 +146,9 @@ def fa4_attention_forward(
     left, right = _window(causal, sliding_window, max_k)
     batch, heads, length, _ = query.shape
     if torch.compiler.is_compiling():  # traced: FA4 as one custom-op node of the graph (_attention_ops)
-        out = _compiled_call(query, key, value, cu_q, cu_k, max_q, max_k, scaling, causal, (left, right), softcap, kwargs)
+        out = _compiled_call(
+            query, key, value, cu_q, cu_k, max_q, max_k, scaling, causal, (left, right), softcap, kwargs
+        )
         return out.view(batch, length, heads, out.shape[-1]), None
     kernel = _kernel(query)
     out = kernel(

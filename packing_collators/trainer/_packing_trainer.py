@@ -184,7 +184,10 @@ class PackingCheckCallback(TrainerCallback):
             prepacked = any(isinstance(f, dict) and f.get("seq_lengths") is not None for f in features)
             compiled = self.model_for_probe() if self.model_for_probe is not None else None
             self.last_report = probe_packing(
-                probe_module(model) if compiled is None else compiled, collate_fn, prepacked=prepacked, autocast=_autocast(args, model)
+                probe_module(model) if compiled is None else compiled,
+                collate_fn,
+                prepacked=prepacked,
+                autocast=_autocast(args, model),
             )
             logger.info("%s", self.last_report.summary())
             refuse_failed_probe(
