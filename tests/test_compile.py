@@ -177,7 +177,9 @@ def test_buckets_bound_the_graphs_and_nothing_recompiles_after_the_warm_up(fa4_r
     buckets = (32, 48, 64)
     collate = FlatteningCollator(pad_to_buckets=buckets)
     _, graphs = warm_up_compiled(lambda batch: compiled(**batch).loss.backward(), collate, buckets, vocab=128)
-    assert 1 <= graphs <= 3  # static, then n and max lengths symbolic, then the length too
+    # n and the max lengths symbolic from the first compile, then the length too at the second bucket
+    # (a PyTorch without dynamic_sources makes the counts symbolic only at the second batch: one more)
+    assert graphs == (2 if hasattr(torch.compiler.config, "dynamic_sources") else 3)
     rng = np.random.default_rng(0)
     before, seen = graphs_compiled(), set()
     for i in range(8):  # new numbers of examples, longest examples and buckets

@@ -10,14 +10,15 @@ Dynamo's limit and then falls back to eager. Here::
     n, max_length    symbolic: the attention ops take them as SymInts (FA4's custom op,
                      torch's varlen op), so the graph does not depend on them
 
-so a run compiles a bounded number of graphs, whatever its data: the first shape, then one
-with ``n`` and the max lengths dynamic (Dynamo's automatic dynamic shapes, on the first
-change), and with several buckets one more with ``T`` dynamic::
+so a run compiles a bounded number of graphs, whatever its data. ``n`` and the max lengths are
+traced as dynamic from the first compile (``torch.compiler.config.dynamic_sources``, see
+:func:`symbolic_packing_sizes`; without it Dynamo's automatic dynamic shapes make them so at the
+second batch, one compile more), and with several buckets one more graph takes ``T`` dynamic::
 
     warm-up batch    bucket  n  max      graphs so far
-    1                16384   5  8192     1   (static)
-    2                16384   7  10240    2   (n, max_length symbolic)
-    training steps   16384   any any     2   (no recompile)
+    1                16384   4  4096     1   (n, max_length symbolic)
+    2                16384   7  10240    1
+    training steps   16384   any any     1   (no recompile)
 
 :func:`warm_up_compiled` runs those batches (forward and backward, as a training step does,
 gradients cleared after) before the first step, so no timed step compiles; PackingTrainer
@@ -27,6 +28,7 @@ graph on a GPU), once, and the buckets' padding, reported as :class:`CompileRepo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -136,11 +138,38 @@ def warm_up_compiled(step, collator, buckets: tuple[int, ...], *, vocab: int) ->
 
     started, graphs = time.perf_counter(), graphs_compiled()
     generator = torch.Generator().manual_seed(0)
-    for bucket in buckets:
-        for lengths in warm_up_lengths(bucket):
-            examples = [{"input_ids": torch.randint(0, vocab, (n,), generator=generator)} for n in lengths]
-            step(collator(examples))
+    with symbolic_packing_sizes():
+        for bucket in buckets:
+            for lengths in warm_up_lengths(bucket):
+                examples = [{"input_ids": torch.randint(0, vocab, (n,), generator=generator)} for n in lengths]
+                step(collator(examples))
     return time.perf_counter() - started, graphs_compiled() - graphs
+
+
+PACKING_SOURCES = r".*\['(cu_seq_lens_q|cu_seq_lens_k|max_length_q|max_length_k)'\]"
+"""The batch keys Dynamo should take as dynamic from the first trace (a ``dynamic_sources`` regex)."""
+
+
+@contextlib.contextmanager
+def symbolic_packing_sizes():
+    """Trace ``cu_seq_lens_q/k`` and ``max_length_q/k`` as dynamic from the first compile on.
+
+    Without it Dynamo compiles a static graph first and a dynamic one at the next batch (automatic
+    dynamic shapes): one compile saved. Needs ``torch.compiler.config.dynamic_sources`` with regex
+    entries; elsewhere a no-op (the second compile then happens in the warm-up).
+
+    >>> with symbolic_packing_sizes():
+    ...     pass
+    """
+    import torch
+
+    config = getattr(torch.compiler, "config", None)
+    if config is None or not hasattr(config, "dynamic_sources"):
+        yield
+        return
+    sources = ",".join(filter(None, [config.dynamic_sources, PACKING_SOURCES]))
+    with config.patch(dynamic_sources=sources):
+        yield
 
 
 def compile_buckets(budget: int) -> tuple[int, ...]:
