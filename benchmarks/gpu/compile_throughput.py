@@ -49,17 +49,18 @@ STEPS = {"tiny": 2, "200m": 20, "1b": 8}  # timed steps per run: 36 runs + compi
 
 
 # ----------------------------------------------------------------------------- data
-def packed_batches(lengths, tokens, args, *, bucket: int | None) -> tuple[list[dict], dict]:
-    """The first steps of a multipack epoch plan at the budget, collated (padded to ``bucket`` if given)."""
+def packed_batches(lengths, tokens, args, *, bucket: int | None) -> tuple[tuple[list[dict], list[int]], dict]:
+    """The first steps of a multipack epoch plan at the budget, collated (padded to ``bucket`` if given),
+    with their real (example) token counts."""
     sampler = MultipackBatchSampler(lengths, args.tokens_per_step, seed=args.seed, num_replicas=1, rank=0)
     plan = list(sampler)[: args.warmup + args.steps]
     collate = FlatteningCollator(pad_to_buckets=[bucket] if bucket else None)
     batches = [collate([{"input_ids": tokens[i]} for i in indices]) for indices in plan]
     stats = {"epoch_bucket_padding": bucket_padding_fraction(sampler.plan().batch_tokens, [args.tokens_per_step])}
-    return batches, stats
+    return (batches, [int(lengths[indices].sum()) for indices in plan]), stats
 
 
-def oracle_batches(lengths, tokens, args) -> list[dict]:
+def oracle_batches(lengths, tokens, args) -> tuple[list[dict], list[int]]:
     """Steps of rows of the mean length cut from the token stream (the last row of a step the remainder)."""
     mean = int(round(lengths.mean()))
     stream = np.concatenate(tokens)
@@ -67,19 +68,12 @@ def oracle_batches(lengths, tokens, args) -> list[dict]:
     stream = np.resize(stream, need).reshape(args.warmup + args.steps, args.tokens_per_step)
     cuts = list(range(0, args.tokens_per_step, mean))[1:]
     collate = FlatteningCollator()
-    return [collate([{"input_ids": row} for row in np.split(step, cuts)]) for step in stream]
-
-
-def real_tokens(batch: dict) -> int:
-    """Tokens of the batch's examples: all but a trailing padding segment (labels -100, token 0)."""
-    cu = batch["cu_seq_lens_q"].tolist()
-    last = batch["input_ids"][0, cu[-2] :]
-    padded = bool(last.eq(0).all() and batch["labels"][0, cu[-2] :].eq(-100).all() and len(cu) > 2)
-    return cu[-2] if padded else cu[-1]
+    batches = [collate([{"input_ids": row} for row in np.split(step, cuts)]) for step in stream]
+    return batches, [args.tokens_per_step] * len(batches)  # no padding: every token real
 
 
 # ----------------------------------------------------------------------------- training
-def run(mode: str, batches: list[dict], model, compiled, initial: dict, args, device) -> dict:
+def run(mode: str, steps: tuple[list[dict], list[int]], model, compiled, initial: dict, args, device) -> dict:
     """Train ``args.warmup + args.steps`` steps from the initial weights; time the last ``args.steps``."""
     model.load_state_dict(initial)
     model.train()
@@ -87,6 +81,7 @@ def run(mode: str, batches: list[dict], model, compiled, initial: dict, args, de
         model.parameters(), lr=args.lr, weight_decay=0.0, **({"fused": True} if device.type == "cuda" else {})
     )
     forward = compiled if mode.startswith("compiled") else model
+    batches, reals = steps
     losses, marks = [], {}
     for step, cpu_batch in enumerate(batches):
         if step == args.warmup:
@@ -102,7 +97,7 @@ def run(mode: str, batches: list[dict], model, compiled, initial: dict, args, de
     sync(device)
     seconds = time.perf_counter() - marks["start"]
     timed = batches[args.warmup :]
-    real = sum(real_tokens(b) for b in timed)
+    real = sum(reals[args.warmup :])
     del optimizer
     return {
         "real_tokens_per_s": real / seconds,
