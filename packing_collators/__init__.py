@@ -5,7 +5,8 @@ built only on the ones above it in this map::
 
     engine/    pack_lengths, PackingResult, PackStats    lengths -> rows of indices (no torch)
     collate/   FlatteningCollator, PrePackedCollator,    examples or packed rows -> batches
-               pack_sequences, concatenate_and_pack
+               pack_sequences, concatenate_and_pack,     (length_buckets: a few row lengths
+               length_buckets                            for torch.compile)
     offline/   pack_dataset                              a datasets Dataset/stream -> packed rows
     chat/      tokenize_chat, tokenize_chat_example,     conversations -> input_ids and
                ChatStats                                 assistant-only labels
@@ -26,7 +27,7 @@ load on first use (they import transformers' Trainer or torch), so ``import pack
 """
 
 from .chat import ChatStats, tokenize_chat, tokenize_chat_example
-from .collate import FlatteningCollator, PrePackedCollator, concatenate_and_pack, pack_sequences
+from .collate import FlatteningCollator, PrePackedCollator, concatenate_and_pack, length_buckets, pack_sequences
 from .engine import PackingResult, PackStats, pack_lengths
 from .offline import pack_dataset
 from .sampler import CostFit, fit_attention_weight, lengths_from_dataset
@@ -51,6 +52,7 @@ from .trainer import (
 
 __all__ = [
     "ChatStats",
+    "CompileReport",
     "CostFit",
     "FlatteningCollator",
     "MultipackBatchSampler",
@@ -70,6 +72,7 @@ __all__ = [
     "concatenate_and_pack",
     "count_sequences",
     "fit_attention_weight",
+    "length_buckets",
     "lengths_from_dataset",
     "measure_token_budget",
     "pack_dataset",
@@ -84,6 +87,7 @@ __all__ = [
     "tokenize_chat_example",
     "varlen_attention_forward",
     "warm_up_attention",
+    "warm_up_compiled",
 ]
 __version__ = "0.1.0"
 
@@ -92,7 +96,13 @@ def __getattr__(name: str):
     # PackingTrainer / PackingCheckCallback subclass transformers' Trainer classes and the sampler
     # subclasses torch's Sampler; importing those takes seconds, so they load on first use and
     # `import packing_collators` (the engine, the collators, the command line) stays fast.
-    if name in ("PackingCheckCallback", "PackingMetricsCallback", "PackingTrainer"):
+    if name in (
+        "CompileReport",
+        "PackingCheckCallback",
+        "PackingMetricsCallback",
+        "PackingTrainer",
+        "warm_up_compiled",
+    ):
         from . import trainer
 
         return getattr(trainer, name)

@@ -144,3 +144,73 @@ def causal_over_whole_row(module, query, key, value, attention_mask, scaling=Non
     key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _reference_fa4_probabilities(q, k, start, end, scale, left, right):
+    """Attention probabilities (heads, n, n) of one segment, float32, k already repeated for GQA."""
+    pos = torch.arange(end - start)
+    delta = pos[:, None] - pos[None, :]
+    allowed = torch.ones(end - start, end - start, dtype=torch.bool)
+    if left >= 0:
+        allowed &= delta <= left
+    if right >= 0:
+        allowed &= -delta <= right
+    scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), k[start:end].float()) * scale
+    return scores.masked_fill(~allowed, float("-inf"))
+
+
+def _fa4_reference_setup(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                         window_size_left, window_size_right):  # fmt: skip
+    assert cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32 and cu_seqlens_q.tolist() == cu_seqlens_k.tolist()
+    bounds = cu_seqlens_q.tolist()
+    longest = max(np.diff(bounds))
+    assert longest <= max_seqlen_q and longest <= max_seqlen_k, (longest, max_seqlen_q, max_seqlen_k)
+    groups = q.shape[1] // k.shape[1]
+    k, v = (x.repeat_interleave(groups, dim=1) for x in (k, v))
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    left = -1 if window_size_left is None else window_size_left
+    right = 0 if causal else (-1 if window_size_right is None else window_size_right)
+    return bounds, groups, k, v, scale, left, right
+
+
+def _reference_fa4_forward(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                           causal=False, softcap=0.0, learnable_sink=None, return_lse=False,
+                           window_size_left=None, window_size_right=None, **ignored):  # fmt: skip
+    """flash_attn.cute.interface._flash_attn_fwd's semantics on CPU for what packing_fa4 passes: (out, lse, ...)."""
+    assert not softcap and learnable_sink is None and return_lse
+    bounds, _, k, v, scale, left, right = _fa4_reference_setup(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+        window_size_left, window_size_right)  # fmt: skip
+    out, lse = torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), float("-inf"))
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        scores = _reference_fa4_probabilities(q, k, start, end, scale, left, right)
+        lse[:, start:end] = torch.logsumexp(scores, dim=-1)
+        out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v[start:end].float()).to(q.dtype)
+    return out, lse, None, None, None
+
+
+def _reference_fa4_backward(q, k, v, out, dout, lse, softmax_scale=None, causal=False, softcap=0.0, *,
+                            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic=False,
+                            learnable_sink=None, window_size_left=None, window_size_right=None, **ignored):  # fmt: skip
+    """_flash_attn_bwd's results on CPU: attention's gradients written out (autograd is off inside a custom op)."""
+    assert not softcap and learnable_sink is None
+    kv_heads = k.shape[1]
+    bounds, groups, k, v, scale, left, right = _fa4_reference_setup(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+        window_size_left, window_size_right)  # fmt: skip
+    dq, dk, dv = (torch.zeros(x.shape, dtype=torch.float32) for x in (q, k, v))
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        p = _reference_fa4_probabilities(q, k, start, end, scale, left, right).softmax(-1)  # (h, q, k)
+        do, o = dout[start:end].float(), out[start:end].float()
+        dv[start:end] = torch.einsum("hqk,qhd->khd", p, do)
+        dp = torch.einsum("qhd,khd->hqk", do, v[start:end].float())
+        ds = p * (dp - (do * o).sum(-1).transpose(0, 1)[..., None])
+        dq[start:end] = torch.einsum("hqk,khd->qhd", ds, k[start:end].float()) * scale
+        dk[start:end] = torch.einsum("hqk,qhd->khd", ds, q[start:end].float()) * scale
+    dk, dv = (x.view(x.shape[0], kv_heads, groups, -1).sum(2) for x in (dk, dv))
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+
+
+def reference_fa4_interface():
+    """What ``packing_collators.trainer._attention_ops._interface`` returns on a GPU with FA4, on CPU."""
+    return _reference_fa4_forward, _reference_fa4_backward

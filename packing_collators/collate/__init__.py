@@ -4,6 +4,7 @@
     _segments.py      segment lengths -> position_ids, cu_seq_lens, seq_idx
     _features.py      reading and checking every key of every example (per-token keys carried, others refused)
     _flat_row.py      one flat row from tokens and segments (padding a segment of its own)
+    _buckets.py       length buckets: rows padded to a few total lengths (torch.compile shapes)
     _options.py       CollateOptions, the options both collators hold
     _flattening.py    FlatteningCollator: a minibatch -> one flat row (online flattening)
     _prepacked.py     PrePackedCollator: rows of pack_dataset -> a flat row or padded rows
@@ -12,6 +13,7 @@
 Built on the engine; torch is imported only to return tensors.
 """
 
+from ._buckets import bucket_length, bucket_padding_fraction, length_buckets, validate_buckets
 from ._concat import concat_tokens, sequence_lengths
 from ._features import (
     TokenFeatures,
@@ -35,16 +37,20 @@ __all__ = [
     "ReturnTensors",
     "SegmentLayout",
     "TokenFeatures",
+    "bucket_length",
+    "bucket_padding_fraction",
     "check_same_lengths",
     "check_unpadded",
     "concat_tokens",
     "concatenate_and_pack",
     "feature_column",
     "flat_batch",
+    "length_buckets",
     "pack_sequences",
     "pad_to_multiple",
     "read_token_features",
     "segment_layout",
     "sequence_lengths",
     "to_tensors",
+    "validate_buckets",
 ]

@@ -45,6 +45,10 @@ class FlatteningCollator:
         pad_to_multiple_of: pad the row's length to a multiple of this (for
             ``torch.compile`` shape buckets). The padding is a segment of its own
             (positions restart, labels -100), so no example attends to it.
+        pad_to_buckets: pad the row to the smallest of these lengths that holds it (e.g.
+            ``length_buckets(16384)``), so that a compiled model sees a few shapes only; a
+            batch longer than the largest is a ValueError. Padding as for ``pad_to_multiple_of``
+            (applied first; every bucket must be a multiple of it).
         pad_token_id: token id used for that padding.
         return_tensors: ``"pt"`` (torch tensors) or ``"np"`` (numpy arrays).
         position_ids_start: first position of every example (2 for RoBERTa-style models).
@@ -81,6 +85,9 @@ class FlatteningCollator:
     ([0, 3, 5], 3)
     >>> FlatteningCollator(pad_to_multiple_of=4, return_tensors="np")([{"input_ids": [7, 8, 9]}])["position_ids"]
     array([[0, 1, 2, 0]])
+    >>> bucketed = FlatteningCollator(pad_to_buckets=[4, 8], return_tensors="np")([{"input_ids": [1, 2, 3, 4, 5]}])
+    >>> bucketed["input_ids"].tolist(), bucketed["labels"].tolist(), bucketed["cu_seq_lens_q"].tolist()
+    ([[1, 2, 3, 4, 5, 0, 0, 0]], [[-100, 2, 3, 4, 5, -100, -100, -100]], [0, 5, 8])
     >>> collate([{"input_ids": [1, 2], "token_type_ids": [0, 1]}, {"input_ids": [3], "token_type_ids": [1]}])["token_type_ids"]
     array([[0, 1, 1]])
     >>> collate([{"input_ids": [1, 2], "source": "web"}])
@@ -93,6 +100,7 @@ class FlatteningCollator:
         self,
         *,
         pad_to_multiple_of: int | None = None,
+        pad_to_buckets: Sequence[int] | None = None,
         pad_token_id: int = 0,
         return_tensors: ReturnTensors = "pt",
         position_ids_start: int = 0,

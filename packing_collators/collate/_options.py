@@ -2,7 +2,7 @@
 
     CollateOptions(pad_to_multiple_of=None, pad_token_id=0, return_tensors="pt",
                    position_ids_start=0, return_seq_idx=False, label_pad_id=-100,
-                   disable_cache=True)
+                   disable_cache=True, pad_to_buckets=None)
 
 :class:`FlatteningCollator` and :class:`PrePackedCollator` take these as keyword arguments
 (so ``help()`` lists them), validate them here once, and keep them as ``collator.options``.
@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .._validation import validate_choice, validate_positive_int
+from ._buckets import bucket_length, validate_buckets
 from ._features import to_tensors
 from ._flat_row import flat_batch, pad_to_multiple
 from ._segments import segment_layout
@@ -46,23 +47,26 @@ class CollateOptions:
     return_seq_idx: bool = False
     label_pad_id: int = -100
     disable_cache: bool = True
+    pad_to_buckets: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.disable_cache, bool):
             raise TypeError(f"disable_cache must be True or False, got {self.disable_cache!r}.")
         validate_choice("return_tensors", self.return_tensors, ReturnTensors)
         validate_positive_int("pad_to_multiple_of", self.pad_to_multiple_of, allow_none=True)
+        buckets = validate_buckets(self.pad_to_buckets, multiple_of=self.pad_to_multiple_of)
+        object.__setattr__(self, "pad_to_buckets", buckets)  # sorted tuple
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> CollateOptions:
-        """The options named in ``values`` (a collator's keyword arguments), validated.
+        """The options named in ``values`` (a collator's keyword arguments), validated; those it lacks keep their default.
 
         >>> CollateOptions.pick({"mode": "pad", "pad_to_multiple_of": None, "pad_token_id": 0, "return_tensors": "np",
         ...                      "position_ids_start": 0, "return_seq_idx": False, "label_pad_id": -100,
         ...                      "disable_cache": True}).return_tensors
         'np'
         """
-        return cls(**{f.name: values[f.name] for f in fields(cls)})
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
     def finish(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The batch as returned: tensors (``return_tensors``), and ``use_cache=False`` last (``disable_cache``).
@@ -87,7 +91,8 @@ class CollateOptions:
         segments: np.ndarray,
         carried: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, Any]:
-        """One flat row of these segments with these options: padded to ``pad_to_multiple_of``, numpy.
+        """One flat row of these segments with these options: padded to ``pad_to_multiple_of``, then to
+        the smallest of ``pad_to_buckets`` that holds it; numpy.
 
         ``carried`` per-token keys (int64 (T,) each) come back as int64 (1, T), 0 in the padding.
 
@@ -98,7 +103,7 @@ class CollateOptions:
         """
         total = len(input_ids)
         input_ids, labels, segments = pad_to_multiple(
-            input_ids, labels, segments, self.pad_to_multiple_of, self.pad_token_id, self.label_pad_id
+            input_ids, labels, segments, self._padded_length(total), self.pad_token_id, self.label_pad_id
         )
         batch = flat_batch(
             input_ids,
@@ -112,6 +117,13 @@ class CollateOptions:
         for key, values in (carried or {}).items():
             batch[key] = np.concatenate([values, padding])[None] if len(padding) else values[None]
         return batch
+
+    def _padded_length(self, total: int) -> int | None:
+        """What ``pad_to_multiple`` pads a row of ``total`` tokens to a multiple of: one padding segment at most."""
+        multiple = self.pad_to_multiple_of
+        if self.pad_to_buckets is None:
+            return multiple
+        return bucket_length(-(-total // multiple) * multiple if multiple else total, self.pad_to_buckets)
 
     def keywords(self) -> str:
         """The options as ``name=value`` keywords, for a collator's ``repr``."""

@@ -4,8 +4,10 @@ _support_checks.py    check_packing_support: is this model + attention + batch p
 _probe.py             probe_packing: measured on the model itself (packed vs alone, and a leak test)
 _varlen_attention.py  packing_varlen, an attention backend on torch.nn.attention.varlen
 _fa4_attention.py     packing_fa4, FlashAttention-4's varlen kernel called straight from the batch
+_attention_ops.py     FA4's kernel as torch.library custom ops (fake + autograd): traced by torch.compile
 _attention_choice.py  choose_attention: the fastest packed-correct attention on this machine
 _packing_trainer.py   PackingTrainer and PackingCheckCallback (load transformers on first use)
+_compile.py           torch_compile=True: rows padded to buckets, graphs compiled before the first step
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
 _memory_budget.py     measure_token_budget / check_token_budget: max_tokens_per_batch against the GPU's memory, measured
 _deepspeed.py         the DeepSpeed config checks (batch numbers the sampler and Trainer own)
@@ -22,6 +24,7 @@ from ._support_checks import check_collated_features, check_packing_support
 from ._varlen_attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
 
 __all__ = [
+    "CompileReport",
     "FA4_ATTENTION",
     "PackingCheckCallback",
     "PackingMetricsCallback",
@@ -46,6 +49,7 @@ __all__ = [
     "sequence_mean_loss",
     "varlen_attention_forward",
     "warm_up_attention",
+    "warm_up_compiled",
 ]
 
 
@@ -56,6 +60,10 @@ def __getattr__(name: str):
         from . import _packing_trainer
 
         return getattr(_packing_trainer, name)
+    if name in ("CompileReport", "warm_up_compiled"):  # _compile.py subclasses transformers' TrainerCallback
+        from . import _compile
+
+        return getattr(_compile, name)
     if name == "PackingMetricsCallback":
         from ._metrics import PackingMetricsCallback
 

@@ -15,6 +15,10 @@ Same kernel, same arguments as transformers passes (causal, softmax scale, slidi
 ``learnable_sink``, ``deterministic`` / ``FLASH_ATTENTION_DETERMINISTIC``), with q/k/v cast to
 autocast's half dtype as transformers does; what it cannot do (dropout, float32 activations,
 padded batches, decoding with a cache) is refused with an error naming the alternative.
+
+Under ``torch.compile`` the same call goes through the custom op ``packing_collators::fa4_varlen_fwd``
+(``_attention_ops``: a fake implementation for tracing, FA4's own backward as autograd), so the
+graph does not break at every layer; eager calls are unchanged.
 """
 
 from __future__ import annotations
@@ -36,14 +40,17 @@ def register_fa4_attention() -> str:
     """Register :func:`fa4_attention_forward` with transformers as ``packing_fa4`` (idempotent).
 
     Also registers transformers' flash-attention mask function for it, so that no dense mask
-    is built. Returns the name to pass as ``attn_implementation``. Needs flash-attn-4 only
-    when the model runs.
+    is built, and the custom ops a compiled model calls FA4 through (``_attention_ops``).
+    Returns the name to pass as ``attn_implementation``. Needs flash-attn-4 only when the
+    model runs.
 
     >>> register_fa4_attention()
     'packing_fa4'
     """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    from . import _attention_ops  # noqa: F401  (registers the custom ops torch.compile traces FA4 through)
 
     AttentionInterface.register(FA4_ATTENTION, fa4_attention_forward)
     AttentionMaskInterface.register(FA4_ATTENTION, flash_attention_mask)
@@ -59,13 +66,7 @@ def _kernel(query):
     ...
     ValueError: attn_implementation='packing_fa4' needs bf16 or fp16 activations, got torch.float32. Load the model with dtype=torch.bfloat16, or train under autocast (Trainer bf16=True / fp16=True).
     """
-    import torch
-
-    if query.dtype not in (torch.float16, torch.bfloat16):
-        _refuse(
-            f"needs bf16 or fp16 activations, got {query.dtype}",
-            "Load the model with dtype=torch.bfloat16, or train under autocast (Trainer bf16=True / fp16=True).",
-        )
+    _check_dtype(query)
     if not _KERNEL:
         try:
             from flash_attn.cute import flash_attn_varlen_func
@@ -76,6 +77,16 @@ def _kernel(query):
             ) from None
         _KERNEL.append(flash_attn_varlen_func)
     return _KERNEL[0]
+
+
+def _check_dtype(query) -> None:
+    import torch
+
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        _refuse(
+            f"needs bf16 or fp16 activations, got {query.dtype}",
+            "Load the model with dtype=torch.bfloat16, or train under autocast (Trainer bf16=True / fp16=True).",
+        )
 
 
 def _refuse(what: str, fix: str) -> None:
@@ -118,6 +129,8 @@ def fa4_attention_forward(
     ...
     ValueError: attn_implementation='packing_fa4' needs cu_seq_lens_q/k and max_length_q/k in the batch (model(**batch) passes them to every attention layer); this batch has none. Collate with FlatteningCollator(), or use attn_implementation='sdpa' for padded batches.
     """
+    import torch
+
     if attention_mask is not None:
         _refuse("got an attention_mask: it runs flattened batches only", "Collate with FlatteningCollator().")
     if dropout:
@@ -129,10 +142,15 @@ def fa4_attention_forward(
         query, key, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, name=FA4_ATTENTION
     )
     query, key, value = _autocast_inputs(query, key, value)
-    kernel = _kernel(query)
     causal = _is_causal(module, kwargs)
     left, right = _window(causal, sliding_window, max_k)
     batch, heads, length, _ = query.shape
+    if torch.compiler.is_compiling():  # traced: FA4 as one custom-op node of the graph (_attention_ops)
+        out = _compiled_call(
+            query, key, value, cu_q, cu_k, max_q, max_k, scaling, causal, (left, right), softcap, kwargs
+        )
+        return out.view(batch, length, heads, out.shape[-1]), None
+    kernel = _kernel(query)
     out = kernel(
         _flat(query),
         _flat(key),
@@ -150,3 +168,26 @@ def fa4_attention_forward(
     )
     out = out[0] if isinstance(out, tuple) else out
     return out.view(batch, length, heads, out.shape[-1]), None
+
+
+def _compiled_call(query, key, value, cu_q, cu_k, max_q, max_k, scaling, causal, window, softcap, kwargs):
+    """The same call as the eager path's, through :func:`fa4_varlen` (what Dynamo traces)."""
+    from ._attention_ops import fa4_varlen
+
+    _check_dtype(query)  # the eager path's refusal, at trace time
+    left, right = window
+    return fa4_varlen(
+        _flat(query),
+        _flat(key),
+        _flat(value),
+        cu_q,
+        cu_k,
+        max_q,
+        max_k,
+        scale=scaling,
+        causal=causal,
+        window=(left, right) if left >= 0 else (-1, -1),
+        softcap=softcap or 0.0,
+        sink=kwargs.get("s_aux"),
+        deterministic=_deterministic(kwargs.get("deterministic")),
+    )

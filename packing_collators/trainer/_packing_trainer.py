@@ -33,6 +33,7 @@ from ..collate import FlatteningCollator
 from ..engine import Strategy
 from ..sampler import SamplerOverflow
 from ._attention_choice import AUTO_ATTENTION, choose_attention
+from ._compile import CompileWarmUp, compiled_model
 from ._deepspeed import check_deepspeed_setup
 from ._fa4_attention import FA4_ATTENTION
 from ._liger import check_liger_setup
@@ -173,9 +174,10 @@ class PackingCheckCallback(TrainerCallback):
     PackingCheckCallback(probe=True)
     """
 
-    def __init__(self, *, probe: bool = True) -> None:
+    def __init__(self, *, probe: bool = True, model_for_probe=None) -> None:
         self.probe = probe
         self.last_report = None
+        self.model_for_probe = model_for_probe  # () -> the compiled model to probe, or None (PackingTrainer's)
 
     def __repr__(self) -> str:
         return f"PackingCheckCallback(probe={self.probe})"
@@ -194,8 +196,12 @@ class PackingCheckCallback(TrainerCallback):
         check_packing_support(model, batch, probe=False)
         if self.probe:
             prepacked = any(isinstance(f, dict) and f.get("seq_lengths") is not None for f in features)
+            compiled = self.model_for_probe() if self.model_for_probe is not None else None
             self.last_report = probe_packing(
-                probe_module(model), collate_fn, prepacked=prepacked, autocast=_autocast(args, model)
+                probe_module(model) if compiled is None else compiled,
+                collate_fn,
+                prepacked=prepacked,
+                autocast=_autocast(args, model),
             )
             logger.info("%s", self.last_report.summary())
             refuse_failed_probe(
@@ -284,6 +290,12 @@ class PackingTrainer(Trainer):
     config is checked at construction and Liger's fused loss when training begins (what would
     make the loss or the batches inexact is refused: ``docs/setups.md``).
 
+    Under ``TrainingArguments(torch_compile=True)`` training micro-batches are padded to one
+    bucket (the token budget; the padding a segment of its own, never trained), every graph
+    is compiled before the first step (:func:`warm_up_compiled`), the probe runs the compiled
+    model, and ``trainer.compile_report`` (:class:`CompileReport`: graphs, seconds, the
+    buckets' padding, recompiles since) is logged; a later recompile is warned about.
+
     >>> PackingTrainer.__mro__[1].__name__
     'Trainer'
     >>> PackingTrainer(max_tokens_per_batch=0)
@@ -339,11 +351,19 @@ class PackingTrainer(Trainer):
         check_deepspeed_setup(self)
         check_sequence_setup(self)
         self.attn_implementation = choose_attention(self.model, attn_implementation) if self.model is not None else None
-        self.add_callback(PackingCheckCallback(probe=packing_probe))
+        self._compile = CompileWarmUp(self)  # torch_compile=True: buckets, warm-up, recompiles (_compile.py)
+        self.add_callback(PackingCheckCallback(probe=packing_probe, model_for_probe=lambda: compiled_model(self)))
+        if self.args.torch_compile:
+            self.add_callback(self._compile)
         if attention_warm_up:
             self.add_callback(_AttentionWarmUp(self))
         if packing_metrics:
             PackingMetricsCallback().attach(self)
+
+    @property
+    def compile_report(self):
+        """What compiling cost (:class:`CompileReport`), under ``torch_compile=True``; else None."""
+        return self._compile.report
 
     def _set_signature_columns_if_needed(self) -> None:
         """Keep a pre-packed dataset's position_ids / seq_lengths through remove_unused_columns."""
@@ -511,8 +531,6 @@ class PackingTrainer(Trainer):
             is_arrow = False
         if is_arrow:
             dataset = self._remove_unused_columns(dataset, description=description)
-        else:
-            collator = self._get_collator_with_removed_columns(collator, description=description)
         lengths = _dataset_lengths(dataset, self.length_column)
         if shuffle:
             refuse_no_examples(len(lengths))
@@ -522,6 +540,11 @@ class PackingTrainer(Trainer):
             budget = self.token_budget(lengths, batch_size)
             self._train_longest = int(min(lengths.max(), budget))
             self._check_memory(budget, self._train_longest)
+            if args.torch_compile:  # rows padded to a bucket: a padding segment may be as long as the bucket
+                collator = self._compile.training_collator(collator, sampler, budget)
+                self._train_longest = max([self._train_longest, *self._compile.buckets])
+        if not is_arrow:
+            collator = self._get_collator_with_removed_columns(collator, description=description)
         options: dict[str, Any] = {"num_workers": args.dataloader_num_workers, "pin_memory": args.dataloader_pin_memory}
         if args.dataloader_num_workers > 0:
             options["persistent_workers"] = args.dataloader_persistent_workers

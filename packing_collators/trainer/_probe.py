@@ -176,9 +176,13 @@ def _alone_inputs(example: np.ndarray, config, collator, device) -> dict:
     return {"input_ids": torch.as_tensor(example)[None].to(device)}
 
 
-def _logits(model, inputs: dict) -> np.ndarray:
+def _logits(model, inputs: dict, tokens: int | None = None) -> np.ndarray:
+    """Logits (tokens, vocab), float32, of the first ``tokens`` of a one-row batch (all of them by default):
+    a row padded to a compile bucket holds thousands of pad slots the probe does not read."""
     output = model(**inputs)
     logits = output.logits if hasattr(output, "logits") else output[0]
+    if tokens is not None and logits.shape[0] == 1:
+        logits = logits[:, :tokens]
     return logits.detach().float().reshape(-1, logits.shape[-1]).cpu().numpy()
 
 
@@ -257,7 +261,9 @@ def probe_packing(
         seed: of the synthetic tokens.
         autocast: a context manager to run the forwards in (e.g. the Trainer's bf16 autocast).
 
-    The model is put in eval mode for the probe and back in its mode after.
+    The model is put in eval mode for the probe and back in its mode after. A compiled model
+    (``torch.compile(model)``, as Trainer's ``torch_compile=True`` trains it) is probed compiled:
+    what is measured is what training runs.
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> config = LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
@@ -302,7 +308,8 @@ def probe_packing(
         # varlen kernels run with autograd on, as in training: FA4 then runs the variant training
         # compiles (it returns the softmax statistics backward needs) instead of compiling another
         with torch.enable_grad() if varlen else torch.no_grad(), autocast or contextlib.nullcontext():
-            packed, leaked = _logits(model, packed_inputs), _logits(model, leaked_inputs)
+            real = sum(len(e) for e in examples)
+            packed, leaked = _logits(model, packed_inputs, real), _logits(model, leaked_inputs, real)
             others = np.concatenate([np.arange(s.start, s.stop) for i, s in enumerate(slices) if i != middle])
             leak = float(np.abs(packed[others] - leaked[others]).max())
             if varlen:
@@ -310,7 +317,8 @@ def probe_packing(
             else:
                 alone = _logits(model, _alone_inputs(examples[-1], config, collator, parameter.device))
             shape = tuple(np.asarray(batch["input_ids"]).shape)
-            culprit = _first_moved(model, packed_inputs, leaked_inputs, others, shape) if leak else None
+            eager = getattr(model, "_orig_mod", model)  # hooks on a compiled model's modules would recompile it
+            culprit = _first_moved(eager, packed_inputs, leaked_inputs, others, shape) if leak else None
     finally:
         model.train(was_training)
     difference = float(np.abs(packed[slices[-1]] - alone).max())
@@ -319,7 +327,7 @@ def probe_packing(
     if autocast is not None and getattr(autocast, "fast_dtype", None) is not None:
         dtype = str(autocast.fast_dtype).replace("torch.", "")
     return ProbeReport(
-        model=type(model).__name__,
+        model=type(getattr(model, "_orig_mod", model)).__name__,
         implementation=str(getattr(config, "_attn_implementation", None)),
         dtype=dtype,
         device=str(parameter.device),

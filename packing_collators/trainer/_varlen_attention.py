@@ -108,10 +108,12 @@ def _load_varlen_attn(query) -> Callable:
     return varlen_attn
 
 
-@functools.lru_cache(maxsize=8)
-def _kernel_parameters(kernel: Callable) -> frozenset:
+def _signature_parameters(kernel: Callable) -> frozenset:
     """Names of the keyword arguments ``kernel`` takes (they grew between PyTorch releases)."""
     return frozenset(inspect.signature(kernel).parameters)
+
+
+_kernel_parameters = functools.lru_cache(maxsize=8)(_signature_parameters)
 
 
 def _refuse_unsupported(attention_mask, dropout: float, softcap, kwargs: dict) -> None:
@@ -164,7 +166,11 @@ def _flat_lengths(query, key, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_le
         )
     lengths = []
     for value in (max_length_q, max_length_k):
-        lengths.append(int(value.item()) if isinstance(value, torch.Tensor) else int(value))  # a tensor syncs once
+        if isinstance(value, torch.Tensor):
+            value = int(value.item())  # a tensor syncs once
+        elif not isinstance(value, torch.SymInt):  # a symbolic int stays one: int() would specialise the graph
+            value = int(value)
+        lengths.append(value)
     cu_q = cu_seq_lens_q.to(device=query.device, dtype=torch.int32)
     cu_k = cu_seq_lens_k.to(device=query.device, dtype=torch.int32)
     return cu_q, cu_k, lengths[0], lengths[1]
@@ -205,11 +211,14 @@ def varlen_attention_forward(
     ...
     ValueError: attn_implementation='packing_varlen' needs cu_seq_lens_q/k and max_length_q/k in the batch (model(**batch) passes them to every attention layer); this batch has none. Collate with FlatteningCollator(), or use attn_implementation='sdpa' for padded batches.
     """
+    import torch
+
     _refuse_unsupported(attention_mask, dropout, softcap, kwargs)
     cu_q, cu_k, max_q, max_k = _flat_lengths(query, key, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)
     query, key, value = _autocast_inputs(query, key, value)
     kernel = _load_varlen_attn(query)
-    params = _kernel_parameters(kernel)
+    # traced, the signature is read afresh (Dynamo warns on a cache wrapper); its answer is a constant of the graph
+    params = _signature_parameters(kernel) if torch.compiler.is_compiling() else _kernel_parameters(kernel)
     is_causal = _is_causal(module, kwargs)
     heads, kv_heads, head_dim = query.shape[1], key.shape[1], query.shape[-1]
     # (b, h, s, d) -> (b * s, h, d): a view when b == 1 (head_dim stays contiguous, as the kernel needs).
