@@ -32,41 +32,78 @@ def _options(argv) -> dict:
     return out
 
 
-def blocks(out: Path, arch: str = "llama", kv: int = 2, heads: int = 4, leak: str = "no") -> None:
+def _one_config(mesh, arch: str, kv: int, heads: int = 4) -> dict:
     import torch.distributed as dist
 
     from packing_collators import FlatteningCollator
-    from packing_collators.parallel import enable_ulysses_attention, sequence_parallel_mesh, shard_flat_batch
+    from packing_collators.parallel import enable_ulysses_attention, shard_flat_batch
 
-    dist.init_process_group("gloo")
-    mesh = sequence_parallel_mesh(dist.get_world_size())
     model = tiny_model(arch, num_attention_heads=heads, num_key_value_heads=kv, hidden_size=8 * heads)
     reference = copy.deepcopy(model)
     batch = FlatteningCollator()(random_examples(LENGTHS[:6], seed=3, completion_only=True))
     whole = reference(**batch)
     whole.loss.backward()
     enable_ulysses_attention(model, mesh.sp_group, mesh.size)
-    if leak == "yes":  # a wrong mask: causal over the whole row, examples see each other
-        from packing_collators.parallel import _ulysses
-
-        _ulysses._packed_mask = lambda cu, total, window: torch.ones(total, total, dtype=torch.bool).tril()[None, None]
     shard = shard_flat_batch(batch, rank=mesh.sp_rank, size=mesh.size)
     targets = shard["shift_labels"].ne(-100).sum()
-    dist.all_reduce(targets)
+    dist.all_reduce(targets)  # the whole row's target count: each shard's loss is its sum / that
     loss = model(**shard, num_items_in_batch=targets).loss
     loss.backward()
     total = loss.detach().clone()
     dist.all_reduce(total)
     gradient_gap = 0.0
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters()):
         dist.all_reduce(p.grad)
         gradient_gap = max(gradient_gap, float((p.grad - q.grad).abs().max()))
-    result = {"loss": float(total), "reference": float(whole.loss), "gradient_gap": gradient_gap}
-    if leak == "yes":
-        from packing_collators.parallel import probe_sequence_parallel
+    return {"loss": float(total), "reference": float(whole.loss.detach()), "gradient_gap": gradient_gap, "model": model}
 
-        result["probe"] = probe_sequence_parallel(model, mesh).summary()
-    (out / f"blocks{mesh.sp_rank}.json").write_text(json.dumps(result))
+
+def blocks(out: Path, configs: str = "llama:2", leak: str = "no") -> None:
+    """Each ``arch:kv_heads`` of ``configs``; with ``leak=yes`` also a wrong mask, run through the probe."""
+    import torch.distributed as dist
+
+    from packing_collators.parallel import _ulysses, probe_sequence_parallel, sequence_parallel_mesh
+
+    dist.init_process_group("gloo")
+    mesh = sequence_parallel_mesh(dist.get_world_size())
+    results = {}
+    for config in configs.split(","):
+        arch, kv = config.split(":")
+        result = _one_config(mesh, arch, int(kv))
+        model = result.pop("model")
+        result["probe"] = probe_sequence_parallel(model, mesh).passed
+        results[config] = result
+    if leak == "yes":  # a wrong mask, causal over the whole row: examples see each other
+        _ulysses._packed_mask = lambda cu, total, window: torch.ones(total, total, dtype=torch.bool).tril()[None, None]
+        result = _one_config(mesh, "llama", 2)
+        result["probe"] = probe_sequence_parallel(result.pop("model"), mesh).summary()
+        results["leak"] = result
+    (out / f"blocks_rank{mesh.sp_rank}.json").write_text(json.dumps(results))
+
+
+def refusals(out: Path) -> None:
+    """Three set-ups PackingTrainer(sequence_parallel_size=2) must refuse before the first step."""
+    import datasets
+
+    from packing_collators import PackingTrainer
+
+    train = datasets.Dataset.from_list(random_examples(LENGTHS, seed=7))
+    args = training_args(out / "run", max_steps=1)
+    cases = {
+        "heads": dict(model=tiny_model("llama", num_attention_heads=3, num_key_value_heads=1, hidden_size=24), sp=2),
+        "world": dict(model=tiny_model("llama"), sp=3),
+        "budget": dict(model=tiny_model("llama"), sp=2, budget=4),
+    }
+    errors = {}
+    for case, options in cases.items():
+        try:
+            run = PackingTrainer(model=options["model"], args=args, train_dataset=train,
+                                 max_tokens_per_batch=options.get("budget", 24),
+                                 sequence_parallel_size=options["sp"])
+            run.train()
+        except ValueError as error:
+            errors[case] = str(error)
+    (out / f"refusals_rank{args.process_index}.json").write_text(json.dumps(errors))
 
 
 def trainer(out: Path, sp: int = 1, budget: int = 24, arch: str = "llama", heads: int = 4, kv: int = 2) -> None:
@@ -81,15 +118,25 @@ def trainer(out: Path, sp: int = 1, budget: int = 24, arch: str = "llama", heads
                          sequence_parallel_size=sp)
     run.train()
     logs = [entry for entry in run.state.log_history if "loss" in entry]
+    checks = [c for c in run.callback_handler.callbacks if hasattr(c, "last_report")]
     weights = {k: v.detach().double().flatten().tolist() for k, v in run.model.state_dict().items()}
     rank = args.process_index
     (out / f"trainer_sp{sp}_rank{rank}.json").write_text(json.dumps({
         "losses": [e["loss"] for e in logs], "grad_norms": [e["grad_norm"] for e in logs], "weights": weights,
-        "steps": run.state.global_step,
+        "steps": run.state.global_step, "probe": checks[0].last_report.summary() if checks else None,
     }))
 
 
 if __name__ == "__main__":
     mode, out = sys.argv[1], Path(sys.argv[2])
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    {"blocks": blocks, "trainer": trainer}[mode](out, **_options(sys.argv[3:]))
+    try:
+        {"blocks": blocks, "trainer": trainer, "refusals": refusals}[mode](out, **_options(sys.argv[3:]))
+    except ValueError as error:  # a refusal: every rank must raise it (none may hang in a collective)
+        (out / f"error_rank{os.environ.get('RANK', '0')}.txt").write_text(str(error))
+        sys.exit(3)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # a clean exit: a gloo group torn down at interpreter exit can abort
+        dist.barrier()
+        dist.destroy_process_group()

@@ -520,7 +520,16 @@ class PackingTrainer(Trainer):
             collator = SequenceShardCollator(collator, rank=mesh.sp_rank, size=mesh.size)
         lengths = _dataset_lengths(dataset, self.length_column)
         args = self.args
-        sampler = self.make_batch_sampler(lengths, batch_size, shuffle=shuffle)
+        try:
+            sampler = self.make_batch_sampler(lengths, batch_size, shuffle=shuffle)
+        except ValueError as error:
+            if self._sequence_parallel is None:
+                raise
+            n = self.sequence_parallel_size
+            raise ValueError(
+                f"{error} (sequence_parallel_size={n}: a group's budget is {n} x max_tokens_per_batch="
+                f"{self.max_tokens_per_batch}; raise max_tokens_per_batch or sequence_parallel_size.)"
+            ) from error
         if shuffle and len(lengths):  # the longest example a training batch can hold: the attention warm-up's reach
             budget = self.token_budget(lengths, batch_size)
             self._train_longest = int(min(lengths.max(), budget))
