@@ -106,13 +106,14 @@ def refusals(out: Path) -> None:
     (out / f"refusals_rank{args.process_index}.json").write_text(json.dumps(errors))
 
 
-def trainer(out: Path, sp: int = 1, budget: int = 24, arch: str = "llama", heads: int = 4, kv: int = 2) -> None:
+def trainer(out: Path, sp: int = 1, budget: int = 24, arch: str = "llama", heads: int = 4, kv: int = 2, gc: int = 0) -> None:
     import datasets
 
     from packing_collators import PackingTrainer
 
     train = datasets.Dataset.from_list(random_examples(LENGTHS, seed=7, completion_only=True))
-    args = training_args(out / "run", max_steps=3, gradient_accumulation_steps=2, max_grad_norm=1e9)
+    args = training_args(out / "run", max_steps=3, gradient_accumulation_steps=2, max_grad_norm=1e9,
+                         gradient_checkpointing=bool(gc))
     model = tiny_model(arch, num_attention_heads=heads, num_key_value_heads=kv, hidden_size=8 * heads)
     run = PackingTrainer(model=model, args=args, train_dataset=train, max_tokens_per_batch=budget,
                          sequence_parallel_size=sp)
@@ -124,6 +125,7 @@ def trainer(out: Path, sp: int = 1, budget: int = 24, arch: str = "llama", heads
     (out / f"trainer_sp{sp}_rank{rank}.json").write_text(json.dumps({
         "losses": [e["loss"] for e in logs], "grad_norms": [e["grad_norm"] for e in logs], "weights": weights,
         "steps": run.state.global_step, "probe": checks[0].last_report.summary() if checks else None,
+        "gradient_checkpointing": bool(run.model.is_gradient_checkpointing),
     }))
 
 

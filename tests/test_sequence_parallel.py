@@ -158,17 +158,17 @@ def test_building_blocks_on_four_ranks_with_one_kv_head(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_packing_trainer_sequence_parallel_equals_one_process(tmp_path):
+def test_packing_trainer_sequence_parallel_with_checkpointing_equals_one_process(tmp_path):
     # one process at the group's budget (2 x 24) sees the same micro-batches as the group of 2
     single = _launch(1, "trainer", str(tmp_path), "sp=1", "budget=48")
-    group = _launch(2, "trainer", str(tmp_path), "sp=2", "budget=24")
+    group = _launch(2, "trainer", str(tmp_path), "sp=2", "budget=24", "gc=1")  # with gradient checkpointing
     for proc in (single, group):
         output = _wait(proc)
         assert proc.returncode == 0, output[-4000:]
     one = json.loads((tmp_path / "trainer_sp1_rank0.json").read_text())
     for rank in range(2):
         run = json.loads((tmp_path / f"trainer_sp2_rank{rank}.json").read_text())
-        assert run["steps"] == one["steps"] == 3
+        assert run["steps"] == one["steps"] == 3 and run["gradient_checkpointing"]
         assert run["losses"] == pytest.approx(one["losses"], abs=1e-5)
         assert run["grad_norms"] == pytest.approx(one["grad_norms"], rel=1e-5)
         gap = max(abs(a - b) for key in one["weights"] for a, b in zip(one["weights"][key], run["weights"][key]))
