@@ -32,13 +32,36 @@ def _options(argv) -> dict:
     return out
 
 
-def _one_config(mesh, arch: str, kv: int, heads: int = 4) -> dict:
+def _reference_varlen(module, query, key, value, attention_mask, scaling=None, sliding_window=None,
+                      cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None, **kwargs):
+    """A varlen kernel on CPU (reads only cu_seq_lens / max_length, like packing_varlen): the Ulysses varlen path."""
+    from _tiny_models import reference_varlen_attn
+
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
+    window = (sliding_window - 1, 0) if sliding_window else (-1, 0)
+    out = reference_varlen_attn(q, k, v, cu_seq_lens_q.int(), cu_seq_lens_k.int(), int(max_length_q), int(max_length_k),
+                                scale=scaling, window_size=window, enable_gqa=True)
+    return out[None], None
+
+
+def _register_reference_varlen() -> str:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    AttentionInterface.register("packing_varlen_cpu_reference", _reference_varlen)
+    AttentionMaskInterface.register("packing_varlen_cpu_reference", flash_attention_mask)
+    return "packing_varlen_cpu_reference"
+
+
+def _one_config(mesh, arch: str, kv: int, heads: int = 4, attn: str = "sdpa") -> dict:
     import torch.distributed as dist
 
     from packing_collators import FlatteningCollator
     from packing_collators.parallel import enable_ulysses_attention, shard_flat_batch
 
-    model = tiny_model(arch, num_attention_heads=heads, num_key_value_heads=kv, hidden_size=8 * heads)
+    if attn == "varlen":
+        attn = _register_reference_varlen()
+    model = tiny_model(arch, attn=attn, num_attention_heads=heads, num_key_value_heads=kv, hidden_size=8 * heads)
     reference = copy.deepcopy(model)
     batch = FlatteningCollator()(random_examples(LENGTHS[:6], seed=3, completion_only=True))
     whole = reference(**batch)
@@ -59,7 +82,7 @@ def _one_config(mesh, arch: str, kv: int, heads: int = 4) -> dict:
 
 
 def blocks(out: Path, configs: str = "llama:2", leak: str = "no") -> None:
-    """Each ``arch:kv_heads`` of ``configs``; with ``leak=yes`` also a wrong mask, run through the probe."""
+    """Each ``arch:kv_heads[:varlen]`` of ``configs``; with ``leak=yes`` also a wrong mask, run through the probe."""
     import torch.distributed as dist
 
     from packing_collators.parallel import _ulysses, probe_sequence_parallel, sequence_parallel_mesh
@@ -68,8 +91,8 @@ def blocks(out: Path, configs: str = "llama:2", leak: str = "no") -> None:
     mesh = sequence_parallel_mesh(dist.get_world_size())
     results = {}
     for config in configs.split(","):
-        arch, kv = config.split(":")
-        result = _one_config(mesh, arch, int(kv))
+        arch, kv, *attn = config.split(":")
+        result = _one_config(mesh, arch, int(kv), attn=attn[0] if attn else "sdpa")
         model = result.pop("model")
         result["probe"] = probe_sequence_parallel(model, mesh).passed
         results[config] = result

@@ -196,8 +196,11 @@ def step(run: Run, model, optimizer, row: dict, *, sharded: bool, autocast: bool
     return float(loss.detach())
 
 
-def free(*objects) -> None:
-    del objects
+def free() -> None:
+    """Return cached blocks to the GPU (the caller has dropped its references first)."""
+    import gc
+
+    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
@@ -218,7 +221,8 @@ def exact(run: Run) -> None:
                 enable_ulysses_attention(model, run.mesh.sp_group, run.mesh.size)
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             curves.append([step(run, model, optimizer, row, sharded=sharded, autocast=True) for row in rows])
-            free(model, optimizer)
+            del model, optimizer
+            free()
         noise = max(abs(a - b) for a, b in zip(curves[0], curves[1]))
         entry = dict(part="exact", model=arch, dtype="bfloat16 autocast", tokens_per_step=args.exact_tokens,
                      losses_1gpu=curves[0], losses_1gpu_replay=curves[1], replay_noise=noise)
@@ -228,6 +232,10 @@ def exact(run: Run) -> None:
         run.record(**entry)
 
 
+def _out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
 def _fits(run: Run, model, optimizer, length: int, vocab: int, sharded: bool) -> tuple[bool, float]:
     """Whether one step on a single example of ``length`` tokens fits, on every rank; and its seconds."""
     row = packed_row(length, vocab, seed=length, longest=length)
@@ -235,7 +243,9 @@ def _fits(run: Run, model, optimizer, length: int, vocab: int, sharded: bool) ->
     try:
         step(run, model, optimizer, row, sharded=sharded, autocast=False)
         ok = True
-    except torch.cuda.OutOfMemoryError:
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
+        if not _out_of_memory(error):
+            raise
         ok = False
         optimizer.zero_grad(set_to_none=True)
     free()
@@ -291,7 +301,8 @@ def longest(run: Run) -> None:
                        sequence_parallel_size=run.mesh.size if sharded else 1, longest_example_tokens=tokens,
                        stopped_by=stop, gradient_checkpointing=True, fsdp=bool(sharded and shape == "8b_layers"),
                        weights="bf16, AdamW states bf16")
-            free(model, optimizer)
+            del model, optimizer
+            free()
 
 
 def throughput(run: Run) -> None:
@@ -317,7 +328,9 @@ def throughput(run: Run) -> None:
                         torch.cuda.synchronize()
                     if index:  # the first step compiles and warms up
                         seconds.append(time.perf_counter() - began)
-                except torch.cuda.OutOfMemoryError:
+                except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
+                    if not _out_of_memory(error):
+                        raise
                     ok = False
                     optimizer.zero_grad(set_to_none=True)
                 ok = run.agree(ok) if sharded else ok
@@ -327,7 +340,8 @@ def throughput(run: Run) -> None:
             speed = total / float(np.median(seconds)) / gpus if ok and seconds else None
             run.record(part="throughput", model="1b", tokens_per_step=total, sequence_parallel_size=gpus,
                        tokens_per_s_per_gpu=speed, step_seconds=seconds, fits=ok, gradient_checkpointing=True)
-            free(model, optimizer, rows)
+            del model, optimizer, rows
+            free()
 
 
 def main() -> None:

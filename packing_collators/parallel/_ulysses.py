@@ -108,6 +108,13 @@ def _masked_attention(query, key, value, kwargs: dict):
             "Sequence-parallel attention needs the global cu_seq_lens_q in the batch; collate with "
             "SequenceShardCollator(FlatteningCollator(), ...)."
         )
+    for unsupported in ("softcap", "s_aux"):
+        if kwargs.get(unsupported) is not None:
+            raise ValueError(
+                f"Sequence-parallel sdpa/eager builds a plain packed mask and has no {unsupported} (this model uses "
+                "it); load the model with a varlen kernel that supports it (e.g. attn_implementation="
+                "'flash_attention_2') instead."
+            )
     groups = query.shape[1] // key.shape[1]
     key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
     mask = _packed_mask(cu.to(query.device), query.shape[2], kwargs.get("sliding_window"))
