@@ -138,16 +138,18 @@ def trainer(out: Path, sp: int = 1, budget: int = 24, arch: str = "llama", heads
     args = training_args(out / "run", max_steps=3, gradient_accumulation_steps=2, max_grad_norm=1e9,
                          gradient_checkpointing=bool(gc))
     model = tiny_model(arch, num_attention_heads=heads, num_key_value_heads=kv, hidden_size=8 * heads)
-    run = PackingTrainer(model=model, args=args, train_dataset=train, max_tokens_per_batch=budget,
-                         sequence_parallel_size=sp)
+    evaluation = datasets.Dataset.from_list(random_examples(LENGTHS[:9], seed=8, completion_only=True))
+    run = PackingTrainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation, eval_packing="multipack",
+                         max_tokens_per_batch=budget, sequence_parallel_size=sp)
     run.train()
+    eval_loss = run.evaluate()["eval_loss"]
     logs = [entry for entry in run.state.log_history if "loss" in entry]
     checks = [c for c in run.callback_handler.callbacks if hasattr(c, "last_report")]
     weights = {k: v.detach().double().flatten().tolist() for k, v in run.model.state_dict().items()}
     rank = args.process_index
     (out / f"trainer_sp{sp}_rank{rank}.json").write_text(json.dumps({
         "losses": [e["loss"] for e in logs], "grad_norms": [e["grad_norm"] for e in logs], "weights": weights,
-        "steps": run.state.global_step, "probe": checks[0].last_report.summary() if checks else None,
+        "steps": run.state.global_step, "eval_loss": eval_loss, "probe": checks[0].last_report.summary() if checks else None,
         "gradient_checkpointing": bool(run.model.is_gradient_checkpointing),
     }))
 

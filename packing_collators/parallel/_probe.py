@@ -91,8 +91,10 @@ def probe_sequence_parallel(model, mesh, collator=None, *, autocast=None):
     total = int(np.asarray(rows[0]["input_ids"]).shape[1])
     was_training = model.training
     model.eval()
+    # a varlen kernel runs with autograd on, as in training (FA4 compiles no extra variant for the probe)
+    grad = torch.no_grad() if config._attn_implementation.endswith(("sdpa", "eager")) else torch.enable_grad()
     try:
-        with torch.no_grad(), autocast or contextlib.nullcontext():
+        with grad, autocast or contextlib.nullcontext():
             packed, leaked = (
                 _gathered_logits(model, shard_flat_batch(row, rank=mesh.sp_rank, size=mesh.size), mesh, parameter.device)[:total]
                 for row in rows

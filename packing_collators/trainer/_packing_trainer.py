@@ -551,6 +551,8 @@ class PackingTrainer(Trainer):
         """Under sequence parallelism: the shards' targets (shift_labels) summed over every rank."""
         if self._sequence_parallel is None:
             return super()._get_num_items_in_batch(batch_samples, device)
+        if not self.model.training:  # evaluation: each shard's mean, weighted by its targets in prediction_step
+            return None
         from ._sequence_parallel import global_target_count
 
         return global_target_count(batch_samples, self.accelerator, device)
@@ -572,7 +574,8 @@ class PackingTrainer(Trainer):
         if loss is not None and targets is not None and self._eval_token_loss is not None:
             shifted = inputs.get("shift_labels")  # a sequence shard's own targets
             count = (shifted != -100).sum() if shifted is not None else (targets[..., 1:] != -100).sum()
-            self._eval_token_loss += torch.stack((loss.detach().float() * count, count.float()))
+            summed = torch.where(count > 0, loss.detach().float() * count, 0.0)  # a shard may hold no target (mean: nan)
+            self._eval_token_loss += torch.stack((summed, count.float()))
         cu = inputs.get("cu_seq_lens_q")
         if cu is not None and not prediction_loss_only:
             if isinstance(logits, (tuple, list)):
