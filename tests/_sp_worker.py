@@ -53,7 +53,7 @@ def _register_reference_varlen() -> str:
     return "packing_varlen_cpu_reference"
 
 
-def _one_config(mesh, arch: str, kv: int, heads: int = 4, attn: str = "sdpa") -> dict:
+def _one_config(mesh, arch: str, kv: int, heads: int = 4, attn: str = "sdpa", fsdp: bool = False) -> dict:
     import torch.distributed as dist
 
     from packing_collators import FlatteningCollator
@@ -70,19 +70,29 @@ def _one_config(mesh, arch: str, kv: int, heads: int = 4, attn: str = "sdpa") ->
     shard = shard_flat_batch(batch, rank=mesh.sp_rank, size=mesh.size)
     targets = shard["shift_labels"].ne(-100).sum()
     dist.all_reduce(targets)  # the whole row's target count: each shard's loss is its sum / that
+    if fsdp:  # FSDP2 over the group: it averages the gradients, the shards' sum is wanted
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh.mesh["sp"])
+        fully_shard(model, mesh=mesh.mesh["sp"])
     loss = model(**shard, num_items_in_batch=targets).loss
-    loss.backward()
+    (loss * (mesh.size if fsdp else 1)).backward()
     total = loss.detach().clone()
     dist.all_reduce(total)
     gradient_gap = 0.0
     for p, q in zip(model.parameters(), reference.parameters()):
-        dist.all_reduce(p.grad)
-        gradient_gap = max(gradient_gap, float((p.grad - q.grad).abs().max()))
+        if fsdp:
+            grad = p.grad.full_tensor()
+        else:
+            dist.all_reduce(p.grad)
+            grad = p.grad
+        gradient_gap = max(gradient_gap, float((grad - q.grad).abs().max()))
     return {"loss": float(total), "reference": float(whole.loss.detach()), "gradient_gap": gradient_gap, "model": model}
 
 
 def blocks(out: Path, configs: str = "llama:2", leak: str = "no") -> None:
-    """Each ``arch:kv_heads[:varlen]`` of ``configs``; with ``leak=yes`` also a wrong mask, run through the probe."""
+    """Each ``arch:kv_heads[:varlen][:fsdp]`` of ``configs``; with ``leak=yes`` also a wrong mask, run through the probe."""
     import torch.distributed as dist
 
     from packing_collators.parallel import _ulysses, probe_sequence_parallel, sequence_parallel_mesh
@@ -91,8 +101,9 @@ def blocks(out: Path, configs: str = "llama:2", leak: str = "no") -> None:
     mesh = sequence_parallel_mesh(dist.get_world_size())
     results = {}
     for config in configs.split(","):
-        arch, kv, *attn = config.split(":")
-        result = _one_config(mesh, arch, int(kv), attn=attn[0] if attn else "sdpa")
+        arch, kv, *extra = config.split(":")
+        attn = next((e for e in extra if e != "fsdp"), "sdpa")
+        result = _one_config(mesh, arch, int(kv), attn=attn, fsdp="fsdp" in extra)
         model = result.pop("model")
         result["probe"] = probe_sequence_parallel(model, mesh).passed
         results[config] = result
@@ -114,7 +125,7 @@ def refusals(out: Path) -> None:
     args = training_args(out / "run", max_steps=1)
     cases = {
         "heads": dict(model=tiny_model("llama", num_attention_heads=3, num_key_value_heads=1, hidden_size=24), sp=2),
-        "world": dict(model=tiny_model("llama"), sp=3),
+        "world": dict(model=tiny_model("llama", num_attention_heads=6, num_key_value_heads=3, hidden_size=48), sp=3),
         "budget": dict(model=tiny_model("llama"), sp=2, budget=4),
     }
     errors = {}

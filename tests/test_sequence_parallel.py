@@ -133,11 +133,12 @@ def _run(nproc: int, *args: str) -> str:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_building_blocks_on_two_ranks_equal_the_whole_row_and_the_probe_catches_a_leak(tmp_path):
-    configs = ("llama:1", "mistral:2", "qwen2:2", "llama:1:varlen", "mistral:2:varlen")
+    configs = ("llama:1", "mistral:2", "qwen2:2", "llama:1:varlen", "mistral:2:varlen", "llama:1:varlen:fsdp")
     _run(2, "blocks", str(tmp_path), "configs=" + ",".join(configs), "leak=yes")
     ranks = [json.loads((tmp_path / f"blocks_rank{r}.json").read_text()) for r in range(2)]
     # 1 kv head: repeated to 2; Mistral: sliding window 5; sdpa (the packed mask built from cu_seq_lens)
-    # and a CPU varlen kernel reading only cu_seq_lens / max_length (the path packing_varlen / packing_fa4 take)
+    # and a CPU varlen kernel reading only cu_seq_lens / max_length (the path packing_varlen / packing_fa4 take);
+    # fsdp: FSDP2 (fully_shard over the group) instead of summing replicated gradients
     for config in configs:
         for result in ranks:
             assert result[config]["loss"] == pytest.approx(result[config]["reference"], abs=1e-5)

@@ -54,13 +54,17 @@ def setup_sequence_parallel(trainer, size: int):
 
     Returns the :class:`SequenceParallelMesh`.
     """
-    from ..parallel import check_sequence_parallel_size, enable_ulysses_attention, sequence_parallel_mesh
-    from ..parallel import check_sequence_parallel_model
+    from ..parallel import (
+        check_sequence_parallel_model,
+        check_sequence_parallel_size,
+        enable_ulysses_attention,
+        sequence_parallel_mesh,
+    )
     from ._support_checks import probe_module, text_config
 
-    check_sequence_parallel_size(size, trainer.args.world_size)
     model = probe_module(trainer.model)
-    check_sequence_parallel_model(text_config(model), size)
+    check_sequence_parallel_model(text_config(model), size)  # the model's own limits first, then the launch
+    check_sequence_parallel_size(size, trainer.args.world_size)
     _refuse_trainer_options(trainer, size)
     mesh = sequence_parallel_mesh(size)
     name = enable_ulysses_attention(model, mesh.sp_group, size)
