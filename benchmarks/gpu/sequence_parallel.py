@@ -87,7 +87,8 @@ class Run:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         if args.device == "cuda":
             torch.cuda.set_device(self.rank % torch.cuda.device_count())
-        self.device = torch.device(args.device, torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+        cuda = args.device == "cuda"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         self.mesh = sequence_parallel_mesh(self.world) if self.world > 1 else None
         self.attn = self._attention()
         self.results: list[dict] = []
@@ -209,7 +210,8 @@ def exact(run: Run) -> None:
     """Part 1: per-step losses, N=2 vs the one-GPU run of the same rows, and that run's replay noise."""
     args, started = run.args, time.perf_counter()
     vocab = SHAPES["tiny" if args.smoke else "exact"][5]
-    rows = [packed_row(args.exact_tokens, vocab, seed=s, longest=args.exact_tokens // 2) for s in range(args.exact_steps)]
+    tokens = args.exact_tokens
+    rows = [packed_row(tokens, vocab, seed=s, longest=tokens // 2) for s in range(args.exact_steps)]
     for arch in ("llama", "qwen2", "mistral"):
         if not run.go(started, args.exact_cap):
             print(f"exact: time cap reached before {arch}", flush=True)
@@ -260,7 +262,8 @@ def _search(run: Run, model, optimizer, vocab: int, sharded: bool) -> tuple[int,
     while run.go(started, args.longest_cap, together=sharded):
         ok, seconds = _fits(run, model, optimizer, length, vocab, sharded)
         if run.rank == 0:
-            print(f"longest: {length} tokens, sharded={sharded}: {'ok' if ok else 'out of memory'} ({seconds:.1f} s)", flush=True)
+            verdict = "ok" if ok else "out of memory"
+            print(f"longest: {length} tokens, sharded={sharded}: {verdict} ({seconds:.1f} s)", flush=True)
         if not ok:
             bad = length
             break
@@ -314,7 +317,8 @@ def throughput(run: Run) -> None:
             if sharded:
                 enable_ulysses_attention(model, run.mesh.sp_group, run.mesh.size)
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-            rows = [packed_row(total, model.config.vocab_size, seed=s, longest=total // 2) for s in range(args.repeats + 1)]
+            vocab = model.config.vocab_size
+            rows = [packed_row(total, vocab, seed=s, longest=total // 2) for s in range(args.repeats + 1)]
             seconds, started, ok = [], time.perf_counter(), True
             for index, row in enumerate(rows):
                 if not run.go(started, args.throughput_cap, together=sharded):

@@ -95,10 +95,8 @@ def probe_sequence_parallel(model, mesh, collator=None, *, autocast=None):
     grad = torch.no_grad() if config._attn_implementation.endswith(("sdpa", "eager")) else torch.enable_grad()
     try:
         with grad, autocast or contextlib.nullcontext():
-            packed, leaked = (
-                _gathered_logits(model, shard_flat_batch(row, rank=mesh.sp_rank, size=mesh.size), mesh, parameter.device)[:total]
-                for row in rows
-            )
+            shards = [shard_flat_batch(row, rank=mesh.sp_rank, size=mesh.size) for row in rows]
+            packed, leaked = (_gathered_logits(model, shard, mesh, parameter.device)[:total] for shard in shards)
             with inner_attention(model):
                 output = model(**_inputs(rows[0], parameter.device))
             whole = (output.logits if hasattr(output, "logits") else output[0]).detach().float()[0].cpu().numpy()

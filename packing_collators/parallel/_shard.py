@@ -82,7 +82,8 @@ def _padded(batch: dict, size: int, pad_token_id: int) -> dict:
     positions = torch.arange(pad, dtype=batch["position_ids"].dtype)[None]
     out["position_ids"] = torch.cat([batch["position_ids"], positions], dim=1)
     if "seq_idx" in out:
-        out["seq_idx"] = torch.cat([out["seq_idx"], out["seq_idx"].new_full((1, pad), int(out["seq_idx"].max()) + 1)], 1)
+        last = int(out["seq_idx"].max())
+        out["seq_idx"] = torch.cat([out["seq_idx"], out["seq_idx"].new_full((1, pad), last + 1)], dim=1)
     for key in ("max_length_q", "max_length_k"):
         if key in out:
             out[key] = max(int(out[key]), pad)

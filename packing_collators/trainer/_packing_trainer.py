@@ -311,9 +311,7 @@ class PackingTrainer(Trainer):
         self._train_batch_sampler = None
         self._train_longest = None
         self._eval_token_loss = None  # (sum of token losses, target tokens) of the evaluation under way
-        if isinstance(sequence_parallel_size, bool) or not isinstance(sequence_parallel_size, int) or sequence_parallel_size < 1:
-            raise ValueError(f"sequence_parallel_size must be a positive integer (1: off), got {sequence_parallel_size!r}.")
-        self.sequence_parallel_size = sequence_parallel_size
+        self.sequence_parallel_size = validate_positive_int("sequence_parallel_size", sequence_parallel_size)
         self._sequence_parallel = None  # the SequenceParallelMesh when sequence_parallel_size > 1
         if len(args) < 3 and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = FlatteningCollator()
@@ -522,14 +520,12 @@ class PackingTrainer(Trainer):
         args = self.args
         try:
             sampler = self.make_batch_sampler(lengths, batch_size, shuffle=shuffle)
-        except ValueError as error:
+        except ValueError as error:  # an example over the budget: under sequence parallelism, the group's
             if self._sequence_parallel is None:
                 raise
-            n = self.sequence_parallel_size
-            raise ValueError(
-                f"{error} (sequence_parallel_size={n}: a group's budget is {n} x max_tokens_per_batch="
-                f"{self.max_tokens_per_batch}; raise max_tokens_per_batch or sequence_parallel_size.)"
-            ) from error
+            from ._sequence_parallel import group_budget_error
+
+            raise group_budget_error(error, self.sequence_parallel_size, self.max_tokens_per_batch) from error
         if shuffle and len(lengths):  # the longest example a training batch can hold: the attention warm-up's reach
             budget = self.token_budget(lengths, batch_size)
             self._train_longest = int(min(lengths.max(), budget))

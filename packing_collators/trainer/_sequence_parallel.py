@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["SequenceParallelCheckCallback", "global_target_count", "setup_sequence_parallel"]
+__all__ = ["SequenceParallelCheckCallback", "global_target_count", "group_budget_error", "setup_sequence_parallel"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,14 @@ def setup_sequence_parallel(trainer, size: int):
         size, mesh.dp_size, name, mesh.dp_rank, mesh.sp_rank,
     )
     return mesh
+
+
+def group_budget_error(error: ValueError, size: int, budget) -> ValueError:
+    """The sampler's refusal of an over-long example, with the group's budget spelled out."""
+    return ValueError(
+        f"{error} (sequence_parallel_size={size}: a group's budget is {size} x max_tokens_per_batch={budget}; "
+        "raise max_tokens_per_batch or sequence_parallel_size.)"
+    )
 
 
 def global_target_count(batch_samples, accelerator, device):
