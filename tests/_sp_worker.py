@@ -159,7 +159,8 @@ def trainer(out: Path, sp: int = 1, budget: int = 24, arch: str = "llama", heads
     weights = {k: v.detach().double().flatten().tolist() for k, v in run.model.state_dict().items()}
     rank = args.process_index
     (out / f"trainer_sp{sp}_rank{rank}.json").write_text(json.dumps({
-        "losses": [e["loss"] for e in logs], "grad_norms": [e["grad_norm"] for e in logs], "weights": weights,
+        "losses": [e["loss"] for e in logs], "examples_per_step": [e["examples_per_step"] for e in logs],
+        "packing_efficiency": [e["packing_efficiency"] for e in logs], "grad_norms": [e["grad_norm"] for e in logs], "weights": weights,
         "steps": run.state.global_step, "eval_loss": eval_loss, "probe": checks[0].last_report.summary() if checks else None,
         "gradient_checkpointing": bool(run.model.is_gradient_checkpointing),
     }))
