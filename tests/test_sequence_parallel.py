@@ -187,6 +187,28 @@ def test_packing_trainer_sequence_parallel_with_checkpointing_equals_one_process
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_two_groups_of_two_equal_two_data_parallel_ranks(tmp_path):
+    # 4 ranks = 2 data-parallel groups x 2 sequence shards, against 2 plain data-parallel ranks at the group's
+    # budget: the same sampler plan (2 replicas), gradients reduced over all 4 ranks, eval loss over both groups
+    (tmp_path / "dp").mkdir()
+    (tmp_path / "sp").mkdir()
+    plain = _launch(2, "trainer", str(tmp_path / "dp"), "sp=1", "budget=48")
+    mesh = _launch(4, "trainer", str(tmp_path / "sp"), "sp=2", "budget=24")
+    for proc in (plain, mesh):
+        output = _wait(proc)
+        assert proc.returncode == 0, output[-4000:]
+    reference = json.loads((tmp_path / "dp" / "trainer_sp1_rank0.json").read_text())
+    for rank in range(4):
+        run = json.loads((tmp_path / "sp" / f"trainer_sp2_rank{rank}.json").read_text())
+        assert run["losses"] == pytest.approx(reference["losses"], abs=1e-5)
+        assert run["grad_norms"] == pytest.approx(reference["grad_norms"], rel=1e-5)
+        assert run["eval_loss"] == pytest.approx(reference["eval_loss"], abs=1e-5)
+        gap = max(abs(a - b) for key in run["weights"] for a, b in zip(run["weights"][key], reference["weights"][key]))
+        assert gap < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_packing_trainer_refuses_on_every_rank_before_training(tmp_path):
     _run(2, "refusals", str(tmp_path))
     for rank in range(2):

@@ -544,11 +544,13 @@ class PackingTrainer(Trainer):
         return loader, sampler
 
     def _get_num_items_in_batch(self, batch_samples: list, device):
-        """Under sequence parallelism: the shards' targets (shift_labels) summed over every rank."""
+        """Training: the targets of every rank's micro-batches of the step (under sequence parallelism, the
+        shards' shift_labels). Evaluation: None, so each batch's loss is its own mean, which prediction_step
+        weights by the batch's targets (a count gathered over ranks there would scale it by the world size)."""
+        if not self.model.training:
+            return None
         if self._sequence_parallel is None:
             return super()._get_num_items_in_batch(batch_samples, device)
-        if not self.model.training:  # evaluation: each shard's mean, weighted by its targets in prediction_step
-            return None
         from ._sequence_parallel import global_target_count
 
         return global_target_count(batch_samples, self.accelerator, device)
