@@ -18,6 +18,10 @@ built only on the ones above it in this map::
                packing_varlen, packing_fa4,              kernel, FA4's) and the fastest one
                choose_attention, measure_token_budget,   here, a token budget from GPU memory
                check_token_budget                        (measured, or a given one checked)
+    parallel/  SequenceShardCollator, shard_flat_batch,  sequence parallelism (Ulysses) for packed rows:
+               enable_ulysses_attention,                 a rank's shard, the all-to-all attention,
+               sequence_parallel_mesh,                   the dp x sp mesh, the probe through it
+               probe_sequence_parallel                   (PackingTrainer(sequence_parallel_size=n))
     cli/       packing-collators analyze|pack            the command line
     _validation.py   the argument checks every folder shares
     _progress.py     when long work shows a progress bar (one rule, following datasets/transformers)
@@ -30,6 +34,13 @@ from .chat import ChatStats, tokenize_chat, tokenize_chat_example
 from .collate import FlatteningCollator, PrePackedCollator, concatenate_and_pack, length_buckets, pack_sequences
 from .engine import PackingResult, PackStats, pack_lengths
 from .offline import pack_dataset
+from .parallel import (
+    SequenceShardCollator,
+    enable_ulysses_attention,
+    probe_sequence_parallel,
+    sequence_parallel_mesh,
+    shard_flat_batch,
+)
 from .sampler import CostFit, fit_attention_weight, lengths_from_dataset
 from .trainer import (
     FA4_ATTENTION,
@@ -63,6 +74,7 @@ __all__ = [
     "PackingTrainer",
     "PrePackedCollator",
     "ProbeReport",
+    "SequenceShardCollator",
     "TokenBudget",
     "FA4_ATTENTION",
     "VARLEN_ATTENTION",
@@ -71,6 +83,7 @@ __all__ = [
     "choose_attention",
     "concatenate_and_pack",
     "count_sequences",
+    "enable_ulysses_attention",
     "fit_attention_weight",
     "length_buckets",
     "lengths_from_dataset",
@@ -79,10 +92,13 @@ __all__ = [
     "pack_lengths",
     "pack_sequences",
     "probe_packing",
+    "probe_sequence_parallel",
     "register_fa4_attention",
     "register_varlen_attention",
     "sequence_loss_weights",
     "sequence_mean_loss",
+    "sequence_parallel_mesh",
+    "shard_flat_batch",
     "tokenize_chat",
     "tokenize_chat_example",
     "varlen_attention_forward",

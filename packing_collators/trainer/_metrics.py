@@ -168,7 +168,16 @@ class PackingMetricsCallback(TrainerCallback):
     def count(self, inputs) -> None:
         """Add one collated micro-batch (shapes, and a mask sum left on its device)."""
         slots, pad, examples = _batch_counts(inputs)
-        self._window = [self._window[0] + slots, self._window[1] + pad, self._window[2] + examples, self._window[3] + 1]
+        # under sequence parallelism a group's ranks hold shards of one micro-batch: its tokens are summed,
+        # its examples (the global cu_seq_lens) and the micro-batch itself counted once, by the first shard
+        mesh = getattr(self._trainer, "_sequence_parallel", None)
+        once = 1 if mesh is None or mesh.sp_rank == 0 else 0
+        self._window = [
+            self._window[0] + slots,
+            self._window[1] + pad,
+            self._window[2] + examples * once,
+            self._window[3] + once,
+        ]
 
     def take(self, *, steps: int, seconds: float, device=None, budget: int | None = None) -> dict:
         """The metrics of the window since the previous ``take`` (summed over ranks), then a new window."""

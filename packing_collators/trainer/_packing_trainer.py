@@ -275,6 +275,11 @@ class PackingTrainer(Trainer):
             changes the model's; ``None``: keep the model's; or a name to set.
         attention_warm_up: under FlashAttention-4, compile its kernel variants before the first
             step (default True), so no step stalls compiling (see :func:`warm_up_attention`).
+        sequence_parallel_size: ranks that share one micro-batch (default 1: off). Each group of
+            this many ranks trains one packed row of up to ``n x max_tokens_per_batch`` tokens, each
+            rank ``1/n`` of it, attention through Ulysses all-to-alls (:mod:`packing_collators.parallel`);
+            the loss and gradients equal the one-GPU run of the same micro-batches. Launch with
+            ``torchrun``; see docs/sequence_parallel.md.
         packing_metrics: add ``num_tokens``, ``tokens_per_second``, ``padding_fraction``,
             ``examples_per_step`` and ``packing_efficiency`` to the training logs (default
             True; see :class:`PackingMetricsCallback`).
@@ -319,6 +324,7 @@ class PackingTrainer(Trainer):
         packing_metrics: bool = True,
         attention_warm_up: bool = True,
         loss_normalization: LossNormalization = "token",
+        sequence_parallel_size: int = 1,
         **kwargs: Any,
     ) -> None:
         validate_choice("packing_strategy", packing_strategy, Strategy)
@@ -345,6 +351,8 @@ class PackingTrainer(Trainer):
         self._train_batch_sampler = None
         self._train_longest = None
         self._eval_token_loss = None  # (sum of token losses, target tokens) of the evaluation under way
+        self.sequence_parallel_size = validate_positive_int("sequence_parallel_size", sequence_parallel_size)
+        self._sequence_parallel = None  # the SequenceParallelMesh when sequence_parallel_size > 1
         if len(args) < 3 and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = FlatteningCollator()
         super().__init__(*args, **kwargs)
@@ -352,10 +360,16 @@ class PackingTrainer(Trainer):
         check_sequence_setup(self)
         self.attn_implementation = choose_attention(self.model, attn_implementation) if self.model is not None else None
         self._compile = CompileWarmUp(self)  # torch_compile=True: buckets, warm-up, recompiles (_compile.py)
-        self.add_callback(PackingCheckCallback(probe=packing_probe, model_for_probe=lambda: compiled_model(self)))
+        if sequence_parallel_size > 1:  # every rank checks before the mesh's first collective: no hang on refusal
+            from ._sequence_parallel import SequenceParallelCheckCallback, setup_sequence_parallel
+
+            self._sequence_parallel = setup_sequence_parallel(self, sequence_parallel_size)
+            self.add_callback(SequenceParallelCheckCallback(self._sequence_parallel, probe=packing_probe))
+        else:
+            self.add_callback(PackingCheckCallback(probe=packing_probe, model_for_probe=lambda: compiled_model(self)))
         if self.args.torch_compile:
             self.add_callback(self._compile)
-        if attention_warm_up:
+        if attention_warm_up and sequence_parallel_size == 1:  # under Ulysses, FA4 compiles at first use
             self.add_callback(_AttentionWarmUp(self))
         if packing_metrics:
             PackingMetricsCallback().attach(self)
@@ -373,11 +387,17 @@ class PackingTrainer(Trainer):
         ]
 
     def token_budget(self, lengths: np.ndarray, batch_size: int) -> int:
-        """The micro-batch token budget for these example lengths (see ``max_tokens_per_batch``)."""
+        """The micro-batch token budget for these example lengths (see ``max_tokens_per_batch``).
+
+        Under ``sequence_parallel_size=n`` it is the group's: ``n`` times one rank's (a number, or
+        ``"auto"`` measured for one rank's ``1/n`` of the longest example); ``None`` derives it from
+        the batch size as for one GPU (``per_device_train_batch_size`` examples per micro-batch).
+        """
+        n = self.sequence_parallel_size
         if self.max_tokens_per_batch == AUTO_BUDGET:
-            return self._measured_budget(int(lengths.max()) if len(lengths) else 1)
+            return n * self._measured_budget(-(-int(lengths.max()) // n) if len(lengths) else 1)
         if self.max_tokens_per_batch is not None:
-            return self.max_tokens_per_batch
+            return n * self.max_tokens_per_batch
         if not len(lengths):
             return 1
         return max(int(lengths.max()), int(round(batch_size * float(lengths.mean()))))
@@ -422,7 +442,10 @@ class PackingTrainer(Trainer):
             from ._memory_budget import measure_token_budget
 
             def measure() -> int:
-                budget = measure_token_budget(model, longest=longest, autocast_dtype=self._autocast_dtype())
+                from ..parallel import inner_attention
+
+                with inner_attention(model):  # one rank's share, measured without the group's collectives
+                    budget = measure_token_budget(model, longest=longest, autocast_dtype=self._autocast_dtype())
                 logger.info("PackingTrainer: max_tokens_per_batch='auto' on this rank: %s", budget.summary())
                 return budget.max_tokens_per_batch
 
@@ -438,12 +461,16 @@ class PackingTrainer(Trainer):
     def _check_memory(self, budget: int, longest: int) -> None:
         """``memory_check``: refuse a training budget that does not fit this GPU, before the first step."""
         model = self._memory_model() if self.memory_check else None
+        n = self.sequence_parallel_size  # a rank holds 1/n of the group's row: checked as such, without Ulysses
+        budget, longest = budget // n, -(-longest // n)
         if model is None or (budget, longest) in self._checked_budgets:
             return
+        from ..parallel import inner_attention
         from ._memory_budget import check_token_budget
 
         def check() -> int:
-            share = check_token_budget(model, budget, longest=longest, autocast_dtype=self._autocast_dtype())
+            with inner_attention(model):
+                share = check_token_budget(model, budget, longest=longest, autocast_dtype=self._autocast_dtype())
             logger.info(
                 "PackingTrainer: a step of %d tokens (examples of %d) peaks at %.1f%% of the GPU's memory",
                 budget,
@@ -471,6 +498,8 @@ class PackingTrainer(Trainer):
         from ..sampler import MultipackBatchSampler
 
         args = self.args
+        mesh = self._sequence_parallel  # one micro-batch per group: dp_size replicas, this group's index
+        replicas, rank = (mesh.dp_size, mesh.dp_rank) if mesh is not None else (args.world_size, args.process_index)
         return MultipackBatchSampler(
             lengths,
             self.token_budget(lengths, batch_size),
@@ -478,8 +507,8 @@ class PackingTrainer(Trainer):
             attention_weight=self.attention_weight,
             shuffle=shuffle,
             seed=args.data_seed if args.data_seed is not None else args.seed,
-            num_replicas=args.world_size,
-            rank=args.process_index,
+            num_replicas=replicas,
+            rank=rank,
             drop_last=args.dataloader_drop_last,
             overflow=self.overflow,
             progress=False if args.disable_tqdm else None,  # the Trainer's own switch silences planning too
@@ -535,7 +564,14 @@ class PackingTrainer(Trainer):
         if shuffle:
             refuse_no_examples(len(lengths))
         args = self.args
-        sampler = self.make_batch_sampler(lengths, batch_size, shuffle=shuffle)
+        try:
+            sampler = self.make_batch_sampler(lengths, batch_size, shuffle=shuffle)
+        except ValueError as error:  # an example over the budget: under sequence parallelism, the group's
+            if self._sequence_parallel is None:
+                raise
+            from ._sequence_parallel import group_budget_error
+
+            raise group_budget_error(error, self.sequence_parallel_size, self.max_tokens_per_batch) from error
         if shuffle and len(lengths):  # the longest example a training batch can hold: the attention warm-up's reach
             budget = self.token_budget(lengths, batch_size)
             self._train_longest = int(min(lengths.max(), budget))
@@ -545,6 +581,11 @@ class PackingTrainer(Trainer):
                 self._train_longest = max([self._train_longest, *self._compile.buckets])
         if not is_arrow:
             collator = self._get_collator_with_removed_columns(collator, description=description)
+        if self._sequence_parallel is not None:  # every rank of a group collates the micro-batch and keeps its shard
+            from ..parallel import SequenceShardCollator
+
+            mesh = self._sequence_parallel
+            collator = SequenceShardCollator(collator, rank=mesh.sp_rank, size=mesh.size)
         options: dict[str, Any] = {"num_workers": args.dataloader_num_workers, "pin_memory": args.dataloader_pin_memory}
         if args.dataloader_num_workers > 0:
             options["persistent_workers"] = args.dataloader_persistent_workers
@@ -576,6 +617,18 @@ class PackingTrainer(Trainer):
             return sequence_compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
+    def _get_num_items_in_batch(self, batch_samples: list, device):
+        """Training: the targets of every rank's micro-batches of the step (under sequence parallelism, the
+        shards' shift_labels). Evaluation: None, so each batch's loss is its own mean, which prediction_step
+        weights by the batch's targets (a count gathered over ranks there would scale it by the world size)."""
+        if not self.model.training:
+            return None
+        if self._sequence_parallel is None:
+            return super()._get_num_items_in_batch(batch_samples, device)
+        from ._sequence_parallel import global_target_count
+
+        return global_target_count(batch_samples, self.accelerator, device)
+
     def _run_epoch(self, *args: Any, **kwargs: Any):
         # On a mid-epoch resume the Trainer wraps the dataloader to skip batches, and its
         # set_epoch no longer reaches the sampler; set it here so the skipped plan is this epoch's.
@@ -591,8 +644,10 @@ class PackingTrainer(Trainer):
         loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
         targets = inputs.get("labels")
         if loss is not None and targets is not None and self._eval_token_loss is not None:
-            count = (targets[..., 1:] != -100).sum()
-            self._eval_token_loss += torch.stack((loss.detach().float() * count, count.float()))
+            shifted = inputs.get("shift_labels")  # a sequence shard's own targets
+            count = (shifted != -100).sum() if shifted is not None else (targets[..., 1:] != -100).sum()
+            summed = torch.where(count > 0, loss.detach().float() * count, 0.0)  # a shard may hold no target (mean: nan)
+            self._eval_token_loss += torch.stack((summed, count.float()))
         cu = inputs.get("cu_seq_lens_q")
         if cu is not None and not prediction_loss_only:
             if isinstance(logits, (tuple, list)):
