@@ -17,7 +17,7 @@ is within ``--tolerance``, 2% relative by default: bf16 noise) and their tokens/
 
 1 GPU, Liger Kernel's fused linear cross-entropy (``--liger``, ~2-3 min)::
 
-    timeout 300 python benchmarks/gpu/trainer_setups.py --out OUT --liger
+    CUDA_VISIBLE_DEVICES=0 timeout 300 python benchmarks/gpu/trainer_setups.py --out OUT --liger   # one GPU visible: else DataParallel
 
   budget   measure_token_budget(longest=--longest) without and with Liger's fused loss
            (applied by hand to the instance, fused loss only) at the 1B shape (32k vocabulary)
