@@ -9,6 +9,18 @@ and four modes on the same examples, each started from the same weights with a f
                       the step's last row takes the remainder, so T is the bucket too), compiled
     eager_packed      the multipack micro-batches unpadded, eager (today's packed training)
     eager_oracle      the oracle's batches, eager
+    compiled_same_work  the ceiling for *these* examples: the same length distribution laid end to
+                      end with no padding, cut at the bucket (an example crossing a step boundary
+                      is cut; each piece a sequence), compiled: the same attention work per token
+                      as the packed steps, which the mean-length oracle does not have (a skewed
+                      distribution such as sft spends 2x the attention per token of its mean length)
+
+The timed steps are a sample the size of ``--warmup + --steps`` of the epoch's multipack steps,
+chosen at evenly spaced quantiles of their fill (real tokens): an epoch has one nearly empty
+last bin (sft: 851 of 16,384 tokens, 1 step in 220), which a handful of consecutive steps takes
+with a weight many times its weight in the epoch. The sample's fill and the epoch's are both
+reported, and ``epoch_tokens_per_s`` projects the packed modes' rate to the whole epoch's fill
+(a compiled step pads to the bucket, so its time does not depend on its fill).
 
 Before any timing: FA4's kernel variants are compiled up to the bucket (``warm_up_attention``)
 and the compiled model's graphs by ``warm_up_compiled`` (what PackingTrainer does under
@@ -44,20 +56,60 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 from _shared import CompileCounter, build_model, command, lengths_of, markov_tokens, median, to_device  # noqa: E402
 
 FA4_COMPILES = CompileCounter()  # FA4 kernel compiles (0 without flash_attn.cute)
-MODES = ("compiled_packed", "compiled_oracle", "eager_packed", "eager_oracle")
+MODES = ("compiled_packed", "compiled_oracle", "compiled_same_work", "eager_packed", "eager_oracle")
 STEPS = {"tiny": 2, "200m": 20, "1b": 8}  # timed steps per run: 36 runs + compiles in ~4 min (200M) / ~5 min (1B), H100
 
 
 # ----------------------------------------------------------------------------- data
+def sample_steps(fills: np.ndarray, count: int) -> np.ndarray:
+    """Positions of ``count`` steps at evenly spaced quantiles (midpoints) of ``fills``, in epoch order.
+
+    >>> sample_steps(np.array([16380, 851, 16384, 16300, 16370, 16379]), 3).tolist()  # not the tail bin
+    [2, 3, 5]
+    """
+    if count >= len(fills):
+        return np.arange(len(fills))
+    by_fill = np.argsort(fills, kind="stable")
+    return np.sort(by_fill[((np.arange(count) + 0.5) * len(fills) / count).astype(np.int64)])
+
+
 def packed_batches(lengths, tokens, args, *, bucket: int | None) -> tuple[tuple[list[dict], list[int]], dict]:
-    """The first steps of a multipack epoch plan at the budget, collated (padded to ``bucket`` if given),
-    with their real (example) token counts."""
+    """A fill-representative sample of a multipack epoch's steps at the budget (``sample_steps``), collated
+    (padded to ``bucket`` if given), with their real (example) token counts."""
     sampler = MultipackBatchSampler(lengths, args.tokens_per_step, seed=args.seed, num_replicas=1, rank=0)
-    plan = list(sampler)[: args.warmup + args.steps]
+    epoch = list(sampler)
+    fills = np.array([int(lengths[indices].sum()) for indices in epoch])
+    plan = [epoch[i] for i in sample_steps(fills, args.warmup + args.steps)]
     collate = FlatteningCollator(pad_to_buckets=[bucket] if bucket else None)
     batches = [collate([{"input_ids": tokens[i]} for i in indices]) for indices in plan]
-    stats = {"epoch_bucket_padding": bucket_padding_fraction(sampler.plan().batch_tokens, [args.tokens_per_step])}
-    return (batches, [int(lengths[indices].sum()) for indices in plan]), stats
+    reals = [int(lengths[indices].sum()) for indices in plan]
+    stats = {
+        "epoch_steps": len(epoch),
+        "epoch_fill": round(float(fills.mean()) / args.tokens_per_step, 4),
+        "sample_fill": round(float(np.mean(reals[args.warmup :])) / args.tokens_per_step, 4),
+        "epoch_bucket_padding": bucket_padding_fraction(sampler.plan().batch_tokens, [args.tokens_per_step]),
+        "mean_length": round(float(lengths.mean()), 1),
+        "attention_weighted_length": round(float((lengths**2).sum() / lengths.sum()), 1),
+    }
+    return (batches, reals), stats
+
+
+def same_work_batches(lengths, tokens, args) -> tuple[list[dict], list[int]]:
+    """Steps of exactly the budget cut from the examples laid end to end (shuffled): the data's own
+    lengths with no padding (an example crossing a step boundary is cut, each piece a sequence)."""
+    order = np.random.default_rng(args.seed).permutation(len(lengths))
+    ends = np.cumsum(lengths[order])
+    need = (args.warmup + args.steps) * args.tokens_per_step
+    if ends[-1] < need:
+        raise ValueError(f"--examples too few: {ends[-1]} tokens, the same-work oracle needs {need}")
+    stream = np.concatenate([tokens[i] for i in order[: int(np.searchsorted(ends, need)) + 1]])[:need]
+    boundaries = ends[ends < need]
+    collate, batches = FlatteningCollator(), []
+    for step in range(args.warmup + args.steps):
+        start, stop = step * args.tokens_per_step, (step + 1) * args.tokens_per_step
+        cuts = boundaries[(boundaries > start) & (boundaries < stop)] - start
+        batches.append(collate([{"input_ids": piece} for piece in np.split(stream[start:stop], cuts)]))
+    return batches, [args.tokens_per_step] * len(batches)  # no padding: every token real
 
 
 def oracle_batches(lengths, tokens, args) -> tuple[list[dict], list[int]]:
@@ -146,7 +198,7 @@ def loss_gap(a: list[float], b: list[float]) -> float:
     return float(max(abs(x - y) / max(abs(y), 1e-9) for x, y in zip(a, b)))
 
 
-def summarise(results: dict) -> dict:
+def summarise(results: dict, stats: dict) -> dict:
     """Per distribution: each mode's median round, the ratios issue 29 asks for, losses compiled vs eager."""
     summary = {}
     for dist, modes in results.items():
@@ -154,9 +206,16 @@ def summarise(results: dict) -> dict:
         if len(tps) < len(MODES):
             continue
         first = {m: rounds[0]["train_loss"] for m, rounds in modes.items()}
+        fill = stats[dist]["epoch_fill"] / stats[dist]["sample_fill"]  # the packed rate at the epoch's fill
+        epoch_tps = {m: t * fill if m.endswith("packed") else t for m, t in tps.items()}
         summary[dist] = {
             "tokens_per_s": tps,
+            "epoch_tokens_per_s": epoch_tps,
             "compiled_packed_vs_compiled_oracle": tps["compiled_packed"] / tps["compiled_oracle"],
+            "compiled_packed_vs_compiled_same_work": tps["compiled_packed"] / tps["compiled_same_work"],
+            "epoch_compiled_packed_vs_compiled_oracle": epoch_tps["compiled_packed"] / tps["compiled_oracle"],
+            "epoch_compiled_packed_vs_compiled_same_work": epoch_tps["compiled_packed"] / tps["compiled_same_work"],
+            "compiled_same_work_vs_compiled_oracle": tps["compiled_same_work"] / tps["compiled_oracle"],
             "compiled_packed_vs_eager_oracle": tps["compiled_packed"] / tps["eager_oracle"],
             "compiled_packed_vs_eager_packed": tps["compiled_packed"] / tps["eager_packed"],
             "eager_packed_vs_eager_oracle": tps["eager_packed"] / tps["eager_oracle"],
@@ -169,7 +228,7 @@ def summarise(results: dict) -> dict:
     return summary
 
 
-def markdown(summary: dict, warm: dict, args, card: str) -> str:
+def markdown(summary: dict, warm: dict, stats: dict, args, card: str) -> str:
     lines = [
         f"# torch.compile, packed vs oracle: {args.size} on {card} (attention {args.attn}, {args.rounds} rounds)",
         "",
@@ -178,15 +237,22 @@ def markdown(summary: dict, warm: dict, args, card: str) -> str:
         f"Compile before the first step: {warm['graphs']} graph(s), {warm['compile_s']:.1f} s (bucket "
         f"{warm['bucket']}); FA4 kernels: {warm['fa4_compiles_warm_up']} compiled in {warm['attention_warm_up_s']:.1f} s.",
         "",
-        "| distribution | compiled packed tok/s | compiled oracle | eager packed | eager oracle | packed/oracle "
-        "(compiled) | compiled packed / eager oracle | compiled / eager packed | recompiles timed | loss gap |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| distribution | mean / attention-weighted length | fill sample / epoch | compiled packed tok/s | compiled "
+        "oracle | compiled same-work | eager packed | eager oracle | packed/oracle (compiled) | packed/same-work "
+        "(compiled) | epoch: packed/oracle, packed/same-work | compiled packed / eager oracle | compiled / eager "
+        "packed | recompiles timed | loss gap |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for dist, s in summary.items():
-        t = s["tokens_per_s"]
+        t, d = s["tokens_per_s"], stats[dist]
         lines.append(
-            f"| {dist} | {t['compiled_packed']:,.0f} | {t['compiled_oracle']:,.0f} | {t['eager_packed']:,.0f} | "
+            f"| {dist} | {d['mean_length']:.0f} / {d['attention_weighted_length']:.0f} | "
+            f"{100 * d['sample_fill']:.2f}% / {100 * d['epoch_fill']:.2f}% | {t['compiled_packed']:,.0f} | "
+            f"{t['compiled_oracle']:,.0f} | {t['compiled_same_work']:,.0f} | {t['eager_packed']:,.0f} | "
             f"{t['eager_oracle']:,.0f} | {100 * s['compiled_packed_vs_compiled_oracle']:.1f}% | "
+            f"{100 * s['compiled_packed_vs_compiled_same_work']:.1f}% | "
+            f"{100 * s['epoch_compiled_packed_vs_compiled_oracle']:.1f}%, "
+            f"{100 * s['epoch_compiled_packed_vs_compiled_same_work']:.1f}% | "
             f"{s['compiled_packed_vs_eager_oracle']:.3f}x | {s['compiled_packed_vs_eager_packed']:.3f}x | "
             f"{s['recompiles_timed']} (+{s['fa4_compiles_timed']} FA4) | "
             f"{100 * max(s['loss_gap_packed'], s['loss_gap_oracle']):.2f}% |"
@@ -250,6 +316,7 @@ def main(argv=None) -> None:
         (packed, stats[dist]), (unpadded, _) = (packed_batches(lengths, tokens, args, bucket=b) for b in (bucket, None))
         oracle = oracle_batches(lengths, tokens, args)
         data[dist] = {
+            "compiled_same_work": same_work_batches(lengths, tokens, args),
             "compiled_packed": packed,
             "eager_packed": unpadded,
             "compiled_oracle": oracle,
@@ -266,8 +333,8 @@ def main(argv=None) -> None:
                 results[dist][mode].append(result)
                 print(f"  round {round_ + 1} {dist:14s} {mode:16s} {result['real_tokens_per_s']:>11,.0f} tok/s "
                       f"recompiles {result['recompiles_timed']} fa4 {result['fa4_compiles_timed']}", flush=True)  # fmt: skip
-    summary = summarise(results)
-    report = markdown(summary, warm, args, card)
+    summary = summarise(results, stats)
+    report = markdown(summary, warm, stats, args, card)
     args.out.mkdir(parents=True, exist_ok=True)
     options = {k: str(v) for k, v in vars(args).items()}
     payload = {"card": card, "torch": torch.__version__, "command": command(), "args": options, "warm_up": warm,
