@@ -12,7 +12,7 @@ none of them.
 """
 
 from ._pack_lengths import OVERFLOW_FIX, Overflow, PackingResult, Strategy, check_not_too_long, pack_lengths
-from ._segments import Segments
+from ._segments import Segments, field_alias
 from ._stats import PackStats, RenamedKeys, RowMeasures, StatsDict, efficiency, lower_bound, over_lower_bound
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Strategy",
     "check_not_too_long",
     "efficiency",
+    "field_alias",
     "lower_bound",
     "over_lower_bound",
     "pack_lengths",

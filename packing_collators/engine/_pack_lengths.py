@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 
 from .._validation import check_not_too_long, validate_choice, validate_lengths, validate_positive_int
-from ._segments import Segments
+from ._segments import Segments, field_alias
 from ._stats import PackStats, StatsDict
 from ._strategies import best_fit_decreasing, first_fit_decreasing, next_fit
 
@@ -94,15 +94,8 @@ class PackingResult(Segments):
         object.__setattr__(self, "input_tokens", input_tokens)
         object.__setattr__(self, "dropped_tokens", dropped_tokens)
 
-    @property
-    def indices(self) -> np.ndarray:
-        """int64 (num_packed,) example indices, row after row (the segments' ``example``)."""
-        return self.example
-
-    @property
-    def seq_lengths(self) -> np.ndarray:
-        """int64 (num_packed,) tokens of each packed example (the segments' ``length``)."""
-        return self.length
+    indices = field_alias("example", "int64 (num_packed,) example indices, row after row (``example``).")
+    seq_lengths = field_alias("length", "int64 (num_packed,) tokens of each packed example (``length``).")
 
     def __len__(self) -> int:
         return self.num_rows

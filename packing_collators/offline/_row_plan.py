@@ -2,7 +2,8 @@
 
 A plan is the engine's :class:`Segments`, row after row: each segment is a run of one example's
 tokens (``example``, alias ``order``: which example, ``skip``: from which of its tokens, ``length``,
-alias ``segment_lengths``: how many), and ``row_offsets`` (alias ``row_segments``) cuts them into rows. Examples ``S0, S1, S2`` of lengths ``[3, 5, 2]``::
+alias ``segment_lengths``: how many), and ``row_offsets`` (alias ``row_segments``) cuts them
+into rows. Examples ``S0, S1, S2`` of lengths ``[3, 5, 2]``::
 
     bins (bfd), capacity 8          split, capacity 4            wrapped, capacity 4
     row 0: S0 S0 S0 S1 S1 S1 S1 S1  row 0: S1 S1 S1 S1  [4]      row 0: S0 S0 S0 S1  [3, 1]
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine import PackingResult, Segments
+from ..engine import PackingResult, Segments, field_alias
 
 __all__ = ["Pieces", "RowPlan", "bin_plan", "shard_bounds", "split_pieces", "wrapped_plan"]
 
@@ -43,17 +44,9 @@ class RowPlan(Segments):
 
     restarts: np.ndarray
 
-    @property
-    def order(self) -> np.ndarray:
-        return self.example
-
-    @property
-    def segment_lengths(self) -> np.ndarray:
-        return self.length
-
-    @property
-    def row_segments(self) -> np.ndarray:
-        return self.row_offsets
+    order = field_alias("example", "int64 (s,) the example each segment's tokens come from.")
+    segment_lengths = field_alias("length", "int64 (s,) tokens of each segment.")
+    row_segments = field_alias("row_offsets", "int64 (rows + 1,) where each row starts in the segments.")
 
     def rows(self, first: int, last: int) -> RowPlan:
         """The plan of rows ``first`` to ``last - 1`` only (a chunk, or one machine's shard).

@@ -51,7 +51,7 @@ import numpy as np
 
 from .._progress import progress_bar, show_progress
 from .._validation import check_not_too_long, validate_attention_weight, validate_choice, validate_lengths
-from ..engine import RenamedKeys, Segments, Strategy, pack_lengths
+from ..engine import RenamedKeys, Segments, Strategy, field_alias, pack_lengths
 
 __all__ = ["Balance", "EpochPlan", "EpochStats", "SamplerOverflow", "check_overflow", "plan_epoch"]
 
@@ -100,30 +100,11 @@ class EpochPlan(Segments):
     stats_base: dict
     attention_weight: float | None = None
 
-    @property
-    def max_tokens_per_batch(self) -> int:
-        """The token budget of a batch (the rows' ``capacity``)."""
-        return self.capacity
-
-    @property
-    def indices(self) -> np.ndarray:
-        """int64 (examples in batches,) dataset indices, batch after batch."""
-        return self.example
-
-    @property
-    def batch_offsets(self) -> np.ndarray:
-        """int64 (num_batches + 1,) where each batch starts in ``indices``."""
-        return self.row_offsets
-
-    @property
-    def batch_tokens(self) -> np.ndarray:
-        """int64 (num_batches,) tokens in each batch."""
-        return self.row_tokens
-
-    @property
-    def num_batches(self) -> int:
-        """Batches over all ranks (``num_steps * num_replicas``)."""
-        return self.num_rows
+    max_tokens_per_batch = field_alias("capacity", "The token budget of a batch (the rows' ``capacity``).")
+    indices = field_alias("example", "int64 (examples in batches,) dataset indices, batch after batch.")
+    batch_offsets = field_alias("row_offsets", "int64 (num_batches + 1,) where each batch starts in ``indices``.")
+    batch_tokens = field_alias("row_tokens", "int64 (num_batches,) tokens in each batch.")
+    num_batches = field_alias("num_rows", "Batches over all ranks (``num_steps * num_replicas``).")
 
     @property
     def num_steps(self) -> int:
@@ -266,6 +247,22 @@ def _deal(cost: np.ndarray, num_replicas: int, balance: str) -> np.ndarray:
     return dealt.ravel()
 
 
+def _stats_base(lengths: np.ndarray, too_long: np.ndarray, overflow: str) -> dict:
+    """The counts behind :meth:`EpochPlan.stats` before padding or dropping bins (those start at 0)."""
+    dropped = overflow == "drop"
+    return {
+        "examples": len(lengths),
+        "empty_examples": int((lengths == 0).sum()),
+        "overflow_dropped_examples": int(too_long.sum()) if dropped else 0,
+        "overflow_dropped_tokens": int(lengths[too_long].sum()) if dropped else 0,
+        "padded_batches": 0,
+        "repeated_examples": 0,
+        "repeated_tokens": 0,
+        "drop_last_examples": 0,
+        "drop_last_tokens": 0,
+    }
+
+
 def _balanced_plan(
     lengths: np.ndarray,
     too_long: np.ndarray,
@@ -285,17 +282,7 @@ def _balanced_plan(
     """Steps 4 and 5 of the module docstring: the packed bins (CSR) padded or dropped to a multiple
     of ``num_replicas``, dealt to ranks by cost, the steps shuffled."""
     bins = rng.permutation(len(counts)) if shuffle else np.arange(len(counts))
-    base = {
-        "examples": len(lengths),
-        "empty_examples": int((lengths == 0).sum()),
-        "overflow_dropped_examples": int(too_long.sum()) if overflow == "drop" else 0,
-        "overflow_dropped_tokens": int(lengths[too_long].sum()) if overflow == "drop" else 0,
-        "padded_batches": 0,
-        "repeated_examples": 0,
-        "repeated_tokens": 0,
-        "drop_last_examples": 0,
-        "drop_last_tokens": 0,
-    }
+    base = _stats_base(lengths, too_long, overflow)
     extra = -len(counts) % num_replicas
     if extra and not drop_last:
         more, more_counts = _repeat_bins(order, lengths, budget, extra)
