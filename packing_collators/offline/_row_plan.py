@@ -40,6 +40,9 @@ class RowPlan(Segments):
         segment_lengths: int64 (s,) tokens of each segment (``length``).
         row_segments: int64 (rows + 1,) where each row starts in the segments (``row_offsets``).
         restarts: bool (s,) segments whose first label is ``label_pad_id``.
+
+    ``rows(first, last)`` is :meth:`Segments.row_range` keeping ``restarts`` (a method here, where
+    the engine's ``rows`` lists the rows' examples).
     """
 
     restarts: np.ndarray
