@@ -8,6 +8,12 @@ argument or example, the value given, what is allowed, and returns the value nor
     validate_choice("strategy", "x", Strategy)     ValueError: strategy='x' is not supported; choose one of ...
     validate_lengths([3, -1])                      ValueError: Example 1 has a negative length (-1); ...
     validate_attention_weight(-1)                  ValueError: attention_weight must be a finite number >= 0, ...
+    check_not_too_long([3, 12], 8, ...)             ValueError: Example 1 has 12 tokens, more than capacity=8 ...
+    check_unpadded(zero_owners=[1], 3)             ValueError: Example 1 is padded: its attention_mask has 1 zero(s) ...
+
+``check_not_too_long`` serves every packer (engine, sampler, offline, chat, collators) and
+``check_unpadded`` both the collators (a batch's features) and ``pack_dataset`` (an Arrow
+table): each caller finds the examples, these say what is wrong in the one wording.
 
 Cost: constant per argument, one vectorised pass over ``lengths``. No torch here.
 """
@@ -21,7 +27,19 @@ from typing import get_args
 
 import numpy as np
 
-__all__ = ["validate_attention_weight", "validate_choice", "validate_lengths", "validate_positive_int"]
+__all__ = [
+    "check_not_too_long",
+    "check_unpadded",
+    "validate_attention_weight",
+    "validate_choice",
+    "validate_lengths",
+    "validate_positive_int",
+]
+
+PADDING_FIX = (
+    "Packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the "
+    "padding first (keep the tokens where attention_mask is 1)."
+)
 
 
 def validate_lengths(lengths: Sequence[int] | np.ndarray, *, what: str = "lengths") -> np.ndarray:
@@ -116,3 +134,69 @@ def validate_attention_weight(attention_weight) -> float | None:
             "fit_attention_weight(); for attention alone use balance='attention'."
         )
     return value
+
+
+def check_not_too_long(
+    lengths: np.ndarray,
+    limit: int,
+    *,
+    limit_name: str,
+    fix: str,
+    item: str = "Example",
+    first_index: int = 0,
+    count: bool = True,
+) -> None:
+    """Raise a ValueError naming the first of ``lengths`` over ``limit``: its index, its length, the limit and ``fix``.
+
+    ``first_index`` numbers the items from where they start (a buffer in a stream);
+    ``count`` adds how many are too long and the longest (leave it off when ``lengths``
+    is only part of the input, where those numbers would mislead).
+
+    >>> check_not_too_long(np.array([3, 12, 9]), 8, limit_name="capacity", fix="Raise the capacity.")
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 1 has 12 tokens, more than capacity=8 (2 example(s) too long, the longest 12 tokens). Raise the capacity.
+    """
+    lengths = np.asarray(lengths)
+    too_long = np.flatnonzero(lengths > limit)
+    if not len(too_long):
+        return
+    i = int(too_long[0])
+    counts = (
+        f" ({len(too_long)} example(s) too long, the longest {int(lengths[too_long].max())} tokens)" if count else ""
+    )
+    raise ValueError(f"{item} {first_index + i} has {lengths[i]} tokens, more than {limit_name}={limit}{counts}. {fix}")
+
+
+def check_unpadded(
+    zero_owners: Sequence[int] | np.ndarray,
+    num_examples: int,
+    *,
+    first_index: int = 0,
+    stream: bool = False,
+    item: str = "Example",
+) -> None:
+    """Refuse padded examples: an ``attention_mask`` with zeros, whose pad tokens would be packed and trained on.
+
+    ``zero_owners`` lists, for each zero of the attention masks, the example holding it (ascending,
+    counted from 0 among the ``num_examples`` checked). Errors number the examples from
+    ``first_index`` (where they start in a stream); with ``stream``, the count is of the examples
+    read so far (the earlier ones passed this check).
+
+    >>> check_unpadded([1, 2, 2], 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 1 is padded: its attention_mask has 1 zero(s) (2 of 3 examples have attention_mask zeros). Packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1).
+    """
+    owners = np.asarray(zero_owners, dtype=np.int64)
+    if not len(owners):
+        return
+    first = int(owners[0])
+    zeros = int(np.searchsorted(owners, first, side="right"))
+    padded = int(np.count_nonzero(np.diff(owners))) + 1
+    among = f"the first {first_index + num_examples:,}" if stream else f"{num_examples:,}"
+    items = f"{item.lower()}s"
+    raise ValueError(
+        f"{item} {first_index + first} is padded: its attention_mask has {zeros} zero(s) ({padded:,} of {among} "
+        f"{items} have attention_mask zeros). {PADDING_FIX}"
+    )

@@ -67,11 +67,11 @@ def test_analyze_prints_the_engine_and_sampler_numbers(capsys, data_dir, lengths
     assert list(rows) == list(STRATEGIES)
     for strategy in ("bfd", "ffd", "next_fit"):
         stats = pack_lengths(lengths, MAX_LENGTH, strategy=strategy, overflow="truncate").stats()
-        _, n_rows, steps, efficiency, gap, gap_rows, truncated, dropped, _ = rows[strategy]
+        _, n_rows, steps, efficiency, over, over_rows, truncated, dropped, _ = rows[strategy]
         assert n_rows == f"{stats['rows']:,}"
         assert steps == f"{math.ceil(stats['rows'] / BATCH):,}"
         assert efficiency == f"{stats['efficiency']:.2%}"
-        assert gap_rows == f"(+{stats['rows'] - stats['lower_bound_rows']:,})"
+        assert over_rows == f"(+{stats['rows'] - stats['lower_bound_rows']:,})"
         assert (truncated, dropped) == (f"{stats['truncated_examples']:,}", "0")
     sampler = MultipackBatchSampler(np.minimum(lengths, MAX_LENGTH), BATCH * MAX_LENGTH, num_replicas=1, rank=0).stats()
     assert rows["sampler"][1] == rows["sampler"][2] == f"{sampler['batches_per_epoch']:,}"

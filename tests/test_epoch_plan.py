@@ -29,12 +29,12 @@ def check_plan(plan, lengths: np.ndarray, budget: int, *, drop_last: bool) -> No
     assert set(counts) <= usable
     if drop_last:
         assert max(counts.values(), default=1) == 1
-        assert len(usable) - len(counts) == stats["dropped_examples"]
+        assert len(usable) - len(counts) == stats["drop_last_examples"]
         assert stats["repeated_examples"] == 0
     else:
         assert set(counts) == usable, "every example at least once"
         assert sum(counts.values()) - len(usable) == stats["repeated_examples"]
-        assert stats["dropped_examples"] == 0
+        assert stats["drop_last_examples"] == 0
         assert stats["padded_batches"] < plan.num_replicas
     assert stats["tokens"] == sum(tokens)
     assert stats["batches_per_epoch"] * plan.num_replicas == len(batches)
@@ -105,12 +105,12 @@ def test_drop_last_drops_the_bins_with_fewest_tokens():
     plan = plan_epoch([8, 7, 2], 8, num_replicas=2, drop_last=True)
     stats = plan.stats()
     assert sorted(plan.indices.tolist()) == [0, 1]
-    assert (stats["dropped_examples"], stats["dropped_tokens"], stats["batches_per_epoch"]) == (1, 2, 1)
+    assert (stats["drop_last_examples"], stats["drop_last_tokens"], stats["batches_per_epoch"]) == (1, 2, 1)
 
 
 def test_drop_last_with_fewer_bins_than_ranks_drops_everything_and_says_so():
     plan = plan_epoch([4, 4], 4, num_replicas=3, drop_last=True)
-    assert plan.num_batches == 0 and plan.stats()["dropped_examples"] == 2
+    assert plan.num_batches == 0 and plan.stats()["drop_last_examples"] == 2
     assert plan.stats()["efficiency"] == 1.0
 
 

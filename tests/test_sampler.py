@@ -56,7 +56,7 @@ def test_drop_last_leaves_out_only_what_it_reports():
     lengths = random_lengths(0, n=301)
     ranks = every_rank(lengths, 900, 4, drop_last=True)
     counts = Counter(i for batches in ranks for batch in batches for i in batch)
-    dropped = MultipackBatchSampler(lengths, 900, num_replicas=4, drop_last=True).stats()["dropped_examples"]
+    dropped = MultipackBatchSampler(lengths, 900, num_replicas=4, drop_last=True).stats()["drop_last_examples"]
     assert max(counts.values()) == 1 and len(counts) + dropped == 301
     assert len({len(batches) for batches in ranks}) == 1
 
@@ -212,7 +212,7 @@ def test_stats_report_what_was_planned():
     assert stats["efficiency"] == pytest.approx(tokens / (stats["total_batches"] * 2000))
     assert stats["efficiency"] > 0.95
     assert 0 <= stats["imbalance"] < 0.05 and 0 <= stats["step_imbalance"]
-    assert set(stats) >= {"imbalance_tokens", "imbalance_attention", "padded_batches", "dropped_examples"}
+    assert set(stats) >= {"imbalance_tokens", "imbalance_attention", "padded_batches", "drop_last_examples"}
 
 
 def test_a_dataloader_with_the_flattening_collator_gets_budget_sized_rows():

@@ -136,7 +136,7 @@ def test_the_ranks_cover_the_epoch_exactly_once_and_stay_in_budget(world_results
         dropped = [b for r in results for b in r["drop_last"][epoch]["batches"]]
         counts = Counter(i for b in dropped for i in b)
         assert max(counts.values()) == 1
-        assert NUM_EXAMPLES - len(counts) == results[0]["drop_last"][epoch]["stats"]["dropped_examples"]
+        assert NUM_EXAMPLES - len(counts) == results[0]["drop_last"][epoch]["stats"]["drop_last_examples"]
 
 
 def test_the_plan_is_the_same_in_every_process(world_results):

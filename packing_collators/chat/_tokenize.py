@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import validate_choice, validate_positive_int
-from ..engine import Overflow, check_not_too_long
+from .._validation import check_not_too_long, validate_choice, validate_positive_int
+from ..engine import Overflow
 from ..offline._options import MAX_LENGTH_FIX
 from ._assistant_spans import AssistantSpans, assistant_labels, with_full_offsets
 from ._conversations import chat_columns, conversation_of

@@ -206,7 +206,7 @@ def _pack(args) -> int:
     print(stats.summary())
     width = max(map(len, stats.as_dict()))
     for key, value in stats.as_dict().items():
-        shown = f"{value:.4%}" if key == "efficiency" else f"{value:,}" if isinstance(value, int) else value
+        shown = f"{value:.4%}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else value
         print(f"  {key:<{width}}  {shown}")
     shard = f" (shard {args.shard_index} of {args.num_shards})" if args.num_shards > 1 else ""
     print(f"wrote {rows:,} rows to {args.out}{shard}")

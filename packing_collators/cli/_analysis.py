@@ -82,8 +82,6 @@ class Packing(RowMeasures):
     def _tokens_and_rows(self) -> tuple[int, int]:
         return self.tokens, self.rows
 
-    gap = RowMeasures.rows_over_lower_bound  # rows / lower bound - 1 (0.0 is optimal)
-
 
 @dataclass(frozen=True)
 class Recommendation:
@@ -121,10 +119,10 @@ class Analysis:
         return next(p for p in self.packings if p.strategy == strategy)
 
     def as_dict(self) -> dict:
-        """Everything as plain Python values (for ``--json``), with efficiency, gap and waste included."""
+        """Everything as plain Python values (for ``--json``), with efficiency, rows_over_lower_bound and waste included."""
         data = asdict(self)
         data["padding"] = [{**asdict(p), "waste": p.waste} for p in self.padding]
-        data["packings"] = [{**asdict(p), "efficiency": p.efficiency, "gap": p.gap} for p in self.packings]
+        data["packings"] = [{**asdict(p), "efficiency": p.efficiency, "rows_over_lower_bound": p.rows_over_lower_bound} for p in self.packings]
         data["recommendation"]["reasons"] = list(self.recommendation.reasons)
         return data
 

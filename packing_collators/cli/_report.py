@@ -79,10 +79,10 @@ def format_analysis(analysis: Analysis, *, source: str = "") -> str:
         f"{'truncated':>11}{'dropped':>11}{'speed-up':>10}"
     )
     for packing in a.packings:
-        gap = f"{packing.gap:+.2%} (+{_n(packing.rows - packing.lower_bound)})"
+        over = f"{packing.rows_over_lower_bound:+.2%} (+{_n(packing.rows - packing.lower_bound)})"
         lines.append(
             f"  {_LABELS.get(packing.strategy, packing.strategy):<12}{_n(packing.rows):>14}{_n(packing.steps):>10}"
-            f"{packing.efficiency:>12.2%}{gap:>20}{_n(packing.truncated_examples):>11}"
+            f"{packing.efficiency:>12.2%}{over:>20}{_n(packing.truncated_examples):>11}"
             f"{_n(packing.dropped_examples):>11}{packing.speedup:>9.2f}x"
         )
     wrapped = a.packing("wrapped")

@@ -4,7 +4,8 @@ Every key of every example is looked at (the union of their keys), and each is e
 
     input_ids                     [[5, 6, 7], [8, 9]]       concatenated: int64 (T,)
     labels                        [[-100, 6, 7], [8, 9]]    concatenated (every example, or none, has them)
-    attention_mask                [[1, 1, 1], None]         checked all ones wherever given, then dropped
+    attention_mask                [[1, 1, 1], None]         checked all ones wherever given (check_unpadded,
+                                                            in _validation.py), then dropped
     position_ids                  [[0, 1, 2], [0, 1]]       dropped (the collators rebuild them)
     token_type_ids (any other)    [[0, 0, 1], [1, 1]]       per token: concatenated like input_ids, int64 (T,)
     source, idx (not per token)   ["web", "math"]           ValueError: Example 0: 'source' is 'web' (str), ...
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .._validation import check_unpadded
 from ._concat import check_non_negative, concat_tokens, sequence_lengths
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "check_same_lengths",
     "check_unpadded",
     "feature_column",
+    "mask_zero_owners",
     "read_token_features",
     "to_tensors",
 ]
@@ -103,7 +106,7 @@ def read_token_features(
             continue
         _refuse_written_keys(key, given[0], collator, item)
         if key == "attention_mask":
-            check_unpadded(features, lengths, item=item)
+            check_unpadded(mask_zero_owners(features, lengths, item=item), len(features), item=item)
         elif key == "labels":
             _refuse_missing(key, values, given, item)
             check_same_lengths(sequence_lengths(values, what="labels", item=item), lengths, "labels", item=item)
@@ -185,30 +188,27 @@ def _check_per_token(values: list, given: list[int], key: str, lengths: np.ndarr
             )
 
 
-def check_unpadded(features: Sequence[Mapping[str, Any]], lengths: np.ndarray, *, item: str = "Example") -> None:
-    """Refuse examples whose attention_mask has zeros: their pad tokens would be trained on.
+def mask_zero_owners(features: Sequence[Mapping[str, Any]], lengths: np.ndarray, *, item: str = "Example") -> np.ndarray:
+    """int64, one entry per ``attention_mask`` zero: the example holding it (ascending), for :func:`check_unpadded`.
 
-    Every example that has an attention_mask is checked; one without it (or with None) has no padding.
+    Every example that has an attention_mask is read (its length checked against input_ids);
+    one without it (or with None) has no padding.
 
-    >>> check_unpadded([{"input_ids": [1, 2]}, {"input_ids": [3, 0], "attention_mask": [1, 0]}], np.array([2, 2]))
+    >>> mask_zero_owners([{"input_ids": [1, 2]}, {"input_ids": [3, 0, 0], "attention_mask": [1, 0, 0]}], np.array([2, 3])).tolist()
+    [1, 1]
+    >>> check_unpadded(mask_zero_owners([{"input_ids": [3, 0], "attention_mask": [1, 0]}], np.array([2])), 1)
     Traceback (most recent call last):
     ...
-    ValueError: Example 1 has attention_mask zeros (padding inside the example); flattening would train on its pad tokens. Tokenize without padding (padding=False) or strip it first.
+    ValueError: Example 0 is padded: its attention_mask has 1 zero(s) (1 of 1 examples have attention_mask zeros). Packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1).
     """
     masks = [feature.get("attention_mask") for feature in features]
     if not any(mask is not None for mask in masks):
-        return
+        return np.empty(0, np.int64)
     masks = [np.ones(n, np.int64) if mask is None else mask for mask, n in zip(masks, lengths.tolist())]
     mask_lengths = sequence_lengths(masks, what="attention_mask", item=item)
     check_same_lengths(mask_lengths, lengths, "attention_mask", item=item)
     flat = concat_tokens(masks, int(mask_lengths.sum()), what="attention_mask", item=item, allow_bool=True)
-    if not flat.all():
-        token = int(np.flatnonzero(flat == 0)[0])
-        example = int(np.searchsorted(np.cumsum(lengths), token, side="right"))
-        raise ValueError(
-            f"{item} {example} has attention_mask zeros (padding inside the {item.lower()}); flattening "
-            "would train on its pad tokens. Tokenize without padding (padding=False) or strip it first."
-        )
+    return np.searchsorted(np.cumsum(lengths), np.flatnonzero(flat == 0), side="right").astype(np.int64)
 
 
 def check_same_lengths(other: np.ndarray, lengths: np.ndarray, key: str, item: str = "Example") -> None:

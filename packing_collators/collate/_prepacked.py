@@ -23,8 +23,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._validation import validate_choice, validate_positive_int
-from ..engine import check_not_too_long
+from .._validation import check_not_too_long, validate_choice, validate_positive_int
 from ._concat import concat_tokens, sequence_lengths
 from ._features import TokenFeatures, feature_column, read_token_features
 from ._options import CollateOptions, ReturnTensors

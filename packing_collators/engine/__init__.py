@@ -1,25 +1,33 @@
 """The packing engine: example lengths in, rows of example indices out (no torch, no datasets).
 
     _strategies.py    best-fit / first-fit decreasing and next-fit over integer lengths
-    _pack_lengths.py  pack_lengths and its PackingResult (what was packed, truncated, dropped)
+    _segments.py      Segments: the one representation of rows (example, skip, length, row offsets)
+    _pack_lengths.py  pack_lengths and its PackingResult (Segments + what was truncated, dropped)
     _stats.py         the statistics vocabulary: efficiency, lower bound, PackStats
+
+``check_not_too_long`` is re-exported from ``packing_collators._validation`` (its home).
 
 Every other concept (collate, offline, sampler, trainer, cli) builds on this one; it imports
 none of them.
 """
 
 from ._pack_lengths import OVERFLOW_FIX, Overflow, PackingResult, Strategy, check_not_too_long, pack_lengths
-from ._stats import PackStats, RowMeasures, efficiency, lower_bound, over_lower_bound
+from ._segments import Segments, field_alias
+from ._stats import PackStats, RenamedKeys, RowMeasures, StatsDict, efficiency, lower_bound, over_lower_bound
 
 __all__ = [
     "OVERFLOW_FIX",
     "Overflow",
     "PackStats",
     "PackingResult",
+    "RenamedKeys",
     "RowMeasures",
+    "Segments",
+    "StatsDict",
     "Strategy",
     "check_not_too_long",
     "efficiency",
+    "field_alias",
     "lower_bound",
     "over_lower_bound",
     "pack_lengths",

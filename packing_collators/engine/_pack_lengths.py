@@ -19,16 +19,17 @@ statistics. No torch, transformers or datasets here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from .._validation import validate_choice, validate_lengths, validate_positive_int
-from ._stats import PackStats, RowMeasures
+from .._validation import check_not_too_long, validate_choice, validate_lengths, validate_positive_int
+from ._segments import Segments, field_alias
+from ._stats import PackStats, StatsDict
 from ._strategies import best_fit_decreasing, first_fit_decreasing, next_fit
 
-__all__ = ["PackingResult", "Strategy", "Overflow", "pack_lengths"]
+__all__ = ["OVERFLOW_FIX", "Overflow", "PackingResult", "Strategy", "check_not_too_long", "pack_lengths"]
 
 Strategy = Literal["bfd", "ffd", "next_fit"]
 Overflow = Literal["error", "truncate", "drop"]
@@ -38,12 +39,13 @@ _STRATEGIES = {"bfd": best_fit_decreasing, "ffd": first_fit_decreasing, "next_fi
 OVERFLOW_FIX = "Pass overflow='truncate' or overflow='drop', or raise the capacity."
 
 
-@dataclass(frozen=True, eq=False)
-class PackingResult(RowMeasures):
+@dataclass(frozen=True, eq=False, init=False)
+class PackingResult(Segments):
     """Rows of example indices, with what was truncated, dropped or empty.
 
-    The rows are stored flat (CSR): row ``r`` holds ``indices[row_offsets[r]:row_offsets[r+1]]``
-    and the tokens each of those examples contributes are ``seq_lengths`` at the same
+    A :class:`Segments` of whole examples (every ``skip`` is 0): row ``r`` holds
+    ``indices[row_offsets[r]:row_offsets[r+1]]`` (``indices`` is ``example``) and the tokens
+    each of those examples contributes are ``seq_lengths`` (``length``) at the same
     positions (``capacity`` for a truncated example).
 
     Attributes:
@@ -64,51 +66,45 @@ class PackingResult(RowMeasures):
     (2, 15, 2, 0.9375)
     """
 
-    capacity: int
     strategy: str
-    indices: np.ndarray
-    seq_lengths: np.ndarray
-    row_offsets: np.ndarray
     input_tokens: int
-    truncated_indices: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    dropped_indices: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    empty_indices: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    dropped_tokens: int = 0
+    truncated_indices: np.ndarray
+    dropped_indices: np.ndarray
+    empty_indices: np.ndarray
+    dropped_tokens: int
+
+    def __init__(
+        self,
+        capacity: int,
+        strategy: str,
+        indices: np.ndarray,
+        seq_lengths: np.ndarray,
+        row_offsets: np.ndarray,
+        input_tokens: int,
+        truncated_indices: np.ndarray | None = None,
+        dropped_indices: np.ndarray | None = None,
+        empty_indices: np.ndarray | None = None,
+        dropped_tokens: int = 0,
+    ) -> None:
+        super().__init__(capacity, indices, np.zeros(len(indices), np.int64), seq_lengths, row_offsets)
+        lost = {"truncated_indices": truncated_indices, "dropped_indices": dropped_indices, "empty_indices": empty_indices}
+        for name, value in lost.items():
+            object.__setattr__(self, name, np.empty(0, np.int64) if value is None else value)
+        object.__setattr__(self, "strategy", strategy)
+        object.__setattr__(self, "input_tokens", input_tokens)
+        object.__setattr__(self, "dropped_tokens", dropped_tokens)
+
+    indices = field_alias("example", "int64 (num_packed,) example indices, row after row (``example``).")
+    seq_lengths = field_alias("length", "int64 (num_packed,) tokens of each packed example (``length``).")
 
     def __len__(self) -> int:
         return self.num_rows
 
     def __getitem__(self, row: int) -> list[int]:
-        start, end = self.row_offsets[row], self.row_offsets[row + 1]
-        return self.indices[start:end].tolist()
+        return self.row(row)
 
     def __iter__(self):
         return iter(self.rows)
-
-    @property
-    def rows(self) -> list[list[int]]:
-        """The rows as lists of example indices."""
-        if not self.num_rows:
-            return []
-        return [part.tolist() for part in np.split(self.indices, self.row_offsets[1:-1])]
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.row_offsets) - 1
-
-    @property
-    def row_tokens(self) -> np.ndarray:
-        """int64 (num_rows,) tokens in each row."""
-        ends = np.cumsum(np.r_[0, self.seq_lengths])
-        return ends[self.row_offsets[1:]] - ends[self.row_offsets[:-1]]
-
-    @property
-    def total_tokens(self) -> int:
-        """Tokens placed in rows."""
-        return int(self.seq_lengths.sum())
-
-    def _tokens_and_rows(self) -> tuple[int, int]:
-        return self.total_tokens, self.num_rows
 
     @property
     def num_truncated(self) -> int:
@@ -127,23 +123,37 @@ class PackingResult(RowMeasures):
     def num_empty(self) -> int:
         return len(self.empty_indices)
 
-    def stats(self) -> dict:
-        """The statistics as a plain dict (for logging or JSON)."""
-        return {
-            "strategy": self.strategy,
-            "capacity": self.capacity,
-            "rows": self.num_rows,
-            "lower_bound_rows": self.lower_bound_rows,
-            "examples_packed": len(self.indices),
-            "input_tokens": self.input_tokens,
-            "packed_tokens": self.total_tokens,
-            "efficiency": self.efficiency,
-            "truncated_examples": self.num_truncated,
-            "truncated_tokens": self.truncated_tokens,
-            "dropped_examples": self.num_dropped,
-            "dropped_tokens": self.dropped_tokens,
-            "empty_examples": self.num_empty,
-        }
+    def pack_stats(self, *, rows: int | None = None, packed_tokens: int | None = None) -> PackStats:
+        """The :class:`PackStats` of these rows (of all of them unless ``rows``/``packed_tokens`` say otherwise).
+
+        >>> pack_lengths([6, 0, 9, 2], capacity=8, overflow="drop").pack_stats().dropped_examples
+        1
+        """
+        return PackStats(
+            strategy=self.strategy,
+            capacity=self.capacity,
+            examples=len(self.indices) + self.num_dropped + self.num_empty,
+            rows=self.num_rows if rows is None else rows,
+            packed_examples=len(self.indices),
+            input_tokens=self.input_tokens,
+            packed_tokens=self.total_tokens if packed_tokens is None else packed_tokens,
+            truncated_examples=self.num_truncated,
+            truncated_tokens=self.truncated_tokens,
+            dropped_examples=self.num_dropped,
+            dropped_tokens=self.dropped_tokens,
+            empty_examples=self.num_empty,
+        )
+
+    def stats(self) -> StatsDict:
+        """The statistics as a plain dict (for logging or JSON): :meth:`PackStats.as_dict`, the one vocabulary.
+
+        ``examples_packed`` (the old name of ``packed_examples``) still reads, with a DeprecationWarning.
+
+        >>> stats = pack_lengths([5, 2, 4, 1, 3], capacity=8).stats()
+        >>> stats["packed_examples"], stats["rows"], stats["lower_bound_rows"], stats["efficiency"]
+        (5, 2, 2, 0.9375)
+        """
+        return StatsDict(self.pack_stats().as_dict())
 
     def summary(self) -> str:
         """One line for a log, worded as :meth:`PackStats.summary` (it is that summary).
@@ -151,38 +161,7 @@ class PackingResult(RowMeasures):
         >>> pack_lengths([6, 0, 9, 2], capacity=8, overflow="truncate").summary()
         'bfd: 2 rows (lower bound 2, +0.00%) of 8 tokens, efficiency 100.00%; 4 examples, 16 of 17 tokens packed; truncated 1 (1 tokens), dropped 0 (0 tokens), empty 1'
         """
-        return PackStats.from_result(self).summary()
-
-
-def check_not_too_long(
-    lengths: np.ndarray,
-    limit: int,
-    *,
-    limit_name: str,
-    fix: str,
-    item: str = "Example",
-    first_index: int = 0,
-    count: bool = True,
-) -> None:
-    """Raise a ValueError naming the first of ``lengths`` over ``limit``: its index, its length, the limit and ``fix``.
-
-    ``first_index`` numbers the items from where they start (a buffer in a stream);
-    ``count`` adds how many are too long and the longest (leave it off when ``lengths``
-    is only part of the input, where those numbers would mislead).
-
-    >>> check_not_too_long(np.array([3, 12, 9]), 8, limit_name="capacity", fix="Raise the capacity.")
-    Traceback (most recent call last):
-    ...
-    ValueError: Example 1 has 12 tokens, more than capacity=8 (2 example(s) too long, the longest 12 tokens). Raise the capacity.
-    """
-    too_long = np.flatnonzero(lengths > limit)
-    if not len(too_long):
-        return
-    i = int(too_long[0])
-    counts = (
-        f" ({len(too_long)} example(s) too long, the longest {int(lengths[too_long].max())} tokens)" if count else ""
-    )
-    raise ValueError(f"{item} {first_index + i} has {lengths[i]} tokens, more than {limit_name}={limit}{counts}. {fix}")
+        return self.pack_stats().summary()
 
 
 def pack_lengths(

@@ -5,8 +5,12 @@
 
 :func:`efficiency` and :func:`lower_bound` are the one place these are computed (the
 engine's :class:`PackingResult`, :class:`PackStats`, the sampler's epoch plan and the
-CLI's analysis all call them), and :meth:`PackStats.summary` is the one wording of a
-packing in a log. A streaming packing adds its buffers' statistics up as it goes
+CLI's analysis all call them), :class:`PackStats` holds the one vocabulary (``packed_examples``,
+``packed_tokens``, ``dropped_examples`` for examples over the capacity, ``truncated_*``,
+``empty_examples``, ``split_examples``, ``rows``, ``lower_bound_rows``, ``rows_over_lower_bound``,
+``efficiency``), and :meth:`PackStats.summary` is the one wording of a packing in a log.
+A key renamed into this vocabulary still reads, with a ``DeprecationWarning`` (:class:`RenamedKeys`).
+This module imports nothing else of the engine. A streaming packing adds its buffers' statistics up as it goes
 (:meth:`PackStats.add`) and starts a new split with :meth:`PackStats.reset`.
 Cost: constant per call.
 """
@@ -14,13 +18,11 @@ Cost: constant per call.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:
-    from ._pack_lengths import PackingResult
-
-__all__ = ["PackStats", "RowMeasures", "efficiency", "lower_bound", "over_lower_bound"]
+__all__ = ["PackStats", "RenamedKeys", "RowMeasures", "StatsDict", "efficiency", "lower_bound", "over_lower_bound"]
 
 
 def efficiency(tokens: int, slots: int) -> float:
@@ -119,24 +121,12 @@ class PackStats(RowMeasures):
     split_examples: int = 0
 
     @classmethod
-    def from_result(
-        cls, result: PackingResult, *, rows: int | None = None, packed_tokens: int | None = None
-    ) -> PackStats:
-        """The statistics of an engine result (of all its rows unless ``rows``/``packed_tokens`` say otherwise)."""
-        return cls(
-            strategy=result.strategy,
-            capacity=result.capacity,
-            examples=len(result.indices) + result.num_dropped + result.num_empty,
-            rows=result.num_rows if rows is None else rows,
-            packed_examples=len(result.indices),
-            input_tokens=result.input_tokens,
-            packed_tokens=result.total_tokens if packed_tokens is None else packed_tokens,
-            truncated_examples=result.num_truncated,
-            truncated_tokens=result.truncated_tokens,
-            dropped_examples=result.num_dropped,
-            dropped_tokens=result.dropped_tokens,
-            empty_examples=result.num_empty,
-        )
+    def from_result(cls, result: Any, *, rows: int | None = None, packed_tokens: int | None = None) -> PackStats:
+        """The statistics of an engine result (of all its rows unless ``rows``/``packed_tokens`` say otherwise).
+
+        The same as ``result.pack_stats(rows=..., packed_tokens=...)``, which builds them.
+        """
+        return result.pack_stats(rows=rows, packed_tokens=packed_tokens)
 
     def _tokens_and_rows(self) -> tuple[int, int]:
         return self.packed_tokens, self.rows
@@ -160,8 +150,13 @@ class PackStats(RowMeasures):
                 setattr(self, f.name, 0)
 
     def as_dict(self) -> dict:
-        """Every count plus ``efficiency`` and ``lower_bound_rows``, as a plain dict (for JSON)."""
-        return {**asdict(self), "lower_bound_rows": self.lower_bound_rows, "efficiency": self.efficiency}
+        """Every count plus ``lower_bound_rows``, ``rows_over_lower_bound`` and ``efficiency``, as a plain dict (for JSON)."""
+        return {
+            **asdict(self),
+            "lower_bound_rows": self.lower_bound_rows,
+            "rows_over_lower_bound": self.rows_over_lower_bound,
+            "efficiency": self.efficiency,
+        }
 
     def summary(self) -> str:
         """One line for a log."""
@@ -175,3 +170,40 @@ class PackStats(RowMeasures):
         if self.split_examples:
             text += f", split across rows {self.split_examples}"
         return text
+
+
+class RenamedKeys(dict):
+    """A plain dict of statistics where a key renamed into the vocabulary still reads, with a DeprecationWarning.
+
+    A subclass lists ``renamed = {old: new}``; ``stats[old]`` and ``stats.get(old)`` read ``stats[new]``.
+
+    >>> class Stats(RenamedKeys):
+    ...     renamed = {"examples_packed": "packed_examples"}
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     Stats(packed_examples=3)["examples_packed"], caught[0].category.__name__
+    (3, 'DeprecationWarning')
+    """
+
+    renamed: ClassVar[dict[str, str]] = {}
+
+    def __missing__(self, key):
+        new = self.renamed.get(key)
+        if new is None or new not in self:
+            raise KeyError(key)
+        warnings.warn(
+            f"stats()[{key!r}] is deprecated and will be removed; read stats()[{new!r}] (the same number).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self[new]
+
+    def get(self, key, default=None):
+        return self[key] if key in self or self.renamed.get(key) in self else default
+
+
+class StatsDict(RenamedKeys):
+    """:meth:`PackingResult.stats`: :meth:`PackStats.as_dict`, where ``examples_packed`` (its old name) reads ``packed_examples``."""
+
+    renamed = {"examples_packed": "packed_examples"}

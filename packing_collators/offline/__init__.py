@@ -15,7 +15,7 @@ Built on the engine (lengths -> rows) and collate (segment layout); the statisti
 engine's PackStats.
 """
 
-from ._columns import RESERVED_COLUMNS, ExampleColumns, example_columns, is_per_token, token_lengths
+from ._columns import RESERVED_COLUMNS, ExampleColumns, example_columns, is_per_token, read_examples, token_lengths
 from ._options import MAX_LENGTH_FIX, SPLIT_FIX, DatasetOverflow, DatasetStrategy, PackOptions
 from ._pack_dataset import pack_dataset, pack_table
 
@@ -31,5 +31,6 @@ __all__ = [
     "is_per_token",
     "pack_dataset",
     "pack_table",
+    "read_examples",
     "token_lengths",
 ]

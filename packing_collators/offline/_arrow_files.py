@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ._columns import ExampleColumns, check_unpadded, token_lengths
+from ._columns import ExampleColumns, read_examples
 
 __all__ = ["ArrowFiles", "Window", "dataset_arrow_files"]
 
@@ -124,8 +124,7 @@ class ArrowFiles:
             for batch in batches:
                 table = self._batch_table(batch)
                 if check:  # numbered in the whole dataset; the count is of the examples read so far
-                    batch_lengths = token_lengths(table, self.columns, first_index=seen)
-                    check_unpadded(table, first_index=seen, stream=True)
+                    _, batch_lengths = read_examples(table, self.columns, first_index=seen, stream=True)
                 for name in self.columns.tokens:
                     column = table.column(name).chunk(0)
                     offsets = column.offsets.to_numpy().astype(np.int64)

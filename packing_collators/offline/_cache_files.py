@@ -35,7 +35,7 @@ import pyarrow as pa
 from ..engine import PackStats
 from ._arrow_files import ArrowFiles, dataset_arrow_files
 from ._arrow_rows import row_batches
-from ._columns import ExampleColumns, check_unpadded, example_columns, token_lengths
+from ._columns import ExampleColumns, example_columns, read_examples
 from ._disk_rows import write_batches, write_rows
 from ._options import PackOptions
 from ._planning import plan_rows
@@ -123,8 +123,7 @@ def _write_in_processes(source, plan: RowPlan, columns, options: PackOptions, pa
 
 def _read_in_memory(dataset, columns: ExampleColumns):
     table = dataset.with_format("arrow")[:] if len(dataset) else dataset.data.table.slice(0, 0)
-    lengths = token_lengths(table, columns)
-    check_unpadded(table)
+    _, lengths = read_examples(table, columns)
     return table, lengths
 
 

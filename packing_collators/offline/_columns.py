@@ -9,7 +9,8 @@ Three kinds of column::
                                                 in ``keep_columns``; otherwise an error
 
 Nothing is dropped silently: a column that is neither per-token nor named is
-refused with the fix. Cost: one ``list_value_length`` per per-token column, and one
+refused with the fix. :func:`read_examples` runs every check in order (columns, lengths,
+padding): the one way a table of examples is read. Cost: one ``list_value_length`` per per-token column, and one
 vectorised comparison with 0 over the ``attention_mask`` values (a bit per token).
 """
 
@@ -22,13 +23,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .._validation import check_unpadded
+
 __all__ = [
     "ExampleColumns",
     "RESERVED_COLUMNS",
     "check_non_negative_ids",
-    "check_unpadded",
     "example_columns",
     "is_per_token",
+    "read_examples",
+    "table_zero_owners",
     "token_lengths",
 ]
 
@@ -197,29 +201,40 @@ def _zero_owners(column: pa.ChunkedArray) -> np.ndarray:
     return np.concatenate(owners) if owners else np.empty(0, np.int64)
 
 
-def check_unpadded(table: pa.Table, *, first_index: int = 0, stream: bool = False) -> None:
-    """Refuse padded examples: an ``attention_mask`` with zeros, whose pad tokens would be packed and trained on.
+def table_zero_owners(table: pa.Table) -> np.ndarray:
+    """int64, one entry per ``attention_mask`` zero: the example holding it (ascending); none without a per-token mask."""
+    if "attention_mask" not in table.column_names or not is_per_token(table.schema.field("attention_mask").type):
+        return np.empty(0, np.int64)
+    return _zero_owners(table.column("attention_mask"))
 
-    Errors number the examples from ``first_index`` (where the table starts in a stream); with
-    ``stream``, the count is of the examples read so far (the earlier ones passed this check).
+
+def read_examples(
+    table: pa.Table,
+    columns: ExampleColumns | Sequence[str] = (),
+    *,
+    first_index: int = 0,
+    stream: bool = False,
+    check_padding: bool = True,
+) -> tuple[ExampleColumns, np.ndarray]:
+    """The packable columns and int64 (n,) tokens per example of ``table``, every check run: the one reading of a table.
+
+    ``columns`` is an :class:`ExampleColumns` already classified, or the ``keep_columns``
+    to classify by (:func:`example_columns`); the lengths come from :func:`token_lengths`
+    and a padded example is refused (:func:`~packing_collators._validation.check_unpadded`;
+    ``check_padding=False`` for a table whose examples were checked already). Errors number
+    the examples from ``first_index``; with ``stream``, counts are of the examples read so far.
 
     >>> table = pa.table({"input_ids": [[5, 6], [7, 8, 0], [9, 0, 0]], "attention_mask": [[1, 1], [1, 1, 0], [1, 0, 0]]})
-    >>> check_unpadded(table)
+    >>> read_examples(table.drop_columns("attention_mask"))[1].tolist()
+    [2, 3, 3]
+    >>> read_examples(table)
     Traceback (most recent call last):
     ...
     ValueError: Example 1 is padded: its attention_mask has 1 zero(s) (2 of 3 examples have attention_mask zeros). Packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1).
     """
-    if "attention_mask" not in table.column_names or not is_per_token(table.schema.field("attention_mask").type):
-        return
-    owners = _zero_owners(table.column("attention_mask"))
-    if not len(owners):
-        return
-    first = int(owners[0])
-    zeros = int(np.searchsorted(owners, first, side="right"))
-    padded = int(np.count_nonzero(np.diff(owners))) + 1
-    among = f"the first {first_index + table.num_rows:,}" if stream else f"{table.num_rows:,}"
-    raise ValueError(
-        f"Example {first_index + first} is padded: its attention_mask has {zeros} zero(s) ({padded:,} of {among} "
-        "examples have attention_mask zeros). Packing would put its pad tokens into rows and train on them. "
-        "Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1)."
-    )
+    if not isinstance(columns, ExampleColumns):
+        columns = example_columns(table.schema, columns)
+    lengths = token_lengths(table, columns, first_index=first_index)
+    if check_padding:
+        check_unpadded(table_zero_owners(table), table.num_rows, first_index=first_index, stream=stream)
+    return columns, lengths

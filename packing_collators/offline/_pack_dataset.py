@@ -32,7 +32,7 @@ from .._progress import show_progress
 from ..engine import PackStats
 from ._arrow_rows import CHUNK_TOKENS, build_rows
 from ._cache_files import pack_to_cache, packed_fingerprint
-from ._columns import RESERVED_COLUMNS, check_unpadded, example_columns, token_lengths
+from ._columns import RESERVED_COLUMNS, read_examples
 from ._empty import typed_empty, warn_if_nothing_packed
 from ._options import DatasetOverflow, DatasetStrategy, PackOptions
 from ._planning import plan_rows
@@ -56,9 +56,7 @@ def pack_table(table, options: PackOptions, *, desc: str = "Packing rows"):
     >>> rows.to_pylist()
     [{'input_ids': [1, 2, 3, 6], 'position_ids': [0, 1, 2, 0], 'seq_lengths': [3, 1]}, {'input_ids': [4, 5], 'position_ids': [0, 1], 'seq_lengths': [2]}]
     """
-    columns = example_columns(table.schema, options.keep_columns)
-    lengths = token_lengths(table, columns)
-    check_unpadded(table)
+    columns, lengths = read_examples(table, options.keep_columns)
     plan, stats = plan_rows(lengths, options)
     rows = build_rows(
         table,

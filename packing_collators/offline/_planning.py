@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine import PackStats, check_not_too_long, pack_lengths
+from .._validation import check_not_too_long
+from ..engine import PackStats, pack_lengths
 from ._options import SPLIT_FIX, PackOptions
 from ._row_plan import RowPlan, bin_plan, shard_bounds, split_pieces, wrapped_plan
 

@@ -1,8 +1,9 @@
 """Where every token of a packed dataset goes: the row plan, for bin packing, splitting or wrapping.
 
-A plan is a list of *segments*, row after row: each segment is a run of one example's tokens
-(``order``: which example, ``skip``: from which of its tokens, ``segment_lengths``: how many),
-and ``row_segments`` cuts the list into rows. Examples ``S0, S1, S2`` of lengths ``[3, 5, 2]``::
+A plan is the engine's :class:`Segments`, row after row: each segment is a run of one example's
+tokens (``example``, alias ``order``: which example, ``skip``: from which of its tokens, ``length``,
+alias ``segment_lengths``: how many), and ``row_offsets`` (alias ``row_segments``) cuts them
+into rows. Examples ``S0, S1, S2`` of lengths ``[3, 5, 2]``::
 
     bins (bfd), capacity 8          split, capacity 4            wrapped, capacity 4
     row 0: S0 S0 S0 S1 S1 S1 S1 S1  row 0: S1 S1 S1 S1  [4]      row 0: S0 S0 S0 S1  [3, 1]
@@ -22,53 +23,33 @@ for pieces.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
-from ..engine import PackingResult
+from ..engine import PackingResult, Segments, field_alias
 
 __all__ = ["Pieces", "RowPlan", "bin_plan", "shard_bounds", "split_pieces", "wrapped_plan"]
 
 
 @dataclass(frozen=True, eq=False)
-class RowPlan:
-    """The layout of packed rows over a table of examples (``s`` segments, in row order).
+class RowPlan(Segments):
+    """The layout of packed rows over a table of examples: the engine's :class:`Segments` plus ``restarts``.
 
-    Attributes:
-        capacity: tokens per row.
-        order: int64 (s,) the example each segment's tokens come from.
-        skip: int64 (s,) tokens of that example before the segment's first token.
-        segment_lengths: int64 (s,) tokens of each segment.
-        row_segments: int64 (rows + 1,) where each row starts in the segments.
+    Attributes (besides those of :class:`Segments`; the older names still read):
+        order: int64 (s,) the example each segment's tokens come from (``example``).
+        segment_lengths: int64 (s,) tokens of each segment (``length``).
+        row_segments: int64 (rows + 1,) where each row starts in the segments (``row_offsets``).
         restarts: bool (s,) segments whose first label is ``label_pad_id``.
+
+    ``rows(first, last)`` is :meth:`Segments.row_range` keeping ``restarts`` (a method here, where
+    the engine's ``rows`` lists the rows' examples).
     """
 
-    capacity: int
-    order: np.ndarray
-    skip: np.ndarray
-    segment_lengths: np.ndarray
-    row_segments: np.ndarray
     restarts: np.ndarray
 
-    @property
-    def num_rows(self) -> int:
-        return len(self.row_segments) - 1
-
-    @cached_property
-    def segment_starts(self) -> np.ndarray:
-        """int64 (s + 1,) where each segment starts in the rows laid end to end, then their total length."""
-        return np.r_[0, np.cumsum(self.segment_lengths)].astype(np.int64)
-
-    @property
-    def row_starts(self) -> np.ndarray:
-        """int64 (rows + 1,) where each row starts in the rows laid end to end, then their total length."""
-        return self.segment_starts[self.row_segments]
-
-    @property
-    def total_tokens(self) -> int:
-        """Tokens in the segments (every row of the plan, if ``row_segments`` covers them all)."""
-        return int(self.segment_starts[-1])
+    order = field_alias("example", "int64 (s,) the example each segment's tokens come from.")
+    segment_lengths = field_alias("length", "int64 (s,) tokens of each segment.")
+    row_segments = field_alias("row_offsets", "int64 (rows + 1,) where each row starts in the segments.")
 
     def rows(self, first: int, last: int) -> RowPlan:
         """The plan of rows ``first`` to ``last - 1`` only (a chunk, or one machine's shard).
@@ -78,15 +59,9 @@ class RowPlan:
         >>> part.order.tolist(), part.skip.tolist(), part.segment_lengths.tolist(), part.row_segments.tolist()
         ([1, 2], [1, 0], [4, 2], [0, 1, 2])
         """
-        s0, s1 = int(self.row_segments[first]), int(self.row_segments[last])
-        return RowPlan(
-            capacity=self.capacity,
-            order=self.order[s0:s1],
-            skip=self.skip[s0:s1],
-            segment_lengths=self.segment_lengths[s0:s1],
-            row_segments=self.row_segments[first : last + 1] - s0,
-            restarts=self.restarts[s0:s1],
-        )
+        part = self.row_range(first, last)
+        s0, s1 = self.segment_range(first, last)
+        return RowPlan(part.capacity, part.example, part.skip, part.length, part.row_offsets, self.restarts[s0:s1])
 
 
 def shard_bounds(num_rows: int, num_shards: int, shard_index: int) -> tuple[int, int]:
@@ -161,10 +136,10 @@ def bin_plan(result: PackingResult, row_order: np.ndarray | None = None, pieces:
         order, skip = pieces.example[indices], pieces.skip[indices]
     return RowPlan(
         capacity=result.capacity,
-        order=order,
+        example=order,
         skip=skip,
-        segment_lengths=result.seq_lengths[entries],
-        row_segments=row_segments,
+        length=result.seq_lengths[entries],
+        row_offsets=row_segments,
         restarts=np.ones(len(indices), bool),
     )
 
@@ -190,9 +165,9 @@ def wrapped_plan(lengths: np.ndarray, capacity: int, order: np.ndarray) -> RowPl
     skip = segment_starts - np.r_[0, ends][entry]
     return RowPlan(
         capacity=capacity,
-        order=order[entry],
+        example=order[entry],
         skip=skip,
-        segment_lengths=np.diff(bounds),
-        row_segments=row_segments,
+        length=np.diff(bounds),
+        row_offsets=row_segments,
         restarts=skip == 0,
     )

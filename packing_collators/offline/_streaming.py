@@ -59,9 +59,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets.iterable_dataset import _BaseExamplesIterable
 
-from ..engine import PackStats, check_not_too_long, pack_lengths
+from .._validation import check_not_too_long
+from ..engine import PackStats, pack_lengths
 from ._arrow_rows import build_rows
-from ._columns import ExampleColumns, check_unpadded, example_columns, token_lengths
+from ._columns import ExampleColumns, read_examples
 from ._empty import warn_if_nothing_packed
 from ._options import MAX_LENGTH_FIX, PackOptions
 from ._row_plan import bin_plan, wrapped_plan
@@ -175,9 +176,7 @@ def pack_stream(examples: Iterable[pa.Table], options: PackOptions, stats: PackS
             return
         new = 0
         if not final:
-            columns = example_columns(table.schema, options.keep_columns)
-            lengths = token_lengths(table, columns, first_index=seen)
-            check_unpadded(table, first_index=seen, stream=True)
+            columns, lengths = read_examples(table, options.keep_columns, first_index=seen, stream=True)
             if options.overflow == "error":
                 # numbered in the whole stream, not the buffer; no totals, they would be this buffer's only
                 check_not_too_long(
@@ -187,8 +186,7 @@ def pack_stream(examples: Iterable[pa.Table], options: PackOptions, stats: PackS
             table = table if carried is None else pa.concat_tables([carried, table], promote_options="permissive")
         else:
             table = carried
-        columns = example_columns(table.schema, options.keep_columns)
-        lengths = token_lengths(table, columns)
+        columns, lengths = read_examples(table, options.keep_columns, check_padding=False)
         result = pack_lengths(lengths, capacity, strategy=options.strategy, overflow=options.overflow)
         row_tokens, row_sizes = result.row_tokens, np.diff(result.row_offsets)
         carry = (
@@ -282,17 +280,14 @@ class _WrappedPacker:
         new_lengths = np.empty(0, np.int64)
         order = np.empty(0, np.int64)
         if table is not None:
-            columns = example_columns(table.schema, self.options.keep_columns)
-            new_lengths = token_lengths(table, columns, first_index=self.seen)
-            check_unpadded(table, first_index=self.seen, stream=True)
+            _, new_lengths = read_examples(table, self.options.keep_columns, first_index=self.seen, stream=True)
             self.seen += len(table)
             order = self.rng.permutation(len(table)) if self.options.shuffle_rows else np.arange(len(table))
             if self.carry is not None:
                 table = pa.concat_tables([self.carry, table], promote_options="permissive")
         else:
             table = self.carry
-        columns = example_columns(table.schema, self.options.keep_columns)
-        lengths = token_lengths(table, columns)
+        columns, lengths = read_examples(table, self.options.keep_columns, check_padding=False)
         return _Buffer(
             table, columns, lengths, np.r_[np.arange(carried), carried + order].astype(np.int64), new_lengths
         )

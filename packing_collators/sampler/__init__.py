@@ -1,6 +1,6 @@
 """The multipack sampler: token-budget micro-batches for a DataLoader, equal across ranks.
 
-    _dataset_lengths.py  lengths_from_dataset: token counts read from a dataset's column
+    _dataset_lengths.py  lengths_from_dataset, example_lengths: token counts read from a dataset (once)
     _epoch_plan.py       plan_epoch: one epoch's batches for every rank (numpy only, no torch)
     _batch_sampler.py    MultipackBatchSampler: the plan as a torch batch sampler, resumable
     _rank_agreement.py   check_ranks_agree: every rank built the sampler from the same inputs
@@ -11,7 +11,7 @@ and the command line stay free of torch.
 """
 
 from ._cost_model import CostFit, fit_attention_weight
-from ._dataset_lengths import lengths_from_dataset
+from ._dataset_lengths import example_lengths, lengths_from_dataset
 from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, check_overflow, plan_epoch
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "MultipackBatchSampler",
     "SamplerOverflow",
     "check_overflow",
+    "example_lengths",
     "fit_attention_weight",
     "lengths_from_dataset",
     "plan_epoch",

@@ -67,7 +67,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
             when it is initialised, else 1 and 0.
         drop_last: ``False`` (default) pads the last round with batches of examples repeated
             from the epoch (counted in ``stats()["repeated_examples"]``); ``True`` drops the
-            bins with the fewest tokens instead (counted in ``stats()["dropped_examples"]``).
+            bins with the fewest tokens instead (counted in ``stats()["drop_last_examples"]``).
         group_size: pack the shuffled examples in groups of about this many (each group on
             its own: more variety within a batch, slightly lower efficiency, about 0.1-0.15 s per
             group at a 16k budget). ``None`` (default) packs the whole epoch as one group.
@@ -246,7 +246,8 @@ class MultipackBatchSampler(Sampler[list[int]]):
         >>> stats["batches_per_epoch"], round(stats["efficiency"], 4), stats["padded_batches"], stats["repeated_examples"]
         (2, 0.9375, 2, 4)
         """
-        return {"epoch": self.epoch, **self.plan().stats()}
+        stats = self.plan().stats()
+        return type(stats)({"epoch": self.epoch, **stats})
 
     def state_dict(self) -> dict:
         """Where this rank is: the epoch and how many of its batches were handed out.

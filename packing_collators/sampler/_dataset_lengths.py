@@ -6,7 +6,9 @@ computes them without touching the tokens or building a Python object per row
 (100,000 rows in under a millisecond, about 700x faster than a Python loop over
 the rows; ``benchmarks/cpu/bench_sampler.py``). A dataset
 seen through ``select``/``shuffle``/``train_test_split`` (an indices mapping) gets its
-lengths in that order, without flattening the mapping.
+lengths in that order, without flattening the mapping. :func:`example_lengths` is the one
+reading of example lengths for any map-style dataset (``PackingTrainer`` calls it): the
+Arrow column when there is one, else ``len(dataset[i][column])``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["lengths_from_dataset"]
+__all__ = ["example_lengths", "lengths_from_dataset"]
 
 
 def _arrow_table(dataset: Any):
@@ -77,3 +79,30 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
     if indices is not None:
         lengths = lengths[indices.column(0).to_numpy()]
     return lengths
+
+
+def example_lengths(dataset: Any, column: str = "input_ids", *, reader: str = "PackingTrainer") -> np.ndarray:
+    """int64 (n,) tokens per example of any map-style dataset: :func:`lengths_from_dataset` for a
+    ``datasets.Dataset``, else ``len(dataset[i][column])`` for each example (``reader`` names the caller in errors).
+
+    >>> example_lengths([{"input_ids": [1, 2, 3]}, {"input_ids": [4]}]).tolist()
+    [3, 1]
+    >>> example_lengths([{"text": "hi"}])
+    Traceback (most recent call last):
+    ...
+    ValueError: PackingTrainer reads example lengths from the 'input_ids' column, which dataset[0] lacks (KeyError('input_ids')); pass length_column= with the tokenized column.
+    """
+    try:
+        import datasets
+
+        if isinstance(dataset, datasets.Dataset):
+            return lengths_from_dataset(dataset, column)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        return np.fromiter((len(dataset[i][column]) for i in range(len(dataset))), dtype=np.int64, count=len(dataset))
+    except (KeyError, TypeError) as error:
+        raise ValueError(
+            f"{reader} reads example lengths from the {column!r} column, which dataset[0] lacks "
+            f"({error!r}); pass length_column= with the tokenized column."
+        ) from None

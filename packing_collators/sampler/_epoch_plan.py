@@ -50,10 +50,10 @@ from typing import Literal
 import numpy as np
 
 from .._progress import progress_bar, show_progress
-from .._validation import validate_attention_weight, validate_choice, validate_lengths
-from ..engine import Strategy, check_not_too_long, efficiency, lower_bound, pack_lengths
+from .._validation import check_not_too_long, validate_attention_weight, validate_choice, validate_lengths
+from ..engine import RenamedKeys, Segments, Strategy, field_alias, pack_lengths
 
-__all__ = ["Balance", "EpochPlan", "SamplerOverflow", "check_overflow", "plan_epoch"]
+__all__ = ["Balance", "EpochPlan", "EpochStats", "SamplerOverflow", "check_overflow", "plan_epoch"]
 
 Balance = Literal["cost", "tokens", "attention", "none"]
 SamplerOverflow = Literal["error", "drop"]
@@ -62,22 +62,31 @@ _EMPTY = np.empty(0, np.int64)
 PROGRESS_MIN_EXAMPLES = 4_000_000  # about 1 s of planning on one free core, several on a busy one
 
 
+class EpochStats(RenamedKeys):
+    """:meth:`EpochPlan.stats`: ``drop_last_examples``/``drop_last_tokens`` were ``dropped_examples``/``dropped_tokens``.
+
+    The engine's vocabulary keeps ``dropped_*`` for examples over the budget
+    (here ``overflow_dropped_*``); the old keys still read, with a DeprecationWarning.
+    """
+
+    renamed = {"dropped_examples": "drop_last_examples", "dropped_tokens": "drop_last_tokens"}
+
+
 @dataclass(frozen=True, eq=False)
-class EpochPlan:
-    """The batches of one epoch for every rank, stored flat (CSR), step after step.
+class EpochPlan(Segments):
+    """The batches of one epoch for every rank: the engine's :class:`Segments`, one row per batch, step after step.
 
     Batch ``b`` (step ``b // num_replicas``, rank ``b % num_replicas``) holds
-    ``indices[batch_offsets[b]:batch_offsets[b + 1]]``.
+    ``indices[batch_offsets[b]:batch_offsets[b + 1]]`` (``example`` and ``row_offsets``
+    of the segments; every ``skip`` is 0: batches hold whole examples).
 
-    Attributes:
-        max_tokens_per_batch: the token budget of a batch.
+    Attributes (besides those of :class:`Segments`):
         num_replicas: ranks the epoch is split over.
-        indices: int64 (examples in batches,) dataset indices, batch after batch.
-        batch_offsets: int64 (num_batches + 1,) where each batch starts in ``indices``.
-        batch_tokens: int64 (num_batches,) tokens in each batch.
         batch_attention: int64 (num_batches,) sum of squared example lengths of each batch.
         stats_base: the counts behind :meth:`stats` (examples, dropped, repeated, ...).
         attention_weight: the cost model's weight of attention (``None``: ``1 / max_tokens_per_batch``).
+        max_tokens_per_batch, indices, batch_offsets, batch_tokens: ``capacity``, ``example``,
+            ``row_offsets`` and ``row_tokens`` under the sampler's names.
 
     >>> plan = plan_epoch([5, 2, 4, 1, 3, 6], 8, num_replicas=2, shuffle=False)
     >>> plan.batches(rank=0), plan.batches(rank=1)
@@ -86,19 +95,16 @@ class EpochPlan:
     (2, [8, 8, 5, 7])
     """
 
-    max_tokens_per_batch: int
     num_replicas: int
-    indices: np.ndarray
-    batch_offsets: np.ndarray
-    batch_tokens: np.ndarray
     batch_attention: np.ndarray
     stats_base: dict
     attention_weight: float | None = None
 
-    @property
-    def num_batches(self) -> int:
-        """Batches over all ranks (``num_steps * num_replicas``)."""
-        return len(self.batch_offsets) - 1
+    max_tokens_per_batch = field_alias("capacity", "The token budget of a batch (the rows' ``capacity``).")
+    indices = field_alias("example", "int64 (examples in batches,) dataset indices, batch after batch.")
+    batch_offsets = field_alias("row_offsets", "int64 (num_batches + 1,) where each batch starts in ``indices``.")
+    batch_tokens = field_alias("row_tokens", "int64 (num_batches,) tokens in each batch.")
+    num_batches = field_alias("num_rows", "Batches over all ranks (``num_steps * num_replicas``).")
 
     @property
     def num_steps(self) -> int:
@@ -107,8 +113,7 @@ class EpochPlan:
 
     def batch(self, step: int, rank: int) -> list[int]:
         """The dataset indices rank ``rank`` trains on at step ``step``."""
-        b = step * self.num_replicas + rank
-        return self.indices[self.batch_offsets[b] : self.batch_offsets[b + 1]].tolist()
+        return self.row(step * self.num_replicas + rank)
 
     def batches(self, rank: int) -> list[list[int]]:
         """All of ``rank``'s batches, in order."""
@@ -125,15 +130,18 @@ class EpochPlan:
         cost = self.batch_cost().reshape(-1, self.num_replicas)
         return {"tokens": tokens.sum(0).astype(np.float64), "attention": attention.sum(0), "cost": cost.sum(0)}
 
-    def stats(self) -> dict:
+    def stats(self) -> EpochStats:
         """Statistics of the epoch as a plain dict (for logging or JSON).
 
-        ``efficiency`` is tokens / (batches * budget), over all ranks' batches; the
+        ``efficiency`` and ``lower_bound_batches`` are the engine's measures of these rows
+        (:class:`RowMeasures`): tokens / (batches * budget), over all ranks' batches; the
         ``imbalance*`` values are max over ranks of a rank's epoch total / the mean - 1
         (by the cost model, by tokens, by attention); ``step_imbalance`` is the cost
         lost to waiting at each step: sum over steps of the slowest rank's cost / sum of
         the mean cost - 1. ``attention_weight`` is the cost model's weight (the default
-        resolved to ``1 / max_tokens_per_batch``).
+        resolved to ``1 / max_tokens_per_batch``). ``overflow_dropped_*`` count the examples over
+        the budget that ``overflow="drop"`` left out, ``drop_last_*`` those in the bins
+        ``drop_last=True`` dropped (``dropped_*``, their old name, still reads, deprecated).
 
         >>> stats = plan_epoch([5, 2, 4, 1, 3, 6], 8, num_replicas=2, shuffle=False).stats()
         >>> stats["batches_per_epoch"], stats["padded_batches"], stats["repeated_examples"]
@@ -142,20 +150,17 @@ class EpochPlan:
         (0.875, 0.0714)
         """
         total = self.num_batches
-        tokens = int(self.batch_tokens.sum())
         costs = self.rank_costs()
-        stats = {
-            "max_tokens_per_batch": self.max_tokens_per_batch,
-            "num_replicas": self.num_replicas,
-            "batches_per_epoch": self.num_steps,
-            "total_batches": total,
-            "tokens": tokens,
-            "lower_bound_batches": lower_bound(tokens, self.max_tokens_per_batch),
-            "efficiency": efficiency(tokens, total * self.max_tokens_per_batch),
-            "attention_weight": (
-                1 / self.max_tokens_per_batch if self.attention_weight is None else self.attention_weight
-            ),
-        }
+        stats = EpochStats(
+            max_tokens_per_batch=self.max_tokens_per_batch,
+            num_replicas=self.num_replicas,
+            batches_per_epoch=self.num_steps,
+            total_batches=total,
+            tokens=self.total_tokens,
+            lower_bound_batches=self.lower_bound_rows,
+            efficiency=self.efficiency,
+            attention_weight=1 / self.max_tokens_per_batch if self.attention_weight is None else self.attention_weight,
+        )
         stats.update(self.stats_base)
         for name in ("cost", "tokens", "attention"):
             key = "imbalance" if name == "cost" else f"imbalance_{name}"
@@ -242,6 +247,22 @@ def _deal(cost: np.ndarray, num_replicas: int, balance: str) -> np.ndarray:
     return dealt.ravel()
 
 
+def _stats_base(lengths: np.ndarray, too_long: np.ndarray, overflow: str) -> dict:
+    """The counts behind :meth:`EpochPlan.stats` before padding or dropping bins (those start at 0)."""
+    dropped = overflow == "drop"
+    return {
+        "examples": len(lengths),
+        "empty_examples": int((lengths == 0).sum()),
+        "overflow_dropped_examples": int(too_long.sum()) if dropped else 0,
+        "overflow_dropped_tokens": int(lengths[too_long].sum()) if dropped else 0,
+        "padded_batches": 0,
+        "repeated_examples": 0,
+        "repeated_tokens": 0,
+        "drop_last_examples": 0,
+        "drop_last_tokens": 0,
+    }
+
+
 def _balanced_plan(
     lengths: np.ndarray,
     too_long: np.ndarray,
@@ -261,17 +282,7 @@ def _balanced_plan(
     """Steps 4 and 5 of the module docstring: the packed bins (CSR) padded or dropped to a multiple
     of ``num_replicas``, dealt to ranks by cost, the steps shuffled."""
     bins = rng.permutation(len(counts)) if shuffle else np.arange(len(counts))
-    base = {
-        "examples": len(lengths),
-        "empty_examples": int((lengths == 0).sum()),
-        "overflow_dropped_examples": int(too_long.sum()) if overflow == "drop" else 0,
-        "overflow_dropped_tokens": int(lengths[too_long].sum()) if overflow == "drop" else 0,
-        "padded_batches": 0,
-        "repeated_examples": 0,
-        "repeated_tokens": 0,
-        "dropped_examples": 0,
-        "dropped_tokens": 0,
-    }
+    base = _stats_base(lengths, too_long, overflow)
     extra = -len(counts) % num_replicas
     if extra and not drop_last:
         more, more_counts = _repeat_bins(order, lengths, budget, extra)
@@ -284,7 +295,7 @@ def _balanced_plan(
     attention = np.add.reduceat(example_tokens**2, offsets[:-1]) if len(counts) else _EMPTY
     if extra and drop_last:  # drop the bins with the fewest tokens
         dropped = np.argsort(tokens[bins], kind="stable")[: len(bins) % num_replicas]
-        base.update(dropped_examples=int(counts[bins[dropped]].sum()), dropped_tokens=int(tokens[bins[dropped]].sum()))
+        base.update(drop_last_examples=int(counts[bins[dropped]].sum()), drop_last_tokens=int(tokens[bins[dropped]].sum()))
         bins = np.delete(bins, dropped)
     by = {"tokens": tokens, "attention": attention}
     cost = by[balance] if balance in by else bin_cost(tokens, attention, budget, attention_weight)
@@ -293,12 +304,14 @@ def _balanced_plan(
         steps = rng.permutation(len(dealt) // num_replicas)
         dealt = dealt.reshape(-1, num_replicas)[steps].ravel()
     chosen = bins[dealt]
+    entries = _ranges(offsets[chosen], offsets[chosen + 1])
     return EpochPlan(
-        max_tokens_per_batch=budget,
+        capacity=budget,
+        example=indices[entries],
+        skip=np.zeros(len(entries), np.int64),
+        length=example_tokens[entries],
+        row_offsets=np.r_[0, np.cumsum(counts[chosen])].astype(np.int64),
         num_replicas=num_replicas,
-        indices=indices[_ranges(offsets[chosen], offsets[chosen + 1])],
-        batch_offsets=np.r_[0, np.cumsum(counts[chosen])].astype(np.int64),
-        batch_tokens=tokens[chosen],
         batch_attention=attention[chosen],
         stats_base=base,
         attention_weight=attention_weight,

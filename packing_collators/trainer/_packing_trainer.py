@@ -31,7 +31,7 @@ import numpy as np
 from .._validation import validate_attention_weight, validate_choice, validate_positive_int
 from ..collate import FlatteningCollator
 from ..engine import Strategy
-from ..sampler import SamplerOverflow
+from ..sampler import SamplerOverflow, example_lengths
 from ._attention_choice import AUTO_ATTENTION, choose_attention
 from ._compile import CompileWarmUp, compiled_model
 from ._deepspeed import check_deepspeed_setup
@@ -96,26 +96,6 @@ def _smallest_over_ranks(tokens: int, device) -> int:
     value = torch.tensor([tokens], device=device, dtype=torch.int64)
     dist.all_reduce(value, op=dist.ReduceOp.MIN)
     return int(value.item())
-
-
-def _dataset_lengths(dataset, column: str) -> np.ndarray:
-    """Tokens per example: the Arrow column for a ``datasets.Dataset``, else ``len(dataset[i][column])``."""
-    try:
-        import datasets
-
-        if isinstance(dataset, datasets.Dataset):
-            from ..sampler import lengths_from_dataset
-
-            return lengths_from_dataset(dataset, column)
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        return np.fromiter((len(dataset[i][column]) for i in range(len(dataset))), dtype=np.int64, count=len(dataset))
-    except (KeyError, TypeError) as error:
-        raise ValueError(
-            f"PackingTrainer reads example lengths from the {column!r} column, which dataset[0] lacks "
-            f"({error!r}); pass length_column= with the tokenized column."
-        ) from None
 
 
 def _probe_batch(dataset, collate_fn, count: int = 4):
@@ -560,7 +540,7 @@ class PackingTrainer(Trainer):
             is_arrow = False
         if is_arrow:
             dataset = self._remove_unused_columns(dataset, description=description)
-        lengths = _dataset_lengths(dataset, self.length_column)
+        lengths = example_lengths(dataset, self.length_column)
         if shuffle:
             refuse_no_examples(len(lengths))
         args = self.args
