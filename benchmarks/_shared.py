@@ -4,7 +4,8 @@ The scripts live in ``cpu/`` (run anywhere, write ``results/<name>.md`` and ``.j
 (need CUDA, most have a ``--smoke`` CPU check); none imports another. Each puts this folder on
 ``sys.path`` and imports from here:
 
-- data: ``lengths_of`` (the standard length distributions, defined once here) and
+- data: ``lengths_of`` (the standard length distributions, from ``_lengths.py``, which the tests
+  import too) and
   ``markov_tokens`` (token ids whose loss curve has a known floor);
 - model: ``SIZES`` and ``build_model`` (a Llama-style config, random weights), ``padded_batch``
   and ``to_device``;
@@ -36,48 +37,8 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 
 # ----------------------------------------------------------------------------- data
-# The standard length distributions (token counts per example). name: (mean, sigma, low, high),
-# lognormal(mean, sigma) clipped to [low, high]; long_tail is drawn in lengths_of.
-LOGNORMAL = {
-    "sft": (5.3, 0.9, 8, 2048),  # mean about 300 tokens
-    "flan_like": (4.6, 0.8, 8, 2048),  # many short examples
-    "orcamath_like": (6.0, 0.5, 32, 2048),  # longer
-    "reasoning": (8.5, 0.7, 256, 32768),  # long context: reasoning traces, median 4.9k, mean about 6.3k
-}
-DISTRIBUTIONS = (*LOGNORMAL, "long_tail")
-LONG_CONTEXT = ("long_tail", "reasoning")  # the distributions for max lengths of 8k-32k
-LONG_TAIL_MAX = 8192  # long_tail's default max length
-
-
-def lengths_of(
-    distribution: str, n: int, seed: int | np.random.Generator = 0, *, high: int | None = None
-) -> np.ndarray:
-    """Token counts (int64) of ``n`` examples from a standard distribution, seeded.
-
-    ``seed`` may be a ``np.random.Generator``: it is drawn from (and advanced), for a script that
-    draws its tokens from the same stream afterwards. ``high`` replaces the upper clip; for
-    ``long_tail`` it is the max length the tail reaches: 95% lognormal(5.0, 0.7) + 5%
-    uniform(1500, high), ``high`` 8192 by default (the standard one; 2048 and 32768 make the
-    same mix at those max lengths).
-
-    >>> lengths = lengths_of("reasoning", 100_000)
-    >>> int(lengths.min()), int(lengths.max()), round(float(lengths.mean()), -2)
-    (256, 32768, 6200.0)
-    >>> [int(lengths_of("long_tail", 100_000, high=h).max()) for h in (2048, 8192, 32768)]
-    [2048, 8190, 32762]
-    """
-    rng = np.random.default_rng(seed)
-    if distribution == "long_tail":
-        top = LONG_TAIL_MAX if high is None else high
-        tail = rng.random(n) < 0.05
-        x = np.where(tail, rng.uniform(min(1500, top), top, n), rng.lognormal(5.0, 0.7, n))
-        x = np.clip(x, 1, top)
-    elif distribution in LOGNORMAL:
-        mean, sigma, low, top = LOGNORMAL[distribution]
-        x = np.clip(rng.lognormal(mean, sigma, n), low, top if high is None else high)
-    else:
-        raise ValueError(f"unknown distribution {distribution!r}; choose one of {', '.join(DISTRIBUTIONS)}")
-    return x.astype(np.int64)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _lengths: tests import the same module
+from _lengths import DISTRIBUTIONS, LOGNORMAL, LONG_CONTEXT, LONG_TAIL_MAX, lengths_of  # noqa: E402, F401
 
 
 def markov_tokens(lengths: np.ndarray, vocab: int, seed: int) -> list[np.ndarray]:
