@@ -9,10 +9,8 @@ The scripts live in ``cpu/`` (run anywhere, write ``results/<name>.md`` and ``.j
   ``markov_tokens`` (token ids whose loss curve has a known floor);
 - model: ``SIZES`` and ``build_model`` (a Llama-style config, random weights), ``padded_batch``
   and ``to_device``;
-- multi-GPU runs: ``add_run_arguments`` / ``finish_run_arguments``, the options that
-  ``gpu/distributed_scaling.py`` and ``gpu/trainer_scaling.py`` share;
-- timing: ``alternate`` + ``median`` (CPU, wall clock), ``timed`` (CUDA events) and ``median_round``
-  (a GPU mode's median round);
+- timing: ``alternate`` + ``median`` (CPU, wall clock), ``timed`` (CUDA events), ``median_round``
+  (a GPU mode's median round) and ``StepClock`` (a Trainer's step ends and forward times);
 - results: ``machine``, ``command`` and ``write_results`` (into ``benchmarks/results/``), and
   ``peak_rss_mib`` (a process's own peak memory); ``train_step`` (one timed GPU step).
 
@@ -119,34 +117,6 @@ def to_device(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-# ----------------------------------------------------------------------------- multi-GPU run options
-def add_run_arguments(parser: argparse.ArgumentParser, *, steps: int) -> None:
-    """Model, data and schedule options of gpu/distributed_scaling.py and gpu/trainer_scaling.py."""
-    parser.add_argument("--name", default="run")
-    parser.add_argument("--replicas", type=int, default=2, help="ranks the sampler plans for")
-    parser.add_argument("--size", choices=sorted(SIZES), default="200m")
-    parser.add_argument("--distribution", default="sft")
-    parser.add_argument("--attn", default="packing_varlen")
-    parser.add_argument("--tokens-per-batch", type=int, default=16384)
-    parser.add_argument("--max-length", type=int, default=2048)
-    parser.add_argument("--examples", type=int, default=20000)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--steps", type=int, default=steps)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="tiny fp32 model, sdpa, gloo (CPU check)")
-
-
-def finish_run_arguments(args: argparse.Namespace) -> argparse.Namespace:
-    """The command line as launched, and --smoke's tiny settings."""
-    args.command = f"torchrun --nproc_per_node {os.environ.get('WORLD_SIZE', 1)} " + " ".join(sys.argv)
-    if args.smoke:
-        args.size, args.vocab, args.attn, args.examples, args.steps, args.warmup = "tiny", 128, "sdpa", 2000, 4, 1
-        args.tokens_per_batch, args.max_length = 1024, 256
-    return args
-
-
 # ----------------------------------------------------------------------------- timing
 def alternate(contenders: dict, repeats: int) -> dict[str, list[float]]:
     """Run each callable once per round, in alternating order; seconds per call, per contender."""
@@ -199,6 +169,46 @@ def timed(fn, repeats: int, warmup: int = 3) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+class StepClock:
+    """Wall time at each Trainer optimizer step's end (after a sync) in ``ends``; given a model, also
+    each forward's time (CUDA events, no sync) in ``forwards`` and their count at each step end in ``marks``."""
+
+    def __init__(self, cuda: bool, model=None):
+        self.cuda, self.ends, self.marks, self.forwards, self._start = cuda, [], [], [], None
+        if model is not None:
+            model.register_forward_pre_hook(lambda *_: setattr(self, "_start", self._now()))
+            model.register_forward_hook(lambda *_: self.forwards.append((self._start, self._now())))
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def forward_seconds(self, first: int, last: int) -> float:
+        spans = self.forwards[first:last]
+        return sum(a.elapsed_time(b) / 1e3 if self.cuda else b - a for a, b in spans)
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        clock = self
+
+        class StepEnd(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if clock.cuda:
+                    import torch
+
+                    torch.cuda.synchronize()
+                clock.ends.append(time.perf_counter())
+                clock.marks.append(len(clock.forwards))
+
+        return StepEnd()
 
 
 # ----------------------------------------------------------------------------- results

@@ -49,32 +49,12 @@ from packing_collators import PackingTrainer
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks/: the shared _shared module
-from _shared import SIZES, build_model, lengths_of, markov_tokens  # noqa: E402
+from _shared import SIZES, StepClock, build_model, lengths_of, markov_tokens  # noqa: E402
 
 EXAMPLES = HERE.parents[1] / "examples"
 SETUPS = ("ddp", "fsdp", "zero2", "zero3")
 SHAPE_8B = (4096, 4, 32, 8, 14336)  # hidden, layers (--layers-8b), heads, kv heads, MLP
 VOCAB_8B = 151936
-
-
-class StepClock:
-    """Wall time at each optimizer step's end, after a sync."""
-
-    def __init__(self, cuda: bool):
-        self.cuda, self.ends = cuda, []
-
-    def callback(self):
-        from transformers import TrainerCallback
-
-        clock = self
-
-        class StepEnd(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                if clock.cuda:
-                    torch.cuda.synchronize()
-                clock.ends.append(time.perf_counter())
-
-        return StepEnd()
 
 
 def _dataset(args) -> tuple[list[dict], np.ndarray]:
