@@ -15,17 +15,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ORDER = [
-    "engine",
-    "collator",
-    "pack_dataset",
-    "pack_at_scale",
-    "streaming",
-    "sampler",
-    "cli_analyze",
-    "gpu_attention",
-    "train_throughput",
-    "long_context_h100/long_context",
-    "rank_balance_h100x2/long_tail_8192",
+    "engine", "collator", "pack_dataset", "pack_at_scale", "streaming", "sampler", "cli_analyze", "gpu_attention",
+    "train_throughput", "long_context_h100/long_context", "rank_balance_h100x2/long_tail_8192",
     "rank_balance_h100x2/reasoning_32768",
 ]
 # GPU runs keep their files in a folder per run; these of them join RESULTS.md too
@@ -43,11 +34,8 @@ def main() -> None:
 
     files = sorted(files, key=rank)
     parts = [
-        "# Benchmark results",
-        "",
-        "Written by `python benchmarks/collect_results.py` from `benchmarks/results/*.md`;",
-        "each section names the command and the machine that produced it.",
-        "",
+        "# Benchmark results", "", "Written by `python benchmarks/collect_results.py` from `benchmarks/results/*.md`;",
+        "each section names the command and the machine that produced it.", "",
     ]
     parts += [f.read_text().strip() + "\n" for f in files]
     (HERE / "RESULTS.md").write_text("\n".join(parts))
