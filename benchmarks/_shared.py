@@ -15,7 +15,7 @@ The scripts live in ``cpu/`` (run anywhere, write ``results/<name>.md`` and ``.j
   ``peak_rss_mib`` (a process's own peak memory); ``train_step`` (one timed GPU step).
 
 torch and transformers are imported inside the functions that need them, so the CPU benchmarks
-of torch-free code (and ``cpu/bench_pack_dataset.py``'s peak-memory children) do not load torch.
+of torch-free code (and ``cpu/bench_offline.py``'s peak-memory children) do not load torch.
 """
 
 from __future__ import annotations
