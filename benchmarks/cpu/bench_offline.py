@@ -20,8 +20,7 @@ each (strategy, size) in a fresh process; ``source`` only reads the generator (t
     python benchmarks/cpu/bench_offline.py in-memory --examples 20000 --repeats 2 --stream-sizes 10000,50000
     python benchmarks/cpu/bench_offline.py at-scale          # 1M x3 and 3M x1 (about 40 min, 2 cores)
     python benchmarks/cpu/bench_offline.py at-scale --examples 100000 --repeats 1 --out ''   # a quick check
-    python benchmarks/cpu/bench_offline.py streaming         # 100k, 300k, 1M examples, 3 repeats
-    python benchmarks/cpu/bench_offline.py streaming --sizes 20000,50000 --repeats 1 --no-write
+    python benchmarks/cpu/bench_offline.py streaming         # 100k, 300k, 1M examples, 3 repeats; --sizes 20000 --no-write
 """
 
 from __future__ import annotations
@@ -111,8 +110,7 @@ def count_of(packed, column: str) -> int:
 # ----------------------------------------------------------------------------- fresh-process children
 def child_stream(job: dict) -> dict:
     """Pack (or, for "source", only read) an n-example generator."""
-    n, strategy, start = job["n"], job["strategy"], time.perf_counter()
-    stats = None
+    n, strategy, start, stats = job["n"], job["strategy"], time.perf_counter(), None
     if strategy == "source":
         rows, tokens = 0, sum(len(example["input_ids"]) for example in stream_examples(n, job))
     else:
@@ -240,8 +238,7 @@ def markdown_in_memory(side, stream, buffers, cmd, args) -> str:
 def run_in_memory(args) -> None:
     from packing_collators import pack_lengths
 
-    cmd = command()
-    side = side_by_side(args)
+    cmd, side = command(), side_by_side(args)
     stream = [spawn("stream", **job_of(args, n=int(n), strategy="bfd", buffer_size=args.buffer_size))
               for n in args.stream_sizes.split(",") if n]
     buffers = [spawn("stream", **job_of(args, n=args.buffer_examples, strategy="bfd", buffer_size=int(b)))
@@ -335,8 +332,7 @@ def markdown_at_scale(results: list[dict], args) -> str:
 def run_at_scale(args) -> None:
     print(command(), flush=True)
     sizes, repeats = [int(x) for x in args.examples.split(",")], [int(x) for x in args.repeats.split(",")]
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="pack_at_scale_"))
-    results = []
+    work, results = Path(args.workdir or tempfile.mkdtemp(prefix="pack_at_scale_")), []
     try:
         for i, n in enumerate(sizes):
             results.append(measure_size(n, repeats[min(i, len(repeats) - 1)], work, args))
@@ -400,8 +396,7 @@ def markdown_streaming(results: list[dict], args, cmd: str) -> str:
 
 
 def run_streaming(args) -> None:
-    cmd = command()
-    results = measure_streaming(args)
+    cmd, results = command(), measure_streaming(args)
     text = markdown_streaming(results, args, cmd)
     print(text)
     if not args.no_write:
