@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench bench-gpu install clean
 
 $(VENV)/.installed-dev: pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV) dev
@@ -21,12 +21,40 @@ test: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev-bench
 	$(PY) benchmarks/cpu/bench_engine.py
 	$(PY) benchmarks/cpu/bench_collator.py
-	$(PY) benchmarks/cpu/bench_pack_dataset.py --out benchmarks/results/pack_dataset
-	$(PY) benchmarks/cpu/bench_pack_at_scale.py   # 1M and 3M examples: 6.6 GiB of input at 3M plus both caches; TRL peaks at 7.3 GiB RAM
-	$(PY) benchmarks/cpu/bench_streaming.py
+	$(PY) benchmarks/cpu/bench_offline.py in-memory --out benchmarks/results/pack_dataset
+	$(PY) benchmarks/cpu/bench_offline.py at-scale   # 1M and 3M examples: 6.6 GiB of input at 3M plus both caches; TRL peaks at 7.3 GiB RAM
+	$(PY) benchmarks/cpu/bench_offline.py streaming
 	$(PY) benchmarks/cpu/bench_sampler.py
 	$(PY) benchmarks/cpu/bench_cli_analyze.py
 	$(PY) benchmarks/collect_results.py
+
+# `make bench-gpu`: the README's GPU tables in one command, on a CUDA machine where this package and FA4 are
+# installed (`pip install -e ".[fa4]"`; Hopper or Blackwell). Runs the Python on PATH (GPU_PY), not the venv.
+# Each step is bounded by `timeout` and a failed or timed-out step does not stop the others (make's `-`);
+# about 100 minutes on one H100/H200 in all. Results: $(GPU_OUT)/<table>/ (train_throughput.md, results.json).
+GPU_PY ?= python
+GPU_OUT ?= benchmarks/results/bench_gpu
+TT = $(GPU_PY) benchmarks/gpu/train_throughput.py
+FA4_COLUMNS = --eval-every 0 --timing window --modes uniform,multipack --attn packing_fa4,flash_attention_4,packing_varlen --oracle-attn sdpa
+LONG = $(TT) --size 1b --grad-checkpointing --eval-every 0 --rounds 3 --attn flash_attention_4,packing_varlen \
+	--oracle-attn sdpa,flash_attention_4 --modes padded_random,padded_grouped,multipack,uniform,uniform_work
+LONG_32K = --steps 3 --warmup 1 --tokens-per-step 65536 --micro-tokens 65536 --max-length 32768 --batch-size 2
+
+bench-gpu:
+	mkdir -p $(GPU_OUT)
+	# "GPU: training throughput": 200M, every mode, 3 alternating rounds (~3 min per distribution on an H200)
+	-for d in flan_like orcamath_like sft; do timeout 900 $(TT) --size 200m --rounds 3 --distributions $$d --attn packing_varlen --out $(GPU_OUT)/train_throughput_200m/$$d; done
+	# "GPU: FlashAttention-4", share of the oracle: 200M (5 rounds) and 1B (4 rounds), --timing window
+	-timeout 1500 $(TT) --size 200m --rounds 5 $(FA4_COLUMNS) --out $(GPU_OUT)/fa4_200m
+	-timeout 1800 $(TT) --size 1b --rounds 4 --steps 12 --warmup 4 --examples 8000 $(FA4_COLUMNS) --out $(GPU_OUT)/fa4_1b
+	# "GPU: long context", 1B with gradient checkpointing: long_tail at 8k and 32k, reasoning at 32k (~8 min each)
+	-timeout 900 $(LONG) --steps 4 --warmup 2 --tokens-per-step 32768 --micro-tokens 32768 --max-length 8192 --batch-size 4 --distributions long_tail --examples 4000 --out $(GPU_OUT)/long_tail_8k
+	-timeout 900 $(LONG) $(LONG_32K) --distributions long_tail --examples 3000 --out $(GPU_OUT)/long_tail_32k
+	-timeout 900 $(LONG) $(LONG_32K) --distributions reasoning --examples 1500 --out $(GPU_OUT)/reasoning_32k
+	# packed attention is exact: losses against padded sdpa, per kernel and under FA4 (~2 min each)
+	-timeout 600 $(GPU_PY) benchmarks/gpu/exactness.py attention --out $(GPU_OUT)/gpu_attention
+	-timeout 600 $(GPU_PY) benchmarks/gpu/exactness.py fa4 --attn packing_fa4 --out $(GPU_OUT)/fa4_check
+	ls -R $(GPU_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -4,19 +4,18 @@ The scripts live in ``cpu/`` (run anywhere, write ``results/<name>.md`` and ``.j
 (need CUDA, most have a ``--smoke`` CPU check); none imports another. Each puts this folder on
 ``sys.path`` and imports from here:
 
-- data: ``lengths_of`` (the standard length distributions, defined once here) and
+- data: ``lengths_of`` (the standard length distributions, from ``_lengths.py``, which the tests
+  import too) and
   ``markov_tokens`` (token ids whose loss curve has a known floor);
 - model: ``SIZES`` and ``build_model`` (a Llama-style config, random weights), ``padded_batch``
   and ``to_device``;
-- multi-GPU runs: ``add_run_arguments`` / ``finish_run_arguments``, the options that
-  ``gpu/distributed_scaling.py`` and ``gpu/trainer_scaling.py`` share;
-- timing: ``alternate`` + ``median`` (CPU, wall clock), ``timed`` (CUDA events) and ``median_round``
-  (a GPU mode's median round);
+- timing: ``alternate`` + ``median`` (CPU, wall clock), ``timed`` (CUDA events), ``median_round``
+  (a GPU mode's median round) and ``StepClock`` (a Trainer's step ends and forward times);
 - results: ``machine``, ``command`` and ``write_results`` (into ``benchmarks/results/``), and
   ``peak_rss_mib`` (a process's own peak memory); ``train_step`` (one timed GPU step).
 
 torch and transformers are imported inside the functions that need them, so the CPU benchmarks
-of torch-free code (and ``cpu/bench_pack_dataset.py``'s peak-memory children) do not load torch.
+of torch-free code (and ``cpu/bench_offline.py``'s peak-memory children) do not load torch.
 """
 
 from __future__ import annotations
@@ -36,48 +35,8 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 
 # ----------------------------------------------------------------------------- data
-# The standard length distributions (token counts per example). name: (mean, sigma, low, high),
-# lognormal(mean, sigma) clipped to [low, high]; long_tail is drawn in lengths_of.
-LOGNORMAL = {
-    "sft": (5.3, 0.9, 8, 2048),  # mean about 300 tokens
-    "flan_like": (4.6, 0.8, 8, 2048),  # many short examples
-    "orcamath_like": (6.0, 0.5, 32, 2048),  # longer
-    "reasoning": (8.5, 0.7, 256, 32768),  # long context: reasoning traces, median 4.9k, mean about 6.3k
-}
-DISTRIBUTIONS = (*LOGNORMAL, "long_tail")
-LONG_CONTEXT = ("long_tail", "reasoning")  # the distributions for max lengths of 8k-32k
-LONG_TAIL_MAX = 8192  # long_tail's default max length
-
-
-def lengths_of(
-    distribution: str, n: int, seed: int | np.random.Generator = 0, *, high: int | None = None
-) -> np.ndarray:
-    """Token counts (int64) of ``n`` examples from a standard distribution, seeded.
-
-    ``seed`` may be a ``np.random.Generator``: it is drawn from (and advanced), for a script that
-    draws its tokens from the same stream afterwards. ``high`` replaces the upper clip; for
-    ``long_tail`` it is the max length the tail reaches: 95% lognormal(5.0, 0.7) + 5%
-    uniform(1500, high), ``high`` 8192 by default (the standard one; 2048 and 32768 make the
-    same mix at those max lengths).
-
-    >>> lengths = lengths_of("reasoning", 100_000)
-    >>> int(lengths.min()), int(lengths.max()), round(float(lengths.mean()), -2)
-    (256, 32768, 6200.0)
-    >>> [int(lengths_of("long_tail", 100_000, high=h).max()) for h in (2048, 8192, 32768)]
-    [2048, 8190, 32762]
-    """
-    rng = np.random.default_rng(seed)
-    if distribution == "long_tail":
-        top = LONG_TAIL_MAX if high is None else high
-        tail = rng.random(n) < 0.05
-        x = np.where(tail, rng.uniform(min(1500, top), top, n), rng.lognormal(5.0, 0.7, n))
-        x = np.clip(x, 1, top)
-    elif distribution in LOGNORMAL:
-        mean, sigma, low, top = LOGNORMAL[distribution]
-        x = np.clip(rng.lognormal(mean, sigma, n), low, top if high is None else high)
-    else:
-        raise ValueError(f"unknown distribution {distribution!r}; choose one of {', '.join(DISTRIBUTIONS)}")
-    return x.astype(np.int64)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _lengths: tests import the same module
+from _lengths import DISTRIBUTIONS, LOGNORMAL, LONG_CONTEXT, LONG_TAIL_MAX, lengths_of  # noqa: E402, F401
 
 
 def markov_tokens(lengths: np.ndarray, vocab: int, seed: int) -> list[np.ndarray]:
@@ -112,15 +71,9 @@ def build_model(args, attn: str, device, dtype):
 
     hidden, layers, heads, kv, inter = SIZES[args.size]
     config = LlamaConfig(
-        vocab_size=args.vocab,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        intermediate_size=inter,
-        max_position_embeddings=max(args.max_length, 8192),
-        use_cache=False,
-        tie_word_embeddings=False,
+        vocab_size=args.vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=max(args.max_length, 8192),
+        use_cache=False, tie_word_embeddings=False,
     )
     torch.manual_seed(args.seed)
     with torch.device(device):  # initialise on the GPU: seconds instead of a minute on the CPU
@@ -156,34 +109,6 @@ def to_device(batch: dict, device) -> dict:
     import torch
 
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-# ----------------------------------------------------------------------------- multi-GPU run options
-def add_run_arguments(parser: argparse.ArgumentParser, *, steps: int) -> None:
-    """Model, data and schedule options of gpu/distributed_scaling.py and gpu/trainer_scaling.py."""
-    parser.add_argument("--name", default="run")
-    parser.add_argument("--replicas", type=int, default=2, help="ranks the sampler plans for")
-    parser.add_argument("--size", choices=sorted(SIZES), default="200m")
-    parser.add_argument("--distribution", default="sft")
-    parser.add_argument("--attn", default="packing_varlen")
-    parser.add_argument("--tokens-per-batch", type=int, default=16384)
-    parser.add_argument("--max-length", type=int, default=2048)
-    parser.add_argument("--examples", type=int, default=20000)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--steps", type=int, default=steps)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="tiny fp32 model, sdpa, gloo (CPU check)")
-
-
-def finish_run_arguments(args: argparse.Namespace) -> argparse.Namespace:
-    """The command line as launched, and --smoke's tiny settings."""
-    args.command = f"torchrun --nproc_per_node {os.environ.get('WORLD_SIZE', 1)} " + " ".join(sys.argv)
-    if args.smoke:
-        args.size, args.vocab, args.attn, args.examples, args.steps, args.warmup = "tiny", 128, "sdpa", 2000, 4, 1
-        args.tokens_per_batch, args.max_length = 1024, 256
-    return args
 
 
 # ----------------------------------------------------------------------------- timing
@@ -238,6 +163,46 @@ def timed(fn, repeats: int, warmup: int = 3) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+class StepClock:
+    """Wall time at each Trainer optimizer step's end (after a sync) in ``ends``; given a model, also
+    each forward's time (CUDA events, no sync) in ``forwards`` and their count at each step end in ``marks``."""
+
+    def __init__(self, cuda: bool, model=None):
+        self.cuda, self.ends, self.marks, self.forwards, self._start = cuda, [], [], [], None
+        if model is not None:
+            model.register_forward_pre_hook(lambda *_: setattr(self, "_start", self._now()))
+            model.register_forward_hook(lambda *_: self.forwards.append((self._start, self._now())))
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def forward_seconds(self, first: int, last: int) -> float:
+        spans = self.forwards[first:last]
+        return sum(a.elapsed_time(b) / 1e3 if self.cuda else b - a for a, b in spans)
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        clock = self
+
+        class StepEnd(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if clock.cuda:
+                    import torch
+
+                    torch.cuda.synchronize()
+                clock.ends.append(time.perf_counter())
+                clock.marks.append(len(clock.forwards))
+
+        return StepEnd()
 
 
 # ----------------------------------------------------------------------------- results

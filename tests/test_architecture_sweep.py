@@ -1,6 +1,6 @@
 """The architecture sweep on a few representative causal LMs: whatever check_packing_support accepts packs exactly.
 
-The full sweep (every causal LM of transformers, ``benchmarks/cpu/architecture_sweep.py``) takes minutes;
+The full sweep (every causal LM of transformers, ``scripts/architecture_sweep.py``) takes minutes;
 this runs its functions on nine architectures that span the ways examples are kept apart or not:
 rotary (llama, gpt_neox, phi), learned absolute positions (gpt2), ALiBi (falcon), sliding windows
 and softcapping (gemma2), positions from the attention mask (opt), bidirectional encoders used as
@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu" / "architecture_sweep.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "architecture_sweep.py"
 _spec = importlib.util.spec_from_file_location("architecture_sweep", SCRIPT)
 sweep = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sweep)

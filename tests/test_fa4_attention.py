@@ -4,7 +4,7 @@ What runs here is everything around the kernel: the arguments the backend builds
 q/k/v, cu_seqlens, causal, scale, sliding window, softcap, sinks), its refusals, the
 packed = padded loss and gradients through real transformers models, and how the
 library's checks and attention choice treat it. The kernel itself runs on the GPU
-(benchmarks/gpu/fa4_check.py --attn packing_fa4).
+(benchmarks/gpu/exactness.py fa4 --attn packing_fa4).
 """
 
 from __future__ import annotations

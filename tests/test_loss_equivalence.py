@@ -4,7 +4,7 @@ Padded reference: right padding, attention_mask, labels -100 on pads, sdpa. Pack
 FlatteningCollator on the same examples, through each attention path that runs on CPU
 (sdpa and eager via transformers' packed-sequence masks; packing_varlen with a reference
 kernel standing in for the CUDA one). flex_attention has no CPU backward, and its CPU
-forward compiles for ~50 s, so it is checked on the GPU (benchmarks/gpu/gpu_attention_check.py).
+forward compiles for ~50 s, so it is checked on the GPU (benchmarks/gpu/exactness.py attention).
 """
 
 from __future__ import annotations

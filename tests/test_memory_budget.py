@@ -1,7 +1,7 @@
 """The token budget from GPU memory: the arithmetic (any machine) and the refusals (the dry runs need a GPU).
 
-The dry runs themselves are measured on an H100 by benchmarks/gpu/memory_budget.py; here the
-line through two measured peaks is checked against hand-computed budgets and properties.
+The dry runs themselves were measured on an H100 by the one-off memory_budget.py (its numbers are in
+docs/benchmarks.md, "One-off investigations"); here the line through two measured peaks is checked against hand-computed budgets and properties.
 """
 
 from __future__ import annotations

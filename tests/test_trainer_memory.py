@@ -1,6 +1,6 @@
 """PackingTrainer and GPU memory: max_tokens_per_batch="auto" and the memory check before the first step.
 
-The dry runs need a GPU (measured on H100s by benchmarks/gpu/memory_budget.py); here the model's
+The dry runs need a GPU (measured on H100s by the one-off memory_budget.py, see docs/benchmarks.md); here the model's
 GPU and its measured peaks are faked, and what the trainer does with them is checked.
 """
 

@@ -65,10 +65,7 @@ def main() -> None:
             outputs["table"] = done.stdout.replace(str(path), path.name)
 
         times = alternate(
-            {
-                "end to end": end_to_end,
-                "start-up": lambda: subprocess.run([sys.executable, "-c", STARTUP], check=True),
-            },
+            {"end to end": end_to_end, "start-up": lambda: subprocess.run([sys.executable, "-c", STARTUP], check=True)},
             args.repeats,
         )
         import datasets  # noqa: F401  (its import is start-up, measured above; not reading)

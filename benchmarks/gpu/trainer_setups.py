@@ -49,32 +49,12 @@ from packing_collators import PackingTrainer
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks/: the shared _shared module
-from _shared import SIZES, build_model, lengths_of, markov_tokens  # noqa: E402
+from _shared import SIZES, StepClock, build_model, lengths_of, markov_tokens  # noqa: E402
 
 EXAMPLES = HERE.parents[1] / "examples"
 SETUPS = ("ddp", "fsdp", "zero2", "zero3")
 SHAPE_8B = (4096, 4, 32, 8, 14336)  # hidden, layers (--layers-8b), heads, kv heads, MLP
 VOCAB_8B = 151936
-
-
-class StepClock:
-    """Wall time at each optimizer step's end, after a sync."""
-
-    def __init__(self, cuda: bool):
-        self.cuda, self.ends = cuda, []
-
-    def callback(self):
-        from transformers import TrainerCallback
-
-        clock = self
-
-        class StepEnd(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                if clock.cuda:
-                    torch.cuda.synchronize()
-                clock.ends.append(time.perf_counter())
-
-        return StepEnd()
 
 
 def _dataset(args) -> tuple[list[dict], np.ndarray]:
@@ -86,23 +66,11 @@ def _training_args(args, cuda: bool, **extra):
     from transformers import TrainingArguments
 
     options = dict(
-        output_dir=tempfile.mkdtemp(prefix="trainer_setups_"),
-        max_steps=args.warmup + args.steps,
-        per_device_train_batch_size=1,
-        gradient_accumulation_steps=1,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=args.seed,
-        bf16=cuda,
-        optim="adamw_torch_fused" if cuda else "adamw_torch",
-        use_cpu=not cuda,
-        disable_tqdm=True,
-        dataloader_num_workers=0 if args.smoke else 2,
-        dataloader_pin_memory=cuda,
-        ddp_find_unused_parameters=False,
+        output_dir=tempfile.mkdtemp(prefix="trainer_setups_"), max_steps=args.warmup + args.steps,
+        per_device_train_batch_size=1, gradient_accumulation_steps=1, learning_rate=args.lr,
+        lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to="none", seed=args.seed, bf16=cuda,
+        optim="adamw_torch_fused" if cuda else "adamw_torch", use_cpu=not cuda, disable_tqdm=True,
+        dataloader_num_workers=0 if args.smoke else 2, dataloader_pin_memory=cuda, ddp_find_unused_parameters=False,
         ddp_broadcast_buffers=False,
     )
     return TrainingArguments(**{**options, **extra})
@@ -125,12 +93,10 @@ def _train(trainer, clock: StepClock, lengths: np.ndarray, warmup: int) -> dict:
     timed = list(sampler)[warmup:steps]  # accumulation 1: a batch per step
     probe = next((c.last_report for c in trainer.callback_handler.callbacks if getattr(c, "last_report", None)), None)
     return {
-        "tokens": float(sum(int(lengths[b].sum()) for b in timed)),
-        "seconds": clock.ends[-1] - clock.ends[warmup - 1],
+        "tokens": float(sum(int(lengths[b].sum()) for b in timed)), "seconds": clock.ends[-1] - clock.ends[warmup - 1],
         "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e],
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
-        "probe": probe.summary() if probe else None,
-        "steps": steps,
+        "probe": probe.summary() if probe else None, "steps": steps,
     }
 
 
@@ -162,18 +128,12 @@ def run_setup(args) -> None:
     if rank != 0:
         return
     result = {
-        "setup": args.setup,
-        "world_size": world,
-        "card": torch.cuda.get_device_name() if cuda else "cpu",
+        "setup": args.setup, "world_size": world, "card": torch.cuda.get_device_name() if cuda else "cpu",
         "wrapped_as": type(trainer.model_wrapped).__name__,
-        "accelerate_distributed_type": str(trainer.accelerator.distributed_type),
-        "loss": local["loss"],
+        "accelerate_distributed_type": str(trainer.accelerator.distributed_type), "loss": local["loss"],
         "real_tokens_per_s": sum(float(g[0]) for g in gathered) / max(float(g[1]) for g in gathered),
-        "peak_gib_per_rank": [round(float(g[2]), 2) for g in gathered],
-        "steps_per_rank": [int(g[3]) for g in gathered],
-        "probe": local["probe"],
-        "size": args.size,
-        "tokens_per_batch": args.tokens_per_batch,
+        "peak_gib_per_rank": [round(float(g[2]), 2) for g in gathered], "steps_per_rank": [int(g[3]) for g in gathered],
+        "probe": local["probe"], "size": args.size, "tokens_per_batch": args.tokens_per_batch,
         "command": " ".join(["torchrun --nproc-per-node", str(world), *sys.argv]),
     }
     _write(args.out, args.setup, result)
@@ -252,13 +212,9 @@ def run_liger(args) -> None:
     fused = _liger_training(args, dataset, lengths, liger=True)  # last: use_liger_kernel patches modules process-wide
     difference = _relative_difference(fused["loss"], plain["loss"])
     result = {
-        "card": torch.cuda.get_device_name(),
-        "budgets": budgets,
-        "training": {"unfused": plain, "liger": fused},
-        "loss_max_relative_difference": difference,
-        "loss_within_tolerance": difference <= args.tolerance,
-        "tolerance": args.tolerance,
-        "tokens_per_s": {"unfused": plain["tokens_per_s"], "liger": fused["tokens_per_s"]},
+        "card": torch.cuda.get_device_name(), "budgets": budgets, "training": {"unfused": plain, "liger": fused},
+        "loss_max_relative_difference": difference, "loss_within_tolerance": difference <= args.tolerance,
+        "tolerance": args.tolerance, "tokens_per_s": {"unfused": plain["tokens_per_s"], "liger": fused["tokens_per_s"]},
         "command": " ".join(["python", *sys.argv]),
     }
     _write(args.out, "liger", result)

@@ -21,7 +21,7 @@ same either way.
 Cost: 0.01-4 s per model and implementation; the whole sweep (196 model types, 576 rows) took 128 s
 on the project's 2-core CPU machine (transformers 5.24, torch 2.13), under 1 GB of memory.
 
-Usage: python benchmarks/cpu/architecture_sweep.py [--models llama gpt2 ...] [--attention eager sdpa]
+Usage: python scripts/architecture_sweep.py [--models llama gpt2 ...] [--attention eager sdpa]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the shared _shared module
 from _shared import command, machine, padded_batch, write_results  # noqa: E402
 
 ATTENTIONS = ("eager", "sdpa", "flex_attention")

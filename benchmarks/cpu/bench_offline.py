@@ -1,0 +1,450 @@
+"""Offline packing (``pack_dataset``) against TRL's ``pack_dataset``: in memory, at scale on disk, streaming.
+
+``in-memory`` (formerly ``bench_pack_dataset.py``): both libraries in this process on one in-memory
+``datasets.Dataset`` (``input_ids`` int32 + ``attention_mask`` int8), alternating, medians and the
+ratio; efficiency = real tokens / (rows * capacity), lower bound ceil(tokens / capacity) rows.
+Then streaming ``bfd`` per size in a fresh process (peak RSS: flat = bounded memory) and the
+efficiency cost of the buffer size against global bfd on the same lengths.
+
+``at-scale`` (formerly ``bench_pack_at_scale.py``): ``sft`` examples (``input_ids`` + ``labels``
+int32) in ``save_to_disk``'s layout; each packer in a fresh process does ``load_from_disk`` then
+packs, alternating across repeats: seconds in the pack call, peak RSS (``ru_maxrss``, mapped pages
+included), rows, efficiency; a second fresh process of ours must hit the cache. TRL packs with
+``load_from_cache_file=False``; cache files are deleted between runs. Then ``overflow="split"`` vs
+TRL's ``bfd_split`` at ``--split-max-length``. Writes ``results/<--out>.md`` and ``.json``.
+
+``streaming`` (formerly ``bench_streaming.py``): ``wrapped`` and ``bfd`` on a growing generator,
+each (strategy, size) in a fresh process; ``source`` only reads the generator (the floor).
+
+    python benchmarks/cpu/bench_offline.py in-memory --out benchmarks/results/pack_dataset   # a few minutes
+    python benchmarks/cpu/bench_offline.py in-memory --examples 20000 --repeats 2 --stream-sizes 10000,50000
+    python benchmarks/cpu/bench_offline.py at-scale          # 1M x3 and 3M x1 (about 40 min, 2 cores)
+    python benchmarks/cpu/bench_offline.py at-scale --examples 100000 --repeats 1 --out ''   # a quick check
+    python benchmarks/cpu/bench_offline.py streaming         # 100k, 300k, 1M examples, 3 repeats; --sizes 20000 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import DISTRIBUTIONS, command, lengths_of, machine, peak_rss_mib, write_results  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCK = 10_000  # the streaming generator draws its lengths in blocks of this many examples
+
+
+# ----------------------------------------------------------------------------- data
+def token_column(dist: str, n: int, seed: int):
+    """A pyarrow list column of ``n`` examples' int32 tokens, its offsets and its token count."""
+    import pyarrow as pa
+
+    lengths = lengths_of(dist, n, seed)
+    offsets = pa.array(np.r_[0, np.cumsum(lengths)].astype(np.int32))
+    tokens = np.random.default_rng(seed + 1).integers(0, 32000, int(lengths.sum()), dtype=np.int32)
+    return pa.ListArray.from_arrays(offsets, pa.array(tokens)), offsets, int(lengths.sum())
+
+
+def stream_lengths(n: int, job: dict) -> list[np.ndarray]:
+    """The lengths the streaming generator yields, block by block."""
+    return [
+        lengths_of(job["dist"], min(BLOCK, n - s), job["seed"] + s, high=job["max_length"]) for s in range(0, n, BLOCK)
+    ]
+
+
+def stream_examples(n: int, job: dict):
+    """``n`` examples ``{"input_ids": int32 array}``, lengths from ``job["dist"]`` clipped to max_length."""
+    rng = np.random.default_rng(job["seed"])
+    for lengths in stream_lengths(n, job):
+        tokens = rng.integers(0, 32000, int(lengths.sum()), dtype=np.int32)
+        yield from ({"input_ids": ids} for ids in np.split(tokens, np.cumsum(lengths)[:-1]))
+
+
+def build_data(job: dict) -> dict:
+    """``n`` sft examples in save_to_disk's layout (in a child: its memory is not the packers')."""
+    import datasets
+    import pyarrow as pa
+    from datasets.table import InMemoryTable
+
+    n, folder = job["n"], Path(job["data"])
+    column, _, tokens = token_column("sft", n, 0)
+    table = pa.table({"input_ids": column, "labels": column})
+    # save_to_disk copies a table this size (3M examples ran out of 24 GiB): write its layout directly,
+    # Arrow stream files of 1,000-row batches, about 500 MB each, listed in its state.json
+    datasets.disable_progress_bars()
+    datasets.Dataset(InMemoryTable(table.slice(0, 1))).save_to_disk(str(folder))
+    for path in folder.glob("data-*.arrow"):
+        path.unlink()
+    count = max(1, round(table.nbytes / 500e6))
+    edges = np.linspace(0, n, count + 1).astype(int)
+    names = [f"data-{i:05d}-of-{count:05d}.arrow" for i in range(count)]
+    for name, first, last in zip(names, edges[:-1], edges[1:]):
+        with pa.OSFile(str(folder / name), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            for batch in table.slice(first, last - first).to_batches(max_chunksize=1000):
+                writer.write_batch(batch)
+    state = json.loads((folder / "state.json").read_text())
+    state.update(_data_files=[{"filename": name} for name in names], _fingerprint=f"sft-{n}-0")
+    (folder / "state.json").write_text(json.dumps(state))
+    return {"examples": n, "tokens": tokens, "bytes_on_disk": sum(f.stat().st_size for f in folder.glob("*.arrow"))}
+
+
+def count_of(packed, column: str) -> int:
+    """The number of values in a packed dataset's list column (tokens of input_ids, segments of seq_lengths)."""
+    import pyarrow.compute as pc
+
+    return int(pc.sum(pc.list_value_length(packed.data.table.column(column))).as_py())
+
+
+# ----------------------------------------------------------------------------- fresh-process children
+def child_stream(job: dict) -> dict:
+    """Pack (or, for "source", only read) an n-example generator."""
+    n, strategy, start, stats = job["n"], job["strategy"], time.perf_counter(), None
+    if strategy == "source":
+        rows, tokens = 0, sum(len(example["input_ids"]) for example in stream_examples(n, job))
+    else:
+        from packing_collators import pack_dataset
+
+        packed, stats = pack_dataset(stream_examples(n, job), job["max_length"], strategy=strategy,
+                                     buffer_size=job["buffer_size"], return_stats=True)
+        rows = tokens = 0
+        for row in packed:
+            rows, tokens = rows + 1, tokens + len(row["input_ids"])
+        assert rows == stats.rows and tokens == stats.packed_tokens == stats.input_tokens, (rows, tokens, stats)
+    return {
+        "strategy": strategy, "examples": n, "buffer_size": job["buffer_size"], "rows": rows, "tokens": tokens,
+        "seconds": time.perf_counter() - start, "peak_rss_mib": peak_rss_mib(),
+        **{k: getattr(stats, k, None) for k in ("lower_bound_rows", "efficiency", "rows_over_lower_bound",
+                                                "split_examples")},
+    }
+
+
+def child_pack(job: dict) -> dict:
+    """One at-scale packing in this (fresh) process: load_from_disk, then the packer; what it took."""
+    import resource
+
+    import datasets
+
+    datasets.disable_progress_bars()
+    dataset = datasets.load_from_disk(job["data"])
+    start = time.perf_counter()
+    if job["packer"] == "trl":
+        from trl import pack_dataset as trl_pack
+
+        packed = trl_pack(dataset, job["max_length"], strategy=job["strategy"],
+                          map_kwargs={"load_from_cache_file": False})
+    else:
+        from packing_collators import pack_dataset
+
+        overflow = "split" if job["strategy"] == "bfd_split" else "error"
+        packed = pack_dataset(dataset, job["max_length"], overflow=overflow, num_proc=job["num_proc"])
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    tokens, segments = count_of(packed, "input_ids"), count_of(packed, "seq_lengths")
+    return {"seconds": seconds, "peak_rss_mib": peak, "rows": len(packed), "tokens": tokens, "segments": segments,
+            "efficiency": tokens / (len(packed) * job["max_length"]), "cache_files": len(packed.cache_files)}
+
+
+CHILDREN = {"stream": child_stream, "pack": child_pack, "build": build_data}
+
+
+def spawn(kind: str, **job) -> dict:
+    """Run a child in a fresh Python process (its peak RSS is its own); its JSON result."""
+    line = [sys.executable, __file__, "--child", json.dumps({"kind": kind, **job})]
+    return json.loads(subprocess.run(line, check=True, capture_output=True, text=True, cwd=REPO).stdout.splitlines()[-1])
+
+
+def job_of(args, **extra) -> dict:
+    return {"dist": args.dist, "seed": args.seed, "max_length": args.max_length, **extra}
+
+
+# ----------------------------------------------------------------------------- in-memory
+def side_by_side(args) -> list[dict]:
+    import datasets
+    import pyarrow as pa
+    import trl
+    from datasets.table import InMemoryTable
+    from trl import pack_dataset as trl_pack
+
+    from packing_collators import pack_dataset
+
+    datasets.disable_progress_bars()
+    column, offsets, total = token_column(args.dist, args.examples, args.seed)
+    mask = pa.ListArray.from_arrays(offsets, pa.array(np.ones(total, np.int8)))
+    dataset = datasets.Dataset(InMemoryTable(pa.table({"input_ids": column, "attention_mask": mask})))
+    results = []
+    for strategy in args.strategies.split(","):
+        runners = {
+            "packing_collators": lambda s=strategy: pack_dataset(dataset, args.max_length, strategy=s),
+            f"trl {trl.__version__}": lambda s=strategy: trl_pack(dataset, args.max_length, strategy=s),
+        }
+        times, outputs = {name: [] for name in runners}, {}
+        for repeat in range(args.repeats):
+            for name, run in runners.items() if repeat % 2 == 0 else reversed(runners.items()):
+                start = time.perf_counter()
+                outputs[name] = run()
+                times[name].append(time.perf_counter() - start)
+        for name, packed in outputs.items():
+            tokens = count_of(packed, "input_ids")
+            assert tokens == total, (name, tokens, total)
+            results.append({"strategy": strategy, "implementation": name, "median_s": statistics.median(times[name]),
+                            "times_s": times[name], "rows": len(packed),
+                            "lower_bound_rows": math.ceil(total / args.max_length),
+                            "efficiency": tokens / (len(packed) * args.max_length)})
+    return results
+
+
+def markdown_in_memory(side, stream, buffers, cmd, args) -> str:
+    ours = {r["strategy"]: r for r in side if r["implementation"] == "packing_collators"}
+    lines = [
+        "# pack_dataset: packing_collators vs TRL", "", f"Command: `{cmd}`", "",
+        f"{args.examples:,} `{args.dist}` examples (input_ids int32 + attention_mask int8, in memory), capacity "
+        f"{args.max_length}; {args.repeats} repeats alternating, median. CPU, 2 shared cores: compare the ratio.", "",
+        "| strategy | implementation | median time (s) | speed-up | rows | lower bound | efficiency |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in side:
+        speedup = r["median_s"] / ours[r["strategy"]]["median_s"]
+        mine = r["implementation"] == "packing_collators"
+        lines.append(f"| {r['strategy']} | {r['implementation']} | {r['median_s']:.3f} | "
+                     f"{'1.00x (ours)' if mine else f'ours {speedup:.1f}x faster'} | "
+                     f"{r['rows']:,} | {r['lower_bound_rows']:,} | {r['efficiency']:.4%} |")
+    if stream:
+        lines += ["", f"## Streaming (generator of `{args.dist}` examples, buffer_size={args.buffer_size:,})", "",
+                  "Each size in a fresh process; peak RSS is the whole process (Python, torch import included).", "",
+                  "| examples | rows | efficiency | time (s) | peak RSS (MiB) |", "|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['examples']:,} | {r['rows']:,} | {r['efficiency']:.4%} | {r['seconds']:.1f} | "
+                  f"{r['peak_rss_mib']:.0f} |" for r in stream]
+    if buffers:
+        lines += ["", f"## Efficiency cost of the buffer ({buffers[0]['examples']:,} `{args.dist}` examples)", "",
+                  "| buffer_size | rows | lower bound | efficiency | peak RSS (MiB) |", "|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['buffer_size']:,} | {r['rows']:,} | {r['lower_bound_rows']:,} | {r['efficiency']:.4%} | "
+                  f"{r['peak_rss_mib']:.0f} |" for r in buffers]
+        lines.append(f"| global (in memory) | | | {buffers[0]['global_efficiency']:.4%} | |")
+    return "\n".join(lines) + "\n"
+
+
+def run_in_memory(args) -> None:
+    from packing_collators import pack_lengths
+
+    cmd, side = command(), side_by_side(args)
+    stream = [spawn("stream", **job_of(args, n=int(n), strategy="bfd", buffer_size=args.buffer_size))
+              for n in args.stream_sizes.split(",") if n]
+    buffers = [spawn("stream", **job_of(args, n=args.buffer_examples, strategy="bfd", buffer_size=int(b)))
+               for b in args.buffer_sizes.split(",") if b]
+    if buffers:  # global (in-memory) bfd on the same lengths as the stream: the buffer table's reference row
+        lengths = np.concatenate(stream_lengths(args.buffer_examples, job_of(args)))
+        buffers[0]["global_efficiency"] = pack_lengths(lengths, args.max_length).efficiency
+    text = markdown_in_memory(side, stream, buffers, cmd, args)
+    print(text)
+    if args.out:
+        Path(args.out + ".md").write_text(text)
+        data = {"command": cmd, "side_by_side": side, "streaming": stream, "buffers": buffers}
+        Path(args.out + ".json").write_text(json.dumps(data, indent=2))
+
+
+# ----------------------------------------------------------------------------- at-scale
+def run_pack(packer: str, data: Path, args, strategy: str = "bfd", max_length: int | None = None) -> dict:
+    result = spawn("pack", packer=packer, data=str(data), strategy=strategy, num_proc=args.num_proc,
+                   max_length=max_length or args.max_length)
+    print(f"  {packer:<18} {strategy:<9} {result['seconds']:8.1f} s  peak RSS {result['peak_rss_mib']:8.0f} MiB  "
+          f"rows {result['rows']:,}  efficiency {result['efficiency']:.4%}", flush=True)
+    return result
+
+
+def clear_caches(data: Path) -> None:
+    """Delete every cache file, and flush the writes so far: each run starts with no dirty pages to write back."""
+    for path in data.glob("cache-*"):
+        path.unlink()
+    os.sync()
+
+
+def measure_size(n: int, repeats: int, work: Path, args) -> dict:
+    data = work / f"sft_{n}"
+    print(f"{n:,} examples: building {data}", flush=True)
+    info = spawn("build", n=n, data=str(data))
+    runs = {"packing_collators": [], "packing_collators cache hit": [], "trl": []}
+    for repeat in range(repeats):
+        for packer in ("ours", "trl") if repeat % 2 == 0 else ("trl", "ours"):
+            clear_caches(data)
+            if packer == "trl":
+                runs["trl"].append(run_pack("trl", data, args))
+                continue
+            runs["packing_collators"].append(run_pack("packing_collators", data, args))
+            runs["packing_collators cache hit"].append(run_pack("packing_collators", data, args))
+    split = {}
+    if n == args.split_examples:
+        for packer in ("packing_collators", "trl"):
+            clear_caches(data)
+            split[packer] = run_pack(packer, data, args, "bfd_split", args.split_max_length)
+    clear_caches(data)
+    if not args.keep_data:
+        shutil.rmtree(data)
+    med = {name: {key: statistics.median(r[key] for r in rs) for key in ("seconds", "peak_rss_mib")}
+           for name, rs in runs.items()}
+    speedup = med["trl"]["seconds"] / med["packing_collators"]["seconds"]
+    return {**info, "repeats": repeats, "runs": runs, "median": med, "speedup_vs_trl": speedup, "split": split}
+
+
+def markdown_at_scale(results: list[dict], args) -> str:
+    lines = [
+        "# Offline packing at scale: pack_dataset (on disk) vs TRL pack_dataset", "", f"Command: `{command()}`", "",
+        f"Machine: {machine()}, 2 cores, 24 GiB RAM, no swap. Data: `sft` examples, `input_ids` + `labels` int32, "
+        f"saved in `save_to_disk`'s layout, then `load_from_disk` in a fresh process per run; capacity {args.max_length}; "
+        "peak RSS = `ru_maxrss` of that process (mapped file pages included). Medians over the repeats, "
+        "packers alternating.", "",
+        "| examples | tokens | on disk (GiB) | repeats | ours (s) | TRL bfd (s) | speedup | ours peak RSS (MiB) "
+        "| TRL peak RSS (MiB) | cache hit (s) | ours efficiency | TRL efficiency |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        m = r["median"]
+        lines.append(
+            f"| {r['examples']:,} | {r['tokens']:,} | {r['bytes_on_disk'] / 2**30:.2f} | {r['repeats']} "
+            f"| {m['packing_collators']['seconds']:.1f} | {m['trl']['seconds']:.1f} | {r['speedup_vs_trl']:.2f}x "
+            f"| {m['packing_collators']['peak_rss_mib']:,.0f} | {m['trl']['peak_rss_mib']:,.0f} "
+            f"| {m['packing_collators cache hit']['seconds']:.2f} "
+            f"| {r['runs']['packing_collators'][0]['efficiency']:.4%} | {r['runs']['trl'][0]['efficiency']:.4%} |"
+        )
+    for r in (r for r in results if r["split"]):
+        lines += ["", f"## overflow='split' vs TRL strategy='bfd_split' ({r['examples']:,} examples, capacity "
+                  f"{args.split_max_length}, {r['tokens']:,} tokens in)", "",
+                  "| packer | tokens out | pieces (segments) | rows | efficiency | seconds | peak RSS (MiB) |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for name, s in (("packing_collators overflow='split'", r["split"]["packing_collators"]),
+                        ("TRL bfd_split", r["split"]["trl"])):
+            lines.append(f"| {name} | {s['tokens']:,} | {s['segments']:,} | {s['rows']:,} | {s['efficiency']:.4%} "
+                         f"| {s['seconds']:.1f} | {s['peak_rss_mib']:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_at_scale(args) -> None:
+    print(command(), flush=True)
+    sizes, repeats = [int(x) for x in args.examples.split(",")], [int(x) for x in args.repeats.split(",")]
+    work, results = Path(args.workdir or tempfile.mkdtemp(prefix="pack_at_scale_")), []
+    try:
+        for i, n in enumerate(sizes):
+            results.append(measure_size(n, repeats[min(i, len(repeats) - 1)], work, args))
+            if args.out:  # after each size, so a long run leaves what it measured
+                data = {"command": command(), "machine": machine(), "max_length": args.max_length, "results": results}
+                write_results(args.out, markdown_at_scale(results, args), data)
+    finally:
+        if not args.keep_data and not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    print(markdown_at_scale(results, args))
+
+
+# ----------------------------------------------------------------------------- streaming
+def measure_streaming(args) -> list[dict]:
+    """Every (strategy, size), alternating strategies within each repeat; medians of time, max of RSS."""
+    strategies = args.strategies.split(",")
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for repeat in range(args.repeats):
+        for n in (int(s) for s in args.sizes.split(",")):
+            for strategy in strategies if repeat % 2 == 0 else reversed(strategies):
+                result = spawn("stream", **job_of(args, n=n, strategy=strategy, buffer_size=args.buffer_size))
+                runs.setdefault((strategy, n), []).append(result)
+                print(f"repeat {repeat}: {strategy} {n:,}: {result['seconds']:.1f} s, {result['peak_rss_mib']:.0f} MiB")
+    summary = []
+    for (strategy, n), results in runs.items():
+        seconds, first = statistics.median(r["seconds"] for r in results), results[0]
+        summary.append({**first, "seconds": seconds, "times_s": [r["seconds"] for r in results],
+                        "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
+                        "peak_rss_runs_mib": [r["peak_rss_mib"] for r in results], "rows_per_s": first["rows"] / seconds,
+                        "tokens_per_s": first["tokens"] / seconds, "examples_per_s": n / seconds})
+    order = {s: i for i, s in enumerate(strategies)}
+    return sorted(summary, key=lambda r: (order[r["strategy"]], r["examples"]))
+
+
+def markdown_streaming(results: list[dict], args, cmd: str) -> str:
+    sizes = sorted({r["examples"] for r in results})
+    lines = [
+        "# Streaming pack_dataset: memory and throughput (wrapped and bfd)", "", f"Command: `{cmd}`", "",
+        f"A generator of `{args.dist}` examples (`input_ids` int32, clipped to {args.max_length}), packed with "
+        f"`pack_dataset(generator, {args.max_length}, strategy=..., buffer_size={args.buffer_size:,})`, every row "
+        "read as a dict of lists. Each run in a fresh process; peak RSS is that whole process (VmHWM: Python, "
+        "numpy, pyarrow, datasets). `source` reads the generator only. "
+        f"{args.repeats} repeat(s), strategies alternating; time is the median, RSS the largest. "
+        f"CPU ({machine()}), 2 shared cores: compare wrapped with bfd by ratio.", "",
+        "| strategy | examples | tokens | rows | efficiency | split examples | time (s) | rows/s | tokens/s (M) | peak RSS (MiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        efficiency = "" if r["efficiency"] is None else f"{r['efficiency']:.4%}"
+        split = "" if r["split_examples"] is None else f"{r['split_examples']:,}"
+        lines.append(f"| {r['strategy']} | {r['examples']:,} | {r['tokens']:,} | {r['rows']:,} | {efficiency} | {split} | "
+                     f"{r['seconds']:.1f} | {r['rows_per_s']:,.0f} | {r['tokens_per_s'] / 1e6:.2f} | {r['peak_rss_mib']:.0f} |")
+    by = {(r["strategy"], r["examples"]): r for r in results}
+    lines += ["", f"| strategy | peak RSS growth {sizes[0]:,} -> {sizes[-1]:,} | wrapped time / bfd time |", "|---|---:|---:|"]
+    for strategy in dict.fromkeys(r["strategy"] for r in results):
+        growth = by[(strategy, sizes[-1])]["peak_rss_mib"] - by[(strategy, sizes[0])]["peak_rss_mib"]
+        ratios = [by[("wrapped", n)]["seconds"] / by[("bfd", n)]["seconds"]
+                  for n in sizes if strategy == "wrapped" and ("bfd", n) in by]
+        lines.append(f"| {strategy} | {growth:+.0f} MiB | {', '.join(f'{x:.2f}x' for x in ratios)} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_streaming(args) -> None:
+    cmd, results = command(), measure_streaming(args)
+    text = markdown_streaming(results, args, cmd)
+    print(text)
+    if not args.no_write:
+        write_results("streaming", text, {"command": cmd, "machine": machine(), "results": results})
+
+
+# ----------------------------------------------------------------------------- command line
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    modes = parser.add_subparsers(dest="mode", required=True)
+    memory = modes.add_parser("in-memory", help="pack_dataset vs TRL in one process, then streaming bfd and buffers")
+    memory.add_argument("--examples", type=int, default=200_000)
+    memory.add_argument("--repeats", type=int, default=5)
+    memory.add_argument("--strategies", default="bfd,wrapped", help="comma-separated, each run by both libraries")
+    memory.add_argument("--stream-sizes", default="100000,1000000", help="comma-separated; empty to skip")
+    memory.add_argument("--buffer-sizes", default="1000,10000,100000", help="efficiency per buffer size; empty to skip")
+    memory.add_argument("--buffer-examples", type=int, default=200_000)
+    memory.add_argument("--out", default=None, help="write <out>.md and <out>.json (e.g. benchmarks/results/pack_dataset)")
+    scale = modes.add_parser("at-scale", help="load_from_disk then pack, fresh processes, vs TRL; 1M and 3M examples")
+    scale.add_argument("--examples", default="1000000,3000000", help="sizes, comma-separated")
+    scale.add_argument("--repeats", default="3,1", help="repeats per size, comma-separated (last one repeats)")
+    scale.add_argument("--split-max-length", type=int, default=512, help="capacity of the split comparison")
+    scale.add_argument("--split-examples", type=int, default=1_000_000, help="the size the split comparison runs at")
+    scale.add_argument("--num-proc", type=int, default=None, help="pack_dataset's num_proc (default: one process)")
+    scale.add_argument("--workdir", default=None, help="where the data goes (default: a temporary folder)")
+    scale.add_argument("--keep-data", action="store_true")
+    scale.add_argument("--out", default="pack_at_scale", help="results/<out>.md and .json ('' to skip)")
+    streaming = modes.add_parser("streaming", help="wrapped and bfd on a growing generator: peak RSS and speed")
+    streaming.add_argument("--sizes", default="100000,300000,1000000", help="comma-separated example counts")
+    streaming.add_argument("--strategies", default="wrapped,bfd,source", help="'source' reads the generator only")
+    streaming.add_argument("--repeats", type=int, default=3)
+    streaming.add_argument("--no-write", action="store_true", help="print only; do not write benchmarks/results/")
+    for mode in (memory, scale, streaming):
+        mode.add_argument("--max-length", type=int, default=2048)
+        mode.add_argument("--dist", choices=sorted(DISTRIBUTIONS), default="sft")
+        mode.add_argument("--seed", type=int, default=0)
+        mode.add_argument("--buffer-size", type=int, default=10_000, help="pack_dataset's streaming buffer")
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        job = json.loads(sys.argv[2])
+        print(json.dumps(CHILDREN[job.pop("kind")](job)))
+        return
+    args = parse_args()
+    {"in-memory": run_in_memory, "at-scale": run_at_scale, "streaming": run_streaming}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()

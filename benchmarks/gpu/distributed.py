@@ -1,0 +1,312 @@
+"""Multi-GPU training with the multipack sampler: equal steps per rank, the 1-GPU loss curve, scaling.
+
+Two runners of one plan, the same model (``_shared.build_model``: Llama-style, random weights,
+bf16), Markov-chain tokens of ``--distribution`` lengths and JSON schema:
+
+- ``--runner trainer`` (default): ``PackingTrainer`` as a user runs it (its own
+  MultipackBatchSampler, FlatteningCollator, DDP or FSDP2 through ``TrainingArguments``).
+  Formerly ``gpu/trainer_scaling.py``.
+- ``--runner loop``: a hand-written loop (sampler + DDP or ``fully_shard`` per decoder layer).
+  Loss is token-weighted over the global step (``num_items_in_batch`` = label tokens of all
+  ranks, known from the plan on every rank without communication), times the world size to undo
+  DDP's gradient averaging. Formerly ``gpu/distributed_scaling.py``.
+
+The sampler plans each epoch for ``--replicas`` ranks (default 2). Launched on ONE process, a
+run trains the batches of all ranks per optimizer step (rank 0's first; gradient accumulation),
+so every step sees the same examples as the N-GPU run and the losses must agree within bf16
+noise. Per run: each rank's steps, the loss per step, real tokens/s over the timed steps (after
+``--warmup``), each rank's forward time next to the sampler's planned imbalance.
+
+    torchrun --nproc_per_node 1 benchmarks/gpu/distributed.py --out OUT --name 1gpu   # the reference
+    torchrun --nproc_per_node 2 benchmarks/gpu/distributed.py --out OUT --name 2gpu_ddp
+    torchrun --nproc_per_node 2 benchmarks/gpu/distributed.py --out OUT --name 2gpu_fsdp --fsdp
+    python benchmarks/gpu/distributed.py --compare OUT      # table + plot from the runs
+
+(add ``--runner loop`` to each for the hand-written loop). CPU check: add ``--smoke`` (gloo, tiny
+fp32 model, sdpa).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from packing_collators import FlatteningCollator, MultipackBatchSampler, PackingTrainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import SIZES, StepClock, build_model, lengths_of, markov_tokens, to_device  # noqa: E402
+
+
+def data(args):
+    lengths = np.minimum(lengths_of(args.distribution, args.examples, seed=0), args.max_length)
+    return lengths, markov_tokens(lengths, args.vocab, seed=0)
+
+
+def samplers(args, lengths, **options) -> list[MultipackBatchSampler]:
+    return [
+        MultipackBatchSampler(lengths, args.tokens_per_batch, seed=args.seed, num_replicas=args.replicas, rank=r,
+                              **options)
+        for r in range(args.replicas)
+    ]
+
+
+def gather(numbers: list[float], world: int, device) -> list[torch.Tensor]:
+    """Every rank's numbers (float64), in rank order."""
+    local = torch.tensor(numbers, dtype=torch.float64, device=device)
+    if world == 1:
+        return [local.cpu()]
+    parts = [torch.zeros_like(local) for _ in range(world)]
+    dist.all_gather(parts, local)
+    return [p.cpu() for p in parts]
+
+
+def result(args, world: int, cuda: bool, gathered, loss, stats, **extra) -> dict:
+    """The shared schema from [tokens, seconds, forward seconds, steps] per rank."""
+    return {
+        "name": args.name,
+        "world_size": world,
+        "replicas": args.replicas,
+        "fsdp": args.fsdp,
+        "card": torch.cuda.get_device_name() if cuda else "cpu",
+        "steps_per_rank": [int(g[3]) for g in gathered],
+        "loss": loss,
+        "real_tokens_per_s": sum(float(g[0]) for g in gathered) / max(float(g[1]) for g in gathered),
+        "forward_time_per_process_s": [float(g[2]) for g in gathered],
+        "sampler_stats": {k: (float(v) if isinstance(v, (int, float, np.number)) else str(v)) for k, v in stats.items()},
+        "command": args.command,
+        **extra,
+    }
+
+
+def wrap(model, args, device):
+    if dist.get_world_size() == 1:
+        return model
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def run_loop(args, rank: int, world: int, cuda: bool) -> dict | None:
+    device = torch.device("cuda" if cuda else "cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    lengths, examples = data(args)
+    plan = samplers(args, lengths)
+    mine = [r for r in range(args.replicas) if r % world == rank]  # the sampler ranks this process trains
+    plans = [list(s) for s in plan]
+    steps, collate = min(args.steps, len(plans[0])), FlatteningCollator()
+    model = wrap(build_model(args, args.attn, device, torch.bfloat16 if cuda else torch.float32), args, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, **({"fused": True} if cuda else {}))
+    losses, step_times, forward, tokens = [], [], 0.0, 0
+    for step in range(steps):
+        global_items = sum(int(lengths[plans[r][step]].sum()) - len(plans[r][step]) for r in range(args.replicas))
+        dist.barrier()
+        start, local_loss = time.perf_counter(), torch.zeros((), device=device)
+        for r in mine:
+            batch = to_device(collate([{"input_ids": examples[i]} for i in plans[r][step]]), device)
+            t0 = time.perf_counter()
+            loss = model(**batch, num_items_in_batch=global_items).loss
+            if cuda:
+                torch.cuda.synchronize()
+            forward += time.perf_counter() - t0 if step >= args.warmup else 0.0
+            (loss * world).backward()
+            local_loss += loss.detach()
+            tokens += int(lengths[plans[r][step]].sum()) if step >= args.warmup else 0
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        dist.all_reduce(local_loss)
+        if cuda:
+            torch.cuda.synchronize()
+        if step >= args.warmup:
+            step_times.append(time.perf_counter() - start)
+        losses.append(float(local_loss))
+    gathered = gather([tokens, sum(step_times), forward, steps], world, device)
+    tokens_all = sum(float(g[0]) for g in gathered)
+    dist.destroy_process_group()
+    if rank == 0:
+        out = result(args, world, cuda, gathered, losses, plan[0].stats(), step_time_s=float(np.median(step_times)))
+        return {**out, "real_tokens_per_s": tokens_all / sum(step_times)}  # rank 0's timed window, as before
+
+
+class AllRanks:
+    """One process, every rank's batches of a `replicas`-rank plan: step by step, rank 0 first."""
+
+    def __init__(self, samplers: list[MultipackBatchSampler]):
+        self.samplers = samplers
+
+    def set_epoch(self, epoch: int) -> None:
+        for sampler in self.samplers:
+            sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.samplers) * len(self.samplers[0])
+
+    def __iter__(self):
+        for step in zip(*self.samplers):
+            yield from step
+
+
+class ReplayTrainer(PackingTrainer):
+    """PackingTrainer whose one process trains the batches of all `replicas` ranks."""
+
+    replicas = 2
+
+    def make_batch_sampler(self, lengths, batch_size, *, shuffle):
+        budget = self.token_budget(lengths, batch_size)
+        return AllRanks([MultipackBatchSampler(lengths, budget, shuffle=shuffle, seed=self.args.seed,
+                                               num_replicas=self.replicas, rank=r) for r in range(self.replicas)])
+
+
+def training_arguments(args, cuda: bool, accumulation: int):
+    from transformers import TrainingArguments
+
+    options = dict(
+        output_dir=tempfile.mkdtemp(prefix="distributed_"), max_steps=args.warmup + args.steps,
+        per_device_train_batch_size=1, gradient_accumulation_steps=accumulation, learning_rate=args.lr,
+        lr_scheduler_type="constant", logging_steps=args.logging_steps, save_strategy="no", report_to="none",
+        seed=args.seed, optim="adamw_torch_fused" if cuda else "adamw_torch", use_cpu=not cuda, disable_tqdm=True,
+        dataloader_num_workers=args.workers, dataloader_pin_memory=cuda, ddp_broadcast_buffers=False,
+        ddp_find_unused_parameters=False,
+    )
+    if args.fsdp:
+        options.update(fsdp="full_shard auto_wrap",
+                       fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
+    return TrainingArguments(**options)
+
+
+def run_trainer(args, rank: int, world: int, cuda: bool) -> dict | None:
+    device = torch.device("cuda" if cuda else "cpu")
+    lengths, examples = data(args)
+    model = build_model(args, args.attn, device, torch.bfloat16 if cuda else torch.float32)
+    clock = StepClock(cuda, model)  # PackingTrainer compiles FA4's kernel variants itself (attention_warm_up)
+    accumulation = args.replicas // world
+    trainer_class = PackingTrainer
+    if world == 1 and args.replicas > 1:
+        trainer_class = type("ReplayTrainer", (ReplayTrainer,), {"replicas": args.replicas})
+    trainer = trainer_class(model=model, args=training_arguments(args, cuda, accumulation),
+                            train_dataset=[{"input_ids": e} for e in examples],
+                            max_tokens_per_batch=args.tokens_per_batch, attn_implementation=None)  # keep --attn
+    trainer.add_callback(clock.callback())
+    trainer.train()
+    callbacks = trainer.callback_handler.callbacks
+    probe = next((c.last_report for c in callbacks if getattr(c, "last_report", None)), None)
+    timed = list(trainer._train_batch_sampler)[args.warmup * accumulation : (args.warmup + args.steps) * accumulation]
+    first, last = args.warmup - 1, len(clock.ends) - 1
+    numbers = [float(sum(int(lengths[b].sum()) for b in timed)), clock.ends[last] - clock.ends[first],
+               clock.forward_seconds(clock.marks[first], clock.marks[last]), trainer.state.global_step]
+    gathered = gather(numbers, world, device)
+    if rank != 0:
+        return None
+    plan = samplers(args, lengths, check_ranks=False)[0]  # rank 0 alone: no collective
+    return result(
+        args, world, cuda, gathered, [e["loss"] for e in trainer.state.log_history if "loss" in e], plan.stats(),
+        probe=probe.summary() if probe else None, probe_seconds=probe.seconds if probe else None,
+        attention_warm_up_seconds=next((c.seconds for c in callbacks if type(c).__name__ == "_AttentionWarmUp"), None),
+        runner="PackingTrainer", wrapped_as=type(trainer.model_wrapped).__name__,
+        accelerate_distributed_type=str(trainer.accelerator.distributed_type),
+        step_time_s=float(np.median(np.diff(clock.ends[first:]))),
+        step_seconds=np.diff(clock.ends).round(4).tolist(),  # where a stall sits
+    )
+
+
+def compare(folder: Path) -> None:
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    base = next((r for r in runs.values() if r["world_size"] == 1), None)
+    first = next(iter(runs.values()))
+    lines = [
+        f"## Multi-GPU training with the multipack sampler: {first.get('runner', 'a hand-written loop')}",
+        "",
+        f"Card: {first['card']}. Commands: " + "; ".join(f"`{r['command']}`" for r in runs.values()),
+        "",
+        "| run | processes | steps per rank | real tokens/s | scaling vs 1 GPU | median step (s) | forward time per process (s) | max loss diff vs 1 GPU |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in runs.items():
+        scale = r["real_tokens_per_s"] / base["real_tokens_per_s"] if base else float("nan")
+        diff = np.abs(np.array(r["loss"]) - np.array(base["loss"])).max() if base else float("nan")
+        fwd = ", ".join(f"{f:.2f}" for f in r["forward_time_per_process_s"])
+        lines.append(f"| {name} | {r['world_size']} | {r['steps_per_rank']} | {r['real_tokens_per_s']:,.0f} | "
+                     f"{scale:.2f}x | {r['step_time_s']:.3f} | {fwd} | {diff:.4f} |")
+    lines += ["", "Sampler plan (same on every run): " + ", ".join(f"{k} {v}" for k, v in first["sampler_stats"].items())]
+    text = "\n".join(lines) + "\n"
+    (folder / "distributed_scaling.md").write_text(text)
+    print(text)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        for name, r in runs.items():
+            plt.plot(r["loss"], label=name)
+        plt.xlabel("step"), plt.ylabel("training loss"), plt.legend()
+        plt.savefig(folder / "distributed_scaling.png", dpi=90)
+    except ImportError:
+        pass
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runner", choices=("trainer", "loop"), default="trainer")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--compare", type=Path, help="write the table and plot from the runs in this folder")
+    parser.add_argument("--fsdp", action="store_true", help="FSDP2 instead of DDP")
+    parser.add_argument("--name", default="run")
+    parser.add_argument("--replicas", type=int, default=2, help="ranks the sampler plans for")
+    parser.add_argument("--size", choices=sorted(SIZES), default="200m")
+    parser.add_argument("--distribution", default="sft")
+    parser.add_argument("--attn", default="packing_varlen")
+    parser.add_argument("--tokens-per-batch", type=int, default=16384)
+    parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--examples", type=int, default=20000)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 30 trainer, 40 loop)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (trainer)")
+    parser.add_argument("--logging-steps", type=int, default=1, help="trainer: 1 syncs every step; 10 is closer to a real run")
+    parser.add_argument("--smoke", action="store_true", help="tiny fp32 model, sdpa, gloo (CPU check)")
+    args = parser.parse_args(argv)
+    args.command = f"torchrun --nproc_per_node {os.environ.get('WORLD_SIZE', 1)} " + " ".join(sys.argv)
+    args.steps = args.steps or (30 if args.runner == "trainer" else 40)
+    if args.smoke:
+        args.size, args.vocab, args.attn, args.examples, args.steps, args.warmup = "tiny", 128, "sdpa", 2000, 4, 1
+        args.tokens_per_batch, args.max_length, args.workers = 1024, 256, 0
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.compare:
+        return compare(args.compare)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if args.replicas % world:
+        raise SystemExit(f"--replicas {args.replicas} must be a multiple of the {world} processes")
+    cuda = torch.cuda.is_available() and not args.smoke
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    out = (run_trainer if args.runner == "trainer" else run_loop)(args, rank, world, cuda)
+    if out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{args.name}.json").write_text(json.dumps(out, indent=1))
+        print(json.dumps({k: v for k, v in out.items() if k != "loss"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
