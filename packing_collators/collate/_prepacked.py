@@ -23,12 +23,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .._ranges import ranges
 from .._validation import validate_choice, validate_positive_int
 from ..engine import check_not_too_long
 from ._concat import concat_tokens, sequence_lengths
 from ._features import TokenFeatures, feature_column, read_token_features
 from ._options import CollateOptions, ReturnTensors
-from ._segments import segment_layout
+from ._segments import into_rows, segment_layout
 
 __all__ = ["PrePackedCollator"]
 
@@ -154,14 +155,11 @@ class PrePackedCollator:
         with_pad = np.insert(segments, ends, pads)
         with_pad = with_pad[with_pad > 0]
         layout = segment_layout(with_pad)
-        row_of_token = np.repeat(np.arange(num_rows), row_lengths)
-        starts_in_flat = np.r_[0, np.cumsum(row_lengths)[:-1]]
-        target = row_of_token * width + np.arange(len(tokens.input_ids)) - np.repeat(starts_in_flat, row_lengths)
-        shape = (num_rows, width)
-        labels = _into_rows(tokens.labels, target, shape, self.options.label_pad_id)
+        target, shape = ranges(np.arange(num_rows) * width, row_lengths), (num_rows, width)
+        labels = into_rows(tokens.labels, target, shape, self.options.label_pad_id)
         labels.reshape(-1)[layout.starts] = self.options.label_pad_id
         batch = {
-            "input_ids": _into_rows(tokens.input_ids, target, shape, self.options.pad_token_id),
+            "input_ids": into_rows(tokens.input_ids, target, shape, self.options.pad_token_id),
             "labels": labels,
             "position_ids": layout.position_ids(self.options.position_ids_start).reshape(num_rows, width),
         }
@@ -169,15 +167,8 @@ class PrePackedCollator:
             seq_idx = layout.seq_idx().reshape(num_rows, width)
             batch["seq_idx"] = seq_idx - seq_idx[:, :1]
         for key, values in tokens.carried.items():
-            batch[key] = _into_rows(values, target, shape, 0)
+            batch[key] = into_rows(values, target, shape, 0)
         return batch
-
-
-def _into_rows(values: np.ndarray, target: np.ndarray, shape: tuple[int, int], fill: int) -> np.ndarray:
-    """int64 ``shape``: ``values`` placed at the flat positions ``target``, ``fill`` elsewhere."""
-    out = np.full(shape[0] * shape[1], fill, np.int64)
-    out[target] = values
-    return out.reshape(shape)
 
 
 def _check_has_seq_lengths(rows: Sequence[Mapping[str, Any]]) -> None:

@@ -50,6 +50,7 @@ from typing import Literal
 import numpy as np
 
 from .._progress import progress_bar, show_progress
+from .._ranges import ranges
 from .._validation import validate_attention_weight, validate_choice, validate_lengths
 from ..engine import Strategy, check_not_too_long, efficiency, lower_bound, pack_lengths
 
@@ -219,9 +220,7 @@ def _repeat_bins(order: np.ndarray, lengths: np.ndarray, budget: int, count: int
 
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, e)`` for each pair, without a Python loop."""
-    sizes = ends - starts
-    firsts = np.cumsum(sizes) - sizes  # where each range starts in the output
-    return np.repeat(starts - firsts, sizes) + np.arange(int(sizes.sum()))
+    return ranges(starts, ends - starts)
 
 
 def _deal(cost: np.ndarray, num_replicas: int, balance: str) -> np.ndarray:
