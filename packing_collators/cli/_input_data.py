@@ -1,35 +1,13 @@
 """The command line's DATA argument: open it as a ``datasets.Dataset``, pick its column, count tokens.
 
-DATA may be::
+    DATA (folder, .parquet/.arrow/.json(l)/.csv, Hub name)   -> _open_data.open_dataset
+      -> the column and what it holds (token ids, lengths, text, messages, prompt/completion)
+                                                              -> _column_kinds.choose_column
+      -> token counts (analyze) or input_ids (pack)           -> _tokens.example_lengths / token_ids
 
-    a save_to_disk folder         load_from_disk (a DatasetDict: --split picks one, default "train")
-    a folder of data files        load_dataset(folder)
-    data.parquet, data.arrow      read with pyarrow (the .arrow file memory-mapped), no cache written
-    data.json(l), data.csv        load_dataset("json" or "csv", data_files=...)
-    owner/name                    load_dataset(name) from the Hugging Face Hub
-
-The column (``--column``; by default the first of ``input_ids``, ``messages``, ``prompt`` and
-``completion``, ``text``)::
-
-    list of integers   token ids     lengths read from the Arrow offsets (lengths_from_dataset)
-    integer            lengths       read as they are (the fast path: 1M examples in milliseconds)
-    string             text          tokenized with --tokenizer
-    list of structs    messages      chat messages, tokenized with the tokenizer's chat template
-    prompt/completion  prompt_completion   instruction pairs (strings or messages), the same way
-
-``pack`` tokenizes chat data with :func:`tokenize_chat`, so the packed rows carry ``labels``
-that train only the assistant's tokens; ``analyze`` only counts the rendered tokens.
-
-Tokenizing is a batched ``Dataset.map`` over ``num_proc`` processes with a progress bar,
-kept in memory (nothing is written next to the user's data). Every problem is a
-``ValueError``/``TypeError``/``FileNotFoundError`` whose message is one line naming the fix:
-data with no examples, and a .json/.jsonl/.csv file that does not parse (a .jsonl file's
-first bad line is named). Those files are read without ``datasets``' progress bar and logs,
-which would turn the one-line error into several.
-
-Each step has a module of its own: ``_open_data`` (DATA to a dataset), ``_column_kinds`` (which
-column, holding what; which columns can go into packed rows) and ``_tokens`` (token counts or ids,
-tokenizing if it must); this module is the command line's one door to them.
+Each step has a module of its own, with its table and costs; this module is the command line's
+one door to them. Every problem is a ``ValueError``/``TypeError``/``FileNotFoundError`` whose
+message is one line naming the fix. Cost: that of the steps.
 """
 
 from __future__ import annotations
