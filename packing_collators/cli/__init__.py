@@ -1,10 +1,10 @@
 """The ``packing-collators`` command line (also ``python -m packing_collators``).
 
 Argument parsing and printing only: the numbers come from ``_analysis``, the data from
-``_input_data`` (``_open_data``, ``_column_kinds``, ``_tokens``), the packing from :func:`pack_dataset`. A user error (a missing file, a
-file that does not parse or has no examples, a column that is not there, non-integer
-token data, a max length every example exceeds) is one line on stderr,
-``packing-collators: error: ...``, and exit code 2.
+``_input_data`` (``_open_data``, ``_column_kinds``, ``_tokens``), the packing from
+:func:`pack_dataset`. A user error (a missing file, a file that does not parse or has no
+examples, a column that is not there, non-integer token data, a max length every example
+exceeds) is one line on stderr, ``packing-collators: error: ...``, and exit code 2.
 
     packing-collators analyze DATA --max-length N [--column C] [--tokenizer T] [--json] [--plot F.png]
     packing-collators pack DATA OUT --max-length N [--strategy S] [--overflow O] [--num-shards N --shard-index I]
