@@ -351,12 +351,29 @@ def test_a_new_library_version_does_not_reuse_an_old_tokenization_cache(tokenize
     from datasets.fingerprint import Hasher
 
     import packing_collators
+    from packing_collators.chat._options import ChatOptions
     from packing_collators.chat._tokenize import _ChatBatch
 
     def key():
-        return Hasher.hash(_ChatBatch(tokenizer, ["messages"], "auto", -100, None, False))
+        return Hasher.hash(_ChatBatch(tokenizer, ["messages"], ChatOptions()))
 
     assert key() == key()
     before = key()
     monkeypatch.setattr(packing_collators, "__version__", "999.0")
     assert key() != before
+
+
+def test_options_are_one_frozen_object_checked_at_construction():
+    import dataclasses
+
+    from packing_collators.chat._options import ChatOptions
+
+    options = ChatOptions(max_length=8, overflow="truncate", label_pad_id=-1.0, num_proc=1)
+    assert (options.truncates, options.label_pad_id, options.map_processes) == (True, -1, None)
+    assert ChatOptions(num_proc=4).map_processes == 4 and not ChatOptions(max_length=8).truncates
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.max_length = 4
+    with pytest.raises(ValueError, match="max_length must be a positive integer"):
+        ChatOptions(max_length=0)
+    with pytest.raises(ValueError, match="assistant_spans='markers' is not supported"):
+        ChatOptions(assistant_spans="markers")

@@ -139,6 +139,18 @@ def test_bad_options():
         PrePackedCollator(mode="pad", max_length=8, pad_to_multiple_of=8)
 
 
+def test_options_are_one_frozen_object_checked_at_construction():
+    import dataclasses
+
+    collator = PrePackedCollator(mode="pad", max_length=8, pad_token_id=3, return_tensors="np")
+    assert (collator.mode, collator.max_length, collator.options.mode, collator.options.pad_token_id) == ("pad", 8, "pad", 3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        collator.options.max_length = 4
+    assert repr(collator).startswith("PrePackedCollator(mode='pad', max_length=8, pad_to_multiple_of=None, pad_token_id=3")
+    with pytest.raises(ValueError, match=r"max_length must be a positive integer"):
+        PrePackedCollator(mode="pad", max_length=0)
+
+
 # ----------------------------------------------------------------------------- every key of every row
 
 

@@ -3,7 +3,9 @@
     _conversations.py    a row (messages, or prompt/completion) -> messages and the first trained turn
     _assistant_spans.py  which tokens are the assistant's: {% generation %} markers, or rendered prefixes
     _stats.py            ChatStats: examples and tokens kept, trained, truncated, dropped
+    _options.py          ChatOptions: tokenize_chat's options, one frozen object validated when built
     _tokenize.py         tokenize_chat (a datasets Dataset, batched, parallel) and tokenize_chat_example
+    _toy_tokenizer.py    a word-level chat tokenizer built in place, for the docstrings' examples
 
 Built on the engine's overflow vocabulary (and offline packing's wording of a max_length error);
 transformers and datasets are used through the objects passed in (a tokenizer, a dataset), so

@@ -140,22 +140,24 @@ def _token_range(offsets: np.ndarray, start: int, end: int) -> tuple[int, int] |
     return lo, hi
 
 
+_PROMPT_NOT_PREFIX = (
+    "the conversation before the turn, rendered with add_generation_prompt=True, is not a prefix of the "
+    "conversation up to the end of the turn (the generation prompt differs from the turn's header, or "
+    "earlier turns are rewritten)"
+)
+_TURN_NOT_PREFIX = (
+    "the conversation up to the end of the turn is not a prefix of the whole conversation (the template "
+    "writes only at the end of a conversation (an eos_token, say), or later turns rewrite it, e.g. drop "
+    "its reasoning)"
+)
+
+
 def _check_appends(tokenizer, conversations, turns, prompts, ends, full, indices) -> None:
+    """Each rendering must extend the one before: prompt, then the turn's end, then the whole conversation."""
     for j, (i, k) in enumerate(turns):
-        if not ends[j].startswith(prompts[j]):
-            what = (
-                "the conversation before the turn, rendered with add_generation_prompt=True, is not a prefix of the "
-                "conversation up to the end of the turn (the generation prompt differs from the turn's header, or "
-                "earlier turns are rewritten)"
-            )
-            raise _not_appending(tokenizer, indices[i], k, what)
-        if not full[i].startswith(ends[j]):
-            what = (
-                "the conversation up to the end of the turn is not a prefix of the whole conversation (the template "
-                "writes only at the end of a conversation (an eos_token, say), or later turns rewrite it, e.g. drop "
-                "its reasoning)"
-            )
-            raise _not_appending(tokenizer, indices[i], k, what)
+        for prefix, longer, what in ((prompts[j], ends[j], _PROMPT_NOT_PREFIX), (ends[j], full[i], _TURN_NOT_PREFIX)):
+            if not longer.startswith(prefix):
+                raise _not_appending(tokenizer, indices[i], k, what)
 
 
 def _prefix_labels(tokenizer, conversations, firsts, indices, label_pad_id):
@@ -285,14 +287,8 @@ def assistant_labels(
     ``firsts[i]`` is conversation ``i``'s first trained turn (assistant turns before it are prompt);
     ``indices`` name the conversations in errors.
 
-    >>> from tokenizers import Tokenizer, models, pre_tokenizers
-    >>> from transformers import PreTrainedTokenizerFast
-    >>> words = ["<|im_start|>", "<|im_end|>", "user", "assistant", "hi", "hello", "?"]
-    >>> backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="?"))
-    >>> backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    >>> tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, extra_special_tokens=words[:2])
-    >>> tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|>{% endfor %}"
-    ...                            "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
+    >>> from packing_collators.chat._toy_tokenizer import toy_chat_tokenizer
+    >>> tokenizer = toy_chat_tokenizer()  # word-level: <|im_start|> 0, <|im_end|> 1, user 2, assistant 3, hi 4, hello 5
     >>> chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     >>> assistant_labels(tokenizer, [chat], [0], indices=[0])
     ([[0, 2, 4, 1, 0, 3, 5, 1]], [[-100, -100, -100, -100, -100, -100, 5, 1]])

@@ -39,11 +39,11 @@ class ChatStats:
     tokens: int
     trained_tokens: int
     max_length: int | None = None
-    truncated_examples: int = 0
+    truncated_examples: int = 0  # overflow="truncate": cut to max_length
     truncated_tokens: int = 0
-    dropped_examples: int = 0
+    dropped_examples: int = 0  # overflow="drop": left out
     dropped_tokens: int = 0
-    untrained_examples: int = 0
+    untrained_examples: int = 0  # drop_untrained: no trained token
 
     @property
     def lost(self) -> bool:

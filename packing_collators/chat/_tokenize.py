@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_not_too_long, validate_choice, validate_positive_int
+from .._validation import check_not_too_long, validate_choice
 from ..engine import Overflow
 from ..offline._options import MAX_LENGTH_FIX
 from ._assistant_spans import AssistantSpans, assistant_labels, with_full_offsets
 from ._conversations import chat_columns, conversation_of
+from ._options import ChatOptions
 from ._stats import ChatStats
 
 __all__ = ["tokenize_chat", "tokenize_chat_example"]
@@ -41,10 +42,9 @@ _LENGTH, _TRAINED = "__chat_tokens__", "__chat_trained_tokens__"  # per example,
 class _ChatBatch:
     """The picklable batched map function: chat columns (and indices) in, ids, labels and two counts out."""
 
-    def __init__(self, tokenizer, columns, assistant_spans, label_pad_id, max_length, truncate) -> None:
+    def __init__(self, tokenizer, columns, options: ChatOptions) -> None:
         self.tokenizer = with_full_offsets(tokenizer)  # copied once here, not per batch
-        self.columns, self.assistant_spans = tuple(columns), assistant_spans
-        self.label_pad_id, self.max_length, self.truncate = label_pad_id, max_length, truncate
+        self.columns, self.options = tuple(columns), options
         from .. import __version__
 
         self.library_version = __version__  # hashed into datasets' cache key: a new release labels afresh
@@ -57,14 +57,14 @@ class _ChatBatch:
             conversations,
             firsts,
             indices=indices,
-            assistant_spans=self.assistant_spans,
-            label_pad_id=self.label_pad_id,
+            assistant_spans=self.options.assistant_spans,
+            label_pad_id=self.options.label_pad_id,
         )
         lengths = [len(x) for x in ids]
-        if self.truncate:
-            ids = [x[: self.max_length] for x in ids]
-            labels = [x[: self.max_length] for x in labels]
-        trained = [len(x) - x.count(self.label_pad_id) for x in labels]
+        if self.options.truncates:
+            ids = [x[: self.options.max_length] for x in ids]
+            labels = [x[: self.options.max_length] for x in labels]
+        trained = [len(x) - x.count(self.options.label_pad_id) for x in labels]
         return {"input_ids": ids, "labels": labels, _LENGTH: lengths, _TRAINED: trained}
 
 
@@ -81,14 +81,8 @@ def tokenize_chat_example(
     The same tokenization as :func:`tokenize_chat` (no ``max_length``); ``index`` is the number
     errors give the example.
 
-    >>> from tokenizers import Tokenizer, models, pre_tokenizers
-    >>> from transformers import PreTrainedTokenizerFast
-    >>> words = ["<|im_start|>", "<|im_end|>", "user", "assistant", "hi", "hello", "?"]
-    >>> backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="?"))
-    >>> backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    >>> tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, extra_special_tokens=words[:2])
-    >>> tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|>{% endfor %}"
-    ...                            "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
+    >>> from packing_collators.chat._toy_tokenizer import toy_chat_tokenizer
+    >>> tokenizer = toy_chat_tokenizer()  # word-level: <|im_start|> 0, <|im_end|> 1, user 2, assistant 3, hi 4, hello 5
     >>> tokenize_chat_example({"prompt": "hi", "completion": "hello"}, tokenizer)
     {'input_ids': [0, 2, 4, 1, 0, 3, 5, 1], 'labels': [-100, -100, -100, -100, -100, -100, 5, 1]}
     """
@@ -105,14 +99,14 @@ def _counts(tokenized, name: str) -> np.ndarray:
     return tokenized.data.column(name).to_numpy().astype(np.int64, copy=False)
 
 
-def _empty_split(dataset, columns, options: dict, split_name: str):
+def _empty_split(dataset, columns, options: ChatOptions, split_name: str):
     """No examples: an empty dataset with ``input_ids`` and ``labels`` (``map`` writes no columns for 0 rows), warned."""
     import datasets
 
     ids, labels = datasets.Sequence(datasets.Value("int32")), datasets.Sequence(datasets.Value("int64"))  # as map does
     features = datasets.Features({**dataset.remove_columns(list(columns)).features, "input_ids": ids, "labels": labels})
     empty = datasets.Dataset.from_dict({name: [] for name in features}, features=features)
-    stats = ChatStats(examples=0, kept_examples=0, tokens=0, trained_tokens=0, max_length=options["max_length"])
+    stats = ChatStats(examples=0, kept_examples=0, tokens=0, trained_tokens=0, max_length=options.max_length)
     logger.warning(
         "tokenize_chat%s: the dataset has no examples, so the result is empty (%s).",
         f"[{split_name}]" if split_name else "",
@@ -121,8 +115,8 @@ def _empty_split(dataset, columns, options: dict, split_name: str):
     return empty, stats
 
 
-def _tokenize_split(dataset, tokenizer, options: dict, split_name: str = ""):
-    columns = chat_columns(dataset.column_names, options["column"])
+def _tokenize_split(dataset, tokenizer, options: ChatOptions, split_name: str = ""):
+    columns = chat_columns(dataset.column_names, options.column)
     clash = [name for name in ("input_ids", "labels") if name in dataset.column_names and name not in columns]
     if clash:
         raise ValueError(
@@ -131,35 +125,41 @@ def _tokenize_split(dataset, tokenizer, options: dict, split_name: str = ""):
         )
     if len(dataset) == 0:
         return _empty_split(dataset, columns, options, split_name)
-    max_length, overflow = options["max_length"], options["overflow"]
-    num_proc = options["num_proc"]
     tokenized = dataset.map(
-        _ChatBatch(
-            tokenizer,
-            columns,
-            options["assistant_spans"],
-            options["label_pad_id"],
-            max_length,
-            truncate=max_length is not None and overflow == "truncate",
-        ),
+        _ChatBatch(tokenizer, columns, options),
         batched=True,
         with_indices=True,
         input_columns=list(columns),
         remove_columns=list(columns),
-        num_proc=num_proc if num_proc and num_proc > 1 else None,
-        keep_in_memory=options["keep_in_memory"],
+        num_proc=options.map_processes,
+        keep_in_memory=options.keep_in_memory,
         desc=f"Tokenizing chat{f' [{split_name}]' if split_name else ''}",
     )
-    lengths, trained = _counts(tokenized, _LENGTH), _counts(tokenized, _TRAINED)
+    keep, stats = _kept(_counts(tokenized, _LENGTH), _counts(tokenized, _TRAINED), options)
+    if not keep.all():
+        tokenized = tokenized.select(np.flatnonzero(keep))
+    tokenized = tokenized.remove_columns([_LENGTH, _TRAINED])
+    logger.log(
+        logging.WARNING if stats.lost else logging.INFO,
+        "tokenize_chat%s: %s",
+        f"[{split_name}]" if split_name else "",
+        stats.summary(),
+    )
+    return tokenized, stats
+
+
+def _kept(lengths: np.ndarray, trained: np.ndarray, options: ChatOptions) -> tuple[np.ndarray, ChatStats]:
+    """Which examples stay (``overflow``, ``drop_untrained``) and the counts of what was kept and lost."""
+    max_length, overflow = options.max_length, options.overflow
     over = lengths > max_length if max_length is not None else np.zeros(len(lengths), bool)
     if overflow == "error" and max_length is not None:
         check_not_too_long(lengths, max_length, limit_name="max_length", fix=MAX_LENGTH_FIX)
     keep = ~over if overflow == "drop" else np.ones(len(lengths), bool)
-    untrained = keep & (trained == 0) if options["drop_untrained"] else np.zeros(len(lengths), bool)
+    untrained = keep & (trained == 0) if options.drop_untrained else np.zeros(len(lengths), bool)
     keep &= ~untrained
     truncated = over if overflow == "truncate" else np.zeros(len(lengths), bool)
     kept_lengths = np.minimum(lengths, max_length) if max_length is not None else lengths
-    stats = ChatStats(
+    return keep, ChatStats(
         examples=len(lengths),
         kept_examples=int(keep.sum()),
         tokens=int(kept_lengths[keep].sum()),
@@ -171,16 +171,6 @@ def _tokenize_split(dataset, tokenizer, options: dict, split_name: str = ""):
         dropped_tokens=int(lengths[over].sum()) if overflow == "drop" else 0,
         untrained_examples=int(untrained.sum()),
     )
-    if not keep.all():
-        tokenized = tokenized.select(np.flatnonzero(keep))
-    tokenized = tokenized.remove_columns([_LENGTH, _TRAINED])
-    logger.log(
-        logging.WARNING if stats.lost else logging.INFO,
-        "tokenize_chat%s: %s",
-        f"[{split_name}]" if split_name else "",
-        stats.summary(),
-    )
-    return tokenized, stats
 
 
 def tokenize_chat(
@@ -227,14 +217,8 @@ def tokenize_chat(
         the completion's assistant turns only; ``messages`` data trains every assistant turn.
 
     >>> from datasets import Dataset
-    >>> from tokenizers import Tokenizer, models, pre_tokenizers
-    >>> from transformers import PreTrainedTokenizerFast
-    >>> words = ["<|im_start|>", "<|im_end|>", "user", "assistant", "hi", "hello", "?"]
-    >>> backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="?"))
-    >>> backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    >>> tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, extra_special_tokens=words[:2])
-    >>> tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|>{% endfor %}"
-    ...                            "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
+    >>> from packing_collators.chat._toy_tokenizer import toy_chat_tokenizer
+    >>> tokenizer = toy_chat_tokenizer()  # word-level: <|im_start|> 0, <|im_end|> 1, user 2, assistant 3, hi 4, hello 5
     >>> chats = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
     ...          [{"role": "user", "content": "hi hi hi"}, {"role": "assistant", "content": "hello hello"}]]
     >>> data = Dataset.from_dict({"messages": chats, "source": ["a", "b"]})
@@ -250,18 +234,10 @@ def tokenize_chat(
     """
     import datasets
 
-    validate_choice("overflow", overflow, Overflow)
-    validate_choice("assistant_spans", assistant_spans, AssistantSpans)
-    options = dict(
-        column=column,
-        max_length=validate_positive_int("max_length", max_length, allow_none=True, none_means="no limit"),
-        overflow=overflow,
-        assistant_spans=assistant_spans,
-        label_pad_id=int(label_pad_id),
-        drop_untrained=bool(drop_untrained),
-        num_proc=validate_positive_int("num_proc", num_proc, allow_none=True, none_means="one process"),
-        keep_in_memory=keep_in_memory,
-    )
+    options = ChatOptions(
+        column=column, max_length=max_length, overflow=overflow, assistant_spans=assistant_spans,
+        label_pad_id=label_pad_id, drop_untrained=drop_untrained, num_proc=num_proc, keep_in_memory=keep_in_memory,
+    )  # fmt: skip
     if isinstance(dataset, datasets.Dataset):
         tokenized, stats = _tokenize_split(dataset, tokenizer, options)
     elif isinstance(dataset, datasets.DatasetDict):

@@ -1,10 +1,10 @@
 """The ``packing-collators`` command line (also ``python -m packing_collators``).
 
 Argument parsing and printing only: the numbers come from ``_analysis``, the data from
-``_input_data``, the packing from :func:`pack_dataset`. A user error (a missing file, a
-file that does not parse or has no examples, a column that is not there, non-integer
-token data, a max length every example exceeds) is one line on stderr,
-``packing-collators: error: ...``, and exit code 2.
+``_input_data`` (``_open_data``, ``_column_kinds``, ``_tokens``), the packing from
+:func:`pack_dataset`. A user error (a missing file, a file that does not parse or has no
+examples, a column that is not there, non-integer token data, a max length every example
+exceeds) is one line on stderr, ``packing-collators: error: ...``, and exit code 2.
 
     packing-collators analyze DATA --max-length N [--column C] [--tokenizer T] [--json] [--plot F.png]
     packing-collators pack DATA OUT --max-length N [--strategy S] [--overflow O] [--num-shards N --shard-index I]
@@ -59,7 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="Should I pack, and how? Analyze a dataset's lengths, or pack it to disk."
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_analyze(commands)
+    _add_pack(commands)
+    return parser
 
+
+def _add_analyze(commands) -> None:
     analyze = commands.add_parser("analyze", help="lengths, padding waste and each packing strategy's numbers")
     _add_data_arguments(analyze)
     analyze.add_argument(
@@ -82,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.set_defaults(run=_analyze)
 
+
+def _add_pack(commands) -> None:
     pack = commands.add_parser("pack", help="pack with pack_dataset and write the rows to disk")
     _add_data_arguments(pack)
     pack.add_argument("out", metavar="OUT", help="output: a save_to_disk folder, a .parquet or an .arrow file")
@@ -116,7 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     pack.add_argument("--json", action="store_true", help="print the statistics as JSON")
     pack.set_defaults(run=_pack)
-    return parser
 
 
 def _lengths(args):

@@ -1,11 +1,11 @@
 """Collating: examples (or pre-packed rows) into the batches a model trains on.
 
     _concat.py        token lists, arrays or tensors concatenated into one int64 array
-    _segments.py      segment lengths -> position_ids, cu_seq_lens, seq_idx
+    _segments.py      segment lengths -> position_ids, cu_seq_lens, seq_idx; into_rows: tokens into padded rows
     _features.py      reading and checking every key of every example (per-token keys carried, others refused)
     _flat_row.py      one flat row from tokens and segments (padding a segment of its own)
     _buckets.py       length buckets: rows padded to a few total lengths (torch.compile shapes)
-    _options.py       CollateOptions, the options both collators hold
+    _options.py       CollateOptions (FlatteningCollator's, shared) and PrePackedOptions: frozen, checked when built
     _flattening.py    FlatteningCollator: a minibatch -> one flat row (online flattening)
     _prepacked.py     PrePackedCollator: rows of pack_dataset -> a flat row or padded rows
     _padded_rows.py   pack_sequences / concatenate_and_pack: token lists -> padded packed tensors

@@ -108,7 +108,11 @@ class FlatteningCollator:
         label_pad_id: int = -100,
         disable_cache: bool = True,
     ) -> None:
-        self.options = CollateOptions.pick(locals())
+        self.options = CollateOptions(
+            pad_to_multiple_of=pad_to_multiple_of, pad_to_buckets=pad_to_buckets, pad_token_id=pad_token_id,
+            return_tensors=return_tensors, position_ids_start=position_ids_start, return_seq_idx=return_seq_idx,
+            label_pad_id=label_pad_id, disable_cache=disable_cache,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return f"FlatteningCollator({self.options.keywords()})"

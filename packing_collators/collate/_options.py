@@ -1,11 +1,12 @@
-"""The options both collators share, as one frozen keyword-only dataclass they hold.
+"""Each collator's options as one frozen keyword-only dataclass, validated once when it is built.
 
-    CollateOptions(pad_to_multiple_of=None, pad_token_id=0, return_tensors="pt",
+    CollateOptions(pad_to_multiple_of=None, pad_token_id=0, return_tensors="pt",      FlatteningCollator
                    position_ids_start=0, return_seq_idx=False, label_pad_id=-100,
                    disable_cache=True, pad_to_buckets=None)
+    PrePackedOptions(mode="flatten", max_length=None, <the same>)                      PrePackedCollator
 
 :class:`FlatteningCollator` and :class:`PrePackedCollator` take these as keyword arguments
-(so ``help()`` lists them), validate them here once, and keep them as ``collator.options``.
+(so ``help()`` lists them), build their options object from them, and keep it as ``collator.options``.
 Cost: constant, at construction.
 """
 
@@ -23,9 +24,10 @@ from ._features import to_tensors
 from ._flat_row import flat_batch, pad_to_multiple
 from ._segments import segment_layout
 
-__all__ = ["CollateOptions", "ReturnTensors"]
+__all__ = ["CollateOptions", "Mode", "PrePackedOptions", "ReturnTensors"]
 
 ReturnTensors = Literal["pt", "np"]
+Mode = Literal["flatten", "pad"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,17 +58,6 @@ class CollateOptions:
         validate_positive_int("pad_to_multiple_of", self.pad_to_multiple_of, allow_none=True)
         buckets = validate_buckets(self.pad_to_buckets, multiple_of=self.pad_to_multiple_of)
         object.__setattr__(self, "pad_to_buckets", buckets)  # sorted tuple
-
-    @classmethod
-    def pick(cls, values: Mapping[str, Any]) -> CollateOptions:
-        """The options named in ``values`` (a collator's keyword arguments), validated; those it lacks keep their default.
-
-        >>> CollateOptions.pick({"mode": "pad", "pad_to_multiple_of": None, "pad_token_id": 0, "return_tensors": "np",
-        ...                      "position_ids_start": 0, "return_seq_idx": False, "label_pad_id": -100,
-        ...                      "disable_cache": True}).return_tensors
-        'np'
-        """
-        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
     def finish(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The batch as returned: tensors (``return_tensors``), and ``use_cache=False`` last (``disable_cache``).
@@ -126,5 +117,30 @@ class CollateOptions:
         return bucket_length(-(-total // multiple) * multiple if multiple else total, self.pad_to_buckets)
 
     def keywords(self) -> str:
-        """The options as ``name=value`` keywords, for a collator's ``repr``."""
-        return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        """The shared options as ``name=value`` keywords, for a collator's ``repr``."""
+        return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(CollateOptions))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrePackedOptions(CollateOptions):
+    """:class:`PrePackedCollator`'s options: the shared ones plus ``mode`` and ``max_length``, validated together.
+
+    >>> PrePackedOptions(mode="pad", max_length=6).max_length
+    6
+    >>> PrePackedOptions(mode="pad")
+    Traceback (most recent call last):
+    ...
+    ValueError: mode='pad' needs max_length (the packed rows' width, e.g. pack_dataset's max_length).
+    """
+
+    mode: Mode = "flatten"
+    max_length: int | None = None
+
+    def __post_init__(self) -> None:
+        validate_choice("mode", self.mode, Mode)
+        super().__post_init__()
+        validate_positive_int("max_length", self.max_length, allow_none=True)
+        if self.mode == "pad" and self.max_length is None:
+            raise ValueError("mode='pad' needs max_length (the packed rows' width, e.g. pack_dataset's max_length).")
+        if self.mode == "pad" and self.pad_to_multiple_of is not None:
+            raise ValueError("pad_to_multiple_of is for mode='flatten'; with mode='pad' every row is max_length wide.")

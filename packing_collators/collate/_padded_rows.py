@@ -26,10 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from .._ranges import ranges
 from ..engine import Overflow, PackingResult, Strategy, pack_lengths
 from ._concat import concat_tokens, sequence_lengths
 from ._features import check_same_lengths
-from ._segments import segment_layout
+from ._segments import into_rows, segment_layout
 
 __all__ = ["concatenate_and_pack", "pack_sequences"]
 
@@ -63,13 +64,8 @@ def _scatter_rows(flat: np.ndarray, result: PackingResult, starts: np.ndarray, f
     entry_ends = np.cumsum(lengths)
     row_start_in_entries = np.r_[0, entry_ends][result.row_offsets[:-1]]
     column_of_entry = entry_ends - lengths - row_start_in_entries[row_of_entry]
-    token_entry = np.repeat(np.arange(len(lengths)), lengths)
-    offset_in_entry = np.arange(int(entry_ends[-1]) if len(lengths) else 0) - np.repeat(entry_ends - lengths, lengths)
-    source = starts[result.indices][token_entry] + offset_in_entry
-    target = (row_of_entry * width + column_of_entry)[token_entry] + offset_in_entry
-    out = np.full(n_rows * width, fill, dtype=np.int64)
-    out[target] = flat[source]
-    return out.reshape(n_rows, width)
+    target = ranges(row_of_entry * width + column_of_entry, lengths)
+    return into_rows(flat[ranges(starts[result.indices], lengths)], target, (n_rows, width), fill)
 
 
 def _boundaries(result: PackingResult) -> list[list[tuple[int, int]]]:

@@ -19,20 +19,18 @@ vectorised numpy ops per batch, no Python loop over tokens.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from .._validation import check_not_too_long, validate_choice, validate_positive_int
+from .._ranges import ranges
+from .._validation import check_not_too_long
 from ._concat import concat_tokens, sequence_lengths
 from ._features import TokenFeatures, feature_column, read_token_features
-from ._options import CollateOptions, ReturnTensors
-from ._segments import segment_layout
+from ._options import Mode, PrePackedOptions, ReturnTensors
+from ._segments import into_rows, segment_layout
 
 __all__ = ["PrePackedCollator"]
-
-Mode = Literal["flatten", "pad"]
-
 
 class PrePackedCollator:
     """Collate rows of a packed dataset (``data_collator=`` for a Trainer).
@@ -97,22 +95,26 @@ class PrePackedCollator:
         mode: Mode = "flatten",
         max_length: int | None = None,
         pad_token_id: int = 0,
-        pad_to_multiple_of: int | None = None,
         return_tensors: ReturnTensors = "pt",
         position_ids_start: int = 0,
         return_seq_idx: bool = False,
+        pad_to_multiple_of: int | None = None,
         label_pad_id: int = -100,
         disable_cache: bool = True,
     ) -> None:
-        validate_choice("mode", mode, Mode)
-        self.options = CollateOptions.pick(locals())
-        validate_positive_int("max_length", max_length, allow_none=True)
-        if mode == "pad" and max_length is None:
-            raise ValueError("mode='pad' needs max_length (the packed rows' width, e.g. pack_dataset's max_length).")
-        if mode == "pad" and pad_to_multiple_of is not None:
-            raise ValueError("pad_to_multiple_of is for mode='flatten'; with mode='pad' every row is max_length wide.")
-        self.mode = mode
-        self.max_length = max_length
+        self.options = PrePackedOptions(
+            mode=mode, max_length=max_length, pad_token_id=pad_token_id, return_tensors=return_tensors,
+            pad_to_multiple_of=pad_to_multiple_of, position_ids_start=position_ids_start,
+            return_seq_idx=return_seq_idx, label_pad_id=label_pad_id, disable_cache=disable_cache,
+        )  # fmt: skip
+
+    @property
+    def mode(self) -> Mode:
+        return self.options.mode
+
+    @property
+    def max_length(self) -> int | None:
+        return self.options.max_length
 
     def __repr__(self) -> str:
         return f"PrePackedCollator(mode={self.mode!r}, max_length={self.max_length}, {self.options.keywords()})"
@@ -153,14 +155,11 @@ class PrePackedCollator:
         with_pad = np.insert(segments, ends, pads)
         with_pad = with_pad[with_pad > 0]
         layout = segment_layout(with_pad)
-        row_of_token = np.repeat(np.arange(num_rows), row_lengths)
-        starts_in_flat = np.r_[0, np.cumsum(row_lengths)[:-1]]
-        target = row_of_token * width + np.arange(len(tokens.input_ids)) - np.repeat(starts_in_flat, row_lengths)
-        shape = (num_rows, width)
-        labels = _into_rows(tokens.labels, target, shape, self.options.label_pad_id)
+        target, shape = ranges(np.arange(num_rows) * width, row_lengths), (num_rows, width)
+        labels = into_rows(tokens.labels, target, shape, self.options.label_pad_id)
         labels.reshape(-1)[layout.starts] = self.options.label_pad_id
         batch = {
-            "input_ids": _into_rows(tokens.input_ids, target, shape, self.options.pad_token_id),
+            "input_ids": into_rows(tokens.input_ids, target, shape, self.options.pad_token_id),
             "labels": labels,
             "position_ids": layout.position_ids(self.options.position_ids_start).reshape(num_rows, width),
         }
@@ -168,15 +167,8 @@ class PrePackedCollator:
             seq_idx = layout.seq_idx().reshape(num_rows, width)
             batch["seq_idx"] = seq_idx - seq_idx[:, :1]
         for key, values in tokens.carried.items():
-            batch[key] = _into_rows(values, target, shape, 0)
+            batch[key] = into_rows(values, target, shape, 0)
         return batch
-
-
-def _into_rows(values: np.ndarray, target: np.ndarray, shape: tuple[int, int], fill: int) -> np.ndarray:
-    """int64 ``shape``: ``values`` placed at the flat positions ``target``, ``fill`` elsewhere."""
-    out = np.full(shape[0] * shape[1], fill, np.int64)
-    out[target] = values
-    return out.reshape(shape)
 
 
 def _check_has_seq_lengths(rows: Sequence[Mapping[str, Any]]) -> None:

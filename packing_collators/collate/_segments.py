@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SegmentLayout", "segment_layout"]
+from .._ranges import segment_positions
+
+__all__ = ["SegmentLayout", "into_rows", "segment_layout"]
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,7 @@ class SegmentLayout:
         [0, 1, 2, 0, 1, 0, 1, 2, 3]
         """
         if not self.total or self.lengths.min() == 0:
-            return (np.arange(self.total, dtype=np.int64) - np.repeat(self.starts - start, self.lengths)).astype(
-                dtype, copy=False
-            )
+            return segment_positions(self.lengths, start).astype(dtype, copy=False)
         # ones everywhere, a step back to `start` at each segment's first token, then cumsum
         steps = np.ones(self.total, dtype=dtype)
         steps[self.cu_seq_lens[1:-1]] = 1 - self.lengths[:-1]
@@ -79,3 +79,17 @@ def segment_layout(lengths) -> SegmentLayout:
     cu_seq_lens = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu_seq_lens[1:])
     return SegmentLayout(lengths, cu_seq_lens, int(lengths.max()) if len(lengths) else 0)
+
+
+def into_rows(values: np.ndarray, target: np.ndarray, shape: tuple[int, int], fill: int) -> np.ndarray:
+    """int64 ``shape``: ``values`` placed at the flat positions ``target`` of padded rows, ``fill`` elsewhere.
+
+    ``target`` is ``ranges(row * width + column, lengths)``: each run of tokens from where it starts in its row.
+
+    >>> from packing_collators._ranges import ranges
+    >>> into_rows(np.array([5, 6, 7, 8]), ranges([0, 4], [3, 1]), (2, 3), fill=0).tolist()
+    [[5, 6, 7], [0, 8, 0]]
+    """
+    out = np.full(shape[0] * shape[1], fill, np.int64)
+    out[target] = values
+    return out.reshape(shape)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._ranges import ranges, segment_positions
 from ..engine import PackingResult, Segments, field_alias
 
 __all__ = ["Pieces", "RowPlan", "bin_plan", "shard_bounds", "split_pieces", "wrapped_plan"]
@@ -105,8 +106,7 @@ def split_pieces(lengths: np.ndarray, capacity: int) -> Pieces:
     lengths = np.asarray(lengths, dtype=np.int64)
     counts = np.maximum(1, -(-lengths // capacity))
     example = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
-    first_piece = np.r_[0, np.cumsum(counts)[:-1]].astype(np.int64)
-    skip = (np.arange(len(example), dtype=np.int64) - np.repeat(first_piece, counts)) * capacity
+    skip = segment_positions(counts) * capacity
     return Pieces(example, skip, np.minimum(lengths[example] - skip, capacity))
 
 
@@ -128,7 +128,7 @@ def bin_plan(result: PackingResult, row_order: np.ndarray | None = None, pieces:
     else:
         counts = np.diff(offsets)[row_order]
         row_segments = np.r_[0, np.cumsum(counts)].astype(np.int64)
-        entries = np.arange(row_segments[-1]) + np.repeat(offsets[:-1][row_order] - row_segments[:-1], counts)
+        entries = ranges(offsets[:-1][row_order], counts)
     indices = result.indices[entries]
     if pieces is None:
         order, skip = indices, np.zeros(len(indices), np.int64)

@@ -50,6 +50,7 @@ from typing import Literal
 import numpy as np
 
 from .._progress import progress_bar, show_progress
+from .._ranges import ranges
 from .._validation import check_not_too_long, validate_attention_weight, validate_choice, validate_lengths
 from ..engine import RenamedKeys, Segments, Strategy, field_alias, pack_lengths
 
@@ -224,9 +225,7 @@ def _repeat_bins(order: np.ndarray, lengths: np.ndarray, budget: int, count: int
 
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, e)`` for each pair, without a Python loop."""
-    sizes = ends - starts
-    firsts = np.cumsum(sizes) - sizes  # where each range starts in the output
-    return np.repeat(starts - firsts, sizes) + np.arange(int(sizes.sum()))
+    return ranges(starts, ends - starts)
 
 
 def _deal(cost: np.ndarray, num_replicas: int, balance: str) -> np.ndarray:
