@@ -1,6 +1,7 @@
 """The multipack sampler: token-budget micro-batches for a DataLoader, equal across ranks.
 
     _dataset_lengths.py  lengths_from_dataset, example_lengths: token counts read from a dataset (once)
+    _options.py          SamplerOptions: the sampler's settings, one frozen object checked once
     _epoch_plan.py       plan_epoch: one epoch's batches for every rank (numpy only, no torch)
     _batch_sampler.py    MultipackBatchSampler: the plan as a torch batch sampler, resumable
     _rank_agreement.py   check_ranks_agree: every rank built the sampler from the same inputs
@@ -12,15 +13,18 @@ and the command line stay free of torch.
 
 from ._cost_model import CostFit, fit_attention_weight
 from ._dataset_lengths import example_lengths, lengths_from_dataset
-from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, check_overflow, plan_epoch
+from ._epoch_plan import EpochPlan, check_overflow, plan_epoch
+from ._options import Balance, SamplerOptions, SamplerOverflow, check_sampler_option
 
 __all__ = [
     "Balance",
     "CostFit",
     "EpochPlan",
     "MultipackBatchSampler",
+    "SamplerOptions",
     "SamplerOverflow",
     "check_overflow",
+    "check_sampler_option",
     "example_lengths",
     "fit_attention_weight",
     "lengths_from_dataset",

@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, fields
+from operator import attrgetter
 
 import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from .._progress import validate_progress
-from .._validation import validate_attention_weight, validate_choice, validate_lengths, validate_positive_int
+from .._validation import validate_lengths, validate_positive_int
 from ..engine import Strategy
-from ._epoch_plan import Balance, EpochPlan, SamplerOverflow, check_overflow, plan_epoch
+from ._epoch_plan import EpochPlan, check_overflow, plan_with_options
+from ._options import Balance, SamplerOptions, SamplerOverflow
 from ._rank_agreement import check_ranks_agree, fingerprint
 
 __all__ = ["MultipackBatchSampler"]
@@ -37,20 +39,41 @@ __all__ = ["MultipackBatchSampler"]
 _STATE_VERSION = 1
 
 
-def _distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    """``num_replicas`` and ``rank``, from ``torch.distributed`` when not given (1 and 0 without it)."""
-    initialised = dist.is_available() and dist.is_initialized()
-    if num_replicas is None:
-        num_replicas = dist.get_world_size() if initialised else 1
+# Left out of the fingerprint: num_replicas is the exchange's own condition (it runs only when the world
+# size equals it), progress changes nothing in the plan.
+_NOT_FINGERPRINTED = ("num_replicas", "progress")
+
+
+def _initialised() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _world_size(num_replicas: int | None) -> int:
+    """``num_replicas``, from ``torch.distributed`` when not given (1 without it); :class:`SamplerOptions` checks it."""
+    if num_replicas is not None:
+        return num_replicas
+    return dist.get_world_size() if _initialised() else 1
+
+
+def _this_rank(rank: int | None, num_replicas: int) -> int:
+    """``rank``, from ``torch.distributed`` when not given (0 without it), checked against ``num_replicas``."""
     if rank is None:
-        rank = dist.get_rank() if initialised else 0
-    num_replicas = validate_positive_int("num_replicas", num_replicas)
+        rank = dist.get_rank() if _initialised() else 0
     rank = validate_positive_int("rank", rank, minimum=0)
     if rank >= num_replicas:
         raise ValueError(f"rank={rank} is out of range for num_replicas={num_replicas}; use 0 <= rank < num_replicas.")
-    return num_replicas, rank
+    return rank
 
 
+def _options_as_attributes(cls):
+    """Each :class:`SamplerOptions` field as a read-only attribute: ``sampler.seed`` is ``sampler.options.seed``."""
+    for field in fields(SamplerOptions):
+        doc = f"``options.{field.name}`` (read-only: the options are checked once, at construction)."
+        setattr(cls, field.name, property(attrgetter(f"options.{field.name}"), doc=doc))
+    return cls
+
+
+@_options_as_attributes
 class MultipackBatchSampler(Sampler[list[int]]):
     """Token-budget micro-batches of dataset indices, the same number on every rank.
 
@@ -94,6 +117,10 @@ class MultipackBatchSampler(Sampler[list[int]]):
             ``True`` always, ``False`` never. ``None`` shows it on rank 0 only. It changes
             nothing in the plan.
 
+    The settings are checked once, at construction, into one frozen :class:`SamplerOptions`,
+    ``sampler.options`` (``num_replicas`` resolved); each also reads as a read-only attribute
+    (``sampler.seed``). A bad one raises there, naming it.
+
     Zero-length examples are never batched (the collator would refuse them); they are
     counted in ``stats()["empty_examples"]``. No examples (or only empty ones) is not an
     error: the sampler yields no batch, and warns at construction that it will not.
@@ -122,6 +149,15 @@ class MultipackBatchSampler(Sampler[list[int]]):
 
     >>> [list(MultipackBatchSampler(lengths, 8, num_replicas=3, rank=r)) for r in range(3)]
     [[[3, 6], [2, 7]], [[6], [2, 4, 3]], [[5, 1], [4, 0]]]
+
+    The same settings for another rank, from ``options``:
+
+    >>> from dataclasses import asdict
+    >>> first = MultipackBatchSampler(lengths, 8, num_replicas=3, rank=0)
+    >>> first.options.num_replicas, first.balance
+    (3, 'cost')
+    >>> list(MultipackBatchSampler(lengths, **asdict(first.options), rank=1))
+    [[6], [2, 4, 3]]
     """
 
     def __init__(
@@ -143,25 +179,17 @@ class MultipackBatchSampler(Sampler[list[int]]):
         progress: bool | None = None,
     ) -> None:
         super().__init__()
-        validate_choice("strategy", strategy, Strategy)
-        validate_choice("balance", balance, Balance)
-        validate_choice("overflow", overflow, SamplerOverflow)
-        self.max_tokens_per_batch = validate_positive_int("max_tokens_per_batch", max_tokens_per_batch)
-        self.seed = validate_positive_int("seed", seed, minimum=0)
-        self.group_size = None if group_size is None else validate_positive_int("group_size", group_size)
-        self.num_replicas, self.rank = _distributed_defaults(num_replicas, rank)
+        self._options = SamplerOptions(
+            max_tokens_per_batch=max_tokens_per_batch, seed=seed, strategy=strategy, shuffle=shuffle,
+            drop_last=drop_last, group_size=group_size, balance=balance, attention_weight=attention_weight,
+            overflow=overflow, num_replicas=_world_size(num_replicas), progress=progress,
+        )  # fmt: skip
+        self.rank = _this_rank(rank, self.options.num_replicas)
         self.lengths = validate_lengths(np.asarray(lengths))
-        self.strategy = strategy
-        self.shuffle = bool(shuffle)
-        self.drop_last = bool(drop_last)
-        self.balance = balance
-        self.attention_weight = validate_attention_weight(attention_weight)
-        self.overflow = overflow
-        self.progress = validate_progress(progress)
         if check_ranks:  # a collective: every rank of the group must build its sampler
-            check_ranks_agree(self._fingerprint(), num_replicas=self.num_replicas, rank=self.rank)
+            check_ranks_agree(self._fingerprint(), num_replicas=self.options.num_replicas, rank=self.rank)
         # after the exchange: with another dataset, one rank alone could raise it and leave the others waiting
-        check_overflow(self.lengths, self.max_tokens_per_batch, overflow)
+        check_overflow(self.lengths, self.options.max_tokens_per_batch, self.options.overflow)
         if not np.any(self.lengths > 0):
             warnings.warn(
                 f"MultipackBatchSampler got {len(self.lengths)} examples with tokens in none of them, so it yields no "
@@ -173,47 +201,24 @@ class MultipackBatchSampler(Sampler[list[int]]):
         self._yielded = 0  # batches of this epoch handed out so far
         self._plan: EpochPlan | None = None
 
+    @property
+    def options(self) -> SamplerOptions:
+        """The settings, checked at construction (frozen: build a new sampler to change them)."""
+        return self._options
+
     def _fingerprint(self) -> dict:
-        """Everything that decides the plan, except the rank and epoch (see :func:`fingerprint`)."""
-        settings = (
-            "max_tokens_per_batch",
-            "seed",
-            "strategy",
-            "shuffle",
-            "drop_last",
-            "group_size",
-            "balance",
-            "attention_weight",
-            "overflow",
-        )
-        return fingerprint(self.lengths, **{name: getattr(self, name) for name in settings})
+        """Everything that decides the plan, except the ranks and epoch (see :func:`fingerprint`)."""
+        settings = {name: value for name, value in asdict(self.options).items() if name not in _NOT_FINGERPRINTED}
+        return fingerprint(self.lengths, **settings)
 
     def __repr__(self) -> str:
-        return (
-            f"MultipackBatchSampler({len(self.lengths)} examples, max_tokens_per_batch={self.max_tokens_per_batch}, "
-            f"strategy={self.strategy!r}, shuffle={self.shuffle}, seed={self.seed}, num_replicas={self.num_replicas}, "
-            f"rank={self.rank}, drop_last={self.drop_last}, group_size={self.group_size}, balance={self.balance!r}, "
-            f"attention_weight={self.attention_weight}, overflow={self.overflow!r}, epoch={self.epoch})"
-        )
+        settings = ", ".join(f"{name}={value!r}" for name, value in asdict(self.options).items())
+        return f"MultipackBatchSampler({len(self.lengths)} examples, {settings}, rank={self.rank}, epoch={self.epoch})"
 
     def plan(self) -> EpochPlan:
         """This epoch's plan for every rank (computed once per epoch, then cached)."""
         if self._plan is None:
-            self._plan = plan_epoch(
-                self.lengths,
-                self.max_tokens_per_batch,
-                num_replicas=self.num_replicas,
-                epoch=self.epoch,
-                seed=self.seed,
-                shuffle=self.shuffle,
-                strategy=self.strategy,
-                group_size=self.group_size,
-                balance=self.balance,
-                attention_weight=self.attention_weight,
-                drop_last=self.drop_last,
-                overflow=self.overflow,
-                progress=False if self.progress is None and self.rank else self.progress,  # one bar: rank 0's
-            )
+            self._plan = plan_with_options(self.lengths, self.options, epoch=self.epoch, rank=self.rank)
         return self._plan
 
     def __len__(self) -> int:
@@ -270,11 +275,11 @@ class MultipackBatchSampler(Sampler[list[int]]):
             "version": _STATE_VERSION,
             "epoch": self.epoch,
             "batches_yielded": self._yielded,
-            "seed": self.seed,
-            "num_replicas": self.num_replicas,
-            "max_tokens_per_batch": self.max_tokens_per_batch,
+            "seed": self.options.seed,
+            "num_replicas": self.options.num_replicas,
+            "max_tokens_per_batch": self.options.max_tokens_per_batch,
             "num_examples": len(self.lengths),
-            "attention_weight": self.attention_weight,
+            "attention_weight": self.options.attention_weight,
         }
 
     def load_state_dict(self, state: dict) -> None:

@@ -45,19 +45,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from .._progress import progress_bar, show_progress
 from .._ranges import ranges
-from .._validation import check_not_too_long, validate_attention_weight, validate_choice, validate_lengths
+from .._validation import check_not_too_long, validate_lengths, validate_positive_int
 from ..engine import RenamedKeys, Segments, Strategy, field_alias, pack_lengths
+from ._options import Balance, SamplerOptions, SamplerOverflow
 
-__all__ = ["Balance", "EpochPlan", "EpochStats", "SamplerOverflow", "check_overflow", "plan_epoch"]
-
-Balance = Literal["cost", "tokens", "attention", "none"]
-SamplerOverflow = Literal["error", "drop"]
+__all__ = ["EpochPlan", "EpochStats", "check_overflow", "plan_epoch", "plan_with_options"]
 
 _EMPTY = np.empty(0, np.int64)
 PROGRESS_MIN_EXAMPLES = 4_000_000  # about 1 s of planning on one free core, several on a busy one
@@ -269,21 +266,15 @@ def _balanced_plan(
     indices: np.ndarray,
     counts: np.ndarray,
     rng: np.random.Generator,
-    *,
-    budget: int,
-    num_replicas: int,
-    shuffle: bool,
-    balance: str,
-    attention_weight: float | None,
-    drop_last: bool,
-    overflow: str,
+    options: SamplerOptions,
 ) -> EpochPlan:
     """Steps 4 and 5 of the module docstring: the packed bins (CSR) padded or dropped to a multiple
     of ``num_replicas``, dealt to ranks by cost, the steps shuffled."""
-    bins = rng.permutation(len(counts)) if shuffle else np.arange(len(counts))
-    base = _stats_base(lengths, too_long, overflow)
+    budget, num_replicas, balance = options.max_tokens_per_batch, options.num_replicas, options.balance
+    bins = rng.permutation(len(counts)) if options.shuffle else np.arange(len(counts))
+    base = _stats_base(lengths, too_long, options.overflow)
     extra = -len(counts) % num_replicas
-    if extra and not drop_last:
+    if extra and not options.drop_last:
         more, more_counts = _repeat_bins(order, lengths, budget, extra)
         bins = np.r_[bins, np.arange(len(counts), len(counts) + extra)]
         indices, counts = np.r_[indices, more], np.r_[counts, more_counts]
@@ -292,14 +283,16 @@ def _balanced_plan(
     example_tokens = lengths[indices]
     tokens = np.add.reduceat(example_tokens, offsets[:-1]) if len(counts) else _EMPTY
     attention = np.add.reduceat(example_tokens**2, offsets[:-1]) if len(counts) else _EMPTY
-    if extra and drop_last:  # drop the bins with the fewest tokens
+    if extra and options.drop_last:  # drop the bins with the fewest tokens
         dropped = np.argsort(tokens[bins], kind="stable")[: len(bins) % num_replicas]
-        base.update(drop_last_examples=int(counts[bins[dropped]].sum()), drop_last_tokens=int(tokens[bins[dropped]].sum()))
+        base.update(
+            drop_last_examples=int(counts[bins[dropped]].sum()), drop_last_tokens=int(tokens[bins[dropped]].sum())
+        )
         bins = np.delete(bins, dropped)
     by = {"tokens": tokens, "attention": attention}
-    cost = by[balance] if balance in by else bin_cost(tokens, attention, budget, attention_weight)
+    cost = by[balance] if balance in by else bin_cost(tokens, attention, budget, options.attention_weight)
     dealt = _deal(cost[bins].astype(np.float64), num_replicas, balance)
-    if shuffle and balance != "none":
+    if options.shuffle and balance != "none":
         steps = rng.permutation(len(dealt) // num_replicas)
         dealt = dealt.reshape(-1, num_replicas)[steps].ravel()
     chosen = bins[dealt]
@@ -313,7 +306,7 @@ def _balanced_plan(
         num_replicas=num_replicas,
         batch_attention=attention[chosen],
         stats_base=base,
-        attention_weight=attention_weight,
+        attention_weight=options.attention_weight,
     )
 
 
@@ -335,9 +328,10 @@ def plan_epoch(
 ) -> EpochPlan:
     """Plan one epoch of token-budget batches for ``num_replicas`` ranks (the module docstring says how).
 
-    Args: as :class:`MultipackBatchSampler`, plus ``epoch``. The same arguments give the
-    same plan in every process; ``progress`` (a bar on stderr; ``None``: for 4,000,000+
-    examples, unless ``datasets`` or ``transformers`` has progress bars off) changes nothing in it.
+    Args: as :class:`MultipackBatchSampler`, plus ``epoch``; they are checked as one
+    :class:`SamplerOptions`. The same arguments give the same plan in every process;
+    ``progress`` (a bar on stderr; ``None``: for 4,000,000+ examples, unless ``datasets`` or
+    ``transformers`` has progress bars off) changes nothing in it.
 
     >>> plan = plan_epoch([3, 5, 2, 8, 1, 4, 7, 2], 8, num_replicas=2, seed=0)
     >>> plan.batches(rank=0), plan.batches(rank=1)
@@ -347,33 +341,32 @@ def plan_epoch(
     ...
     ValueError: Example 1 has 9 tokens, more than max_tokens_per_batch=8 (1 example(s) too long, the longest 9 tokens). Raise max_tokens_per_batch, truncate the dataset to it when tokenizing, or pass overflow='drop' to leave such examples out (counted in stats).
     """
-    validate_choice("strategy", strategy, Strategy)
-    validate_choice("balance", balance, Balance)
-    validate_choice("overflow", overflow, SamplerOverflow)
-    attention_weight = validate_attention_weight(attention_weight)
-    lengths = validate_lengths(lengths)
-    budget = int(max_tokens_per_batch)
-    too_long = check_overflow(lengths, budget, overflow)
+    options = SamplerOptions(
+        max_tokens_per_batch=max_tokens_per_batch, seed=seed, strategy=strategy, shuffle=shuffle,
+        drop_last=drop_last, group_size=group_size, balance=balance, attention_weight=attention_weight,
+        overflow=overflow, num_replicas=num_replicas, progress=progress,
+    )  # fmt: skip
+    return plan_with_options(validate_lengths(lengths), options, epoch=validate_positive_int("epoch", epoch, minimum=0))
+
+
+def plan_with_options(lengths: np.ndarray, options: SamplerOptions, *, epoch: int = 0, rank: int = 0) -> EpochPlan:
+    """:func:`plan_epoch` of lengths already checked (int64, by :func:`validate_lengths`) and checked options.
+
+    ``rank`` is the process that plans (the plan is every rank's, the same on each): with
+    ``progress=None`` only rank 0 may show a bar.
+
+    >>> plan_with_options(np.array([3, 5, 2, 8]), SamplerOptions(max_tokens_per_batch=8, shuffle=False)).batches(rank=0)
+    [[3], [0, 1], [2]]
+    """
+    budget = options.max_tokens_per_batch
+    too_long = check_overflow(lengths, budget, options.overflow)
     usable = np.flatnonzero((lengths > 0) & ~too_long)
+    progress = False if options.progress is None and rank else options.progress  # one bar: rank 0's
     show = show_progress(progress, len(usable), PROGRESS_MIN_EXAMPLES)
     with progress_bar(show, total=len(usable), desc=f"planning epoch {epoch}", unit="example") as bar:
-        rng = np.random.default_rng([seed, epoch])
-        order = rng.permutation(usable) if shuffle else usable
+        rng = np.random.default_rng([options.seed, epoch])
+        order = rng.permutation(usable) if options.shuffle else usable
         bar.set_postfix_str("packing")
-        indices, counts = _pack_groups(order, lengths, budget, strategy, group_size, bar)
+        indices, counts = _pack_groups(order, lengths, budget, options.strategy, options.group_size, bar)
         bar.set_postfix_str("balancing")
-        return _balanced_plan(
-            lengths,
-            too_long,
-            order,
-            indices,
-            counts,
-            rng,
-            budget=budget,
-            num_replicas=num_replicas,
-            shuffle=shuffle,
-            balance=balance,
-            attention_weight=attention_weight,
-            drop_last=drop_last,
-            overflow=overflow,
-        )
+        return _balanced_plan(lengths, too_long, order, indices, counts, rng, options)

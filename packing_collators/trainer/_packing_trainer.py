@@ -28,10 +28,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._validation import validate_attention_weight, validate_choice, validate_positive_int
+from .._validation import validate_choice, validate_positive_int
 from ..collate import FlatteningCollator
 from ..engine import Strategy
-from ..sampler import SamplerOverflow, example_lengths
+from ..sampler import SamplerOverflow, check_sampler_option, example_lengths
 from ._attention_choice import AUTO_ATTENTION, choose_attention
 from ._compile import CompileWarmUp, compiled_model
 from ._deepspeed import check_deepspeed_setup
@@ -307,10 +307,11 @@ class PackingTrainer(Trainer):
         sequence_parallel_size: int = 1,
         **kwargs: Any,
     ) -> None:
-        validate_choice("packing_strategy", packing_strategy, Strategy)
+        self.packing_strategy = check_sampler_option("strategy", packing_strategy, name="packing_strategy")
+        self.attention_weight = check_sampler_option("attention_weight", attention_weight)
+        self.overflow = check_sampler_option("overflow", overflow)
         validate_choice("loss_normalization", loss_normalization, LossNormalization)
         validate_choice("eval_packing", eval_packing, EvalPacking)
-        validate_choice("overflow", overflow, SamplerOverflow)
         if max_tokens_per_batch != AUTO_BUDGET:
             validate_positive_int(
                 "max_tokens_per_batch",
@@ -322,11 +323,8 @@ class PackingTrainer(Trainer):
         self.memory_check = memory_check
         self._auto_budget: int | None = None  # max_tokens_per_batch="auto", once measured
         self._checked_budgets: set[tuple[int, int]] = set()  # (budget, longest) that passed the memory check
-        self.packing_strategy = packing_strategy
-        self.attention_weight = validate_attention_weight(attention_weight)
         self.length_column = length_column
         self.eval_packing = eval_packing
-        self.overflow = overflow
         self.loss_normalization = loss_normalization
         self._train_batch_sampler = None
         self._train_longest = None
