@@ -207,9 +207,9 @@ def write_batches(batches: Iterable[pa.RecordBatch], path: str, writer: _Writer 
         raise
 
 
-def _one_pass(files, plan, columns, label_pad_id, bar) -> Iterator[pa.RecordBatch]:
+def _one_pass(files, plan, columns, label_pad_id, buffers, bar) -> Iterator[pa.RecordBatch]:
     """Each chunk's rows, its segments read straight from the input's memory map (front to back), written once."""
-    for first, last in chunk_bounds(plan):
+    for chunk_index, (first, last) in enumerate(chunk_bounds(plan)):
         part = plan.rows(first, last)
         by_example = np.argsort(part.order, kind="stable")  # read each file front to back
         examples, lengths = part.order[by_example], part.segment_lengths[by_example]
@@ -224,10 +224,14 @@ def _one_pass(files, plan, columns, label_pad_id, bar) -> Iterator[pa.RecordBatc
                 for f, (a, b) in enumerate(zip(edges[:-1].tolist(), edges[1:].tolist()))
                 if b > a
             ]
-            flat = np.concatenate(pieces) if pieces else np.empty(0, files.dtype(name))
+            flat = buffers.get(name, part.total_tokens, files.dtype(name))
+            if pieces:
+                np.concatenate(pieces, out=flat)
             tokens[name] = gather_runs(flat, starts, part.segment_lengths)
         kept = {name: files.take(name, part.order) for name in columns.keep}
-        yield rows_batch(part, tokens, columns, label_pad_id, kept)
+        # two buffers in turn: the previous chunk's may still be being written
+        positions_out = buffers.get(f"position_ids/{chunk_index % 2}", part.total_tokens, np.int32)
+        yield rows_batch(part, tokens, columns, label_pad_id, kept, positions_out=positions_out)
         bar.update(2 * part.total_tokens)
     files.release()
 
@@ -264,7 +268,7 @@ def write_rows(
         )
         writer = _Writer(stack.enter_context(ThreadPoolExecutor(max_workers=1)))
         if token_bytes <= MEMORY_SHARE * _available_memory():
-            write_batches(_one_pass(files, plan, columns, label_pad_id, bar), path, writer)
+            write_batches(_one_pass(files, plan, columns, label_pad_id, _Buffers(), bar), path, writer)
             return
         bounds = chunk_bounds(plan)
         positions = scatter_positions(plan, bounds, len(files.lengths))
