@@ -18,17 +18,19 @@ after chunk would read it from disk once per chunk, so it is read once, in order
     pass 2 (gather)   read one chunk's region of the temp file, put its segments in row order,
                       write its rows (one record batch) to the output file
 
-Memory: one chunk of rows (about 16M tokens) plus O(segments) for the plan; the one pass also
-maps the input's pages (file-backed and clean: the page cache holds them either way, and the
-kernel can drop them), the two passes one window (released after use). Disk: the one pass writes
-each row once; the two passes also write (and read back) one temp file per token column, deleted
-at the end. Cost: 3,000,000 ``sft`` examples (888M tokens, 6.6 GB) on 2 cores: the one pass
-about 40 s, the two passes about 55 s (``benchmarks/results/pack_at_scale.md``); a writer thread
-lets the kernel copy one chunk out while the next is built. No Python loop over examples or tokens.
+Memory: a chunk of rows (about 16M tokens; the one pass builds two at once, in threads) plus
+O(segments) for the plan; the one pass also maps the input's pages (file-backed and clean: they
+count in the RSS, and the kernel can drop them), the two passes one window (released after use).
+Disk: the one pass writes each row once; the two passes also write (and read back) one temp
+file per token column, deleted at the end. Cost: 3,000,000 ``sft`` examples (888M tokens,
+6.6 GB) on 2 shared cores, from the page cache: one pass 31-34 s, two passes 48-57 s
+(``benchmarks/results/pack_at_scale_3m.md``); a writer thread lets the kernel copy one chunk
+out while the next ones are built. No Python loop over examples or tokens.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import tempfile
@@ -207,32 +209,38 @@ def write_batches(batches: Iterable[pa.RecordBatch], path: str, writer: _Writer 
         raise
 
 
-def _one_pass(files, plan, columns, label_pad_id, buffers, bar) -> Iterator[pa.RecordBatch]:
-    """Each chunk's rows, its segments read straight from the input's memory map (front to back), written once."""
-    for chunk_index, (first, last) in enumerate(chunk_bounds(plan)):
+def _chunk_rows(files: ArrowFiles, plan: RowPlan, columns: ExampleColumns, label_pad_id: int) -> pa.RecordBatch:
+    """One chunk's rows, its segments read straight from the input's memory map (file by file, front to back)."""
+    by_example = np.argsort(plan.order, kind="stable")
+    examples, lengths = plan.order[by_example], plan.segment_lengths[by_example]
+    edges = np.searchsorted(files.file_of[examples], np.arange(len(files.paths) + 1)).tolist()
+    starts = np.empty(len(lengths), np.int64)  # where each segment is in the input-order gather
+    starts[by_example] = np.cumsum(lengths) - lengths
+    tokens = {}
+    for name in columns.tokens:
+        starts_in_files = files.positions[name][examples] + plan.skip[by_example]
+        pieces = [
+            gather_runs(files.view(f, name), starts_in_files[a:b], lengths[a:b])
+            for f, (a, b) in enumerate(zip(edges[:-1], edges[1:]))
+            if b > a
+        ]
+        flat = pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.empty(0, files.dtype(name))
+        tokens[name] = gather_runs(flat, starts, plan.segment_lengths)
+    kept = {name: files.take(name, plan.order) for name in columns.keep}
+    return rows_batch(plan, tokens, columns, label_pad_id, kept)
+
+
+def _one_pass(files, plan, columns, label_pad_id, pool: ThreadPoolExecutor, bar) -> Iterator[pa.RecordBatch]:
+    """Each chunk's rows, built in ``pool`` one chunk ahead of the one yielded, in order; each row written once."""
+    pending: collections.deque = collections.deque()
+    bounds = chunk_bounds(plan)
+    for index, (first, last) in enumerate(bounds):
         part = plan.rows(first, last)
-        by_example = np.argsort(part.order, kind="stable")  # read each file front to back
-        examples, lengths = part.order[by_example], part.segment_lengths[by_example]
-        edges = np.searchsorted(files.file_of[examples], np.arange(len(files.paths) + 1))
-        starts = np.empty(len(lengths), np.int64)  # where each segment is in the input-order gather
-        starts[by_example] = np.cumsum(lengths) - lengths
-        tokens = {}
-        for name in columns.tokens:
-            starts_in_files = files.positions[name][examples] + part.skip[by_example]
-            pieces = [
-                gather_runs(files.view(f, name), starts_in_files[a:b], lengths[a:b])
-                for f, (a, b) in enumerate(zip(edges[:-1].tolist(), edges[1:].tolist()))
-                if b > a
-            ]
-            flat = buffers.get(name, part.total_tokens, files.dtype(name))
-            if pieces:
-                np.concatenate(pieces, out=flat)
-            tokens[name] = gather_runs(flat, starts, part.segment_lengths)
-        kept = {name: files.take(name, part.order) for name in columns.keep}
-        # two buffers in turn: the previous chunk's may still be being written
-        positions_out = buffers.get(f"position_ids/{chunk_index % 2}", part.total_tokens, np.int32)
-        yield rows_batch(part, tokens, columns, label_pad_id, kept, positions_out=positions_out)
-        bar.update(2 * part.total_tokens)
+        pending.append((pool.submit(_chunk_rows, files, part, columns, label_pad_id), part.total_tokens))
+        while pending and (len(pending) > 1 or index == len(bounds) - 1):
+            future, tokens = pending.popleft()
+            yield future.result()
+            bar.update(2 * tokens)
     files.release()
 
 
@@ -268,7 +276,8 @@ def write_rows(
         )
         writer = _Writer(stack.enter_context(ThreadPoolExecutor(max_workers=1)))
         if token_bytes <= MEMORY_SHARE * _available_memory():
-            write_batches(_one_pass(files, plan, columns, label_pad_id, _Buffers(), bar), path, writer)
+            builders = stack.enter_context(ThreadPoolExecutor(max_workers=2))
+            write_batches(_one_pass(files, plan, columns, label_pad_id, builders, bar), path, writer)
             return
         bounds = chunk_bounds(plan)
         positions = scatter_positions(plan, bounds, len(files.lengths))
