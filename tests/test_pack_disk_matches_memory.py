@@ -9,7 +9,7 @@ import pytest
 from datasets import Dataset, Features, Sequence, Value, load_from_disk
 
 from packing_collators import pack_dataset
-from packing_collators.offline import _arrow_files, _arrow_rows
+from packing_collators.offline import _arrow_files, _arrow_rows, _disk_rows
 
 CHOICES = [
     (strategy, overflow) for strategy in ("bfd", "ffd", "next_fit") for overflow in ("truncate", "drop", "split")
@@ -38,9 +38,11 @@ def random_saved(tmp_path, seed, max_length):
     return saved, lengths
 
 
+@pytest.mark.parametrize("passes", [1, 2])  # the input read once from its memory map, or through temp files
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("strategy, overflow", CHOICES)
-def test_disk_rows_and_stats_equal_the_in_memory_ones(tmp_path, monkeypatch, seed, strategy, overflow):
+def test_disk_rows_and_stats_equal_the_in_memory_ones(tmp_path, monkeypatch, seed, strategy, overflow, passes):
+    monkeypatch.setattr(_disk_rows, "MEMORY_SHARE", 1.0 if passes == 1 else 0.0)
     monkeypatch.setattr(_arrow_files, "WINDOW_TOKENS", 700)
     monkeypatch.setattr(_arrow_rows, "CHUNK_TOKENS", 500)
     max_length = 48

@@ -14,7 +14,7 @@ import pytest
 from datasets import Dataset, DatasetDict, load_from_disk
 
 from packing_collators import pack_dataset
-from packing_collators.offline import _arrow_files, _arrow_rows
+from packing_collators.offline import _arrow_files, _arrow_rows, _disk_rows
 
 
 @pytest.fixture
@@ -163,9 +163,24 @@ def test_without_madvise_pwrite_or_preadv_the_files_are_still_written(saved, mon
     monkeypatch.delattr(_arrow_files.mmap, "MADV_DONTNEED")
     monkeypatch.delattr(os, "pwrite")
     monkeypatch.delattr(os, "preadv")
+    monkeypatch.setattr(_disk_rows, "MEMORY_SHARE", 0.0)  # two passes: the temp files are written and read
     monkeypatch.setattr(_arrow_files, "WINDOW_TOKENS", 5_000)
     monkeypatch.setattr(_arrow_rows, "CHUNK_TOKENS", 4_000)
     assert pack_dataset(saved, 100, overflow="split", keep_columns=["id"])[:] == expected[:]
+
+
+def test_an_input_that_fits_in_memory_is_written_once_with_no_temp_file(saved, monkeypatch):
+    expected = pack_dataset(saved, 100, overflow="split", keep_columns=["id"], keep_in_memory=True)
+
+    def no_temp_file(*args, **kwargs):
+        raise AssertionError("a temp file was written")
+
+    monkeypatch.setattr(_disk_rows.tempfile, "TemporaryFile", no_temp_file)
+    monkeypatch.setattr(_arrow_rows, "CHUNK_TOKENS", 4_000)
+    assert pack_dataset(saved, 100, overflow="split", keep_columns=["id"])[:] == expected[:]
+    monkeypatch.setattr(_disk_rows, "_available_memory", lambda: 0)  # unknown or too little: two passes
+    with pytest.raises(AssertionError, match="a temp file was written"):
+        pack_dataset(saved, 100, overflow="split", keep_columns=["id"], load_from_cache_file=False)
 
 
 def _killed_process(*args):  # as the kernel's OOM killer ends a worker: no exception, no cleanup

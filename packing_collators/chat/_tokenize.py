@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .._splits import per_split
 from .._validation import check_not_too_long, validate_choice
 from ..engine import Overflow
 from ..offline._options import MAX_LENGTH_FIX
@@ -241,9 +242,8 @@ def tokenize_chat(
     if isinstance(dataset, datasets.Dataset):
         tokenized, stats = _tokenize_split(dataset, tokenizer, options)
     elif isinstance(dataset, datasets.DatasetDict):
-        results = {name: _tokenize_split(split, tokenizer, options, name) for name, split in dataset.items()}
-        tokenized = datasets.DatasetDict({name: result[0] for name, result in results.items()})
-        stats = {name: result[1] for name, result in results.items()}
+        tokenize = lambda split, name: _tokenize_split(split, tokenizer, options, name)  # noqa: E731
+        tokenized, stats = per_split(dataset, tokenize, datasets.DatasetDict)
     else:
         raise TypeError(
             f"tokenize_chat takes a datasets.Dataset or DatasetDict, got {type(dataset).__name__}; tokenize one "

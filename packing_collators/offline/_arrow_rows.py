@@ -164,16 +164,9 @@ def chunk_bounds(plan: RowPlan, chunk_tokens: int = CHUNK_TOKENS) -> list[tuple[
 
 
 def row_batches(
-    table: pa.Table,
-    plan: RowPlan,
-    columns: ExampleColumns,
-    lengths: np.ndarray,
-    *,
-    label_pad_id: int = -100,
-    num_proc: int | None = None,
+    source: TableTokens, plan: RowPlan, columns: ExampleColumns, *, label_pad_id: int = -100, num_proc: int | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """The rows of ``plan`` over an in-memory ``table``, one RecordBatch per chunk, in order."""
-    source = TableTokens(table, columns, lengths)
+    """The rows of ``plan`` over an in-memory table (``source``), one RecordBatch per chunk, in order."""
 
     def build(bound: tuple[int, int]) -> pa.RecordBatch:
         part = plan.rows(*bound)
@@ -213,7 +206,8 @@ def build_rows(
     """
     from tqdm.auto import tqdm
 
-    batches = row_batches(table, plan, columns, lengths, label_pad_id=label_pad_id, num_proc=num_proc)
+    source = TableTokens(table, columns, lengths)
+    batches = row_batches(source, plan, columns, label_pad_id=label_pad_id, num_proc=num_proc)
     done = []
     with tqdm(total=len(chunk_bounds(plan)), desc=desc, unit="chunk", disable=not progress) as bar:
         for batch in batches:

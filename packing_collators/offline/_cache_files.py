@@ -12,8 +12,9 @@ The fingerprint hashes the source's fingerprint, every option that decides the r
 finds the JSON and loads the files (under a second at any size) instead of packing again.
 The JSON records the fingerprint too, and a build removes it first: a ``cache_file_name``
 written with other options or input, or a build stopped halfway, is packed again, never loaded.
-Building: the dataset's Arrow files are read directly (``_arrow_files``) and written in two
-passes (``_disk_rows``), in memory bounded by a chunk plus O(examples); a dataset that is not
+Building: the dataset's Arrow files are read directly (``_arrow_files``) and each row written
+once (``_disk_rows``; in two passes through temp files when the input is larger than memory),
+in memory bounded by a chunk plus O(examples); a dataset that is not
 its files as they are (an indices mapping, rows in memory, a cast replayed) is read in memory
 (logged at INFO) and its rows still written chunk by chunk. With ``num_proc``, processes write
 contiguous row ranges of the one plan, as files that form one dataset in order.
@@ -34,7 +35,7 @@ import pyarrow as pa
 
 from ..engine import PackStats
 from ._arrow_files import ArrowFiles, dataset_arrow_files
-from ._arrow_rows import row_batches
+from ._arrow_rows import TableTokens, row_batches
 from ._columns import ExampleColumns, example_columns, read_examples
 from ._disk_rows import write_batches, write_rows
 from ._options import PackOptions
@@ -137,7 +138,8 @@ def _write(dataset, options: PackOptions, path: str, progress, desc: str) -> tup
         logger.info("pack_dataset: reading the dataset in memory, since %s", files)
         table, lengths = _read_in_memory(dataset, columns)
         plan, stats = plan_rows(lengths, options)
-        write_batches(row_batches(table, plan, columns, lengths, label_pad_id=options.label_pad_id), path)
+        source = TableTokens(table, columns, lengths)
+        write_batches(row_batches(source, plan, columns, label_pad_id=options.label_pad_id), path)
         return [path], stats
     source = ArrowFiles(*files, columns)
     plan, stats = plan_rows(source.lengths, options)

@@ -1,25 +1,36 @@
-"""Packed rows written to an Arrow stream file in two sequential passes over the input, in bounded memory.
+"""Packed rows written to an Arrow stream file once, in bounded memory, from the dataset's own files.
 
-The rows come out shuffled, so one output chunk's tokens are scattered over the whole input;
-gathering them in place would touch every page of the input for every chunk. Instead::
+The rows come out shuffled, so one output chunk's tokens are scattered over the whole input.
+When the input's token columns fit in the available memory (``MEMORY_SHARE`` of ``MemAvailable``,
+so they stay in the page cache), each chunk is gathered straight from the input's memory map::
+
+    one pass   for each chunk of rows: its segments, read from the input in file order
+               (one memcpy per segment), put in row order (one more, in memory), written
+                   input   [e0 e1 e2 e3 | e4 e5 e6 e7 | ...]     mapped, pages kept until the end
+                   out     [chunk 0 rows | chunk 1 rows | ...]   each row written once
+
+Otherwise (a dataset larger than memory, or no ``/proc/meminfo``) reading the input chunk
+after chunk would read it from disk once per chunk, so it is read once, in order, through temp files::
 
     pass 1 (scatter)  read the input window by window, in file order; each segment's tokens
                       go to a temporary file, chunk after chunk, in input order within a chunk
-                          input   [e0 e1 e2 e3 | e4 e5 e6 e7 | ...]      window by window
                           temp    [chunk 0: e1 e4 e6 ... | chunk 1: e0 e3 e7 ... | ...]
     pass 2 (gather)   read one chunk's region of the temp file, put its segments in row order,
                       write its rows (one record batch) to the output file
 
-Memory: one window of input (about 16M tokens, released after use) or one chunk (about 16M
-tokens) at a time, plus O(segments) for the plan, whatever the number of tokens: 1,000,000
-``sft`` examples (296M tokens) peak under 1 GiB. Disk: one temp file per token column (the
-packed tokens once), deleted at the end. Cost: each token is read twice and written twice
-(sequential I/O) and copied twice by a memcpy per segment (:func:`gather_runs`); a writer thread
-lets the kernel copy one chunk out while the next is built. No Python loop over examples or tokens.
+Memory: a chunk of rows (about 16M tokens; the one pass builds two at once, in threads) plus
+O(segments) for the plan; the one pass also maps the input's pages (file-backed and clean: they
+count in the RSS, and the kernel can drop them), the two passes one window (released after use).
+Disk: the one pass writes each row once; the two passes also write (and read back) one temp
+file per token column, deleted at the end. Cost: 3,000,000 ``sft`` examples (888M tokens,
+6.6 GB) on 2 shared cores, from the page cache: one pass 31-34 s, two passes 48-57 s
+(``benchmarks/results/pack_at_scale_3m.md``); a writer thread lets the kernel copy one chunk
+out while the next ones are built. No Python loop over examples or tokens.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import tempfile
@@ -34,7 +45,10 @@ from ._arrow_rows import chunk_bounds, gather_runs, rows_batch
 from ._columns import ExampleColumns
 from ._row_plan import RowPlan
 
-__all__ = ["scatter_positions", "write_batches", "write_rows"]
+__all__ = ["MEMORY_SHARE", "scatter_positions", "write_batches", "write_rows"]
+
+MEMORY_SHARE = 0.5
+"""One pass when the input's token bytes are at most this share of the available memory (they stay in the page cache)."""
 
 
 def scatter_positions(plan: RowPlan, bounds: list[tuple[int, int]], num_examples: int) -> np.ndarray:
@@ -195,6 +209,53 @@ def write_batches(batches: Iterable[pa.RecordBatch], path: str, writer: _Writer 
         raise
 
 
+def _chunk_rows(files: ArrowFiles, plan: RowPlan, columns: ExampleColumns, label_pad_id: int) -> pa.RecordBatch:
+    """One chunk's rows, its segments read straight from the input's memory map (file by file, front to back)."""
+    by_example = np.argsort(plan.order, kind="stable")
+    examples, lengths = plan.order[by_example], plan.segment_lengths[by_example]
+    edges = np.searchsorted(files.file_of[examples], np.arange(len(files.paths) + 1)).tolist()
+    starts = np.empty(len(lengths), np.int64)  # where each segment is in the input-order gather
+    starts[by_example] = np.cumsum(lengths) - lengths
+    tokens = {}
+    for name in columns.tokens:
+        starts_in_files = files.positions[name][examples] + plan.skip[by_example]
+        pieces = [
+            gather_runs(files.view(f, name), starts_in_files[a:b], lengths[a:b])
+            for f, (a, b) in enumerate(zip(edges[:-1], edges[1:]))
+            if b > a
+        ]
+        flat = pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.empty(0, files.dtype(name))
+        tokens[name] = gather_runs(flat, starts, plan.segment_lengths)
+    kept = {name: files.take(name, plan.order) for name in columns.keep}
+    return rows_batch(plan, tokens, columns, label_pad_id, kept)
+
+
+def _one_pass(files, plan, columns, label_pad_id, pool: ThreadPoolExecutor, bar) -> Iterator[pa.RecordBatch]:
+    """Each chunk's rows, built in ``pool`` one chunk ahead of the one yielded, in order; each row written once."""
+    pending: collections.deque = collections.deque()
+    bounds = chunk_bounds(plan)
+    for index, (first, last) in enumerate(bounds):
+        part = plan.rows(first, last)
+        pending.append((pool.submit(_chunk_rows, files, part, columns, label_pad_id), part.total_tokens))
+        while pending and (len(pending) > 1 or index == len(bounds) - 1):
+            future, tokens = pending.popleft()
+            yield future.result()
+            bar.update(2 * tokens)
+    files.release()
+
+
+def _available_memory() -> int:
+    """Bytes of memory the system could give (``MemAvailable``: free plus reclaimable page cache); 0 if unknown."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def write_rows(
     files: ArrowFiles,
     plan: RowPlan,
@@ -205,18 +266,23 @@ def write_rows(
     progress: bool = False,
     desc: str = "Packing rows",
 ) -> None:
-    """The rows of ``plan`` over ``files``, written to ``path`` in two passes (see the module docstring)."""
+    """The rows of ``plan`` over ``files``, written to ``path`` once (or in two passes: see the module docstring)."""
     from tqdm.auto import tqdm
 
-    bounds = chunk_bounds(plan)
-    positions = scatter_positions(plan, bounds, len(files.lengths))
-    directory = os.path.dirname(os.path.abspath(path))
+    token_bytes = plan.total_tokens * sum(files.dtype(name).itemsize for name in columns.tokens)
     with contextlib.ExitStack() as stack:
-        temps = {name: stack.enter_context(tempfile.TemporaryFile(dir=directory)) for name in columns.tokens}
         bar = stack.enter_context(
             tqdm(total=2 * plan.total_tokens, desc=desc, unit="tok", unit_scale=True, disable=not progress)
         )
         writer = _Writer(stack.enter_context(ThreadPoolExecutor(max_workers=1)))
+        if token_bytes <= MEMORY_SHARE * _available_memory():
+            builders = stack.enter_context(ThreadPoolExecutor(max_workers=2))
+            write_batches(_one_pass(files, plan, columns, label_pad_id, builders, bar), path, writer)
+            return
+        bounds = chunk_bounds(plan)
+        positions = scatter_positions(plan, bounds, len(files.lengths))
+        directory = os.path.dirname(os.path.abspath(path))
+        temps = {name: stack.enter_context(tempfile.TemporaryFile(dir=directory)) for name in columns.tokens}
         _scatter(files, plan, positions, temps, writer, bar)
         batches = _gather(files, plan, positions, temps, columns, label_pad_id, _Buffers(), bar)
         write_batches(batches, path, writer)

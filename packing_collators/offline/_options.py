@@ -1,13 +1,15 @@
-"""The options of :func:`pack_dataset`, validated once at entry and shared by the in-memory, on-disk and streaming packers."""
+"""The options of :func:`pack_dataset`, validated once at entry: how to pack (``PackOptions``, shared by the
+in-memory, on-disk and streaming packers) and where the rows of a ``Dataset`` go (``CacheOptions``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from .._validation import validate_choice, validate_positive_int
 
-__all__ = ["DatasetOverflow", "DatasetStrategy", "MAX_LENGTH_FIX", "PackOptions", "SPLIT_FIX"]
+__all__ = ["CacheOptions", "DatasetOverflow", "DatasetStrategy", "MAX_LENGTH_FIX", "PackOptions", "SPLIT_FIX"]
 
 DatasetStrategy = Literal["bfd", "ffd", "next_fit", "wrapped"]
 
@@ -85,3 +87,50 @@ class PackOptions:
         """
         skip = ("num_proc", "progress", "buffer_size")
         return {name: value for name, value in vars(self).items() if name not in skip}
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """Validated :func:`pack_dataset` cache options: where the packed rows of a ``Dataset`` go, and their reuse.
+
+    ``cache_file_name``: one path, or (``DatasetDict``) a dict of split name to path; ``None``
+    names the file by fingerprint beside the dataset's own. ``load_from_cache_file``: already
+    resolved (``None`` given means whether ``datasets`` caching is on).
+
+    >>> CacheOptions(cache_file_name={"train": "t.arrow"}).path_of("train"), CacheOptions().path_of("train")
+    ('t.arrow', None)
+    >>> CacheOptions(cache_file_name="rows.arrow", keep_in_memory=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: Pass keep_in_memory=True or cache_file_name='rows.arrow', not both: rows kept in memory are written to no file.
+    """
+
+    cache_file_name: str | Mapping[str, str] | None = None
+    keep_in_memory: bool = False
+    load_from_cache_file: bool = True
+
+    def __post_init__(self) -> None:
+        if self.keep_in_memory and self.cache_file_name is not None:  # as Dataset.map refuses it: one would be ignored
+            raise ValueError(
+                f"Pass keep_in_memory=True or cache_file_name={self.cache_file_name!r}, not both: rows kept in memory "
+                "are written to no file."
+            )
+
+    @property
+    def chosen(self) -> bool:
+        """Whether a file or memory was asked for (a stream has neither)."""
+        return self.cache_file_name is not None or self.keep_in_memory
+
+    def path_of(self, split_name: str = "") -> str | None:
+        """The path asked for this split (``cache_file_name``, or its entry for ``split_name``), else None."""
+        if isinstance(self.cache_file_name, Mapping):
+            return self.cache_file_name.get(split_name)
+        return self.cache_file_name
+
+    def check_splits(self, names) -> None:
+        """A ``DatasetDict`` takes a dict of split name to path, not one path for all of its splits."""
+        if isinstance(self.cache_file_name, str):
+            raise ValueError(
+                "cache_file_name for a DatasetDict is a dict of split name to path, e.g. "
+                f"{ {name: f'packed-{name}.arrow' for name in names} }."
+            )
