@@ -18,7 +18,7 @@ once, reused by a second identical call); any other is packed in memory.
 Cost: the engine's one sort over lengths, then a memcpy per segment per column and a cumsum
 for ``position_ids``; no Python loop over examples or tokens. 3,000,000 ``sft`` examples
 (888M tokens, 6.6 GB on disk) pack at capacity 2048 in 31-85 s on 2 shared cores, each row
-written once, 2.3-2.8x faster than TRL's ``pack_dataset`` beside it (``benchmarks/cpu/bench_pack_at_scale.py``).
+written once, 2.3-2.8x faster than TRL's ``pack_dataset`` beside it (``benchmarks/cpu/bench_offline.py at-scale``).
 The result is in the input's format (``with_format``), streams included.
 """
 
