@@ -71,9 +71,15 @@ def build_model(args, attn: str, device, dtype):
 
     hidden, layers, heads, kv, inter = SIZES[args.size]
     config = LlamaConfig(
-        vocab_size=args.vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=max(args.max_length, 8192),
-        use_cache=False, tie_word_embeddings=False,
+        vocab_size=args.vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=inter,
+        max_position_embeddings=max(args.max_length, 8192),
+        use_cache=False,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(args.seed)
     with torch.device(device):  # initialise on the GPU: seconds instead of a minute on the CPU

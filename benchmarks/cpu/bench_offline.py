@@ -116,17 +116,29 @@ def child_stream(job: dict) -> dict:
     else:
         from packing_collators import pack_dataset
 
-        packed, stats = pack_dataset(stream_examples(n, job), job["max_length"], strategy=strategy,
-                                     buffer_size=job["buffer_size"], return_stats=True)
+        packed, stats = pack_dataset(
+            stream_examples(n, job),
+            job["max_length"],
+            strategy=strategy,
+            buffer_size=job["buffer_size"],
+            return_stats=True,
+        )
         rows = tokens = 0
         for row in packed:
             rows, tokens = rows + 1, tokens + len(row["input_ids"])
         assert rows == stats.rows and tokens == stats.packed_tokens == stats.input_tokens, (rows, tokens, stats)
     return {
-        "strategy": strategy, "examples": n, "buffer_size": job["buffer_size"], "rows": rows, "tokens": tokens,
-        "seconds": time.perf_counter() - start, "peak_rss_mib": peak_rss_mib(),
-        **{k: getattr(stats, k, None) for k in ("lower_bound_rows", "efficiency", "rows_over_lower_bound",
-                                                "split_examples")},
+        "strategy": strategy,
+        "examples": n,
+        "buffer_size": job["buffer_size"],
+        "rows": rows,
+        "tokens": tokens,
+        "seconds": time.perf_counter() - start,
+        "peak_rss_mib": peak_rss_mib(),
+        **{
+            k: getattr(stats, k, None)
+            for k in ("lower_bound_rows", "efficiency", "rows_over_lower_bound", "split_examples")
+        },
     }
 
 
@@ -142,8 +154,9 @@ def child_pack(job: dict) -> dict:
     if job["packer"] == "trl":
         from trl import pack_dataset as trl_pack
 
-        packed = trl_pack(dataset, job["max_length"], strategy=job["strategy"],
-                          map_kwargs={"load_from_cache_file": False})
+        packed = trl_pack(
+            dataset, job["max_length"], strategy=job["strategy"], map_kwargs={"load_from_cache_file": False}
+        )
     else:
         from packing_collators import pack_dataset
 
@@ -152,8 +165,15 @@ def child_pack(job: dict) -> dict:
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     tokens, segments = count_of(packed, "input_ids"), count_of(packed, "seq_lengths")
-    return {"seconds": seconds, "peak_rss_mib": peak, "rows": len(packed), "tokens": tokens, "segments": segments,
-            "efficiency": tokens / (len(packed) * job["max_length"]), "cache_files": len(packed.cache_files)}
+    return {
+        "seconds": seconds,
+        "peak_rss_mib": peak,
+        "rows": len(packed),
+        "tokens": tokens,
+        "segments": segments,
+        "efficiency": tokens / (len(packed) * job["max_length"]),
+        "cache_files": len(packed.cache_files),
+    }
 
 
 CHILDREN = {"stream": child_stream, "pack": child_pack, "build": build_data}
@@ -162,7 +182,9 @@ CHILDREN = {"stream": child_stream, "pack": child_pack, "build": build_data}
 def spawn(kind: str, **job) -> dict:
     """Run a child in a fresh Python process (its peak RSS is its own); its JSON result."""
     line = [sys.executable, __file__, "--child", json.dumps({"kind": kind, **job})]
-    return json.loads(subprocess.run(line, check=True, capture_output=True, text=True, cwd=REPO).stdout.splitlines()[-1])
+    return json.loads(
+        subprocess.run(line, check=True, capture_output=True, text=True, cwd=REPO).stdout.splitlines()[-1]
+    )
 
 
 def job_of(args, **extra) -> dict:
@@ -198,39 +220,69 @@ def side_by_side(args) -> list[dict]:
         for name, packed in outputs.items():
             tokens = count_of(packed, "input_ids")
             assert tokens == total, (name, tokens, total)
-            results.append({"strategy": strategy, "implementation": name, "median_s": statistics.median(times[name]),
-                            "times_s": times[name], "rows": len(packed),
-                            "lower_bound_rows": math.ceil(total / args.max_length),
-                            "efficiency": tokens / (len(packed) * args.max_length)})
+            results.append(
+                {
+                    "strategy": strategy,
+                    "implementation": name,
+                    "median_s": statistics.median(times[name]),
+                    "times_s": times[name],
+                    "rows": len(packed),
+                    "lower_bound_rows": math.ceil(total / args.max_length),
+                    "efficiency": tokens / (len(packed) * args.max_length),
+                }
+            )
     return results
 
 
 def markdown_in_memory(side, stream, buffers, cmd, args) -> str:
     ours = {r["strategy"]: r for r in side if r["implementation"] == "packing_collators"}
     lines = [
-        "# pack_dataset: packing_collators vs TRL", "", f"Command: `{cmd}`", "",
+        "# pack_dataset: packing_collators vs TRL",
+        "",
+        f"Command: `{cmd}`",
+        "",
         f"{args.examples:,} `{args.dist}` examples (input_ids int32 + attention_mask int8, in memory), capacity "
-        f"{args.max_length}; {args.repeats} repeats alternating, median. CPU, 2 shared cores: compare the ratio.", "",
+        f"{args.max_length}; {args.repeats} repeats alternating, median. CPU, 2 shared cores: compare the ratio.",
+        "",
         "| strategy | implementation | median time (s) | speed-up | rows | lower bound | efficiency |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in side:
         speedup = r["median_s"] / ours[r["strategy"]]["median_s"]
         mine = r["implementation"] == "packing_collators"
-        lines.append(f"| {r['strategy']} | {r['implementation']} | {r['median_s']:.3f} | "
-                     f"{'1.00x (ours)' if mine else f'ours {speedup:.1f}x faster'} | "
-                     f"{r['rows']:,} | {r['lower_bound_rows']:,} | {r['efficiency']:.4%} |")
+        lines.append(
+            f"| {r['strategy']} | {r['implementation']} | {r['median_s']:.3f} | "
+            f"{'1.00x (ours)' if mine else f'ours {speedup:.1f}x faster'} | "
+            f"{r['rows']:,} | {r['lower_bound_rows']:,} | {r['efficiency']:.4%} |"
+        )
     if stream:
-        lines += ["", f"## Streaming (generator of `{args.dist}` examples, buffer_size={args.buffer_size:,})", "",
-                  "Each size in a fresh process; peak RSS is the whole process (Python, torch import included).", "",
-                  "| examples | rows | efficiency | time (s) | peak RSS (MiB) |", "|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['examples']:,} | {r['rows']:,} | {r['efficiency']:.4%} | {r['seconds']:.1f} | "
-                  f"{r['peak_rss_mib']:.0f} |" for r in stream]
+        lines += [
+            "",
+            f"## Streaming (generator of `{args.dist}` examples, buffer_size={args.buffer_size:,})",
+            "",
+            "Each size in a fresh process; peak RSS is the whole process (Python, torch import included).",
+            "",
+            "| examples | rows | efficiency | time (s) | peak RSS (MiB) |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['examples']:,} | {r['rows']:,} | {r['efficiency']:.4%} | {r['seconds']:.1f} | "
+            f"{r['peak_rss_mib']:.0f} |"
+            for r in stream
+        ]
     if buffers:
-        lines += ["", f"## Efficiency cost of the buffer ({buffers[0]['examples']:,} `{args.dist}` examples)", "",
-                  "| buffer_size | rows | lower bound | efficiency | peak RSS (MiB) |", "|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['buffer_size']:,} | {r['rows']:,} | {r['lower_bound_rows']:,} | {r['efficiency']:.4%} | "
-                  f"{r['peak_rss_mib']:.0f} |" for r in buffers]
+        lines += [
+            "",
+            f"## Efficiency cost of the buffer ({buffers[0]['examples']:,} `{args.dist}` examples)",
+            "",
+            "| buffer_size | rows | lower bound | efficiency | peak RSS (MiB) |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['buffer_size']:,} | {r['rows']:,} | {r['lower_bound_rows']:,} | {r['efficiency']:.4%} | "
+            f"{r['peak_rss_mib']:.0f} |"
+            for r in buffers
+        ]
         lines.append(f"| global (in memory) | | | {buffers[0]['global_efficiency']:.4%} | |")
     return "\n".join(lines) + "\n"
 
@@ -239,10 +291,16 @@ def run_in_memory(args) -> None:
     from packing_collators import pack_lengths
 
     cmd, side = command(), side_by_side(args)
-    stream = [spawn("stream", **job_of(args, n=int(n), strategy="bfd", buffer_size=args.buffer_size))
-              for n in args.stream_sizes.split(",") if n]
-    buffers = [spawn("stream", **job_of(args, n=args.buffer_examples, strategy="bfd", buffer_size=int(b)))
-               for b in args.buffer_sizes.split(",") if b]
+    stream = [
+        spawn("stream", **job_of(args, n=int(n), strategy="bfd", buffer_size=args.buffer_size))
+        for n in args.stream_sizes.split(",")
+        if n
+    ]
+    buffers = [
+        spawn("stream", **job_of(args, n=args.buffer_examples, strategy="bfd", buffer_size=int(b)))
+        for b in args.buffer_sizes.split(",")
+        if b
+    ]
     if buffers:  # global (in-memory) bfd on the same lengths as the stream: the buffer table's reference row
         lengths = np.concatenate(stream_lengths(args.buffer_examples, job_of(args)))
         buffers[0]["global_efficiency"] = pack_lengths(lengths, args.max_length).efficiency
@@ -256,10 +314,19 @@ def run_in_memory(args) -> None:
 
 # ----------------------------------------------------------------------------- at-scale
 def run_pack(packer: str, data: Path, args, strategy: str = "bfd", max_length: int | None = None) -> dict:
-    result = spawn("pack", packer=packer, data=str(data), strategy=strategy, num_proc=args.num_proc,
-                   max_length=max_length or args.max_length)
-    print(f"  {packer:<18} {strategy:<9} {result['seconds']:8.1f} s  peak RSS {result['peak_rss_mib']:8.0f} MiB  "
-          f"rows {result['rows']:,}  efficiency {result['efficiency']:.4%}", flush=True)
+    result = spawn(
+        "pack",
+        packer=packer,
+        data=str(data),
+        strategy=strategy,
+        num_proc=args.num_proc,
+        max_length=max_length or args.max_length,
+    )
+    print(
+        f"  {packer:<18} {strategy:<9} {result['seconds']:8.1f} s  peak RSS {result['peak_rss_mib']:8.0f} MiB  "
+        f"rows {result['rows']:,}  efficiency {result['efficiency']:.4%}",
+        flush=True,
+    )
     return result
 
 
@@ -291,19 +358,25 @@ def measure_size(n: int, repeats: int, work: Path, args) -> dict:
     clear_caches(data)
     if not args.keep_data:
         shutil.rmtree(data)
-    med = {name: {key: statistics.median(r[key] for r in rs) for key in ("seconds", "peak_rss_mib")}
-           for name, rs in runs.items()}
+    med = {
+        name: {key: statistics.median(r[key] for r in rs) for key in ("seconds", "peak_rss_mib")}
+        for name, rs in runs.items()
+    }
     speedup = med["trl"]["seconds"] / med["packing_collators"]["seconds"]
     return {**info, "repeats": repeats, "runs": runs, "median": med, "speedup_vs_trl": speedup, "split": split}
 
 
 def markdown_at_scale(results: list[dict], args) -> str:
     lines = [
-        "# Offline packing at scale: pack_dataset (on disk) vs TRL pack_dataset", "", f"Command: `{command()}`", "",
+        "# Offline packing at scale: pack_dataset (on disk) vs TRL pack_dataset",
+        "",
+        f"Command: `{command()}`",
+        "",
         f"Machine: {machine()}, 2 cores, 24 GiB RAM, no swap. Data: `sft` examples, `input_ids` + `labels` int32, "
         f"saved in `save_to_disk`'s layout, then `load_from_disk` in a fresh process per run; capacity {args.max_length}; "
         "peak RSS = `ru_maxrss` of that process (mapped file pages included). Medians over the repeats, "
-        "packers alternating.", "",
+        "packers alternating.",
+        "",
         "| examples | tokens | on disk (GiB) | repeats | ours (s) | TRL bfd (s) | speedup | ours peak RSS (MiB) "
         "| TRL peak RSS (MiB) | cache hit (s) | ours efficiency | TRL efficiency |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -318,14 +391,22 @@ def markdown_at_scale(results: list[dict], args) -> str:
             f"| {r['runs']['packing_collators'][0]['efficiency']:.4%} | {r['runs']['trl'][0]['efficiency']:.4%} |"
         )
     for r in (r for r in results if r["split"]):
-        lines += ["", f"## overflow='split' vs TRL strategy='bfd_split' ({r['examples']:,} examples, capacity "
-                  f"{args.split_max_length}, {r['tokens']:,} tokens in)", "",
-                  "| packer | tokens out | pieces (segments) | rows | efficiency | seconds | peak RSS (MiB) |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
-        for name, s in (("packing_collators overflow='split'", r["split"]["packing_collators"]),
-                        ("TRL bfd_split", r["split"]["trl"])):
-            lines.append(f"| {name} | {s['tokens']:,} | {s['segments']:,} | {s['rows']:,} | {s['efficiency']:.4%} "
-                         f"| {s['seconds']:.1f} | {s['peak_rss_mib']:,.0f} |")
+        lines += [
+            "",
+            f"## overflow='split' vs TRL strategy='bfd_split' ({r['examples']:,} examples, capacity "
+            f"{args.split_max_length}, {r['tokens']:,} tokens in)",
+            "",
+            "| packer | tokens out | pieces (segments) | rows | efficiency | seconds | peak RSS (MiB) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, s in (
+            ("packing_collators overflow='split'", r["split"]["packing_collators"]),
+            ("TRL bfd_split", r["split"]["trl"]),
+        ):
+            lines.append(
+                f"| {name} | {s['tokens']:,} | {s['segments']:,} | {s['rows']:,} | {s['efficiency']:.4%} "
+                f"| {s['seconds']:.1f} | {s['peak_rss_mib']:,.0f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -359,10 +440,18 @@ def measure_streaming(args) -> list[dict]:
     summary = []
     for (strategy, n), results in runs.items():
         seconds, first = statistics.median(r["seconds"] for r in results), results[0]
-        summary.append({**first, "seconds": seconds, "times_s": [r["seconds"] for r in results],
-                        "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
-                        "peak_rss_runs_mib": [r["peak_rss_mib"] for r in results], "rows_per_s": first["rows"] / seconds,
-                        "tokens_per_s": first["tokens"] / seconds, "examples_per_s": n / seconds})
+        summary.append(
+            {
+                **first,
+                "seconds": seconds,
+                "times_s": [r["seconds"] for r in results],
+                "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
+                "peak_rss_runs_mib": [r["peak_rss_mib"] for r in results],
+                "rows_per_s": first["rows"] / seconds,
+                "tokens_per_s": first["tokens"] / seconds,
+                "examples_per_s": n / seconds,
+            }
+        )
     order = {s: i for i, s in enumerate(strategies)}
     return sorted(summary, key=lambda r: (order[r["strategy"]], r["examples"]))
 
@@ -370,27 +459,40 @@ def measure_streaming(args) -> list[dict]:
 def markdown_streaming(results: list[dict], args, cmd: str) -> str:
     sizes = sorted({r["examples"] for r in results})
     lines = [
-        "# Streaming pack_dataset: memory and throughput (wrapped and bfd)", "", f"Command: `{cmd}`", "",
+        "# Streaming pack_dataset: memory and throughput (wrapped and bfd)",
+        "",
+        f"Command: `{cmd}`",
+        "",
         f"A generator of `{args.dist}` examples (`input_ids` int32, clipped to {args.max_length}), packed with "
         f"`pack_dataset(generator, {args.max_length}, strategy=..., buffer_size={args.buffer_size:,})`, every row "
         "read as a dict of lists. Each run in a fresh process; peak RSS is that whole process (VmHWM: Python, "
         "numpy, pyarrow, datasets). `source` reads the generator only. "
         f"{args.repeats} repeat(s), strategies alternating; time is the median, RSS the largest. "
-        f"CPU ({machine()}), 2 shared cores: compare wrapped with bfd by ratio.", "",
+        f"CPU ({machine()}), 2 shared cores: compare wrapped with bfd by ratio.",
+        "",
         "| strategy | examples | tokens | rows | efficiency | split examples | time (s) | rows/s | tokens/s (M) | peak RSS (MiB) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         efficiency = "" if r["efficiency"] is None else f"{r['efficiency']:.4%}"
         split = "" if r["split_examples"] is None else f"{r['split_examples']:,}"
-        lines.append(f"| {r['strategy']} | {r['examples']:,} | {r['tokens']:,} | {r['rows']:,} | {efficiency} | {split} | "
-                     f"{r['seconds']:.1f} | {r['rows_per_s']:,.0f} | {r['tokens_per_s'] / 1e6:.2f} | {r['peak_rss_mib']:.0f} |")
+        lines.append(
+            f"| {r['strategy']} | {r['examples']:,} | {r['tokens']:,} | {r['rows']:,} | {efficiency} | {split} | "
+            f"{r['seconds']:.1f} | {r['rows_per_s']:,.0f} | {r['tokens_per_s'] / 1e6:.2f} | {r['peak_rss_mib']:.0f} |"
+        )
     by = {(r["strategy"], r["examples"]): r for r in results}
-    lines += ["", f"| strategy | peak RSS growth {sizes[0]:,} -> {sizes[-1]:,} | wrapped time / bfd time |", "|---|---:|---:|"]
+    lines += [
+        "",
+        f"| strategy | peak RSS growth {sizes[0]:,} -> {sizes[-1]:,} | wrapped time / bfd time |",
+        "|---|---:|---:|",
+    ]
     for strategy in dict.fromkeys(r["strategy"] for r in results):
         growth = by[(strategy, sizes[-1])]["peak_rss_mib"] - by[(strategy, sizes[0])]["peak_rss_mib"]
-        ratios = [by[("wrapped", n)]["seconds"] / by[("bfd", n)]["seconds"]
-                  for n in sizes if strategy == "wrapped" and ("bfd", n) in by]
+        ratios = [
+            by[("wrapped", n)]["seconds"] / by[("bfd", n)]["seconds"]
+            for n in sizes
+            if strategy == "wrapped" and ("bfd", n) in by
+        ]
         lines.append(f"| {strategy} | {growth:+.0f} MiB | {', '.join(f'{x:.2f}x' for x in ratios)} |")
     return "\n".join(lines) + "\n"
 
@@ -414,7 +516,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     memory.add_argument("--stream-sizes", default="100000,1000000", help="comma-separated; empty to skip")
     memory.add_argument("--buffer-sizes", default="1000,10000,100000", help="efficiency per buffer size; empty to skip")
     memory.add_argument("--buffer-examples", type=int, default=200_000)
-    memory.add_argument("--out", default=None, help="write <out>.md and <out>.json (e.g. benchmarks/results/pack_dataset)")
+    memory.add_argument(
+        "--out", default=None, help="write <out>.md and <out>.json (e.g. benchmarks/results/pack_dataset)"
+    )
     scale = modes.add_parser("at-scale", help="load_from_disk then pack, fresh processes, vs TRL; 1M and 3M examples")
     scale.add_argument("--examples", default="1000000,3000000", help="sizes, comma-separated")
     scale.add_argument("--repeats", default="3,1", help="repeats per size, comma-separated (last one repeats)")

@@ -59,7 +59,9 @@ def padded_stats(batches: list[list[int]], lengths: np.ndarray, budget: int) -> 
     longest = np.maximum.reduceat(lengths[flat], starts)
     real, computed = int(lengths[flat].sum()), int((sizes * longest).sum())
     return {
-        "batches": len(batches), "efficiency": real / (len(batches) * budget), "padding": 1 - real / computed,
+        "batches": len(batches),
+        "efficiency": real / (len(batches) * budget),
+        "padding": 1 - real / computed,
         "over_budget": int((sizes * longest > budget).sum()),
     }
 
@@ -111,8 +113,11 @@ def planning(lengths: np.ndarray, budget: int, ranks: int, repeats: int):
         out["length_grouped_budget"] = length_grouped_token_budget(lengths, budget, padded_batch, 0)
 
     contenders = {
-        "ours_1": ours(1), f"ours_{ranks}": ours(ranks), "batch_sampler": batch_sampler,
-        "length_grouped": length_grouped, "length_grouped_budget": length_grouped_budget,
+        "ours_1": ours(1),
+        f"ours_{ranks}": ours(ranks),
+        "batch_sampler": batch_sampler,
+        "length_grouped": length_grouped,
+        "length_grouped_budget": length_grouped_budget,
     }
     return alternate(contenders, repeats), out, padded_batch
 
@@ -195,7 +200,10 @@ def lengths_timing(rows: int, repeats: int) -> dict:
     times = alternate({"arrow": arrow, "loop": loop}, repeats)
     assert np.array_equal(result["arrow"], result["loop"])
     return {
-        "rows": rows, "arrow_s": median(times["arrow"]), "loop_s": median(times["loop"]), "loop": loop_label,
+        "rows": rows,
+        "arrow_s": median(times["arrow"]),
+        "loop_s": median(times["loop"]),
+        "loop": loop_label,
         "shuffled": not isinstance(dataset, pa.Table),
     }
 
@@ -278,8 +286,11 @@ def main() -> None:
     lines += long_context_lines(long_context, args.examples)
     groups = {}
     lines += [
-        "", "### `group_size`: packing the shuffled epoch in groups (1 rank, median of 3)", "",
-        "| group_size | plan an epoch (s) | batches | efficiency |", "|---|---|---|---|",
+        "",
+        "### `group_size`: packing the shuffled epoch in groups (1 rank, median of 3)",
+        "",
+        "| group_size | plan an epoch (s) | batches | efficiency |",
+        "|---|---|---|---|",
     ]
     for group_size in (None, 100_000, 10_000):
         seconds = []
@@ -298,8 +309,11 @@ def main() -> None:
         )
     others = {}
     lines += [
-        "", f"### Other distributions, {args.examples:,} examples, 1 rank", "",
-        "| distribution | batches | lower bound | efficiency |", "|---|---|---|---|",
+        "",
+        f"### Other distributions, {args.examples:,} examples, 1 rank",
+        "",
+        "| distribution | batches | lower bound | efficiency |",
+        "|---|---|---|---|",
     ]
     for distribution in ("flan_like", "orcamath_like", "long_tail"):
         stats = MultipackBatchSampler(lengths_of(distribution, args.examples), budget).stats()

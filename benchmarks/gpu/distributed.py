@@ -53,8 +53,9 @@ def data(args):
 
 def samplers(args, lengths, **options) -> list[MultipackBatchSampler]:
     return [
-        MultipackBatchSampler(lengths, args.tokens_per_batch, seed=args.seed, num_replicas=args.replicas, rank=r,
-                              **options)
+        MultipackBatchSampler(
+            lengths, args.tokens_per_batch, seed=args.seed, num_replicas=args.replicas, rank=r, **options
+        )
         for r in range(args.replicas)
     ]
 
@@ -81,7 +82,9 @@ def result(args, world: int, cuda: bool, gathered, loss, stats, **extra) -> dict
         "loss": loss,
         "real_tokens_per_s": sum(float(g[0]) for g in gathered) / max(float(g[1]) for g in gathered),
         "forward_time_per_process_s": [float(g[2]) for g in gathered],
-        "sampler_stats": {k: (float(v) if isinstance(v, (int, float, np.number)) else str(v)) for k, v in stats.items()},
+        "sampler_stats": {
+            k: (float(v) if isinstance(v, (int, float, np.number)) else str(v)) for k, v in stats.items()
+        },
         "command": args.command,
         **extra,
     }
@@ -168,24 +171,43 @@ class ReplayTrainer(PackingTrainer):
 
     def make_batch_sampler(self, lengths, batch_size, *, shuffle):
         budget = self.token_budget(lengths, batch_size)
-        return AllRanks([MultipackBatchSampler(lengths, budget, shuffle=shuffle, seed=self.args.seed,
-                                               num_replicas=self.replicas, rank=r) for r in range(self.replicas)])
+        return AllRanks(
+            [
+                MultipackBatchSampler(
+                    lengths, budget, shuffle=shuffle, seed=self.args.seed, num_replicas=self.replicas, rank=r
+                )
+                for r in range(self.replicas)
+            ]
+        )
 
 
 def training_arguments(args, cuda: bool, accumulation: int):
     from transformers import TrainingArguments
 
     options = dict(
-        output_dir=tempfile.mkdtemp(prefix="distributed_"), max_steps=args.warmup + args.steps,
-        per_device_train_batch_size=1, gradient_accumulation_steps=accumulation, learning_rate=args.lr,
-        lr_scheduler_type="constant", logging_steps=args.logging_steps, save_strategy="no", report_to="none",
-        seed=args.seed, optim="adamw_torch_fused" if cuda else "adamw_torch", use_cpu=not cuda, disable_tqdm=True,
-        dataloader_num_workers=args.workers, dataloader_pin_memory=cuda, ddp_broadcast_buffers=False,
+        output_dir=tempfile.mkdtemp(prefix="distributed_"),
+        max_steps=args.warmup + args.steps,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=accumulation,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        logging_steps=args.logging_steps,
+        save_strategy="no",
+        report_to="none",
+        seed=args.seed,
+        optim="adamw_torch_fused" if cuda else "adamw_torch",
+        use_cpu=not cuda,
+        disable_tqdm=True,
+        dataloader_num_workers=args.workers,
+        dataloader_pin_memory=cuda,
+        ddp_broadcast_buffers=False,
         ddp_find_unused_parameters=False,
     )
     if args.fsdp:
-        options.update(fsdp="full_shard auto_wrap",
-                       fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
+        options.update(
+            fsdp="full_shard auto_wrap",
+            fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
+        )
     return TrainingArguments(**options)
 
 
@@ -198,26 +220,41 @@ def run_trainer(args, rank: int, world: int, cuda: bool) -> dict | None:
     trainer_class = PackingTrainer
     if world == 1 and args.replicas > 1:
         trainer_class = type("ReplayTrainer", (ReplayTrainer,), {"replicas": args.replicas})
-    trainer = trainer_class(model=model, args=training_arguments(args, cuda, accumulation),
-                            train_dataset=[{"input_ids": e} for e in examples],
-                            max_tokens_per_batch=args.tokens_per_batch, attn_implementation=None)  # keep --attn
+    trainer = trainer_class(
+        model=model,
+        args=training_arguments(args, cuda, accumulation),
+        train_dataset=[{"input_ids": e} for e in examples],
+        max_tokens_per_batch=args.tokens_per_batch,
+        attn_implementation=None,
+    )  # keep --attn
     trainer.add_callback(clock.callback())
     trainer.train()
     callbacks = trainer.callback_handler.callbacks
     probe = next((c.last_report for c in callbacks if getattr(c, "last_report", None)), None)
     timed = list(trainer._train_batch_sampler)[args.warmup * accumulation : (args.warmup + args.steps) * accumulation]
     first, last = args.warmup - 1, len(clock.ends) - 1
-    numbers = [float(sum(int(lengths[b].sum()) for b in timed)), clock.ends[last] - clock.ends[first],
-               clock.forward_seconds(clock.marks[first], clock.marks[last]), trainer.state.global_step]
+    numbers = [
+        float(sum(int(lengths[b].sum()) for b in timed)),
+        clock.ends[last] - clock.ends[first],
+        clock.forward_seconds(clock.marks[first], clock.marks[last]),
+        trainer.state.global_step,
+    ]
     gathered = gather(numbers, world, device)
     if rank != 0:
         return None
     plan = samplers(args, lengths, check_ranks=False)[0]  # rank 0 alone: no collective
     return result(
-        args, world, cuda, gathered, [e["loss"] for e in trainer.state.log_history if "loss" in e], plan.stats(),
-        probe=probe.summary() if probe else None, probe_seconds=probe.seconds if probe else None,
+        args,
+        world,
+        cuda,
+        gathered,
+        [e["loss"] for e in trainer.state.log_history if "loss" in e],
+        plan.stats(),
+        probe=probe.summary() if probe else None,
+        probe_seconds=probe.seconds if probe else None,
         attention_warm_up_seconds=next((c.seconds for c in callbacks if type(c).__name__ == "_AttentionWarmUp"), None),
-        runner="PackingTrainer", wrapped_as=type(trainer.model_wrapped).__name__,
+        runner="PackingTrainer",
+        wrapped_as=type(trainer.model_wrapped).__name__,
         accelerate_distributed_type=str(trainer.accelerator.distributed_type),
         step_time_s=float(np.median(np.diff(clock.ends[first:]))),
         step_seconds=np.diff(clock.ends).round(4).tolist(),  # where a stall sits
@@ -240,9 +277,14 @@ def compare(folder: Path) -> None:
         scale = r["real_tokens_per_s"] / base["real_tokens_per_s"] if base else float("nan")
         diff = np.abs(np.array(r["loss"]) - np.array(base["loss"])).max() if base else float("nan")
         fwd = ", ".join(f"{f:.2f}" for f in r["forward_time_per_process_s"])
-        lines.append(f"| {name} | {r['world_size']} | {r['steps_per_rank']} | {r['real_tokens_per_s']:,.0f} | "
-                     f"{scale:.2f}x | {r['step_time_s']:.3f} | {fwd} | {diff:.4f} |")
-    lines += ["", "Sampler plan (same on every run): " + ", ".join(f"{k} {v}" for k, v in first["sampler_stats"].items())]
+        lines.append(
+            f"| {name} | {r['world_size']} | {r['steps_per_rank']} | {r['real_tokens_per_s']:,.0f} | "
+            f"{scale:.2f}x | {r['step_time_s']:.3f} | {fwd} | {diff:.4f} |"
+        )
+    lines += [
+        "",
+        "Sampler plan (same on every run): " + ", ".join(f"{k} {v}" for k, v in first["sampler_stats"].items()),
+    ]
     text = "\n".join(lines) + "\n"
     (folder / "distributed_scaling.md").write_text(text)
     print(text)
@@ -280,7 +322,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (trainer)")
-    parser.add_argument("--logging-steps", type=int, default=1, help="trainer: 1 syncs every step; 10 is closer to a real run")
+    parser.add_argument(
+        "--logging-steps", type=int, default=1, help="trainer: 1 syncs every step; 10 is closer to a real run"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny fp32 model, sdpa, gloo (CPU check)")
     args = parser.parse_args(argv)
     args.command = f"torchrun --nproc_per_node {os.environ.get('WORLD_SIZE', 1)} " + " ".join(sys.argv)

@@ -83,9 +83,15 @@ def llama_model(args, device, dtype):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75) // 64 * 64 or 64,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        max_position_embeddings=4096, use_cache=False, initializer_range=0.02,
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=int(args.hidden * 2.75) // 64 * 64 or 64,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=4096,
+        use_cache=False,
+        initializer_range=0.02,
     )
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
@@ -118,8 +124,11 @@ def compare(result, reference) -> dict:
     norm = sum(float(g.pow(2).sum()) for g in ref_grads.values()) ** 0.5
     per_param = [float((grads[n] - ref_grads[n]).norm() / ref_grads[n].norm().clamp_min(1e-12)) for n in ref_grads]
     return {
-        "loss": loss, "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss), "grad_rel_err_global": diff / norm,
-        "grad_rel_err_max_param": max(per_param), "grad_rel_err_median_param": statistics.median(per_param),
+        "loss": loss,
+        "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
+        "grad_rel_err_global": diff / norm,
+        "grad_rel_err_max_param": max(per_param),
+        "grad_rel_err_median_param": statistics.median(per_param),
     }
 
 
@@ -136,7 +145,8 @@ def correctness(args, device, dtype, implementations) -> dict:
     set_attention(model, "sdpa")
     reference = loss_and_grads(model, padded(examples, device))
     out = {
-        "lengths": lengths.tolist(), "padded_sdpa": {"loss": reference[0]},
+        "lengths": lengths.tolist(),
+        "padded_sdpa": {"loss": reference[0]},
         "noise_floor_vs_fp32": compare(reference, fp32),
     }
     packed = to_device(FlatteningCollator()(examples), device)
@@ -204,9 +214,11 @@ def timing(args, device, dtype, implementations) -> dict:
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     return {
-        "micro_batches_timed": len(plan) - 2, "tokens_per_micro_batch_mean": float(np.mean(tokens[2:])),
+        "micro_batches_timed": len(plan) - 2,
+        "tokens_per_micro_batch_mean": float(np.mean(tokens[2:])),
         "examples_per_micro_batch_mean": float(np.mean([len(p) for p in plan[2:]])),
-        "tokens_per_s_median": {n: statistics.median(v) for n, v in runs.items() if v}, "tokens_per_s_all": runs,
+        "tokens_per_s_median": {n: statistics.median(v) for n, v in runs.items() if v},
+        "tokens_per_s_all": runs,
         "errors": errors,
     }
 
@@ -296,11 +308,19 @@ def small_model(arch: str, attn: str, dtype, device, vocab: int, seed: int = 0):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     common = dict(
-        vocab_size=vocab, hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-        intermediate_size=1024, max_position_embeddings=4096, use_cache=False, tie_word_embeddings=False,
+        vocab_size=vocab,
+        hidden_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=4096,
+        use_cache=False,
+        tie_word_embeddings=False,
     )
     config = {
-        "llama": LlamaConfig(**common), "qwen2": Qwen2Config(**common),
+        "llama": LlamaConfig(**common),
+        "qwen2": Qwen2Config(**common),
         "mistral": MistralConfig(**common, sliding_window=128),
     }[arch]
     from transformers import AutoModelForCausalLM
@@ -330,7 +350,11 @@ def token_loss(model, batches, device) -> float:
 
 def loss_equality(args, device, counter) -> list[dict]:
     from packing_collators import (
-        FlatteningCollator, MultipackBatchSampler, PrePackedCollator, pack_lengths, register_varlen_attention,
+        FlatteningCollator,
+        MultipackBatchSampler,
+        PrePackedCollator,
+        pack_lengths,
+        register_varlen_attention,
     )
 
     varlen = register_varlen_attention()
@@ -348,7 +372,8 @@ def loss_equality(args, device, counter) -> list[dict]:
         )
     sampler = MultipackBatchSampler(lengths, args.budget, shuffle=False)
     batches = {
-        "padded": [padded_batch(g) for g in groups], "flattened": [FlatteningCollator()(g) for g in groups],
+        "padded": [padded_batch(g) for g in groups],
+        "flattened": [FlatteningCollator()(g) for g in groups],
         "prepacked": [PrePackedCollator()(rows[i : i + 2]) for i in range(0, len(rows), 2)],
         "sampler": [FlatteningCollator()([examples[i] for i in b]) for b in sampler],
     }
@@ -433,11 +458,16 @@ def training_compiles_and_probe_cost(args, device, counter) -> dict:
     warm = [probe_packing(model, collate).seconds for _ in range(3)]
     step = float(np.median(step_times[3:]))
     result = {
-        "compiles_per_step": per_step, "compiles_first_step": per_step[0]["compiles"],
-        "compiles_after_first_step": sum(p["compiles"] for p in per_step[1:]), "median_step_seconds": step,
-        "first_step_seconds": step_times[0], "probe_vs_first_step": cold.seconds / step_times[0],
-        "probe_seconds_first": cold.seconds, "probe_seconds_warm_median": float(np.median(warm)),
-        "probe_vs_step": float(np.median(warm)) / step, "probe_report": cold.summary(),
+        "compiles_per_step": per_step,
+        "compiles_first_step": per_step[0]["compiles"],
+        "compiles_after_first_step": sum(p["compiles"] for p in per_step[1:]),
+        "median_step_seconds": step,
+        "first_step_seconds": step_times[0],
+        "probe_vs_first_step": cold.seconds / step_times[0],
+        "probe_seconds_first": cold.seconds,
+        "probe_seconds_warm_median": float(np.median(warm)),
+        "probe_vs_step": float(np.median(warm)) / step,
+        "probe_report": cold.summary(),
     }
     print(json.dumps({k: v for k, v in result.items() if k != "compiles_per_step"}), flush=True)
     return result
@@ -515,7 +545,7 @@ def main(argv=None) -> int:
     fa4.add_argument(
         "--attn", default="flash_attention_4", help="the FA4 path: transformers' flash_attention_4 or packing_fa4"
     )
-    
+
     for sub, default in ((attention, "benchmarks/results/gpu_attention"), (fa4, None)):
         sub.add_argument("--out", type=Path, default=default and Path(default), required=default is None)
     args = parser.parse_args(argv)

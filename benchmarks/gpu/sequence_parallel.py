@@ -113,15 +113,26 @@ class Run:
             return register_varlen_attention()
 
     def record(self, **entry) -> None:
-        entry = {"sequence_parallel_size": 1, "longest_example_tokens": None, "tokens_per_s_per_gpu": None,
-                 "max_loss_diff_vs_1gpu": None, **entry}
+        entry = {
+            "sequence_parallel_size": 1,
+            "longest_example_tokens": None,
+            "tokens_per_s_per_gpu": None,
+            "max_loss_diff_vs_1gpu": None,
+            **entry,
+        }
         self.results.append(entry)
         if self.rank == 0:
             print(json.dumps(entry), flush=True)
             device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-            data = {"device": device, "world_size": self.world, "attention": self.attn, "torch": torch.__version__,
-                    "command": "torchrun --nproc-per-node %d benchmarks/gpu/sequence_parallel.py %s"
-                    % (self.world, " ".join(sys.argv[1:])), "results": self.results}
+            data = {
+                "device": device,
+                "world_size": self.world,
+                "attention": self.attn,
+                "torch": torch.__version__,
+                "command": "torchrun --nproc-per-node %d benchmarks/gpu/sequence_parallel.py %s"
+                % (self.world, " ".join(sys.argv[1:])),
+                "results": self.results,
+            }
             (self.out / "results.json").write_text(json.dumps(data, indent=1))
 
     def go(self, started: float, cap: float, *, together: bool = True) -> bool:
@@ -139,15 +150,31 @@ class Run:
         return int(flag) == 0
 
 
-def build(run: Run, shape: str, *, arch: str = "llama", layers: int | None = None, dtype=torch.float32,
-          checkpointing: bool = False, seed: int = 0):
+def build(
+    run: Run,
+    shape: str,
+    *,
+    arch: str = "llama",
+    layers: int | None = None,
+    dtype=torch.float32,
+    checkpointing: bool = False,
+    seed: int = 0,
+):
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
     hidden, depth, heads, kv, inner, vocab = SHAPES["tiny" if run.args.smoke else shape]
     depth = layers or depth or 2
-    options = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=depth, num_attention_heads=heads,
-                   num_key_value_heads=kv, intermediate_size=inner, use_cache=False, max_position_embeddings=1 << 20,
-                   tie_word_embeddings=False)
+    options = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=depth,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=inner,
+        use_cache=False,
+        max_position_embeddings=1 << 20,
+        tie_word_embeddings=False,
+    )
     config = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[arch](**options)
     if arch == "mistral":
         config.sliding_window = 64 if run.args.smoke else 4096
@@ -229,11 +256,21 @@ def exact(run: Run) -> None:
             del model, optimizer
             free()
         noise = max(abs(a - b) for a, b in zip(curves[0], curves[1]))
-        entry = dict(part="exact", model=arch, dtype="bfloat16 autocast", tokens_per_step=args.exact_tokens,
-                     losses_1gpu=curves[0], losses_1gpu_replay=curves[1], replay_noise=noise)
+        entry = dict(
+            part="exact",
+            model=arch,
+            dtype="bfloat16 autocast",
+            tokens_per_step=args.exact_tokens,
+            losses_1gpu=curves[0],
+            losses_1gpu_replay=curves[1],
+            replay_noise=noise,
+        )
         if run.mesh is not None:
-            entry.update(sequence_parallel_size=run.mesh.size, losses=curves[2],
-                         max_loss_diff_vs_1gpu=max(abs(a - b) for a, b in zip(curves[0], curves[2])))
+            entry.update(
+                sequence_parallel_size=run.mesh.size,
+                losses=curves[2],
+                max_loss_diff_vs_1gpu=max(abs(a - b) for a, b in zip(curves[0], curves[2])),
+            )
         run.record(**entry)
 
 
@@ -304,11 +341,18 @@ def longest(run: Run) -> None:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
             vocab = model.config.vocab_size
             tokens, stop = _search(run, model, optimizer, vocab, sharded)
-            run.record(part="longest", model=shape, layers=model.config.num_hidden_layers,
-                       parameters=sum(p.numel() for p in model.parameters()),  # DTensor: the whole
-                       sequence_parallel_size=run.mesh.size if sharded else 1, longest_example_tokens=tokens,
-                       stopped_by=stop, gradient_checkpointing=True, fsdp=bool(sharded and shape == "8b_layers"),
-                       weights="bf16, AdamW states bf16")
+            run.record(
+                part="longest",
+                model=shape,
+                layers=model.config.num_hidden_layers,
+                parameters=sum(p.numel() for p in model.parameters()),  # DTensor: the whole
+                sequence_parallel_size=run.mesh.size if sharded else 1,
+                longest_example_tokens=tokens,
+                stopped_by=stop,
+                gradient_checkpointing=True,
+                fsdp=bool(sharded and shape == "8b_layers"),
+                weights="bf16, AdamW states bf16",
+            )
             del model, optimizer
             free()
 
@@ -347,8 +391,16 @@ def throughput(run: Run) -> None:
                     break
             gpus = run.mesh.size if sharded else 1
             speed = total / float(np.median(seconds)) / gpus if ok and seconds else None
-            run.record(part="throughput", model="1b", tokens_per_step=total, sequence_parallel_size=gpus,
-                       tokens_per_s_per_gpu=speed, step_seconds=seconds, fits=ok, gradient_checkpointing=True)
+            run.record(
+                part="throughput",
+                model="1b",
+                tokens_per_step=total,
+                sequence_parallel_size=gpus,
+                tokens_per_s_per_gpu=speed,
+                step_seconds=seconds,
+                fits=ok,
+                gradient_checkpointing=True,
+            )
             del model, optimizer, rows
             free()
 
@@ -372,15 +424,35 @@ def trainer(run: Run) -> None:
     train = datasets.Dataset.from_dict({"input_ids": ids})
     cuda = run.device.type == "cuda"
     with tempfile.TemporaryDirectory() as folder:
-        args = TrainingArguments(output_dir=folder, max_steps=3, learning_rate=1e-4, logging_steps=1, bf16=cuda,
-                                 use_cpu=not cuda, report_to="none", save_strategy="no", disable_tqdm=True, seed=0)
-        run_ = PackingTrainer(model=model, args=args, train_dataset=train, max_tokens_per_batch=budget,
-                              sequence_parallel_size=run.mesh.size, attn_implementation=None)
+        args = TrainingArguments(
+            output_dir=folder,
+            max_steps=3,
+            learning_rate=1e-4,
+            logging_steps=1,
+            bf16=cuda,
+            use_cpu=not cuda,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            seed=0,
+        )
+        run_ = PackingTrainer(
+            model=model,
+            args=args,
+            train_dataset=train,
+            max_tokens_per_batch=budget,
+            sequence_parallel_size=run.mesh.size,
+            attn_implementation=None,
+        )
         run_.train()
     checks = [c for c in run_.callback_handler.callbacks if getattr(c, "last_report", None) is not None]
-    run.record(part="trainer", sequence_parallel_size=run.mesh.size, max_tokens_per_batch=budget,
-               losses=[e["loss"] for e in run_.state.log_history if "loss" in e],
-               probe=checks[0].last_report.summary() if checks else None)
+    run.record(
+        part="trainer",
+        sequence_parallel_size=run.mesh.size,
+        max_tokens_per_batch=budget,
+        losses=[e["loss"] for e in run_.state.log_history if "loss" in e],
+        probe=checks[0].last_report.summary() if checks else None,
+    )
     del model, run_
     free()
 

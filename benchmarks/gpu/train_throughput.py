@@ -384,8 +384,11 @@ def oracle_table(modes: dict) -> list[str]:
     if not oracles or not packed:
         return []
     lines = [
-        "", "Packed against each oracle (tokens/s ratio; model FLOPs/s ratio):", "",
-        "| packed | " + " | ".join(f"vs {label(k)}" for k in oracles) + " |", "|---" * (len(oracles) + 1) + "|",
+        "",
+        "Packed against each oracle (tokens/s ratio; model FLOPs/s ratio):",
+        "",
+        "| packed | " + " | ".join(f"vs {label(k)}" for k in oracles) + " |",
+        "|---" * (len(oracles) + 1) + "|",
     ]
     for key in packed:
         run = modes[key]
@@ -422,7 +425,9 @@ def plot(results: dict, out: Path) -> None:
 
 def save(results: dict, out_of_memory: dict, args) -> None:
     data = {
-        "card": card_name(), "args": {k: str(v) for k, v in vars(args).items()}, "results": results,
+        "card": card_name(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "results": results,
         "out_of_memory": out_of_memory,
     }
     (args.out / "results.json").write_text(json.dumps(data, indent=1))
@@ -461,7 +466,8 @@ def main() -> None:
         "flash_attention_4 runs the same rows as a flat batch, so packed and oracle share one kernel)",
     )
     parser.add_argument(
-        "--all-attn-modes", default="flattened,multipack",
+        "--all-attn-modes",
+        default="flattened,multipack",
         help="packed modes run on every --attn backend; other packed modes on the first only",
     )
     parser.add_argument(
@@ -477,21 +483,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument(
-        "--no-attention-warmup", action="store_true",
+        "--no-attention-warmup",
+        action="store_true",
         help="skip warm_up_attention (compiling FA4's kernel variants for short and long batches first)",
     )
     parser.add_argument("--tokens-per-step", type=int, default=16384)
     parser.add_argument(
-        "--micro-tokens", type=int, default=32768,
+        "--micro-tokens",
+        type=int,
+        default=32768,
         help="token budget of a flattened micro-batch (default: a whole step in one)",
     )
     parser.add_argument("--batch-size", type=int, default=8, help="examples per padded micro-batch")
     parser.add_argument(
-        "--max-length", type=int, default=2048,
+        "--max-length",
+        type=int,
+        default=2048,
         help="longest example; the long-context distributions (long_tail, reasoning) are drawn up to it",
     )
     parser.add_argument(
-        "--grad-checkpointing", action="store_true",
+        "--grad-checkpointing",
+        action="store_true",
         help="recompute activations in the backward (as long-context runs train)",
     )
     parser.add_argument("--examples", type=int, default=12000)
@@ -501,7 +513,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--rounds", type=int, default=3,
+        "--rounds",
+        type=int,
+        default=3,
         help="run every mode this many times, alternating, and report each mode's median round",
     )
     parser.add_argument("--smoke", action="store_true", help="tiny fp32 CPU run with sdpa (checks the script)")
