@@ -122,16 +122,6 @@ def planning(lengths: np.ndarray, budget: int, ranks: int, repeats: int):
     return alternate(contenders, repeats), out, padded_batch
 
 
-def balance_table(lengths: np.ndarray, budget: int, ranks: int) -> dict:
-    rows = {}
-    for balance in ("cost", "attention", "tokens", "none"):
-        stats = MultipackBatchSampler(lengths, budget, num_replicas=ranks, rank=0, balance=balance).stats()
-        rows[balance] = {
-            k: stats[k] for k in ("imbalance", "imbalance_tokens", "imbalance_attention", "step_imbalance")
-        }
-    return rows
-
-
 def imbalances(lengths: np.ndarray, budget: int, num_replicas: int, balance: str) -> dict:
     stats = MultipackBatchSampler(lengths, budget, num_replicas=num_replicas, rank=0, balance=balance).stats()
     return {key: stats[key] for key in IMBALANCES}
@@ -225,18 +215,8 @@ def main() -> None:
     ours = MultipackBatchSampler(lengths, budget).stats()
     ours_ranks = MultipackBatchSampler(lengths, budget, num_replicas=ranks, rank=0).stats()
     quality = {
-        "ours_1": {
-            "batches": ours["total_batches"],
-            "efficiency": ours["efficiency"],
-            "padding": 0.0,
-            "over_budget": 0,
-        },
-        f"ours_{ranks}": {
-            "batches": ours_ranks["total_batches"],
-            "efficiency": ours_ranks["efficiency"],
-            "padding": 0.0,
-            "over_budget": 0,
-        },
+        name: {"batches": stats["total_batches"], "efficiency": stats["efficiency"], "padding": 0.0, "over_budget": 0}
+        for name, stats in (("ours_1", ours), (f"ours_{ranks}", ours_ranks))
     }
     for name in ("batch_sampler", "length_grouped", "length_grouped_budget"):
         quality[name] = padded_stats(out[name], lengths, budget)
@@ -266,7 +246,7 @@ def main() -> None:
             f"| {label} | {plan_s[name]:.3f} | {plan_s[name] / base:.2f}x | {q['batches']:,} | {q['efficiency']:.4%} | "
             f"{q['padding']:.1%} | {q['over_budget']} |"
         )
-    balance = balance_table(lengths, budget, ranks)
+    balance = {mode: imbalances(lengths, budget, ranks, mode) for mode in ("cost", "attention", "tokens", "none")}
     lines += [
         "",
         f"### Balance over {ranks} simulated ranks (max over ranks of epoch total / mean - 1)",

@@ -37,7 +37,15 @@ import numpy as np
 import torch
 
 import packing_collators  # noqa: F401  (before flash_attn.cute, whose import can change the import path)
-from packing_collators import FlatteningCollator, MultipackBatchSampler, register_varlen_attention
+from packing_collators import (
+    FlatteningCollator,
+    MultipackBatchSampler,
+    PrePackedCollator,
+    check_packing_support,
+    pack_lengths,
+    probe_packing,
+    register_varlen_attention,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
 from _shared import (  # noqa: E402
@@ -47,9 +55,11 @@ from _shared import (  # noqa: E402
     lengths_of,
     machine,
     markov_tokens,
+    model_config,
     padded_batch,
     to_device,
     train_step,
+    write_results,
 )
 
 ARCHS = ("llama", "qwen2", "mistral")
@@ -80,19 +90,10 @@ def smoke_settings(args) -> None:
 
 
 def llama_model(args, device, dtype):
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    dims = (args.hidden, args.layers, args.heads, args.kv_heads, int(args.hidden * 2.75) // 64 * 64 or 64)
+    from transformers import AutoModelForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=int(args.hidden * 2.75) // 64 * 64 or 64,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=4096,
-        use_cache=False,
-        initializer_range=0.02,
-    )
+    config = model_config(dims, args.vocab, max_position_embeddings=4096)
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
     return model.to(device).train()
@@ -294,37 +295,17 @@ def run_attention(args) -> int:
     }
     report["correctness"] = correctness(args, device, dtype, implementations)
     report["timing"] = timing(args, device, dtype, implementations)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_attention.json").write_text(json.dumps(report, indent=2))
-    text = markdown(report)
-    (args.out / "gpu_attention.md").write_text(text)
-    print(text)
-    print(f"wrote {args.out / 'gpu_attention.json'} and {args.out / 'gpu_attention.md'}")
+    print(markdown(report))
+    write_results("gpu_attention", markdown(report), report, args.out)
     return 0
 
 
 # ----------------------------------------------------------------------------- fa4: FlashAttention-4
 def small_model(arch: str, attn: str, dtype, device, vocab: int, seed: int = 0):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
-
-    common = dict(
-        vocab_size=vocab,
-        hidden_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        intermediate_size=1024,
-        max_position_embeddings=4096,
-        use_cache=False,
-        tie_word_embeddings=False,
-    )
-    config = {
-        "llama": LlamaConfig(**common),
-        "qwen2": Qwen2Config(**common),
-        "mistral": MistralConfig(**common, sliding_window=128),
-    }[arch]
     from transformers import AutoModelForCausalLM
 
+    window = {"sliding_window": 128} if arch == "mistral" else {}
+    config = model_config((512, 4, 8, 4, 1024), vocab, arch=arch, max_position_embeddings=4096, **window)
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -349,14 +330,6 @@ def token_loss(model, batches, device) -> float:
 
 
 def loss_equality(args, device, counter) -> list[dict]:
-    from packing_collators import (
-        FlatteningCollator,
-        MultipackBatchSampler,
-        PrePackedCollator,
-        pack_lengths,
-        register_varlen_attention,
-    )
-
     varlen = register_varlen_attention()
     lengths = lengths_of("sft", args.examples, seed=1, high=args.max_length)
     tokens = markov_tokens(lengths, args.vocab, seed=2)
@@ -407,8 +380,6 @@ def loss_equality(args, device, counter) -> list[dict]:
 
 
 def probes(args, device) -> dict:
-    from packing_collators import FlatteningCollator, PrePackedCollator, check_packing_support, probe_packing
-
     out = {}
     for arch in args.archs.split(","):
         model = small_model(arch, args.attn, torch.bfloat16, device, args.vocab)
@@ -435,8 +406,6 @@ def probes(args, device) -> dict:
 
 def training_compiles_and_probe_cost(args, device, counter) -> dict:
     """A 200M model trained on sampler batches with FA4: compiles per step, and the probe against a step."""
-    from packing_collators import FlatteningCollator, MultipackBatchSampler, probe_packing
-
     model_args = argparse.Namespace(size="200m", vocab=args.vocab, max_length=2048, seed=0)
     model = build_model(model_args, args.attn, device, torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -494,8 +463,6 @@ def run_fa4(args) -> None:
         "fa4_compile_seconds_total": counter.seconds,
     }
     results["seconds"] = time.perf_counter() - started
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fa4_check.json").write_text(json.dumps(results, indent=2))
     lines = [
         f"# FA4 check ({results['machine']})",
         "",
@@ -526,8 +493,8 @@ def run_fa4(args) -> None:
         f"one training step {t['median_step_seconds'] * 1e3:.1f} ms (the first, compiling FA4: {t['first_step_seconds']:.2f} s): "
         f"warm probe = {t['probe_vs_step']:.2%} of a step, once per run",
     ]
-    (args.out / "fa4_check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    write_results("fa4_check", "\n".join(lines) + "\n", results, args.out)
 
 
 def main(argv=None) -> int:

@@ -45,6 +45,9 @@ import torch.distributed as dist
 from packing_collators import FlatteningCollator
 from packing_collators.parallel import enable_ulysses_attention, sequence_parallel_mesh, shard_flat_batch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import model_config, sync, to_device  # noqa: E402
+
 SHAPES = {  # hidden, layers, heads, kv heads, intermediate, vocab
     "exact": (768, 4, 12, 4, 2048, 32000),
     "1b": (2048, 16, 32, 8, 8192, 128256),
@@ -129,8 +132,7 @@ class Run:
                 "world_size": self.world,
                 "attention": self.attn,
                 "torch": torch.__version__,
-                "command": "torchrun --nproc-per-node %d benchmarks/gpu/sequence_parallel.py %s"
-                % (self.world, " ".join(sys.argv[1:])),
+                "command": f"torchrun --nproc-per-node {self.world} benchmarks/gpu/sequence_parallel.py {' '.join(sys.argv[1:])}",
                 "results": self.results,
             }
             (self.out / "results.json").write_text(json.dumps(data, indent=1))
@@ -160,24 +162,12 @@ def build(
     checkpointing: bool = False,
     seed: int = 0,
 ):
-    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
-    hidden, depth, heads, kv, inner, vocab = SHAPES["tiny" if run.args.smoke else shape]
-    depth = layers or depth or 2
-    options = dict(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_hidden_layers=depth,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        intermediate_size=inner,
-        use_cache=False,
-        max_position_embeddings=1 << 20,
-        tie_word_embeddings=False,
-    )
-    config = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[arch](**options)
-    if arch == "mistral":
-        config.sliding_window = 64 if run.args.smoke else 4096
+    *dims, vocab = SHAPES["tiny" if run.args.smoke else shape]
+    dims[1] = layers or dims[1] or 2
+    window = {"sliding_window": 64 if run.args.smoke else 4096} if arch == "mistral" else {}
+    config = model_config(tuple(dims), vocab, arch=arch, max_position_embeddings=1 << 20, **window)
     torch.manual_seed(seed)
     with torch.device(run.device):
         model = AutoModelForCausalLM.from_config(config, attn_implementation=run.attn, dtype=dtype)
@@ -198,19 +188,15 @@ def packed_row(total: int, vocab: int, seed: int, longest: int | None = None) ->
     return FlatteningCollator()(features)
 
 
-def on_device(batch: dict, device) -> dict:
-    return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
-
-
 def step(run: Run, model, optimizer, row: dict, *, sharded: bool, autocast: bool) -> float:
     """One optimizer step on ``row``: whole (one GPU) or this rank's shard; returns the row's mean loss."""
     if sharded:
-        batch = on_device(shard_flat_batch(row, rank=run.mesh.sp_rank, size=run.mesh.size), run.device)
+        batch = to_device(shard_flat_batch(row, rank=run.mesh.sp_rank, size=run.mesh.size), run.device)
         targets = batch["shift_labels"].ne(-100).sum()
         dist.all_reduce(targets, group=run.mesh.sp_group)
         batch["num_items_in_batch"] = targets
     else:
-        batch = on_device(row, run.device)
+        batch = to_device(row, run.device)
     with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=autocast):
         loss = model(**batch).loss
     fsdp = getattr(model, "_fsdp", False)  # FSDP2 averages gradients over the group; the shards' sum is wanted
@@ -278,21 +264,26 @@ def _out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
-def _fits(run: Run, model, optimizer, length: int, vocab: int, sharded: bool) -> tuple[bool, float]:
-    """Whether one step on a single example of ``length`` tokens fits, on every rank; and its seconds."""
-    row = packed_row(length, vocab, seed=length, longest=length)
+def _try_step(run: Run, model, optimizer, row: dict, sharded: bool) -> float | None:
+    """Seconds of one synchronised step on ``row`` (no bf16 autocast), or None where it ran out of memory here."""
+    sync(run.device)
     began = time.perf_counter()
     try:
         step(run, model, optimizer, row, sharded=sharded, autocast=False)
-        ok = True
     except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
         if not _out_of_memory(error):
             raise
-        ok = False
         optimizer.zero_grad(set_to_none=True)
+        return None
+    sync(run.device)
+    return time.perf_counter() - began
+
+
+def _fits(run: Run, model, optimizer, length: int, vocab: int, sharded: bool) -> tuple[bool, float]:
+    """Whether one step on a single example of ``length`` tokens fits, on every rank; and its seconds."""
+    seconds = _try_step(run, model, optimizer, packed_row(length, vocab, seed=length, longest=length), sharded)
     free()
-    ok = run.agree(ok) if sharded else ok
-    return ok, time.perf_counter() - began
+    return (run.agree(seconds is not None) if sharded else seconds is not None), seconds or 0.0
 
 
 def _search(run: Run, model, optimizer, vocab: int, sharded: bool) -> tuple[int, str]:
@@ -372,23 +363,12 @@ def throughput(run: Run) -> None:
             for index, row in enumerate(rows):
                 if not run.go(started, args.throughput_cap, together=sharded):
                     break
-                try:
-                    if run.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    began = time.perf_counter()
-                    step(run, model, optimizer, row, sharded=sharded, autocast=False)
-                    if run.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    if index:  # the first step compiles and warms up
-                        seconds.append(time.perf_counter() - began)
-                except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
-                    if not _out_of_memory(error):
-                        raise
-                    ok = False
-                    optimizer.zero_grad(set_to_none=True)
-                ok = run.agree(ok) if sharded else ok
+                took = _try_step(run, model, optimizer, row, sharded)
+                ok = run.agree(took is not None) if sharded else took is not None
                 if not ok:
                     break
+                if index:  # the first step compiles and warms up
+                    seconds.append(took)
             gpus = run.mesh.size if sharded else 1
             speed = total / float(np.median(seconds)) / gpus if ok and seconds else None
             run.record(

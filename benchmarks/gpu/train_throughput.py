@@ -41,6 +41,7 @@ Smoke (CPU):  python benchmarks/gpu/train_throughput.py --smoke --out /tmp/tt
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -62,6 +63,7 @@ from _shared import (  # noqa: E402
     markov_tokens,
     median_round,
     padded_batch,
+    sync,
     to_device,
 )
 
@@ -69,6 +71,7 @@ COMPILES = CompileCounter()  # FA4 kernel compiles (none without flash_attn.cute
 
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}
 PACKED_MODES = ("flattened", "flattened_like_padded", "prepacked_bfd", "multipack")
+EVERY_ATTN = ("flattened", "multipack")  # the packed modes run on every --attn backend; the others on the first
 ALL_MODES = ("padded_random", "padded_grouped", *PACKED_MODES, "prepacked_wrapped", "uniform", "uniform_work")
 
 
@@ -79,11 +82,6 @@ class Plan:
 
     steps: list[list[list[dict]]]
     layout: str  # "padded", "flat" or "rows"
-
-
-def rows_batch(rows: list[np.ndarray]) -> dict:
-    ids = torch.from_numpy(np.stack(rows))
-    return {"input_ids": ids, "labels": ids.clone()}
 
 
 class MicroBatches(torch.utils.data.Dataset):
@@ -101,7 +99,8 @@ class MicroBatches(torch.utils.data.Dataset):
         if self.layout == "flat":
             return self.flatten([f if isinstance(f, dict) else {"input_ids": f} for f in self.items[i]])
         if self.layout == "rows":
-            return rows_batch(self.items[i])
+            ids = torch.from_numpy(np.stack(self.items[i]))
+            return {"input_ids": ids, "labels": ids.clone()}
         return padded_batch(self.items[i])
 
 
@@ -286,11 +285,6 @@ def evaluate(model, val_batches, device) -> float:
     return total
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 # ----------------------------------------------------------------------------- report
 def card_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -337,11 +331,13 @@ def report(results: dict, args, out_of_memory: dict | None = None) -> str:
             m, mem = mfu(r["achieved_tflops"]), r["peak_memory_gib"]
             m_text = "" if m is None else f"{m:.1%}"
             mem_text = "" if mem is None else f"{mem:.1f}"
+            share = r.get("host_issue_share")  # absent from runs before it was recorded
+            issue = "" if share is None else f"{share:.0%}"
             ratio = lambda base, fmt: "" if not base else format(tps / base, fmt)  # noqa: E731
             lines.append(
                 f"| {mode} | {attn} | {tps:,.0f} | {ratio(ref, '.2f')}x | {ratio(grouped, '.2f')}x | {ratio(oracle, '.1%')} | "
                 f"{ratio(work, '.1%')} | "
-                f"{m_text} | {issue_cell(r)} | {mem_text} | {r['padding_fraction']:.1%} | {r['train_loss'][-1]:.4f} |"
+                f"{m_text} | {issue} | {mem_text} | {r['padding_fraction']:.1%} | {r['train_loss'][-1]:.4f} |"
             )
         lines += oracle_table(modes)
         if "flattened|" + args.attn[0] in modes and "padded_random|sdpa" in modes:
@@ -356,11 +352,6 @@ def report(results: dict, args, out_of_memory: dict | None = None) -> str:
             lines += ["", f"Out of memory (runs left out): {', '.join(out_of_memory[dist])}."]
         lines.append("")
     return "\n".join(lines)
-
-
-def issue_cell(result: dict) -> str:
-    share = result.get("host_issue_share")  # absent from runs before it was recorded
-    return "" if share is None else f"{share:.0%}"
 
 
 ORACLES = ("uniform", "uniform_work")
@@ -434,12 +425,6 @@ def save(results: dict, out_of_memory: dict, args) -> None:
 
 
 # ----------------------------------------------------------------------------- main
-def default_backends() -> str:
-    import importlib.util
-
-    return "packing_varlen" + (",flash_attention_2" if importlib.util.find_spec("flash_attn") else "")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="200m")
@@ -447,7 +432,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(ALL_MODES))
     parser.add_argument(
         "--attn",
-        default=default_backends(),
+        default="packing_varlen" + (",flash_attention_2" if importlib.util.find_spec("flash_attn") else ""),
         help="backends for the packed modes (default: packing_varlen, plus flash_attention_2 where "
         "flash-attn is installed; flex_attention recompiles for every packed length in training)",
     )
@@ -464,11 +449,6 @@ def main() -> None:
         default="sdpa",
         help="backends for the uniform modes (sdpa: padded rows, plain causal; a packed backend such as "
         "flash_attention_4 runs the same rows as a flat batch, so packed and oracle share one kernel)",
-    )
-    parser.add_argument(
-        "--all-attn-modes",
-        default="flattened,multipack",
-        help="packed modes run on every --attn backend; other packed modes on the first only",
     )
     parser.add_argument(
         "--timing",
@@ -548,24 +528,18 @@ def main() -> None:
         plans = make_plans(examples, lengths, args, rng)
         print(f"{dist}: data and plans in {time.perf_counter() - began:.1f}s", flush=True)
         val = [FlatteningCollator()([{"input_ids": e} for e in examples[-64:]])]
+        padded_val = [padded_batch([{"input_ids": e} for e in examples[-64:]])]
         runs: dict[str, list[dict]] = {}
         for _ in range(args.rounds):  # modes alternate within each round; each mode reports its median round
             for mode in args.modes.split(","):
-                backends = (
-                    args.oracle_attn
-                    if mode in ("uniform", "uniform_work")
-                    else ["sdpa"]
-                    if mode not in PACKED_MODES
-                    else args.attn
-                    if mode in args.all_attn_modes.split(",")
-                    else args.attn[:1]
-                )
+                if mode in ORACLES:
+                    backends = args.oracle_attn
+                elif mode in PACKED_MODES:
+                    backends = args.attn if mode in EVERY_ATTN else args.attn[:1]
+                else:
+                    backends = ["sdpa"]
                 for attn in backends:
-                    val_batches = (
-                        val
-                        if attn != "sdpa" or mode in PACKED_MODES
-                        else [padded_batch([{"input_ids": e} for e in examples[-64:]])]
-                    )
+                    val_batches = val if attn != "sdpa" or mode in PACKED_MODES else padded_val
                     try:
                         r = train(plans[mode], attn, args, device, dtype, val_batches)
                     except torch.OutOfMemoryError as error:  # reported in results.json, the other modes go on
