@@ -5,14 +5,15 @@ The scripts live in ``cpu/`` (run anywhere, write ``results/<name>.md`` and ``.j
 ``sys.path`` and imports from here:
 
 - data: ``lengths_of`` (the standard length distributions, from ``_lengths.py``, which the tests
-  import too) and
-  ``markov_tokens`` (token ids whose loss curve has a known floor);
-- model: ``SIZES`` and ``build_model`` (a Llama-style config, random weights), ``padded_batch``
-  and ``to_device``;
-- timing: ``alternate`` + ``median`` (CPU, wall clock), ``timed`` (CUDA events), ``median_round``
-  (a GPU mode's median round) and ``StepClock`` (a Trainer's step ends and forward times);
-- results: ``machine``, ``command`` and ``write_results`` (into ``benchmarks/results/``), and
-  ``peak_rss_mib`` (a process's own peak memory); ``train_step`` (one timed GPU step).
+  import too), ``markov_tokens`` (token ids whose loss curve has a known floor) and ``markov_examples``;
+- model: ``SIZES``, ``model_config`` (Llama, Qwen2 or Mistral) and ``build_model`` (random weights),
+  ``padded_batch``, ``to_device`` and ``sync``;
+- timing: ``alternate`` + ``median`` (CPU, wall clock), ``median_round`` (a GPU mode's median
+  round), ``train_step`` (one timed GPU step) and ``StepClock`` (a Trainer's step ends and forward times);
+- PackingTrainer runs: ``add_trainer_options``, ``training_arguments`` (+ ``FSDP2``), ``trained``
+  (a run's timed tokens, seconds, losses, probe) and ``gather_ranks``;
+- results: ``machine``, ``command``, ``write_results`` (into ``benchmarks/results/`` or a folder),
+  ``write_run`` and ``peak_rss_mib`` (a process's own peak memory); ``CompileCounter`` (FA4's compiles).
 
 torch and transformers are imported inside the functions that need them, so the CPU benchmarks
 of torch-free code (and ``cpu/bench_offline.py``'s peak-memory children) do not load torch.
@@ -327,6 +328,13 @@ def write_results(name: str, markdown: str | None, data: dict, folder: Path = RE
         (folder / f"{name}.md").write_text(markdown)
     (folder / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
     print(f"\nwrote {folder / name}{'.md and ' if markdown is not None else ''}.json")
+
+
+def write_run(folder: Path, name: str, result: dict) -> None:
+    """One run's <folder>/<name>.json, and the result but its losses printed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "loss"}, indent=1))
 
 
 class CompileCounter:

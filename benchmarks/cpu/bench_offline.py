@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
-from _shared import DISTRIBUTIONS, command, lengths_of, machine, peak_rss_mib, write_results  # noqa: E402
+from _shared import DISTRIBUTIONS, alternate, command, lengths_of, machine, peak_rss_mib, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 10_000  # the streaming generator draws its lengths in blocks of this many examples
@@ -211,12 +211,10 @@ def side_by_side(args) -> list[dict]:
             "packing_collators": lambda s=strategy: pack_dataset(dataset, args.max_length, strategy=s),
             f"trl {trl.__version__}": lambda s=strategy: trl_pack(dataset, args.max_length, strategy=s),
         }
-        times, outputs = {name: [] for name in runners}, {}
-        for repeat in range(args.repeats):
-            for name, run in runners.items() if repeat % 2 == 0 else reversed(runners.items()):
-                start = time.perf_counter()
-                outputs[name] = run()
-                times[name].append(time.perf_counter() - start)
+        outputs = {}
+        times = alternate(
+            {name: lambda n=name, r=run: outputs.__setitem__(n, r()) for name, run in runners.items()}, args.repeats
+        )
         for name, packed in outputs.items():
             tokens = count_of(packed, "input_ids")
             assert tokens == total, (name, tokens, total)

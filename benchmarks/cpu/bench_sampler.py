@@ -85,40 +85,27 @@ def length_grouped_token_budget(lengths: np.ndarray, budget: int, batch_size: in
 
 
 def planning(lengths: np.ndarray, budget: int, ranks: int, repeats: int):
+    """Each contender plans an epoch and lists its batches, alternating: its times, its batches, the padded size."""
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
     padded_batch = budget // int(lengths.max())
     out: dict[str, list] = {}
 
-    def ours(num_replicas):
-        def run():
-            out[f"ours_{num_replicas}"] = list(
-                MultipackBatchSampler(lengths, budget, num_replicas=num_replicas, rank=0)
-            )
+    def seeded():
+        return torch.Generator().manual_seed(0)
 
-        return run
-
-    def batch_sampler():
-        generator = torch.Generator().manual_seed(0)
-        out["batch_sampler"] = list(
-            BatchSampler(RandomSampler(range(len(lengths)), generator=generator), padded_batch, False)
-        )
-
-    def length_grouped():
-        from transformers.trainer_pt_utils import LengthGroupedSampler
-
-        generator = torch.Generator().manual_seed(0)
-        sampler = LengthGroupedSampler(padded_batch, lengths=lengths.tolist(), generator=generator)
-        out["length_grouped"] = list(BatchSampler(sampler, padded_batch, False))
-
-    def length_grouped_budget():
-        out["length_grouped_budget"] = length_grouped_token_budget(lengths, budget, padded_batch, 0)
-
-    contenders = {
-        "ours_1": ours(1),
-        f"ours_{ranks}": ours(ranks),
-        "batch_sampler": batch_sampler,
-        "length_grouped": length_grouped,
-        "length_grouped_budget": length_grouped_budget,
+    plans = {
+        "ours_1": lambda: MultipackBatchSampler(lengths, budget, num_replicas=1, rank=0),
+        f"ours_{ranks}": lambda: MultipackBatchSampler(lengths, budget, num_replicas=ranks, rank=0),
+        "batch_sampler": lambda: BatchSampler(
+            RandomSampler(range(len(lengths)), generator=seeded()), padded_batch, False
+        ),
+        "length_grouped": lambda: BatchSampler(
+            LengthGroupedSampler(padded_batch, lengths=lengths.tolist(), generator=seeded()), padded_batch, False
+        ),
+        "length_grouped_budget": lambda: length_grouped_token_budget(lengths, budget, padded_batch, 0),
     }
+    contenders = {name: lambda n=name, plan=plan: out.__setitem__(n, list(plan())) for name, plan in plans.items()}
     return alternate(contenders, repeats), out, padded_batch
 
 

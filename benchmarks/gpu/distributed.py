@@ -52,6 +52,7 @@ from _shared import (  # noqa: E402
     to_device,
     trained,
     training_arguments,
+    write_run,
 )
 
 
@@ -299,9 +300,7 @@ def main() -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     out = (run_trainer if args.runner == "trainer" else run_loop)(args, rank, world, cuda)
     if out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"{args.name}.json").write_text(json.dumps(out, indent=1))
-        print(json.dumps({k: v for k, v in out.items() if k != "loss"}, indent=1))
+        write_run(args.out, args.name, out)
 
 
 if __name__ == "__main__":

@@ -83,12 +83,6 @@ def add_attention_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-def smoke_settings(args) -> None:
-    if args.smoke:
-        args.layers, args.hidden, args.heads, args.kv_heads, args.vocab = 2, 64, 4, 2, 256
-        args.tokens_per_step, args.examples, args.steps, args.repeats, args.check_examples = 512, 64, 2, 2, 4
-
-
 def llama_model(args, device, dtype):
     dims = (args.hidden, args.layers, args.heads, args.kv_heads, int(args.hidden * 2.75) // 64 * 64 or 64)
     from transformers import AutoModelForCausalLM
@@ -97,13 +91,6 @@ def llama_model(args, device, dtype):
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
     return model.to(device).train()
-
-
-def set_attention(model, name: str) -> None:
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(name)
-    else:  # pragma: no cover - older transformers
-        model.config._attn_implementation = name
 
 
 def padded(examples, device) -> dict:
@@ -143,7 +130,7 @@ def correctness(args, device, dtype, implementations) -> dict:
     # make the "noise floor" the gap between two different models).
     model = reference_model.to(dtype)
     model.zero_grad(set_to_none=True)
-    set_attention(model, "sdpa")
+    model.set_attn_implementation("sdpa")
     reference = loss_and_grads(model, padded(examples, device))
     out = {
         "lengths": lengths.tolist(),
@@ -153,7 +140,7 @@ def correctness(args, device, dtype, implementations) -> dict:
     packed = to_device(FlatteningCollator()(examples), device)
     floor = out["noise_floor_vs_fp32"]
     for name in implementations:
-        set_attention(model, name)
+        model.set_attn_implementation(name)
         try:
             row = compare(loss_and_grads(model, packed), reference)
         except Exception as error:  # report, keep checking the others
@@ -166,7 +153,7 @@ def correctness(args, device, dtype, implementations) -> dict:
         grad_tol = min(max(3 * floor["grad_rel_err_global"], 1e-4), 1e-4 if fp else 5e-2)
         row["within_tolerance"] = bool(row["loss_rel_diff"] <= loss_tol and row["grad_rel_err_global"] <= grad_tol)
         out[f"packed_{name}"] = row
-    set_attention(model, "sdpa")
+    model.set_attn_implementation("sdpa")
     return out
 
 
@@ -187,7 +174,7 @@ def timing(args, device, dtype, implementations) -> dict:
 
     def run(name):
         batches = padded_batches if name == "padded_sdpa" else packed
-        set_attention(model, "sdpa" if name == "padded_sdpa" else name)
+        model.set_attn_implementation("sdpa" if name == "padded_sdpa" else name)
         for batch in batches[:2]:  # warm-up (flex compiles here)
             model(**batch).loss.backward()
         model.zero_grad(set_to_none=True)
@@ -518,7 +505,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.check == "fa4":
         return run_fa4(args) or 0
-    smoke_settings(args)
+    if args.smoke:
+        args.layers, args.hidden, args.heads, args.kv_heads, args.vocab = 2, 64, 4, 2, 256
+        args.tokens_per_step, args.examples, args.steps, args.repeats, args.check_examples = 512, 64, 2, 2, 4
     return run_attention(args)
 
 

@@ -201,7 +201,7 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     losses, val_losses, slots, flops, step_times, issue_shares = [], [], 0, 0.0, [], []
-    compiles_warmup = compiles_timed = 0
+    compiles = {"warmup": 0, "timed": 0}  # FA4 compiles in the warm-up steps and in the timed ones
     window = args.timing == "window"  # timed steps back to back: this script syncs only at each end
     for step, micro_batches in enumerate(plan.steps):
         if not window or step == args.warmup:
@@ -225,18 +225,14 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         issued = time.perf_counter()  # the host has queued the whole step; the GPU may still be busy
+        compiles["timed" if step >= args.warmup else "warmup"] += COMPILES.count - compiled_before  # host-side
         losses.append(total if window else float(total))  # float() waits for the GPU
         if window:
-            compiles_timed += COMPILES.count - compiled_before if step >= args.warmup else 0
-            compiles_warmup += COMPILES.count - compiled_before if step < args.warmup else 0
             continue
         sync(device)
         if step >= args.warmup:
             step_times.append(time.perf_counter() - start)
             issue_shares.append((issued - start) / step_times[-1])
-            compiles_timed += COMPILES.count - compiled_before
-        else:
-            compiles_warmup += COMPILES.count - compiled_before
         if args.eval_every and (step + 1) % args.eval_every == 0:
             val_losses.append((step + 1, evaluate(model, val_batches, device)))
     if window:
@@ -266,8 +262,8 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         "train_loss": losses,
         "val_loss": val_losses,
         "params": n_params,
-        "fa4_compiles_warmup": compiles_warmup,
-        "fa4_compiles_timed": compiles_timed,
+        "fa4_compiles_warmup": compiles["warmup"],
+        "fa4_compiles_timed": compiles["timed"],
         "fa4_compile_seconds_total": COMPILES.seconds,
     }
     del model, optimizer

@@ -58,6 +58,7 @@ from _shared import (  # noqa: E402
     markov_examples,
     trained,
     training_arguments,
+    write_run,
 )
 
 EXAMPLES = HERE.parents[1] / "examples"
@@ -117,13 +118,7 @@ def run_setup(args) -> None:
         "tokens_per_batch": args.tokens_per_batch,
         "command": " ".join(["torchrun --nproc-per-node", str(world), *sys.argv]),
     }
-    _write(args.out, args.setup, result)
-
-
-def _write(out: Path, name: str, result: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k != "loss"}, indent=1))
+    write_run(args.out, args.setup, result)
 
 
 def _fused_loss_only(model):
@@ -209,7 +204,7 @@ def run_liger(args) -> None:
         "tokens_per_s": {"unfused": plain["tokens_per_s"], "liger": fused["tokens_per_s"]},
         "command": " ".join(["python", *sys.argv]),
     }
-    _write(args.out, "liger", result)
+    write_run(args.out, "liger", result)
 
 
 def _relative_difference(losses, reference) -> float:
