@@ -56,12 +56,11 @@ from _shared import (  # noqa: E402
 )
 
 
-def samplers(args, lengths, **options) -> list[MultipackBatchSampler]:
+def samplers(lengths, budget: int, replicas: int, seed: int, **options) -> list[MultipackBatchSampler]:
+    """One sampler per rank of a ``replicas``-rank plan."""
     return [
-        MultipackBatchSampler(
-            lengths, args.tokens_per_batch, seed=args.seed, num_replicas=args.replicas, rank=r, **options
-        )
-        for r in range(args.replicas)
+        MultipackBatchSampler(lengths, budget, seed=seed, num_replicas=replicas, rank=r, **options)
+        for r in range(replicas)
     ]
 
 
@@ -104,7 +103,7 @@ def run_loop(args, rank: int, world: int, cuda: bool) -> dict | None:
     device = torch.device("cuda" if cuda else "cpu")
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     lengths, examples = markov_examples(args)
-    plan = samplers(args, lengths)
+    plan = samplers(lengths, args.tokens_per_batch, args.replicas, args.seed)
     mine = [r for r in range(args.replicas) if r % world == rank]  # the sampler ranks this process trains
     plans = [list(s) for s in plan]
     steps, collate = min(args.steps, len(plans[0])), FlatteningCollator()
@@ -166,14 +165,7 @@ class ReplayTrainer(PackingTrainer):
 
     def make_batch_sampler(self, lengths, batch_size, *, shuffle):
         budget = self.token_budget(lengths, batch_size)
-        return AllRanks(
-            [
-                MultipackBatchSampler(
-                    lengths, budget, shuffle=shuffle, seed=self.args.seed, num_replicas=self.replicas, rank=r
-                )
-                for r in range(self.replicas)
-            ]
-        )
+        return AllRanks(samplers(lengths, budget, self.replicas, self.args.seed, shuffle=shuffle))
 
 
 def run_trainer(args, rank: int, world: int, cuda: bool) -> dict | None:
@@ -200,7 +192,8 @@ def run_trainer(args, rank: int, world: int, cuda: bool) -> dict | None:
     gathered = gather_ranks([run["tokens"], run["seconds"], run["forward_seconds"], run["steps"]], world, device)
     if rank != 0:
         return None
-    plan = samplers(args, lengths, check_ranks=False)[0]  # rank 0 alone: no collective
+    # rank 0's sampler alone, so no collective
+    plan = samplers(lengths, args.tokens_per_batch, args.replicas, args.seed, check_ranks=False)[0]
     probe, callbacks = run["probe"], trainer.callback_handler.callbacks
     return result(
         args,
