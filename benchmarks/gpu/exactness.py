@@ -84,9 +84,9 @@ def add_attention_arguments(parser) -> None:
 
 
 def llama_model(args, device, dtype):
-    dims = (args.hidden, args.layers, args.heads, args.kv_heads, int(args.hidden * 2.75) // 64 * 64 or 64)
     from transformers import AutoModelForCausalLM
 
+    dims = (args.hidden, args.layers, args.heads, args.kv_heads, int(args.hidden * 2.75) // 64 * 64 or 64)
     config = model_config(dims, args.vocab, max_position_embeddings=4096)
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
