@@ -1,8 +1,9 @@
 """What every benchmark script shares: the standard data, the model, timing and result files.
 
 The scripts live in ``cpu/`` (run anywhere, write ``results/<name>.md`` and ``.json``) and ``gpu/``
-(need CUDA, most have a ``--smoke`` CPU check); none imports another (``gpu/exactness.py`` keeps its
-``fa4`` check in ``gpu/_fa4_exactness.py``). Each puts this folder on ``sys.path`` and imports from here:
+(need CUDA, most have a ``--smoke`` CPU check); none imports another (a ``_`` module beside a script is
+part of it: ``cpu/_offline_jobs.py``, ``gpu/_fa4_exactness.py``, ``gpu/_throughput_report.py``). Each puts
+this folder on ``sys.path`` and imports from here:
 
 - data: ``lengths_of`` (the standard length distributions, from ``_lengths.py``, which the tests
   import too), ``markov_tokens`` (token ids whose loss curve has a known floor) and ``markov_examples``;
