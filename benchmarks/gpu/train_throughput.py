@@ -133,20 +133,17 @@ def make_plans(examples, lengths, args, rng) -> dict[str, Plan]:
     ]
     plans["prepacked_bfd"] = Plan(bfd_steps, "flat")
     stream = np.concatenate([examples[i] for i in order])
-    wrapped = np.resize(stream, n_steps * rows_per_step * args.max_length).reshape(
-        n_steps, rows_per_step, args.max_length
-    )
-    plans["prepacked_wrapped"] = Plan([[list(step)] for step in wrapped], "rows")
+
+    def rows(length: int, count: int) -> Plan:  # the stream of tokens cut into ``count`` rows of ``length`` a step
+        steps = np.resize(stream, n_steps * count * length).reshape(n_steps, count, length)
+        return Plan([[list(step)] for step in steps], "rows")
+
+    plans["prepacked_wrapped"] = rows(args.max_length, rows_per_step)
     sampler = MultipackBatchSampler(lengths, args.tokens_per_step, seed=args.seed, num_replicas=1, rank=0)
-    batches = list(sampler)[:n_steps]
-    plans["multipack"] = Plan([[[feats[i] for i in b]] for b in batches], "flat")
-    mean = int(round(lengths.mean()))
-    uniform = np.resize(stream, n_steps * (args.tokens_per_step // mean) * mean).reshape(n_steps, -1, mean)
-    plans["uniform"] = Plan([[list(step)] for step in uniform], "rows")
-    work = work_length(lengths, args.tokens_per_step)
-    per_row = args.tokens_per_step // work
-    uniform_work = np.resize(stream, n_steps * per_row * work).reshape(n_steps, per_row, work)
-    plans["uniform_work"] = Plan([[list(step)] for step in uniform_work], "rows")
+    plans["multipack"] = Plan([[[feats[i] for i in b]] for b in list(sampler)[:n_steps]], "flat")
+    mean, work = int(round(lengths.mean())), work_length(lengths, args.tokens_per_step)
+    plans["uniform"] = rows(mean, args.tokens_per_step // mean)
+    plans["uniform_work"] = rows(work, args.tokens_per_step // work)
     return plans
 
 
