@@ -134,6 +134,7 @@ def run_loop(args, rank: int, world: int, cuda: bool) -> dict | None:
         losses.append(float(local_loss))
     gathered = gather_ranks([tokens, sum(step_times), forward, steps], world, device)
     tokens_all = sum(float(g[0]) for g in gathered)
+    del model, optimizer  # before the group goes: DDP's teardown after it could hang on gloo
     dist.destroy_process_group()
     if rank == 0:
         out = result(args, world, cuda, gathered, losses, plan[0].stats(), step_time_s=float(np.median(step_times)))
