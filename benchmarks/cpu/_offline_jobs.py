@@ -4,11 +4,14 @@ one's peak memory is its own): building the at-scale data, packing it, packing a
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from _shared import lengths_of, peak_rss_mib  # bench_offline.py put benchmarks/ on the path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import lengths_of, peak_rss_mib  # noqa: E402
 
 BLOCK = 10_000  # the streaming generator draws its lengths in blocks of this many examples
 

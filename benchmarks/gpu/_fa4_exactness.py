@@ -5,12 +5,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import torch
-from _shared import (  # exactness.py put benchmarks/ on the path
+
+from packing_collators import (
+    FlatteningCollator,
+    MultipackBatchSampler,
+    PrePackedCollator,
+    check_packing_support,
+    pack_lengths,
+    probe_packing,
+    register_varlen_attention,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import (  # noqa: E402
     CompileCounter,
     build_model,
     command,
@@ -22,16 +36,6 @@ from _shared import (  # exactness.py put benchmarks/ on the path
     to_device,
     train_step,
     write_results,
-)
-
-from packing_collators import (
-    FlatteningCollator,
-    MultipackBatchSampler,
-    PrePackedCollator,
-    check_packing_support,
-    pack_lengths,
-    probe_packing,
-    register_varlen_attention,
 )
 
 
