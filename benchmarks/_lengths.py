@@ -32,7 +32,9 @@ def lognormal_lengths(n: int, mean: float, sigma: float, low: int, high: int, *,
     return np.clip(rng.lognormal(mean, sigma, n), low, high).astype(np.int64)
 
 
-def lengths_of(distribution: str, n: int, seed: int | np.random.Generator = 0, *, high: int | None = None) -> np.ndarray:
+def lengths_of(
+    distribution: str, n: int, seed: int | np.random.Generator = 0, *, high: int | None = None
+) -> np.ndarray:
     """Token counts (int64) of ``n`` examples from a standard distribution, seeded.
 
     ``seed`` may be a ``np.random.Generator``: it is drawn from (and advanced), for a script that

@@ -1,18 +1,20 @@
 """What every benchmark script shares: the standard data, the model, timing and result files.
 
 The scripts live in ``cpu/`` (run anywhere, write ``results/<name>.md`` and ``.json``) and ``gpu/``
-(need CUDA, most have a ``--smoke`` CPU check); none imports another. Each puts this folder on
-``sys.path`` and imports from here:
+(need CUDA, most have a ``--smoke`` CPU check); none imports another (a ``_`` module beside a script is
+part of it: ``cpu/_offline_jobs.py``, ``gpu/_fa4_exactness.py``, ``gpu/_throughput_report.py``). Each puts
+this folder on ``sys.path`` and imports from here:
 
 - data: ``lengths_of`` (the standard length distributions, from ``_lengths.py``, which the tests
-  import too) and
-  ``markov_tokens`` (token ids whose loss curve has a known floor);
-- model: ``SIZES`` and ``build_model`` (a Llama-style config, random weights), ``padded_batch``
-  and ``to_device``;
-- timing: ``alternate`` + ``median`` (CPU, wall clock), ``timed`` (CUDA events), ``median_round``
-  (a GPU mode's median round) and ``StepClock`` (a Trainer's step ends and forward times);
-- results: ``machine``, ``command`` and ``write_results`` (into ``benchmarks/results/``), and
-  ``peak_rss_mib`` (a process's own peak memory); ``train_step`` (one timed GPU step).
+  import too), ``markov_tokens`` (token ids whose loss curve has a known floor) and ``markov_examples``;
+- model: ``SIZES``, ``model_config`` (Llama, Qwen2 or Mistral) and ``build_model`` (random weights),
+  ``padded_batch``, ``to_device`` and ``sync``;
+- timing: ``alternate`` + ``median`` (CPU, wall clock), ``median_round`` (a GPU mode's median
+  round), ``train_step`` (one timed GPU step) and ``StepClock`` (a Trainer's step ends and forward times);
+- PackingTrainer runs: ``add_trainer_options``, ``training_arguments`` (+ ``FSDP2``), ``trained``
+  (a run's timed tokens, seconds, losses, probe) and ``gather_ranks``;
+- results: ``machine``, ``command``, ``write_results`` (into ``benchmarks/results/`` or a folder),
+  ``write_run`` and ``peak_rss_mib`` (a process's own peak memory); ``CompileCounter`` (FA4's compiles).
 
 torch and transformers are imported inside the functions that need them, so the CPU benchmarks
 of torch-free code (and ``cpu/bench_offline.py``'s peak-memory children) do not load torch.
@@ -20,9 +22,7 @@ of torch-free code (and ``cpu/bench_offline.py``'s peak-memory children) do not 
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import platform
 import resource
 import statistics
@@ -36,7 +36,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 # ----------------------------------------------------------------------------- data
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _lengths: tests import the same module
-from _lengths import DISTRIBUTIONS, LOGNORMAL, LONG_CONTEXT, LONG_TAIL_MAX, lengths_of  # noqa: E402, F401
+from _lengths import DISTRIBUTIONS, LONG_CONTEXT, lengths_of  # noqa: E402, F401
 
 
 def markov_tokens(lengths: np.ndarray, vocab: int, seed: int) -> list[np.ndarray]:
@@ -55,6 +55,12 @@ def markov_tokens(lengths: np.ndarray, vocab: int, seed: int) -> list[np.ndarray
     return [grid[i, :n] for i, n in enumerate(lengths)]
 
 
+def markov_examples(args) -> tuple[np.ndarray, list[dict]]:
+    """``args.examples`` lengths of ``args.distribution`` (at most ``args.max_length``) and their examples."""
+    lengths = np.minimum(lengths_of(args.distribution, args.examples, seed=0), args.max_length)
+    return lengths, [{"input_ids": e} for e in markov_tokens(lengths, args.vocab, seed=0)]
+
+
 # ----------------------------------------------------------------------------- model and batches
 SIZES = {  # hidden, layers, heads, kv_heads, intermediate
     "tiny": (64, 2, 4, 2, 128),
@@ -63,18 +69,34 @@ SIZES = {  # hidden, layers, heads, kv_heads, intermediate
 }
 
 
-def build_model(args, attn: str, device, dtype):
-    """A Llama-style model of ``args.size`` (random weights, seeded by ``args.seed``) on ``device``, with ``attn``
-    (this library's packing_varlen / packing_fa4 registered first)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def model_config(dims: tuple, vocab: int, *, arch: str = "llama", **extra):
+    """A Llama-style config (``arch`` "qwen2" or "mistral": theirs) of ``dims`` = (hidden, layers, heads, kv heads,
+    MLP), no KV cache, untied embeddings; ``extra`` sets any other field (``max_position_embeddings``)."""
+    import transformers
 
-    hidden, layers, heads, kv, inter = SIZES[args.size]
-    config = LlamaConfig(
-        vocab_size=args.vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=max(args.max_length, 8192),
-        use_cache=False, tie_word_embeddings=False,
+    hidden, layers, heads, kv, inter = dims
+    kind = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig"}[arch]
+    return getattr(transformers, kind)(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=inter,
+        use_cache=False,
+        tie_word_embeddings=False,
+        **extra,
     )
+
+
+def build_model(args, attn: str, device, dtype, dims: tuple | None = None):
+    """A Llama-style model of ``args.size`` (or ``dims``; random weights, seeded by ``args.seed``) on ``device``, with
+    ``attn`` (this library's packing_varlen / packing_fa4 registered first)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    positions = max(args.max_length, 8192)
+    config = model_config(dims or SIZES[args.size], args.vocab, max_position_embeddings=positions)
     torch.manual_seed(args.seed)
     with torch.device(device):  # initialise on the GPU: seconds instead of a minute on the CPU
         model = LlamaForCausalLM(config).to(dtype=dtype)
@@ -105,6 +127,14 @@ def padded_batch(features: list[dict], multiple: int = 64) -> dict:
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
+def sync(device) -> None:
+    """Wait for the GPU's queued work (nothing on the CPU)."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
 def to_device(batch: dict, device) -> dict:
     import torch
 
@@ -124,8 +154,7 @@ def alternate(contenders: dict, repeats: int) -> dict[str, list[float]]:
     return times
 
 
-def median(values) -> float:
-    return statistics.median(values)
+median = statistics.median
 
 
 def median_round(rounds: list[dict]) -> dict:
@@ -146,23 +175,6 @@ def train_step(model, optimizer, batch: dict) -> float:
     optimizer.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     return time.perf_counter() - started
-
-
-def timed(fn, repeats: int, warmup: int = 3) -> float:
-    """Median milliseconds of fn() over CUDA-event spans, after ``warmup`` untimed calls."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 class StepClock:
@@ -205,6 +217,91 @@ class StepClock:
         return StepEnd()
 
 
+# ----------------------------------------------------------------------------- PackingTrainer runs
+FSDP2 = {
+    "fsdp": "full_shard auto_wrap",
+    "fsdp_config": {"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
+}
+
+
+def add_trainer_options(parser, *, examples: int, steps: int | None, warmup: int) -> None:
+    """The options of the PackingTrainer harnesses (gpu/distributed.py, gpu/trainer_setups.py): model, data, steps."""
+    add = parser.add_argument
+    add("--size", choices=sorted(SIZES), default="200m", help="the model (SIZES)")
+    add("--distribution", default="sft", help="the examples' standard length distribution")
+    add("--attn", default="packing_varlen")
+    add("--tokens-per-batch", type=int, default=16384)
+    add("--max-length", type=int, default=2048)
+    add("--examples", type=int, default=examples)
+    add("--vocab", type=int, default=32000)
+    add("--steps", type=int, default=steps, help="timed steps, after --warmup")
+    add("--warmup", type=int, default=warmup)
+    add("--lr", type=float, default=3e-4)
+    add("--seed", type=int, default=0)
+    add("--smoke", action="store_true", help="tiny float32 model, sdpa, gloo (CPU check)")
+
+
+def training_arguments(args, cuda: bool, **extra):
+    """TrainingArguments of a timed run: ``args.warmup + args.steps`` steps of one batch at constant ``args.lr``, a
+    log line per step, no checkpoints, fused AdamW on CUDA; ``extra`` adds or replaces any (``FSDP2``, ``bf16``)."""
+    import tempfile
+
+    from transformers import TrainingArguments
+
+    options = dict(
+        output_dir=tempfile.mkdtemp(prefix="bench_"),
+        max_steps=args.warmup + args.steps,
+        per_device_train_batch_size=1,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=args.seed,
+        optim="adamw_torch_fused" if cuda else "adamw_torch",
+        use_cpu=not cuda,
+        disable_tqdm=True,
+        dataloader_pin_memory=cuda,
+        ddp_find_unused_parameters=False,
+        ddp_broadcast_buffers=False,
+    )
+    return TrainingArguments(**{**options, **extra})
+
+
+def trained(trainer, clock: StepClock, lengths: np.ndarray, warmup: int, accumulation: int = 1) -> dict:
+    """Train; then this rank's real tokens, seconds and forward seconds over the steps after ``warmup``, its losses,
+    peak memory and steps, and the probe's report (None where no probe ran)."""
+    import torch
+
+    trainer.train()
+    steps, first = trainer.state.global_step, warmup - 1
+    timed = list(trainer._train_batch_sampler)[warmup * accumulation : steps * accumulation]
+    callbacks = trainer.callback_handler.callbacks
+    return {
+        "tokens": float(sum(int(lengths[b].sum()) for b in timed)),
+        "seconds": clock.ends[-1] - clock.ends[first],
+        "forward_seconds": clock.forward_seconds(clock.marks[first], clock.marks[-1]),
+        "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+        "steps": steps,
+        "probe": next((c.last_report for c in callbacks if getattr(c, "last_report", None)), None),
+    }
+
+
+def gather_ranks(numbers: list[float], world: int, device) -> list:
+    """Every rank's ``numbers`` (float64 tensors on the CPU), in rank order."""
+    import torch
+
+    local = torch.tensor(numbers, dtype=torch.float64, device=device)
+    if world == 1:
+        return [local.cpu()]
+    import torch.distributed as dist
+
+    parts = [torch.zeros_like(local) for _ in range(world)]
+    dist.all_gather(parts, local)
+    return [p.cpu() for p in parts]
+
+
 # ----------------------------------------------------------------------------- results
 def peak_rss_mib() -> float:
     """This process's peak RSS (VmHWM: unlike ru_maxrss, not inherited from the forking parent)."""
@@ -225,12 +322,20 @@ def command() -> str:
     return " ".join(["python", str(script), *sys.argv[1:]])
 
 
-def write_results(name: str, markdown: str, data: dict) -> None:
-    """Write results/<name>.md and results/<name>.json and say where."""
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.md").write_text(markdown)
-    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
-    print(f"\nwrote {RESULTS / (name + '.md')} and .json")
+def write_results(name: str, markdown: str | None, data: dict, folder: Path = RESULTS) -> None:
+    """Write <folder>/<name>.md (unless ``markdown`` is None) and <folder>/<name>.json and say where."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if markdown is not None:
+        (folder / f"{name}.md").write_text(markdown)
+    (folder / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+    print(f"\nwrote {folder / name}{'.md and ' if markdown is not None else ''}.json")
+
+
+def write_run(folder: Path, name: str, result: dict) -> None:
+    """One run's <folder>/<name>.json, and the result but its losses printed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "loss"}, indent=1))
 
 
 class CompileCounter:

@@ -15,22 +15,31 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ORDER = [
-    "engine", "collator", "pack_dataset", "pack_at_scale", "streaming", "sampler", "cli_analyze", "gpu_attention",
-    "train_throughput", "long_context_h100/long_context", "rank_balance_h100x2/long_tail_8192",
+    "engine",
+    "collator",
+    "pack_dataset",
+    "pack_at_scale",
+    "streaming",
+    "sampler",
+    "cli_analyze",
+    "gpu_attention",
+    "train_throughput",
+    "long_context_h100/long_context",
+    "rank_balance_h100x2/long_tail_8192",
     "rank_balance_h100x2/reasoning_32768",
 ]
 # GPU runs keep their files in a folder per run; these of them join RESULTS.md too
 FROM_FOLDERS = [name for name in ORDER if "/" in name]
 NOTE = (
-    'Scripts folded into harnesses since (issue #27): `bench_pack_dataset.py`, `bench_pack_at_scale.py` a'
-    'nd `bench_streaming.py` are `benchmarks/cpu/bench_offline.py in-memory`, `at-scale` and `streaming`;'
-    ' `trainer_scaling.py` and `distributed_scaling.py` are `benchmarks/gpu/distributed.py` (`--runner lo'
-    'op` for the latter); `gpu_attention_check.py` and `fa4_check.py` are `benchmarks/gpu/exactness.py at'
-    'tention` and `fa4`; `architecture_sweep.py` is `scripts/architecture_sweep.py`. The one-off investig'
-    'ations (`attention_host_cost`, `oracle_gap`, `packed_kernels`, `varlen_kernels`, `gpu_varlen_gqa_che'
-    'ck`, `fa4_compiles`, `probe_check`, `memory_budget`, `trainer_memory_check`, `rank_balance`, `long_c'
-    'ontext_report`) were deleted; their findings are in docs/benchmarks.md, and a command naming one run'
-    's as written in a checkout of commit 77bb1bb (`git worktree add ../pc-77bb1bb 77bb1bb`). Commands re'
+    "Scripts folded into harnesses since (issue #27): `bench_pack_dataset.py`, `bench_pack_at_scale.py` a"
+    "nd `bench_streaming.py` are `benchmarks/cpu/bench_offline.py in-memory`, `at-scale` and `streaming`;"
+    " `trainer_scaling.py` and `distributed_scaling.py` are `benchmarks/gpu/distributed.py` (`--runner lo"
+    "op` for the latter); `gpu_attention_check.py` and `fa4_check.py` are `benchmarks/gpu/exactness.py at"
+    "tention` and `fa4`; `architecture_sweep.py` is `scripts/architecture_sweep.py`. The one-off investig"
+    "ations (`attention_host_cost`, `oracle_gap`, `packed_kernels`, `varlen_kernels`, `gpu_varlen_gqa_che"
+    "ck`, `fa4_compiles`, `probe_check`, `memory_budget`, `trainer_memory_check`, `rank_balance`, `long_c"
+    "ontext_report`) were deleted; their findings are in docs/benchmarks.md, and a command naming one run"
+    "s as written in a checkout of commit 77bb1bb (`git worktree add ../pc-77bb1bb 77bb1bb`). Commands re"
     "corded inside the results' own .json and .log files are the ones that ran, unchanged."
 )
 
@@ -46,8 +55,13 @@ def main() -> None:
 
     files = sorted(files, key=rank)
     parts = [
-        "# Benchmark results", "", "Written by `python benchmarks/collect_results.py` from `benchmarks/results/*.md`;",
-        "each section names the command and the machine that produced it.", "", NOTE, "",
+        "# Benchmark results",
+        "",
+        "Written by `python benchmarks/collect_results.py` from `benchmarks/results/*.md`;",
+        "each section names the command and the machine that produced it.",
+        "",
+        NOTE,
+        "",
     ]
     parts += [f.read_text().strip() + "\n" for f in files]
     (HERE / "RESULTS.md").write_text("\n".join(parts))

@@ -75,21 +75,17 @@ def main() -> None:
         analysis_runs = [timed(lambda: analyze_lengths(lengths, args.max_length)) for _ in range(args.repeats)]
         analysis_s = median([seconds for seconds, _ in analysis_runs])
         analysis = analysis_runs[0][1]
+
+        def median_s(call) -> float:
+            return median([timed(call)[0] for _ in range(args.repeats)])
+
         parts = {
-            f"pack_lengths {strategy}": median(
-                [
-                    timed(lambda: pack_lengths(lengths, args.max_length, strategy=strategy))[0]
-                    for _ in range(args.repeats)
-                ]
-            )
+            f"pack_lengths {strategy}": median_s(lambda s=strategy: pack_lengths(lengths, args.max_length, strategy=s))
             for strategy in ("bfd", "ffd", "next_fit")
         }
         budget = 8 * args.max_length
-        parts[f"plan_epoch({budget:,}) (the sampler's plan)"] = median(
-            [
-                timed(lambda: plan_epoch(lengths, budget, num_replicas=1, overflow="drop").stats())[0]
-                for _ in range(args.repeats)
-            ]
+        parts[f"plan_epoch({budget:,}) (the sampler's plan)"] = median_s(
+            lambda: plan_epoch(lengths, budget, num_replicas=1, overflow="drop").stats()
         )
 
     total_s, startup_s = median(times["end to end"]), median(times["start-up"])

@@ -86,15 +86,27 @@ def main() -> None:
         f"Speed-up of ours over TRL's packing: **{trl_s / ours_s:.1f}x** (over its whole call: {trl_whole_s / ours_s:.1f}x). Lower bound: {lower:,} rows.",
     ]
     data = {
-        "examples": args.examples, "capacity": capacity, "lower_bound_rows": lower, "machine": machine(),
-        "ours_s": ours_s, "trl_chunked_s": trl_s, "trl_whole_call_s": trl_whole_s, "rows": rows,
-        "trl_whole_rows": trl_whole, "efficiency": eff, "speedup": trl_s / ours_s, "command": command(),
+        "examples": args.examples,
+        "capacity": capacity,
+        "lower_bound_rows": lower,
+        "machine": machine(),
+        "ours_s": ours_s,
+        "trl_chunked_s": trl_s,
+        "trl_whole_call_s": trl_whole_s,
+        "rows": rows,
+        "trl_whole_rows": trl_whole,
+        "efficiency": eff,
+        "speedup": trl_s / ours_s,
+        "command": command(),
     }
     if args.large:
         big = lengths_of("sft", args.large, seed=1)
         lines += [
-            "", f"### Scale: {args.large:,} `sft` lengths, capacity {capacity} (1 run each)", "",
-            "| strategy | time (s) | rows | gap to lower bound | efficiency |", "|---|---|---|---|---|",
+            "",
+            f"### Scale: {args.large:,} `sft` lengths, capacity {capacity} (1 run each)",
+            "",
+            "| strategy | time (s) | rows | gap to lower bound | efficiency |",
+            "|---|---|---|---|---|",
         ]
         data["large"] = {}
         for strategy in ("bfd", "ffd", "next_fit"):

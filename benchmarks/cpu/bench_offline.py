@@ -34,135 +34,24 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
-from _shared import DISTRIBUTIONS, command, lengths_of, machine, peak_rss_mib, write_results  # noqa: E402
+from _offline_jobs import CHILDREN, count_of, stream_lengths, token_column  # noqa: E402  (beside this script)
+from _shared import DISTRIBUTIONS, alternate, command, machine, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-BLOCK = 10_000  # the streaming generator draws its lengths in blocks of this many examples
 
 
-# ----------------------------------------------------------------------------- data
-def token_column(dist: str, n: int, seed: int):
-    """A pyarrow list column of ``n`` examples' int32 tokens, its offsets and its token count."""
-    import pyarrow as pa
-
-    lengths = lengths_of(dist, n, seed)
-    offsets = pa.array(np.r_[0, np.cumsum(lengths)].astype(np.int32))
-    tokens = np.random.default_rng(seed + 1).integers(0, 32000, int(lengths.sum()), dtype=np.int32)
-    return pa.ListArray.from_arrays(offsets, pa.array(tokens)), offsets, int(lengths.sum())
-
-
-def stream_lengths(n: int, job: dict) -> list[np.ndarray]:
-    """The lengths the streaming generator yields, block by block."""
-    return [
-        lengths_of(job["dist"], min(BLOCK, n - s), job["seed"] + s, high=job["max_length"]) for s in range(0, n, BLOCK)
-    ]
-
-
-def stream_examples(n: int, job: dict):
-    """``n`` examples ``{"input_ids": int32 array}``, lengths from ``job["dist"]`` clipped to max_length."""
-    rng = np.random.default_rng(job["seed"])
-    for lengths in stream_lengths(n, job):
-        tokens = rng.integers(0, 32000, int(lengths.sum()), dtype=np.int32)
-        yield from ({"input_ids": ids} for ids in np.split(tokens, np.cumsum(lengths)[:-1]))
-
-
-def build_data(job: dict) -> dict:
-    """``n`` sft examples in save_to_disk's layout (in a child: its memory is not the packers')."""
-    import datasets
-    import pyarrow as pa
-    from datasets.table import InMemoryTable
-
-    n, folder = job["n"], Path(job["data"])
-    column, _, tokens = token_column("sft", n, 0)
-    table = pa.table({"input_ids": column, "labels": column})
-    # save_to_disk copies a table this size (3M examples ran out of 24 GiB): write its layout directly,
-    # Arrow stream files of 1,000-row batches, about 500 MB each, listed in its state.json
-    datasets.disable_progress_bars()
-    datasets.Dataset(InMemoryTable(table.slice(0, 1))).save_to_disk(str(folder))
-    for path in folder.glob("data-*.arrow"):
-        path.unlink()
-    count = max(1, round(table.nbytes / 500e6))
-    edges = np.linspace(0, n, count + 1).astype(int)
-    names = [f"data-{i:05d}-of-{count:05d}.arrow" for i in range(count)]
-    for name, first, last in zip(names, edges[:-1], edges[1:]):
-        with pa.OSFile(str(folder / name), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-            for batch in table.slice(first, last - first).to_batches(max_chunksize=1000):
-                writer.write_batch(batch)
-    state = json.loads((folder / "state.json").read_text())
-    state.update(_data_files=[{"filename": name} for name in names], _fingerprint=f"sft-{n}-0")
-    (folder / "state.json").write_text(json.dumps(state))
-    return {"examples": n, "tokens": tokens, "bytes_on_disk": sum(f.stat().st_size for f in folder.glob("*.arrow"))}
-
-
-def count_of(packed, column: str) -> int:
-    """The number of values in a packed dataset's list column (tokens of input_ids, segments of seq_lengths)."""
-    import pyarrow.compute as pc
-
-    return int(pc.sum(pc.list_value_length(packed.data.table.column(column))).as_py())
-
-
-# ----------------------------------------------------------------------------- fresh-process children
-def child_stream(job: dict) -> dict:
-    """Pack (or, for "source", only read) an n-example generator."""
-    n, strategy, start, stats = job["n"], job["strategy"], time.perf_counter(), None
-    if strategy == "source":
-        rows, tokens = 0, sum(len(example["input_ids"]) for example in stream_examples(n, job))
-    else:
-        from packing_collators import pack_dataset
-
-        packed, stats = pack_dataset(stream_examples(n, job), job["max_length"], strategy=strategy,
-                                     buffer_size=job["buffer_size"], return_stats=True)
-        rows = tokens = 0
-        for row in packed:
-            rows, tokens = rows + 1, tokens + len(row["input_ids"])
-        assert rows == stats.rows and tokens == stats.packed_tokens == stats.input_tokens, (rows, tokens, stats)
-    return {
-        "strategy": strategy, "examples": n, "buffer_size": job["buffer_size"], "rows": rows, "tokens": tokens,
-        "seconds": time.perf_counter() - start, "peak_rss_mib": peak_rss_mib(),
-        **{k: getattr(stats, k, None) for k in ("lower_bound_rows", "efficiency", "rows_over_lower_bound",
-                                                "split_examples")},
-    }
-
-
-def child_pack(job: dict) -> dict:
-    """One at-scale packing in this (fresh) process: load_from_disk, then the packer; what it took."""
-    import resource
-
-    import datasets
-
-    datasets.disable_progress_bars()
-    dataset = datasets.load_from_disk(job["data"])
-    start = time.perf_counter()
-    if job["packer"] == "trl":
-        from trl import pack_dataset as trl_pack
-
-        packed = trl_pack(dataset, job["max_length"], strategy=job["strategy"],
-                          map_kwargs={"load_from_cache_file": False})
-    else:
-        from packing_collators import pack_dataset
-
-        overflow = "split" if job["strategy"] == "bfd_split" else "error"
-        packed = pack_dataset(dataset, job["max_length"], overflow=overflow, num_proc=job["num_proc"])
-    seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    tokens, segments = count_of(packed, "input_ids"), count_of(packed, "seq_lengths")
-    return {"seconds": seconds, "peak_rss_mib": peak, "rows": len(packed), "tokens": tokens, "segments": segments,
-            "efficiency": tokens / (len(packed) * job["max_length"]), "cache_files": len(packed.cache_files)}
-
-
-CHILDREN = {"stream": child_stream, "pack": child_pack, "build": build_data}
-
-
+# ----------------------------------------------------------------------------- fresh processes
 def spawn(kind: str, **job) -> dict:
     """Run a child in a fresh Python process (its peak RSS is its own); its JSON result."""
     line = [sys.executable, __file__, "--child", json.dumps({"kind": kind, **job})]
-    return json.loads(subprocess.run(line, check=True, capture_output=True, text=True, cwd=REPO).stdout.splitlines()[-1])
+    return json.loads(
+        subprocess.run(line, check=True, capture_output=True, text=True, cwd=REPO).stdout.splitlines()[-1]
+    )
 
 
 def job_of(args, **extra) -> dict:
@@ -189,48 +78,76 @@ def side_by_side(args) -> list[dict]:
             "packing_collators": lambda s=strategy: pack_dataset(dataset, args.max_length, strategy=s),
             f"trl {trl.__version__}": lambda s=strategy: trl_pack(dataset, args.max_length, strategy=s),
         }
-        times, outputs = {name: [] for name in runners}, {}
-        for repeat in range(args.repeats):
-            for name, run in runners.items() if repeat % 2 == 0 else reversed(runners.items()):
-                start = time.perf_counter()
-                outputs[name] = run()
-                times[name].append(time.perf_counter() - start)
+        outputs = {}
+        times = alternate(
+            {name: lambda n=name, r=run: outputs.__setitem__(n, r()) for name, run in runners.items()}, args.repeats
+        )
         for name, packed in outputs.items():
             tokens = count_of(packed, "input_ids")
             assert tokens == total, (name, tokens, total)
-            results.append({"strategy": strategy, "implementation": name, "median_s": statistics.median(times[name]),
-                            "times_s": times[name], "rows": len(packed),
-                            "lower_bound_rows": math.ceil(total / args.max_length),
-                            "efficiency": tokens / (len(packed) * args.max_length)})
+            results.append(
+                {
+                    "strategy": strategy,
+                    "implementation": name,
+                    "median_s": statistics.median(times[name]),
+                    "times_s": times[name],
+                    "rows": len(packed),
+                    "lower_bound_rows": math.ceil(total / args.max_length),
+                    "efficiency": tokens / (len(packed) * args.max_length),
+                }
+            )
     return results
 
 
 def markdown_in_memory(side, stream, buffers, cmd, args) -> str:
     ours = {r["strategy"]: r for r in side if r["implementation"] == "packing_collators"}
     lines = [
-        "# pack_dataset: packing_collators vs TRL", "", f"Command: `{cmd}`", "",
+        "# pack_dataset: packing_collators vs TRL",
+        "",
+        f"Command: `{cmd}`",
+        "",
         f"{args.examples:,} `{args.dist}` examples (input_ids int32 + attention_mask int8, in memory), capacity "
-        f"{args.max_length}; {args.repeats} repeats alternating, median. CPU, 2 shared cores: compare the ratio.", "",
+        f"{args.max_length}; {args.repeats} repeats alternating, median. CPU, 2 shared cores: compare the ratio.",
+        "",
         "| strategy | implementation | median time (s) | speed-up | rows | lower bound | efficiency |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in side:
         speedup = r["median_s"] / ours[r["strategy"]]["median_s"]
         mine = r["implementation"] == "packing_collators"
-        lines.append(f"| {r['strategy']} | {r['implementation']} | {r['median_s']:.3f} | "
-                     f"{'1.00x (ours)' if mine else f'ours {speedup:.1f}x faster'} | "
-                     f"{r['rows']:,} | {r['lower_bound_rows']:,} | {r['efficiency']:.4%} |")
+        lines.append(
+            f"| {r['strategy']} | {r['implementation']} | {r['median_s']:.3f} | "
+            f"{'1.00x (ours)' if mine else f'ours {speedup:.1f}x faster'} | "
+            f"{r['rows']:,} | {r['lower_bound_rows']:,} | {r['efficiency']:.4%} |"
+        )
     if stream:
-        lines += ["", f"## Streaming (generator of `{args.dist}` examples, buffer_size={args.buffer_size:,})", "",
-                  "Each size in a fresh process; peak RSS is the whole process (Python, torch import included).", "",
-                  "| examples | rows | efficiency | time (s) | peak RSS (MiB) |", "|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['examples']:,} | {r['rows']:,} | {r['efficiency']:.4%} | {r['seconds']:.1f} | "
-                  f"{r['peak_rss_mib']:.0f} |" for r in stream]
+        lines += [
+            "",
+            f"## Streaming (generator of `{args.dist}` examples, buffer_size={args.buffer_size:,})",
+            "",
+            "Each size in a fresh process; peak RSS is the whole process (Python, torch import included).",
+            "",
+            "| examples | rows | efficiency | time (s) | peak RSS (MiB) |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['examples']:,} | {r['rows']:,} | {r['efficiency']:.4%} | {r['seconds']:.1f} | "
+            f"{r['peak_rss_mib']:.0f} |"
+            for r in stream
+        ]
     if buffers:
-        lines += ["", f"## Efficiency cost of the buffer ({buffers[0]['examples']:,} `{args.dist}` examples)", "",
-                  "| buffer_size | rows | lower bound | efficiency | peak RSS (MiB) |", "|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['buffer_size']:,} | {r['rows']:,} | {r['lower_bound_rows']:,} | {r['efficiency']:.4%} | "
-                  f"{r['peak_rss_mib']:.0f} |" for r in buffers]
+        lines += [
+            "",
+            f"## Efficiency cost of the buffer ({buffers[0]['examples']:,} `{args.dist}` examples)",
+            "",
+            "| buffer_size | rows | lower bound | efficiency | peak RSS (MiB) |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['buffer_size']:,} | {r['rows']:,} | {r['lower_bound_rows']:,} | {r['efficiency']:.4%} | "
+            f"{r['peak_rss_mib']:.0f} |"
+            for r in buffers
+        ]
         lines.append(f"| global (in memory) | | | {buffers[0]['global_efficiency']:.4%} | |")
     return "\n".join(lines) + "\n"
 
@@ -239,10 +156,16 @@ def run_in_memory(args) -> None:
     from packing_collators import pack_lengths
 
     cmd, side = command(), side_by_side(args)
-    stream = [spawn("stream", **job_of(args, n=int(n), strategy="bfd", buffer_size=args.buffer_size))
-              for n in args.stream_sizes.split(",") if n]
-    buffers = [spawn("stream", **job_of(args, n=args.buffer_examples, strategy="bfd", buffer_size=int(b)))
-               for b in args.buffer_sizes.split(",") if b]
+    stream = [
+        spawn("stream", **job_of(args, n=int(n), strategy="bfd", buffer_size=args.buffer_size))
+        for n in args.stream_sizes.split(",")
+        if n
+    ]
+    buffers = [
+        spawn("stream", **job_of(args, n=args.buffer_examples, strategy="bfd", buffer_size=int(b)))
+        for b in args.buffer_sizes.split(",")
+        if b
+    ]
     if buffers:  # global (in-memory) bfd on the same lengths as the stream: the buffer table's reference row
         lengths = np.concatenate(stream_lengths(args.buffer_examples, job_of(args)))
         buffers[0]["global_efficiency"] = pack_lengths(lengths, args.max_length).efficiency
@@ -256,10 +179,19 @@ def run_in_memory(args) -> None:
 
 # ----------------------------------------------------------------------------- at-scale
 def run_pack(packer: str, data: Path, args, strategy: str = "bfd", max_length: int | None = None) -> dict:
-    result = spawn("pack", packer=packer, data=str(data), strategy=strategy, num_proc=args.num_proc,
-                   max_length=max_length or args.max_length)
-    print(f"  {packer:<18} {strategy:<9} {result['seconds']:8.1f} s  peak RSS {result['peak_rss_mib']:8.0f} MiB  "
-          f"rows {result['rows']:,}  efficiency {result['efficiency']:.4%}", flush=True)
+    result = spawn(
+        "pack",
+        packer=packer,
+        data=str(data),
+        strategy=strategy,
+        num_proc=args.num_proc,
+        max_length=max_length or args.max_length,
+    )
+    print(
+        f"  {packer:<18} {strategy:<9} {result['seconds']:8.1f} s  peak RSS {result['peak_rss_mib']:8.0f} MiB  "
+        f"rows {result['rows']:,}  efficiency {result['efficiency']:.4%}",
+        flush=True,
+    )
     return result
 
 
@@ -291,19 +223,25 @@ def measure_size(n: int, repeats: int, work: Path, args) -> dict:
     clear_caches(data)
     if not args.keep_data:
         shutil.rmtree(data)
-    med = {name: {key: statistics.median(r[key] for r in rs) for key in ("seconds", "peak_rss_mib")}
-           for name, rs in runs.items()}
+    med = {
+        name: {key: statistics.median(r[key] for r in rs) for key in ("seconds", "peak_rss_mib")}
+        for name, rs in runs.items()
+    }
     speedup = med["trl"]["seconds"] / med["packing_collators"]["seconds"]
     return {**info, "repeats": repeats, "runs": runs, "median": med, "speedup_vs_trl": speedup, "split": split}
 
 
 def markdown_at_scale(results: list[dict], args) -> str:
     lines = [
-        "# Offline packing at scale: pack_dataset (on disk) vs TRL pack_dataset", "", f"Command: `{command()}`", "",
+        "# Offline packing at scale: pack_dataset (on disk) vs TRL pack_dataset",
+        "",
+        f"Command: `{command()}`",
+        "",
         f"Machine: {machine()}, 2 cores, 24 GiB RAM, no swap. Data: `sft` examples, `input_ids` + `labels` int32, "
         f"saved in `save_to_disk`'s layout, then `load_from_disk` in a fresh process per run; capacity {args.max_length}; "
         "peak RSS = `ru_maxrss` of that process (mapped file pages included). Medians over the repeats, "
-        "packers alternating.", "",
+        "packers alternating.",
+        "",
         "| examples | tokens | on disk (GiB) | repeats | ours (s) | TRL bfd (s) | speedup | ours peak RSS (MiB) "
         "| TRL peak RSS (MiB) | cache hit (s) | ours efficiency | TRL efficiency |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -318,14 +256,22 @@ def markdown_at_scale(results: list[dict], args) -> str:
             f"| {r['runs']['packing_collators'][0]['efficiency']:.4%} | {r['runs']['trl'][0]['efficiency']:.4%} |"
         )
     for r in (r for r in results if r["split"]):
-        lines += ["", f"## overflow='split' vs TRL strategy='bfd_split' ({r['examples']:,} examples, capacity "
-                  f"{args.split_max_length}, {r['tokens']:,} tokens in)", "",
-                  "| packer | tokens out | pieces (segments) | rows | efficiency | seconds | peak RSS (MiB) |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
-        for name, s in (("packing_collators overflow='split'", r["split"]["packing_collators"]),
-                        ("TRL bfd_split", r["split"]["trl"])):
-            lines.append(f"| {name} | {s['tokens']:,} | {s['segments']:,} | {s['rows']:,} | {s['efficiency']:.4%} "
-                         f"| {s['seconds']:.1f} | {s['peak_rss_mib']:,.0f} |")
+        lines += [
+            "",
+            f"## overflow='split' vs TRL strategy='bfd_split' ({r['examples']:,} examples, capacity "
+            f"{args.split_max_length}, {r['tokens']:,} tokens in)",
+            "",
+            "| packer | tokens out | pieces (segments) | rows | efficiency | seconds | peak RSS (MiB) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, s in (
+            ("packing_collators overflow='split'", r["split"]["packing_collators"]),
+            ("TRL bfd_split", r["split"]["trl"]),
+        ):
+            lines.append(
+                f"| {name} | {s['tokens']:,} | {s['segments']:,} | {s['rows']:,} | {s['efficiency']:.4%} "
+                f"| {s['seconds']:.1f} | {s['peak_rss_mib']:,.0f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -359,10 +305,18 @@ def measure_streaming(args) -> list[dict]:
     summary = []
     for (strategy, n), results in runs.items():
         seconds, first = statistics.median(r["seconds"] for r in results), results[0]
-        summary.append({**first, "seconds": seconds, "times_s": [r["seconds"] for r in results],
-                        "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
-                        "peak_rss_runs_mib": [r["peak_rss_mib"] for r in results], "rows_per_s": first["rows"] / seconds,
-                        "tokens_per_s": first["tokens"] / seconds, "examples_per_s": n / seconds})
+        summary.append(
+            {
+                **first,
+                "seconds": seconds,
+                "times_s": [r["seconds"] for r in results],
+                "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
+                "peak_rss_runs_mib": [r["peak_rss_mib"] for r in results],
+                "rows_per_s": first["rows"] / seconds,
+                "tokens_per_s": first["tokens"] / seconds,
+                "examples_per_s": n / seconds,
+            }
+        )
     order = {s: i for i, s in enumerate(strategies)}
     return sorted(summary, key=lambda r: (order[r["strategy"]], r["examples"]))
 
@@ -370,27 +324,40 @@ def measure_streaming(args) -> list[dict]:
 def markdown_streaming(results: list[dict], args, cmd: str) -> str:
     sizes = sorted({r["examples"] for r in results})
     lines = [
-        "# Streaming pack_dataset: memory and throughput (wrapped and bfd)", "", f"Command: `{cmd}`", "",
+        "# Streaming pack_dataset: memory and throughput (wrapped and bfd)",
+        "",
+        f"Command: `{cmd}`",
+        "",
         f"A generator of `{args.dist}` examples (`input_ids` int32, clipped to {args.max_length}), packed with "
         f"`pack_dataset(generator, {args.max_length}, strategy=..., buffer_size={args.buffer_size:,})`, every row "
         "read as a dict of lists. Each run in a fresh process; peak RSS is that whole process (VmHWM: Python, "
         "numpy, pyarrow, datasets). `source` reads the generator only. "
         f"{args.repeats} repeat(s), strategies alternating; time is the median, RSS the largest. "
-        f"CPU ({machine()}), 2 shared cores: compare wrapped with bfd by ratio.", "",
+        f"CPU ({machine()}), 2 shared cores: compare wrapped with bfd by ratio.",
+        "",
         "| strategy | examples | tokens | rows | efficiency | split examples | time (s) | rows/s | tokens/s (M) | peak RSS (MiB) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         efficiency = "" if r["efficiency"] is None else f"{r['efficiency']:.4%}"
         split = "" if r["split_examples"] is None else f"{r['split_examples']:,}"
-        lines.append(f"| {r['strategy']} | {r['examples']:,} | {r['tokens']:,} | {r['rows']:,} | {efficiency} | {split} | "
-                     f"{r['seconds']:.1f} | {r['rows_per_s']:,.0f} | {r['tokens_per_s'] / 1e6:.2f} | {r['peak_rss_mib']:.0f} |")
+        lines.append(
+            f"| {r['strategy']} | {r['examples']:,} | {r['tokens']:,} | {r['rows']:,} | {efficiency} | {split} | "
+            f"{r['seconds']:.1f} | {r['rows_per_s']:,.0f} | {r['tokens_per_s'] / 1e6:.2f} | {r['peak_rss_mib']:.0f} |"
+        )
     by = {(r["strategy"], r["examples"]): r for r in results}
-    lines += ["", f"| strategy | peak RSS growth {sizes[0]:,} -> {sizes[-1]:,} | wrapped time / bfd time |", "|---|---:|---:|"]
+    lines += [
+        "",
+        f"| strategy | peak RSS growth {sizes[0]:,} -> {sizes[-1]:,} | wrapped time / bfd time |",
+        "|---|---:|---:|",
+    ]
     for strategy in dict.fromkeys(r["strategy"] for r in results):
         growth = by[(strategy, sizes[-1])]["peak_rss_mib"] - by[(strategy, sizes[0])]["peak_rss_mib"]
-        ratios = [by[("wrapped", n)]["seconds"] / by[("bfd", n)]["seconds"]
-                  for n in sizes if strategy == "wrapped" and ("bfd", n) in by]
+        ratios = [
+            by[("wrapped", n)]["seconds"] / by[("bfd", n)]["seconds"]
+            for n in sizes
+            if strategy == "wrapped" and ("bfd", n) in by
+        ]
         lines.append(f"| {strategy} | {growth:+.0f} MiB | {', '.join(f'{x:.2f}x' for x in ratios)} |")
     return "\n".join(lines) + "\n"
 
@@ -414,7 +381,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     memory.add_argument("--stream-sizes", default="100000,1000000", help="comma-separated; empty to skip")
     memory.add_argument("--buffer-sizes", default="1000,10000,100000", help="efficiency per buffer size; empty to skip")
     memory.add_argument("--buffer-examples", type=int, default=200_000)
-    memory.add_argument("--out", default=None, help="write <out>.md and <out>.json (e.g. benchmarks/results/pack_dataset)")
+    memory.add_argument(
+        "--out", default=None, help="write <out>.md and <out>.json (e.g. benchmarks/results/pack_dataset)"
+    )
     scale = modes.add_parser("at-scale", help="load_from_disk then pack, fresh processes, vs TRL; 1M and 3M examples")
     scale.add_argument("--examples", default="1000000,3000000", help="sizes, comma-separated")
     scale.add_argument("--repeats", default="3,1", help="repeats per size, comma-separated (last one repeats)")

@@ -59,7 +59,9 @@ def padded_stats(batches: list[list[int]], lengths: np.ndarray, budget: int) -> 
     longest = np.maximum.reduceat(lengths[flat], starts)
     real, computed = int(lengths[flat].sum()), int((sizes * longest).sum())
     return {
-        "batches": len(batches), "efficiency": real / (len(batches) * budget), "padding": 1 - real / computed,
+        "batches": len(batches),
+        "efficiency": real / (len(batches) * budget),
+        "padding": 1 - real / computed,
         "over_budget": int((sizes * longest > budget).sum()),
     }
 
@@ -83,48 +85,28 @@ def length_grouped_token_budget(lengths: np.ndarray, budget: int, batch_size: in
 
 
 def planning(lengths: np.ndarray, budget: int, ranks: int, repeats: int):
+    """Each contender plans an epoch and lists its batches, alternating: its times, its batches, the padded size."""
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
     padded_batch = budget // int(lengths.max())
     out: dict[str, list] = {}
 
-    def ours(num_replicas):
-        def run():
-            out[f"ours_{num_replicas}"] = list(
-                MultipackBatchSampler(lengths, budget, num_replicas=num_replicas, rank=0)
-            )
+    def seeded():
+        return torch.Generator().manual_seed(0)
 
-        return run
-
-    def batch_sampler():
-        generator = torch.Generator().manual_seed(0)
-        out["batch_sampler"] = list(
-            BatchSampler(RandomSampler(range(len(lengths)), generator=generator), padded_batch, False)
-        )
-
-    def length_grouped():
-        from transformers.trainer_pt_utils import LengthGroupedSampler
-
-        generator = torch.Generator().manual_seed(0)
-        sampler = LengthGroupedSampler(padded_batch, lengths=lengths.tolist(), generator=generator)
-        out["length_grouped"] = list(BatchSampler(sampler, padded_batch, False))
-
-    def length_grouped_budget():
-        out["length_grouped_budget"] = length_grouped_token_budget(lengths, budget, padded_batch, 0)
-
-    contenders = {
-        "ours_1": ours(1), f"ours_{ranks}": ours(ranks), "batch_sampler": batch_sampler,
-        "length_grouped": length_grouped, "length_grouped_budget": length_grouped_budget,
+    plans = {
+        "ours_1": lambda: MultipackBatchSampler(lengths, budget, num_replicas=1, rank=0),
+        f"ours_{ranks}": lambda: MultipackBatchSampler(lengths, budget, num_replicas=ranks, rank=0),
+        "batch_sampler": lambda: BatchSampler(
+            RandomSampler(range(len(lengths)), generator=seeded()), padded_batch, False
+        ),
+        "length_grouped": lambda: BatchSampler(
+            LengthGroupedSampler(padded_batch, lengths=lengths.tolist(), generator=seeded()), padded_batch, False
+        ),
+        "length_grouped_budget": lambda: length_grouped_token_budget(lengths, budget, padded_batch, 0),
     }
+    contenders = {name: lambda n=name, plan=plan: out.__setitem__(n, list(plan())) for name, plan in plans.items()}
     return alternate(contenders, repeats), out, padded_batch
-
-
-def balance_table(lengths: np.ndarray, budget: int, ranks: int) -> dict:
-    rows = {}
-    for balance in ("cost", "attention", "tokens", "none"):
-        stats = MultipackBatchSampler(lengths, budget, num_replicas=ranks, rank=0, balance=balance).stats()
-        rows[balance] = {
-            k: stats[k] for k in ("imbalance", "imbalance_tokens", "imbalance_attention", "step_imbalance")
-        }
-    return rows
 
 
 def imbalances(lengths: np.ndarray, budget: int, num_replicas: int, balance: str) -> dict:
@@ -195,7 +177,10 @@ def lengths_timing(rows: int, repeats: int) -> dict:
     times = alternate({"arrow": arrow, "loop": loop}, repeats)
     assert np.array_equal(result["arrow"], result["loop"])
     return {
-        "rows": rows, "arrow_s": median(times["arrow"]), "loop_s": median(times["loop"]), "loop": loop_label,
+        "rows": rows,
+        "arrow_s": median(times["arrow"]),
+        "loop_s": median(times["loop"]),
+        "loop": loop_label,
         "shuffled": not isinstance(dataset, pa.Table),
     }
 
@@ -217,18 +202,8 @@ def main() -> None:
     ours = MultipackBatchSampler(lengths, budget).stats()
     ours_ranks = MultipackBatchSampler(lengths, budget, num_replicas=ranks, rank=0).stats()
     quality = {
-        "ours_1": {
-            "batches": ours["total_batches"],
-            "efficiency": ours["efficiency"],
-            "padding": 0.0,
-            "over_budget": 0,
-        },
-        f"ours_{ranks}": {
-            "batches": ours_ranks["total_batches"],
-            "efficiency": ours_ranks["efficiency"],
-            "padding": 0.0,
-            "over_budget": 0,
-        },
+        name: {"batches": stats["total_batches"], "efficiency": stats["efficiency"], "padding": 0.0, "over_budget": 0}
+        for name, stats in (("ours_1", ours), (f"ours_{ranks}", ours_ranks))
     }
     for name in ("batch_sampler", "length_grouped", "length_grouped_budget"):
         quality[name] = padded_stats(out[name], lengths, budget)
@@ -258,7 +233,7 @@ def main() -> None:
             f"| {label} | {plan_s[name]:.3f} | {plan_s[name] / base:.2f}x | {q['batches']:,} | {q['efficiency']:.4%} | "
             f"{q['padding']:.1%} | {q['over_budget']} |"
         )
-    balance = balance_table(lengths, budget, ranks)
+    balance = {mode: imbalances(lengths, budget, ranks, mode) for mode in ("cost", "attention", "tokens", "none")}
     lines += [
         "",
         f"### Balance over {ranks} simulated ranks (max over ranks of epoch total / mean - 1)",
@@ -278,8 +253,11 @@ def main() -> None:
     lines += long_context_lines(long_context, args.examples)
     groups = {}
     lines += [
-        "", "### `group_size`: packing the shuffled epoch in groups (1 rank, median of 3)", "",
-        "| group_size | plan an epoch (s) | batches | efficiency |", "|---|---|---|---|",
+        "",
+        "### `group_size`: packing the shuffled epoch in groups (1 rank, median of 3)",
+        "",
+        "| group_size | plan an epoch (s) | batches | efficiency |",
+        "|---|---|---|---|",
     ]
     for group_size in (None, 100_000, 10_000):
         seconds = []
@@ -298,8 +276,11 @@ def main() -> None:
         )
     others = {}
     lines += [
-        "", f"### Other distributions, {args.examples:,} examples, 1 rank", "",
-        "| distribution | batches | lower bound | efficiency |", "|---|---|---|---|",
+        "",
+        f"### Other distributions, {args.examples:,} examples, 1 rank",
+        "",
+        "| distribution | batches | lower bound | efficiency |",
+        "|---|---|---|---|",
     ]
     for distribution in ("flan_like", "orcamath_like", "long_tail"):
         stats = MultipackBatchSampler(lengths_of(distribution, args.examples), budget).stats()

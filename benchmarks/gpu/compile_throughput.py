@@ -53,7 +53,7 @@ from packing_collators.collate import bucket_padding_fraction
 from packing_collators.trainer._compile import compile_buckets, graphs_compiled, warm_up_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
-from _shared import CompileCounter, build_model, command, lengths_of, markov_tokens, median, to_device  # noqa: E402
+from _shared import CompileCounter, build_model, command, lengths_of, markov_tokens, median, sync, to_device  # noqa: E402
 
 FA4_COMPILES = CompileCounter()  # FA4 kernel compiles (0 without flash_attn.cute)
 MODES = ("compiled_packed", "compiled_oracle", "compiled_same_work", "eager_packed", "eager_oracle")
@@ -159,11 +159,6 @@ def run(mode: str, steps: tuple[list[dict], list[int]], model, compiled, initial
         "fa4_compiles_timed": FA4_COMPILES.count - marks["fa4"],
         "train_loss": [float(x) for x in losses],
     }
-
-
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def warm_up(model, compiled, args, device) -> dict:

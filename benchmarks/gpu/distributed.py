@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -43,30 +42,26 @@ import torch.distributed as dist
 from packing_collators import FlatteningCollator, MultipackBatchSampler, PackingTrainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
-from _shared import SIZES, StepClock, build_model, lengths_of, markov_tokens, to_device  # noqa: E402
+from _shared import (  # noqa: E402
+    FSDP2,
+    StepClock,
+    add_trainer_options,
+    build_model,
+    gather_ranks,
+    markov_examples,
+    to_device,
+    trained,
+    training_arguments,
+    write_run,
+)
 
 
-def data(args):
-    lengths = np.minimum(lengths_of(args.distribution, args.examples, seed=0), args.max_length)
-    return lengths, markov_tokens(lengths, args.vocab, seed=0)
-
-
-def samplers(args, lengths, **options) -> list[MultipackBatchSampler]:
+def samplers(lengths, budget: int, replicas: int, seed: int, **options) -> list[MultipackBatchSampler]:
+    """One sampler per rank of a ``replicas``-rank plan."""
     return [
-        MultipackBatchSampler(lengths, args.tokens_per_batch, seed=args.seed, num_replicas=args.replicas, rank=r,
-                              **options)
-        for r in range(args.replicas)
+        MultipackBatchSampler(lengths, budget, seed=seed, num_replicas=replicas, rank=r, **options)
+        for r in range(replicas)
     ]
-
-
-def gather(numbers: list[float], world: int, device) -> list[torch.Tensor]:
-    """Every rank's numbers (float64), in rank order."""
-    local = torch.tensor(numbers, dtype=torch.float64, device=device)
-    if world == 1:
-        return [local.cpu()]
-    parts = [torch.zeros_like(local) for _ in range(world)]
-    dist.all_gather(parts, local)
-    return [p.cpu() for p in parts]
 
 
 def result(args, world: int, cuda: bool, gathered, loss, stats, **extra) -> dict:
@@ -81,7 +76,9 @@ def result(args, world: int, cuda: bool, gathered, loss, stats, **extra) -> dict
         "loss": loss,
         "real_tokens_per_s": sum(float(g[0]) for g in gathered) / max(float(g[1]) for g in gathered),
         "forward_time_per_process_s": [float(g[2]) for g in gathered],
-        "sampler_stats": {k: (float(v) if isinstance(v, (int, float, np.number)) else str(v)) for k, v in stats.items()},
+        "sampler_stats": {
+            k: (float(v) if isinstance(v, (int, float, np.number)) else str(v)) for k, v in stats.items()
+        },
         "command": args.command,
         **extra,
     }
@@ -105,8 +102,8 @@ def wrap(model, args, device):
 def run_loop(args, rank: int, world: int, cuda: bool) -> dict | None:
     device = torch.device("cuda" if cuda else "cpu")
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
-    lengths, examples = data(args)
-    plan = samplers(args, lengths)
+    lengths, examples = markov_examples(args)
+    plan = samplers(lengths, args.tokens_per_batch, args.replicas, args.seed)
     mine = [r for r in range(args.replicas) if r % world == rank]  # the sampler ranks this process trains
     plans = [list(s) for s in plan]
     steps, collate = min(args.steps, len(plans[0])), FlatteningCollator()
@@ -118,7 +115,7 @@ def run_loop(args, rank: int, world: int, cuda: bool) -> dict | None:
         dist.barrier()
         start, local_loss = time.perf_counter(), torch.zeros((), device=device)
         for r in mine:
-            batch = to_device(collate([{"input_ids": examples[i]} for i in plans[r][step]]), device)
+            batch = to_device(collate([examples[i] for i in plans[r][step]]), device)
             t0 = time.perf_counter()
             loss = model(**batch, num_items_in_batch=global_items).loss
             if cuda:
@@ -135,8 +132,9 @@ def run_loop(args, rank: int, world: int, cuda: bool) -> dict | None:
         if step >= args.warmup:
             step_times.append(time.perf_counter() - start)
         losses.append(float(local_loss))
-    gathered = gather([tokens, sum(step_times), forward, steps], world, device)
+    gathered = gather_ranks([tokens, sum(step_times), forward, steps], world, device)
     tokens_all = sum(float(g[0]) for g in gathered)
+    del model, optimizer  # before the group goes: DDP's teardown after it could hang on gloo
     dist.destroy_process_group()
     if rank == 0:
         out = result(args, world, cuda, gathered, losses, plan[0].stats(), step_time_s=float(np.median(step_times)))
@@ -168,58 +166,50 @@ class ReplayTrainer(PackingTrainer):
 
     def make_batch_sampler(self, lengths, batch_size, *, shuffle):
         budget = self.token_budget(lengths, batch_size)
-        return AllRanks([MultipackBatchSampler(lengths, budget, shuffle=shuffle, seed=self.args.seed,
-                                               num_replicas=self.replicas, rank=r) for r in range(self.replicas)])
-
-
-def training_arguments(args, cuda: bool, accumulation: int):
-    from transformers import TrainingArguments
-
-    options = dict(
-        output_dir=tempfile.mkdtemp(prefix="distributed_"), max_steps=args.warmup + args.steps,
-        per_device_train_batch_size=1, gradient_accumulation_steps=accumulation, learning_rate=args.lr,
-        lr_scheduler_type="constant", logging_steps=args.logging_steps, save_strategy="no", report_to="none",
-        seed=args.seed, optim="adamw_torch_fused" if cuda else "adamw_torch", use_cpu=not cuda, disable_tqdm=True,
-        dataloader_num_workers=args.workers, dataloader_pin_memory=cuda, ddp_broadcast_buffers=False,
-        ddp_find_unused_parameters=False,
-    )
-    if args.fsdp:
-        options.update(fsdp="full_shard auto_wrap",
-                       fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
-    return TrainingArguments(**options)
+        return AllRanks(samplers(lengths, budget, self.replicas, self.args.seed, shuffle=shuffle))
 
 
 def run_trainer(args, rank: int, world: int, cuda: bool) -> dict | None:
     device = torch.device("cuda" if cuda else "cpu")
-    lengths, examples = data(args)
+    lengths, examples = markov_examples(args)
     model = build_model(args, args.attn, device, torch.bfloat16 if cuda else torch.float32)
     clock = StepClock(cuda, model)  # PackingTrainer compiles FA4's kernel variants itself (attention_warm_up)
     accumulation = args.replicas // world
     trainer_class = PackingTrainer
     if world == 1 and args.replicas > 1:
         trainer_class = type("ReplayTrainer", (ReplayTrainer,), {"replicas": args.replicas})
-    trainer = trainer_class(model=model, args=training_arguments(args, cuda, accumulation),
-                            train_dataset=[{"input_ids": e} for e in examples],
-                            max_tokens_per_batch=args.tokens_per_batch, attn_implementation=None)  # keep --attn
+    options = dict(gradient_accumulation_steps=accumulation, dataloader_num_workers=args.workers)
+    trainer = trainer_class(
+        model=model,
+        args=training_arguments(
+            args, cuda, logging_steps=args.logging_steps, **options, **(FSDP2 if args.fsdp else {})
+        ),
+        train_dataset=examples,
+        max_tokens_per_batch=args.tokens_per_batch,
+        attn_implementation=None,
+    )  # keep --attn
     trainer.add_callback(clock.callback())
-    trainer.train()
-    callbacks = trainer.callback_handler.callbacks
-    probe = next((c.last_report for c in callbacks if getattr(c, "last_report", None)), None)
-    timed = list(trainer._train_batch_sampler)[args.warmup * accumulation : (args.warmup + args.steps) * accumulation]
-    first, last = args.warmup - 1, len(clock.ends) - 1
-    numbers = [float(sum(int(lengths[b].sum()) for b in timed)), clock.ends[last] - clock.ends[first],
-               clock.forward_seconds(clock.marks[first], clock.marks[last]), trainer.state.global_step]
-    gathered = gather(numbers, world, device)
+    run = trained(trainer, clock, lengths, args.warmup, accumulation)
+    gathered = gather_ranks([run["tokens"], run["seconds"], run["forward_seconds"], run["steps"]], world, device)
     if rank != 0:
         return None
-    plan = samplers(args, lengths, check_ranks=False)[0]  # rank 0 alone: no collective
+    # rank 0's sampler alone, so no collective
+    plan = samplers(lengths, args.tokens_per_batch, args.replicas, args.seed, check_ranks=False)[0]
+    probe, callbacks = run["probe"], trainer.callback_handler.callbacks
     return result(
-        args, world, cuda, gathered, [e["loss"] for e in trainer.state.log_history if "loss" in e], plan.stats(),
-        probe=probe.summary() if probe else None, probe_seconds=probe.seconds if probe else None,
+        args,
+        world,
+        cuda,
+        gathered,
+        run["loss"],
+        plan.stats(),
+        probe=probe.summary() if probe else None,
+        probe_seconds=probe.seconds if probe else None,
         attention_warm_up_seconds=next((c.seconds for c in callbacks if type(c).__name__ == "_AttentionWarmUp"), None),
-        runner="PackingTrainer", wrapped_as=type(trainer.model_wrapped).__name__,
+        runner="PackingTrainer",
+        wrapped_as=type(trainer.model_wrapped).__name__,
         accelerate_distributed_type=str(trainer.accelerator.distributed_type),
-        step_time_s=float(np.median(np.diff(clock.ends[first:]))),
+        step_time_s=float(np.median(np.diff(clock.ends[args.warmup - 1 :]))),
         step_seconds=np.diff(clock.ends).round(4).tolist(),  # where a stall sits
     )
 
@@ -240,9 +230,14 @@ def compare(folder: Path) -> None:
         scale = r["real_tokens_per_s"] / base["real_tokens_per_s"] if base else float("nan")
         diff = np.abs(np.array(r["loss"]) - np.array(base["loss"])).max() if base else float("nan")
         fwd = ", ".join(f"{f:.2f}" for f in r["forward_time_per_process_s"])
-        lines.append(f"| {name} | {r['world_size']} | {r['steps_per_rank']} | {r['real_tokens_per_s']:,.0f} | "
-                     f"{scale:.2f}x | {r['step_time_s']:.3f} | {fwd} | {diff:.4f} |")
-    lines += ["", "Sampler plan (same on every run): " + ", ".join(f"{k} {v}" for k, v in first["sampler_stats"].items())]
+        lines.append(
+            f"| {name} | {r['world_size']} | {r['steps_per_rank']} | {r['real_tokens_per_s']:,.0f} | "
+            f"{scale:.2f}x | {r['step_time_s']:.3f} | {fwd} | {diff:.4f} |"
+        )
+    lines += [
+        "",
+        "Sampler plan (same on every run): " + ", ".join(f"{k} {v}" for k, v in first["sampler_stats"].items()),
+    ]
     text = "\n".join(lines) + "\n"
     (folder / "distributed_scaling.md").write_text(text)
     print(text)
@@ -262,26 +257,22 @@ def compare(folder: Path) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runner", choices=("trainer", "loop"), default="trainer")
+    parser.add_argument(
+        "--runner",
+        choices=("trainer", "loop"),
+        default="trainer",
+        help="PackingTrainer (30 --steps by default) or a loop (40)",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--compare", type=Path, help="write the table and plot from the runs in this folder")
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 instead of DDP")
     parser.add_argument("--name", default="run")
     parser.add_argument("--replicas", type=int, default=2, help="ranks the sampler plans for")
-    parser.add_argument("--size", choices=sorted(SIZES), default="200m")
-    parser.add_argument("--distribution", default="sft")
-    parser.add_argument("--attn", default="packing_varlen")
-    parser.add_argument("--tokens-per-batch", type=int, default=16384)
-    parser.add_argument("--max-length", type=int, default=2048)
-    parser.add_argument("--examples", type=int, default=20000)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 30 trainer, 40 loop)")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--seed", type=int, default=0)
+    add_trainer_options(parser, examples=20000, steps=None, warmup=5)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (trainer)")
-    parser.add_argument("--logging-steps", type=int, default=1, help="trainer: 1 syncs every step; 10 is closer to a real run")
-    parser.add_argument("--smoke", action="store_true", help="tiny fp32 model, sdpa, gloo (CPU check)")
+    parser.add_argument(
+        "--logging-steps", type=int, default=1, help="trainer: 1 syncs every step; 10 is closer to a real run"
+    )
     args = parser.parse_args(argv)
     args.command = f"torchrun --nproc_per_node {os.environ.get('WORLD_SIZE', 1)} " + " ".join(sys.argv)
     args.steps = args.steps or (30 if args.runner == "trainer" else 40)
@@ -303,9 +294,7 @@ def main() -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     out = (run_trainer if args.runner == "trainer" else run_loop)(args, rank, world, cuda)
     if out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"{args.name}.json").write_text(json.dumps(out, indent=1))
-        print(json.dumps({k: v for k, v in out.items() if k != "loss"}, indent=1))
+        write_run(args.out, args.name, out)
 
 
 if __name__ == "__main__":

@@ -25,31 +25,30 @@ in the first and later training steps; the probe's cost against a 16k-token 200M
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 import packing_collators  # noqa: F401  (before flash_attn.cute, whose import can change the import path)
-from packing_collators import FlatteningCollator, MultipackBatchSampler, register_varlen_attention
+from packing_collators import (
+    FlatteningCollator,
+    MultipackBatchSampler,
+    register_varlen_attention,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
 from _shared import (  # noqa: E402
-    CompileCounter,
-    build_model,
     command,
     lengths_of,
-    machine,
-    markov_tokens,
+    model_config,
     padded_batch,
     to_device,
-    train_step,
+    write_results,
 )
 
 ARCHS = ("llama", "qwen2", "mistral")
@@ -73,30 +72,14 @@ def add_attention_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-def smoke_settings(args) -> None:
-    if args.smoke:
-        args.layers, args.hidden, args.heads, args.kv_heads, args.vocab = 2, 64, 4, 2, 256
-        args.tokens_per_step, args.examples, args.steps, args.repeats, args.check_examples = 512, 64, 2, 2, 4
-
-
 def llama_model(args, device, dtype):
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75) // 64 * 64 or 64,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        max_position_embeddings=4096, use_cache=False, initializer_range=0.02,
-    )
+    dims = (args.hidden, args.layers, args.heads, args.kv_heads, int(args.hidden * 2.75) // 64 * 64 or 64)
+    config = model_config(dims, args.vocab, max_position_embeddings=4096)
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
     return model.to(device).train()
-
-
-def set_attention(model, name: str) -> None:
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(name)
-    else:  # pragma: no cover - older transformers
-        model.config._attn_implementation = name
 
 
 def padded(examples, device) -> dict:
@@ -118,8 +101,11 @@ def compare(result, reference) -> dict:
     norm = sum(float(g.pow(2).sum()) for g in ref_grads.values()) ** 0.5
     per_param = [float((grads[n] - ref_grads[n]).norm() / ref_grads[n].norm().clamp_min(1e-12)) for n in ref_grads]
     return {
-        "loss": loss, "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss), "grad_rel_err_global": diff / norm,
-        "grad_rel_err_max_param": max(per_param), "grad_rel_err_median_param": statistics.median(per_param),
+        "loss": loss,
+        "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
+        "grad_rel_err_global": diff / norm,
+        "grad_rel_err_max_param": max(per_param),
+        "grad_rel_err_median_param": statistics.median(per_param),
     }
 
 
@@ -133,16 +119,17 @@ def correctness(args, device, dtype, implementations) -> dict:
     # make the "noise floor" the gap between two different models).
     model = reference_model.to(dtype)
     model.zero_grad(set_to_none=True)
-    set_attention(model, "sdpa")
+    model.set_attn_implementation("sdpa")
     reference = loss_and_grads(model, padded(examples, device))
     out = {
-        "lengths": lengths.tolist(), "padded_sdpa": {"loss": reference[0]},
+        "lengths": lengths.tolist(),
+        "padded_sdpa": {"loss": reference[0]},
         "noise_floor_vs_fp32": compare(reference, fp32),
     }
     packed = to_device(FlatteningCollator()(examples), device)
     floor = out["noise_floor_vs_fp32"]
     for name in implementations:
-        set_attention(model, name)
+        model.set_attn_implementation(name)
         try:
             row = compare(loss_and_grads(model, packed), reference)
         except Exception as error:  # report, keep checking the others
@@ -155,7 +142,7 @@ def correctness(args, device, dtype, implementations) -> dict:
         grad_tol = min(max(3 * floor["grad_rel_err_global"], 1e-4), 1e-4 if fp else 5e-2)
         row["within_tolerance"] = bool(row["loss_rel_diff"] <= loss_tol and row["grad_rel_err_global"] <= grad_tol)
         out[f"packed_{name}"] = row
-    set_attention(model, "sdpa")
+    model.set_attn_implementation("sdpa")
     return out
 
 
@@ -176,7 +163,7 @@ def timing(args, device, dtype, implementations) -> dict:
 
     def run(name):
         batches = padded_batches if name == "padded_sdpa" else packed
-        set_attention(model, "sdpa" if name == "padded_sdpa" else name)
+        model.set_attn_implementation("sdpa" if name == "padded_sdpa" else name)
         for batch in batches[:2]:  # warm-up (flex compiles here)
             model(**batch).loss.backward()
         model.zero_grad(set_to_none=True)
@@ -204,9 +191,11 @@ def timing(args, device, dtype, implementations) -> dict:
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     return {
-        "micro_batches_timed": len(plan) - 2, "tokens_per_micro_batch_mean": float(np.mean(tokens[2:])),
+        "micro_batches_timed": len(plan) - 2,
+        "tokens_per_micro_batch_mean": float(np.mean(tokens[2:])),
         "examples_per_micro_batch_mean": float(np.mean([len(p) for p in plan[2:]])),
-        "tokens_per_s_median": {n: statistics.median(v) for n, v in runs.items() if v}, "tokens_per_s_all": runs,
+        "tokens_per_s_median": {n: statistics.median(v) for n, v in runs.items() if v},
+        "tokens_per_s_all": runs,
         "errors": errors,
     }
 
@@ -282,222 +271,9 @@ def run_attention(args) -> int:
     }
     report["correctness"] = correctness(args, device, dtype, implementations)
     report["timing"] = timing(args, device, dtype, implementations)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_attention.json").write_text(json.dumps(report, indent=2))
-    text = markdown(report)
-    (args.out / "gpu_attention.md").write_text(text)
-    print(text)
-    print(f"wrote {args.out / 'gpu_attention.json'} and {args.out / 'gpu_attention.md'}")
+    print(markdown(report))
+    write_results("gpu_attention", markdown(report), report, args.out)
     return 0
-
-
-# ----------------------------------------------------------------------------- fa4: FlashAttention-4
-def small_model(arch: str, attn: str, dtype, device, vocab: int, seed: int = 0):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
-
-    common = dict(
-        vocab_size=vocab, hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-        intermediate_size=1024, max_position_embeddings=4096, use_cache=False, tie_word_embeddings=False,
-    )
-    config = {
-        "llama": LlamaConfig(**common), "qwen2": Qwen2Config(**common),
-        "mistral": MistralConfig(**common, sliding_window=128),
-    }[arch]
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.config._attn_implementation = attn
-    return model.eval()
-
-
-def token_loss(model, batches, device) -> float:
-    """sum of every target token's cross-entropy (fp32) / number of targets, over all batches."""
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for batch in batches:
-            batch = to_device(batch, device)
-            labels = batch.pop("labels")
-            logits = model(**batch).logits.float()
-            shift = labels[..., 1:].reshape(-1)
-            flat = logits[..., :-1, :].reshape(-1, logits.shape[-1])
-            keep = shift != -100
-            total += float(torch.nn.functional.cross_entropy(flat[keep], shift[keep], reduction="sum"))
-            count += int(keep.sum())
-    return total / count
-
-
-def loss_equality(args, device, counter) -> list[dict]:
-    from packing_collators import (
-        FlatteningCollator, MultipackBatchSampler, PrePackedCollator, pack_lengths, register_varlen_attention,
-    )
-
-    varlen = register_varlen_attention()
-    lengths = lengths_of("sft", args.examples, seed=1, high=args.max_length)
-    tokens = markov_tokens(lengths, args.vocab, seed=2)
-    examples = [{"input_ids": t.tolist()} for t in tokens]
-    groups = [examples[i : i + 8] for i in range(0, len(examples), 8)]
-    rows = []
-    for row in pack_lengths(lengths, args.max_length).rows:
-        rows.append(
-            {
-                "input_ids": np.concatenate([tokens[i] for i in row]).tolist(),
-                "seq_lengths": [int(lengths[i]) for i in row],
-            }
-        )
-    sampler = MultipackBatchSampler(lengths, args.budget, shuffle=False)
-    batches = {
-        "padded": [padded_batch(g) for g in groups], "flattened": [FlatteningCollator()(g) for g in groups],
-        "prepacked": [PrePackedCollator()(rows[i : i + 2]) for i in range(0, len(rows), 2)],
-        "sampler": [FlatteningCollator()([examples[i] for i in b]) for b in sampler],
-    }
-    results = []
-    for arch in args.archs.split(","):
-        ref32 = token_loss(small_model(arch, "sdpa", torch.float32, device, args.vocab), batches["padded"], device)
-        row = {"arch": arch, "padded_sdpa_fp32": ref32}
-        row["padded_sdpa_bf16"] = token_loss(
-            small_model(arch, "sdpa", torch.bfloat16, device, args.vocab), batches["padded"], device
-        )
-        before = counter.snapshot()
-        fa4 = small_model(arch, args.attn, torch.bfloat16, device, args.vocab)
-        for name in ("flattened", "prepacked", "sampler"):
-            row[f"{name}_fa4_bf16"] = token_loss(fa4, batches[name], device)
-        row["flattened_varlen_bf16"] = token_loss(
-            small_model(arch, varlen, torch.bfloat16, device, args.vocab), batches["flattened"], device
-        )
-        row["fa4_compiles"] = counter.snapshot()[0] - before[0]
-        bf16_gap = abs(row["padded_sdpa_bf16"] - ref32)
-        row["bf16_vs_fp32_gap"] = bf16_gap
-        row["max_fa4_diff_vs_padded_bf16"] = max(
-            abs(row[f"{n}_fa4_bf16"] - row["padded_sdpa_bf16"]) for n in ("flattened", "prepacked", "sampler")
-        )
-        row["max_fa4_diff_vs_fp32"] = max(
-            abs(row[f"{n}_fa4_bf16"] - ref32) for n in ("flattened", "prepacked", "sampler")
-        )
-        row["varlen_diff_vs_padded_bf16"] = abs(row["flattened_varlen_bf16"] - row["padded_sdpa_bf16"])
-        results.append(row)
-        print(json.dumps(row), flush=True)
-    return results
-
-
-def probes(args, device) -> dict:
-    from packing_collators import FlatteningCollator, PrePackedCollator, check_packing_support, probe_packing
-
-    out = {}
-    for arch in args.archs.split(","):
-        model = small_model(arch, args.attn, torch.bfloat16, device, args.vocab)
-        flat = probe_packing(model, FlatteningCollator())
-        try:  # packing_fa4 (like packing_varlen) raises on a batch without cu_seq_lens instead of running it
-            pad = probe_packing(model, PrePackedCollator(mode="pad", max_length=32))
-        except ValueError as error:
-            pad = SimpleNamespace(summary=lambda error=error: f"the forward itself refused: {error}", passed=False)
-        try:
-            check_packing_support(model, collator=PrePackedCollator(mode="pad", max_length=32))
-            refused = None
-        except ValueError as error:
-            refused = str(error)
-        out[arch] = {
-            "flattening_fa4": flat.summary(),
-            "flattening_passed": flat.passed,
-            "prepacked_pad_fa4": pad.summary(),
-            "prepacked_pad_passed": pad.passed,
-            "pad_refusal": refused,
-        }
-        print(json.dumps(out[arch]), flush=True)
-    return out
-
-
-def training_compiles_and_probe_cost(args, device, counter) -> dict:
-    """A 200M model trained on sampler batches with FA4: compiles per step, and the probe against a step."""
-    from packing_collators import FlatteningCollator, MultipackBatchSampler, probe_packing
-
-    model_args = argparse.Namespace(size="200m", vocab=args.vocab, max_length=2048, seed=0)
-    model = build_model(model_args, args.attn, device, torch.bfloat16)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    lengths = lengths_of("sft", 4000, seed=3)
-    tokens = markov_tokens(lengths, args.vocab, seed=4)
-    sampler = MultipackBatchSampler(lengths, 16384, seed=0)
-    collate = FlatteningCollator()
-    per_step, step_times = [], []
-    for step, indices in enumerate(sampler):
-        if step == args.train_steps:
-            break
-        batch = to_device(collate([{"input_ids": tokens[i].tolist()} for i in indices]), device)
-        before = counter.snapshot()[0]
-        step_times.append(train_step(model, optimizer, batch))
-        per_step.append(
-            {"step": step, "max_length_q": int(batch["max_length_q"]), "compiles": counter.snapshot()[0] - before}
-        )
-    cold = probe_packing(model, collate)
-    warm = [probe_packing(model, collate).seconds for _ in range(3)]
-    step = float(np.median(step_times[3:]))
-    result = {
-        "compiles_per_step": per_step, "compiles_first_step": per_step[0]["compiles"],
-        "compiles_after_first_step": sum(p["compiles"] for p in per_step[1:]), "median_step_seconds": step,
-        "first_step_seconds": step_times[0], "probe_vs_first_step": cold.seconds / step_times[0],
-        "probe_seconds_first": cold.seconds, "probe_seconds_warm_median": float(np.median(warm)),
-        "probe_vs_step": float(np.median(warm)) / step, "probe_report": cold.summary(),
-    }
-    print(json.dumps({k: v for k, v in result.items() if k != "compiles_per_step"}), flush=True)
-    return result
-
-
-def run_fa4(args) -> None:
-    """The FA4 checks (formerly gpu/fa4_check.py): fa4_check.json and .md in --out."""
-    from packing_collators.trainer import choose_attention, register_fa4_attention
-
-    register_fa4_attention()
-
-    device = torch.device("cuda")
-    counter = CompileCounter()
-    started = time.perf_counter()
-    results = {
-        "machine": machine(),
-        "command": command(),
-        "loss_equality": loss_equality(args, device, counter),
-        "probes": probes(args, device),
-        "training": training_compiles_and_probe_cost(args, device, counter),
-        "fa4_compiles_total": counter.count,
-        # what PackingTrainer's default (attn_implementation="auto") picks for an sdpa model here
-        "auto_choice": choose_attention(small_model("llama", "sdpa", torch.bfloat16, device, args.vocab)),
-        "fa4_compile_seconds_total": counter.seconds,
-    }
-    results["seconds"] = time.perf_counter() - started
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fa4_check.json").write_text(json.dumps(results, indent=2))
-    lines = [
-        f"# FA4 check ({results['machine']})",
-        "",
-        f"`{results['command']}`",
-        "",
-        "| arch | padded fp32 | padded bf16 | flattened FA4 | prepacked FA4 | sampler FA4 | flattened varlen | "
-        "bf16 vs fp32 gap | max FA4 diff vs padded bf16 |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results["loss_equality"]:
-        lines.append(
-            f"| {r['arch']} | {r['padded_sdpa_fp32']:.5f} | {r['padded_sdpa_bf16']:.5f} | {r['flattened_fa4_bf16']:.5f} | "
-            f"{r['prepacked_fa4_bf16']:.5f} | {r['sampler_fa4_bf16']:.5f} | {r['flattened_varlen_bf16']:.5f} | "
-            f"{r['bf16_vs_fp32_gap']:.5f} | {r['max_fa4_diff_vs_padded_bf16']:.5f} |"
-        )
-    lines += ["", "## Probe", ""] + [
-        f"- {arch}: {p['flattening_fa4']}; PrePackedCollator(mode='pad'): {p['prepacked_pad_fa4']}"
-        for arch, p in results["probes"].items()
-    ]
-    t = results["training"]
-    lines += [
-        "",
-        "## Compiles and probe cost (200M, sampler batches of 16,384 tokens)",
-        "",
-        f"- FA4 compiles: {t['compiles_first_step']} in the first step, {t['compiles_after_first_step']} in the "
-        f"{len(t['compiles_per_step']) - 1} steps after it; {counter.count} in the whole run ({counter.seconds:.1f} s)",
-        f"- probe: {t['probe_seconds_first'] * 1e3:.1f} ms first, {t['probe_seconds_warm_median'] * 1e3:.1f} ms warm; "
-        f"one training step {t['median_step_seconds'] * 1e3:.1f} ms (the first, compiling FA4: {t['first_step_seconds']:.2f} s): "
-        f"warm probe = {t['probe_vs_step']:.2%} of a step, once per run",
-    ]
-    (args.out / "fa4_check.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
 
 
 def main(argv=None) -> int:
@@ -515,13 +291,17 @@ def main(argv=None) -> int:
     fa4.add_argument(
         "--attn", default="flash_attention_4", help="the FA4 path: transformers' flash_attention_4 or packing_fa4"
     )
-    
+
     for sub, default in ((attention, "benchmarks/results/gpu_attention"), (fa4, None)):
         sub.add_argument("--out", type=Path, default=default and Path(default), required=default is None)
     args = parser.parse_args(argv)
-    if args.check == "fa4":
+    if args.check == "fa4":  # its code lives in _fa4_exactness.py, beside this script
+        from _fa4_exactness import run_fa4
+
         return run_fa4(args) or 0
-    smoke_settings(args)
+    if args.smoke:
+        args.layers, args.hidden, args.heads, args.kv_heads, args.vocab = 2, 64, 4, 2, 256
+        args.tokens_per_step, args.examples, args.steps, args.repeats, args.check_examples = 512, 64, 2, 2, 4
     return run_attention(args)
 
 

@@ -45,6 +45,9 @@ import torch.distributed as dist
 from packing_collators import FlatteningCollator
 from packing_collators.parallel import enable_ulysses_attention, sequence_parallel_mesh, shard_flat_batch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
+from _shared import model_config, sync, to_device  # noqa: E402
+
 SHAPES = {  # hidden, layers, heads, kv heads, intermediate, vocab
     "exact": (768, 4, 12, 4, 2048, 32000),
     "1b": (2048, 16, 32, 8, 8192, 128256),
@@ -113,15 +116,25 @@ class Run:
             return register_varlen_attention()
 
     def record(self, **entry) -> None:
-        entry = {"sequence_parallel_size": 1, "longest_example_tokens": None, "tokens_per_s_per_gpu": None,
-                 "max_loss_diff_vs_1gpu": None, **entry}
+        entry = {
+            "sequence_parallel_size": 1,
+            "longest_example_tokens": None,
+            "tokens_per_s_per_gpu": None,
+            "max_loss_diff_vs_1gpu": None,
+            **entry,
+        }
         self.results.append(entry)
         if self.rank == 0:
             print(json.dumps(entry), flush=True)
             device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-            data = {"device": device, "world_size": self.world, "attention": self.attn, "torch": torch.__version__,
-                    "command": "torchrun --nproc-per-node %d benchmarks/gpu/sequence_parallel.py %s"
-                    % (self.world, " ".join(sys.argv[1:])), "results": self.results}
+            data = {
+                "device": device,
+                "world_size": self.world,
+                "attention": self.attn,
+                "torch": torch.__version__,
+                "command": f"torchrun --nproc-per-node {self.world} benchmarks/gpu/sequence_parallel.py {' '.join(sys.argv[1:])}",
+                "results": self.results,
+            }
             (self.out / "results.json").write_text(json.dumps(data, indent=1))
 
     def go(self, started: float, cap: float, *, together: bool = True) -> bool:
@@ -139,19 +152,22 @@ class Run:
         return int(flag) == 0
 
 
-def build(run: Run, shape: str, *, arch: str = "llama", layers: int | None = None, dtype=torch.float32,
-          checkpointing: bool = False, seed: int = 0):
-    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+def build(
+    run: Run,
+    shape: str,
+    *,
+    arch: str = "llama",
+    layers: int | None = None,
+    dtype=torch.float32,
+    checkpointing: bool = False,
+):
+    from transformers import AutoModelForCausalLM
 
-    hidden, depth, heads, kv, inner, vocab = SHAPES["tiny" if run.args.smoke else shape]
-    depth = layers or depth or 2
-    options = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=depth, num_attention_heads=heads,
-                   num_key_value_heads=kv, intermediate_size=inner, use_cache=False, max_position_embeddings=1 << 20,
-                   tie_word_embeddings=False)
-    config = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[arch](**options)
-    if arch == "mistral":
-        config.sliding_window = 64 if run.args.smoke else 4096
-    torch.manual_seed(seed)
+    *dims, vocab = SHAPES["tiny" if run.args.smoke else shape]
+    dims[1] = layers or dims[1] or 2
+    window = {"sliding_window": 64 if run.args.smoke else 4096} if arch == "mistral" else {}
+    config = model_config(tuple(dims), vocab, arch=arch, max_position_embeddings=1 << 20, **window)
+    torch.manual_seed(0)
     with torch.device(run.device):
         model = AutoModelForCausalLM.from_config(config, attn_implementation=run.attn, dtype=dtype)
     if checkpointing:
@@ -171,19 +187,15 @@ def packed_row(total: int, vocab: int, seed: int, longest: int | None = None) ->
     return FlatteningCollator()(features)
 
 
-def on_device(batch: dict, device) -> dict:
-    return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
-
-
 def step(run: Run, model, optimizer, row: dict, *, sharded: bool, autocast: bool) -> float:
     """One optimizer step on ``row``: whole (one GPU) or this rank's shard; returns the row's mean loss."""
     if sharded:
-        batch = on_device(shard_flat_batch(row, rank=run.mesh.sp_rank, size=run.mesh.size), run.device)
+        batch = to_device(shard_flat_batch(row, rank=run.mesh.sp_rank, size=run.mesh.size), run.device)
         targets = batch["shift_labels"].ne(-100).sum()
         dist.all_reduce(targets, group=run.mesh.sp_group)
         batch["num_items_in_batch"] = targets
     else:
-        batch = on_device(row, run.device)
+        batch = to_device(row, run.device)
     with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=autocast):
         loss = model(**batch).loss
     fsdp = getattr(model, "_fsdp", False)  # FSDP2 averages gradients over the group; the shards' sum is wanted
@@ -229,33 +241,44 @@ def exact(run: Run) -> None:
             del model, optimizer
             free()
         noise = max(abs(a - b) for a, b in zip(curves[0], curves[1]))
-        entry = dict(part="exact", model=arch, dtype="bfloat16 autocast", tokens_per_step=args.exact_tokens,
-                     losses_1gpu=curves[0], losses_1gpu_replay=curves[1], replay_noise=noise)
+        entry = dict(
+            part="exact",
+            model=arch,
+            dtype="bfloat16 autocast",
+            tokens_per_step=args.exact_tokens,
+            losses_1gpu=curves[0],
+            losses_1gpu_replay=curves[1],
+            replay_noise=noise,
+        )
         if run.mesh is not None:
-            entry.update(sequence_parallel_size=run.mesh.size, losses=curves[2],
-                         max_loss_diff_vs_1gpu=max(abs(a - b) for a, b in zip(curves[0], curves[2])))
+            entry.update(
+                sequence_parallel_size=run.mesh.size,
+                losses=curves[2],
+                max_loss_diff_vs_1gpu=max(abs(a - b) for a, b in zip(curves[0], curves[2])),
+            )
         run.record(**entry)
 
 
-def _out_of_memory(error: BaseException) -> bool:
-    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
+def _try_step(run: Run, model, optimizer, row: dict, sharded: bool) -> float | None:
+    """Seconds of one synchronised step on ``row`` (no bf16 autocast), or None where it ran out of memory here."""
+    sync(run.device)
+    began = time.perf_counter()
+    try:
+        step(run, model, optimizer, row, sharded=sharded, autocast=False)
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
+        if not isinstance(error, torch.cuda.OutOfMemoryError) and "out of memory" not in str(error).lower():
+            raise
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    sync(run.device)
+    return time.perf_counter() - began
 
 
 def _fits(run: Run, model, optimizer, length: int, vocab: int, sharded: bool) -> tuple[bool, float]:
     """Whether one step on a single example of ``length`` tokens fits, on every rank; and its seconds."""
-    row = packed_row(length, vocab, seed=length, longest=length)
-    began = time.perf_counter()
-    try:
-        step(run, model, optimizer, row, sharded=sharded, autocast=False)
-        ok = True
-    except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
-        if not _out_of_memory(error):
-            raise
-        ok = False
-        optimizer.zero_grad(set_to_none=True)
+    seconds = _try_step(run, model, optimizer, packed_row(length, vocab, seed=length, longest=length), sharded)
     free()
-    ok = run.agree(ok) if sharded else ok
-    return ok, time.perf_counter() - began
+    return (run.agree(seconds is not None) if sharded else seconds is not None), seconds or 0.0
 
 
 def _search(run: Run, model, optimizer, vocab: int, sharded: bool) -> tuple[int, str]:
@@ -304,11 +327,18 @@ def longest(run: Run) -> None:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
             vocab = model.config.vocab_size
             tokens, stop = _search(run, model, optimizer, vocab, sharded)
-            run.record(part="longest", model=shape, layers=model.config.num_hidden_layers,
-                       parameters=sum(p.numel() for p in model.parameters()),  # DTensor: the whole
-                       sequence_parallel_size=run.mesh.size if sharded else 1, longest_example_tokens=tokens,
-                       stopped_by=stop, gradient_checkpointing=True, fsdp=bool(sharded and shape == "8b_layers"),
-                       weights="bf16, AdamW states bf16")
+            run.record(
+                part="longest",
+                model=shape,
+                layers=model.config.num_hidden_layers,
+                parameters=sum(p.numel() for p in model.parameters()),  # DTensor: the whole
+                sequence_parallel_size=run.mesh.size if sharded else 1,
+                longest_example_tokens=tokens,
+                stopped_by=stop,
+                gradient_checkpointing=True,
+                fsdp=bool(sharded and shape == "8b_layers"),
+                weights="bf16, AdamW states bf16",
+            )
             del model, optimizer
             free()
 
@@ -328,27 +358,24 @@ def throughput(run: Run) -> None:
             for index, row in enumerate(rows):
                 if not run.go(started, args.throughput_cap, together=sharded):
                     break
-                try:
-                    if run.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    began = time.perf_counter()
-                    step(run, model, optimizer, row, sharded=sharded, autocast=False)
-                    if run.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    if index:  # the first step compiles and warms up
-                        seconds.append(time.perf_counter() - began)
-                except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
-                    if not _out_of_memory(error):
-                        raise
-                    ok = False
-                    optimizer.zero_grad(set_to_none=True)
-                ok = run.agree(ok) if sharded else ok
+                took = _try_step(run, model, optimizer, row, sharded)
+                ok = run.agree(took is not None) if sharded else took is not None
                 if not ok:
                     break
+                if index:  # the first step compiles and warms up
+                    seconds.append(took)
             gpus = run.mesh.size if sharded else 1
             speed = total / float(np.median(seconds)) / gpus if ok and seconds else None
-            run.record(part="throughput", model="1b", tokens_per_step=total, sequence_parallel_size=gpus,
-                       tokens_per_s_per_gpu=speed, step_seconds=seconds, fits=ok, gradient_checkpointing=True)
+            run.record(
+                part="throughput",
+                model="1b",
+                tokens_per_step=total,
+                sequence_parallel_size=gpus,
+                tokens_per_s_per_gpu=speed,
+                step_seconds=seconds,
+                fits=ok,
+                gradient_checkpointing=True,
+            )
             del model, optimizer, rows
             free()
 
@@ -372,15 +399,35 @@ def trainer(run: Run) -> None:
     train = datasets.Dataset.from_dict({"input_ids": ids})
     cuda = run.device.type == "cuda"
     with tempfile.TemporaryDirectory() as folder:
-        args = TrainingArguments(output_dir=folder, max_steps=3, learning_rate=1e-4, logging_steps=1, bf16=cuda,
-                                 use_cpu=not cuda, report_to="none", save_strategy="no", disable_tqdm=True, seed=0)
-        run_ = PackingTrainer(model=model, args=args, train_dataset=train, max_tokens_per_batch=budget,
-                              sequence_parallel_size=run.mesh.size, attn_implementation=None)
+        args = TrainingArguments(
+            output_dir=folder,
+            max_steps=3,
+            learning_rate=1e-4,
+            logging_steps=1,
+            bf16=cuda,
+            use_cpu=not cuda,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            seed=0,
+        )
+        run_ = PackingTrainer(
+            model=model,
+            args=args,
+            train_dataset=train,
+            max_tokens_per_batch=budget,
+            sequence_parallel_size=run.mesh.size,
+            attn_implementation=None,
+        )
         run_.train()
     checks = [c for c in run_.callback_handler.callbacks if getattr(c, "last_report", None) is not None]
-    run.record(part="trainer", sequence_parallel_size=run.mesh.size, max_tokens_per_batch=budget,
-               losses=[e["loss"] for e in run_.state.log_history if "loss" in e],
-               probe=checks[0].last_report.summary() if checks else None)
+    run.record(
+        part="trainer",
+        sequence_parallel_size=run.mesh.size,
+        max_tokens_per_batch=budget,
+        losses=[e["loss"] for e in run_.state.log_history if "loss" in e],
+        probe=checks[0].last_report.summary() if checks else None,
+    )
     del model, run_
     free()
 

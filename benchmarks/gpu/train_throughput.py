@@ -41,7 +41,7 @@ Smoke (CPU):  python benchmarks/gpu/train_throughput.py --smoke --out /tmp/tt
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
 import sys
 import time
 from dataclasses import dataclass
@@ -62,13 +62,15 @@ from _shared import (  # noqa: E402
     markov_tokens,
     median_round,
     padded_batch,
+    sync,
     to_device,
 )
+from _throughput_report import ORACLES, plot, report, save  # noqa: E402  (beside this script: its tables and plot)
 
 COMPILES = CompileCounter()  # FA4 kernel compiles (none without flash_attn.cute); timed steps must have none
 
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}
 PACKED_MODES = ("flattened", "flattened_like_padded", "prepacked_bfd", "multipack")
+EVERY_ATTN = ("flattened", "multipack")  # the packed modes run on every --attn backend; the others on the first
 ALL_MODES = ("padded_random", "padded_grouped", *PACKED_MODES, "prepacked_wrapped", "uniform", "uniform_work")
 
 
@@ -79,11 +81,6 @@ class Plan:
 
     steps: list[list[list[dict]]]
     layout: str  # "padded", "flat" or "rows"
-
-
-def rows_batch(rows: list[np.ndarray]) -> dict:
-    ids = torch.from_numpy(np.stack(rows))
-    return {"input_ids": ids, "labels": ids.clone()}
 
 
 class MicroBatches(torch.utils.data.Dataset):
@@ -101,7 +98,8 @@ class MicroBatches(torch.utils.data.Dataset):
         if self.layout == "flat":
             return self.flatten([f if isinstance(f, dict) else {"input_ids": f} for f in self.items[i]])
         if self.layout == "rows":
-            return rows_batch(self.items[i])
+            ids = torch.from_numpy(np.stack(self.items[i]))
+            return {"input_ids": ids, "labels": ids.clone()}
         return padded_batch(self.items[i])
 
 
@@ -135,20 +133,17 @@ def make_plans(examples, lengths, args, rng) -> dict[str, Plan]:
     ]
     plans["prepacked_bfd"] = Plan(bfd_steps, "flat")
     stream = np.concatenate([examples[i] for i in order])
-    wrapped = np.resize(stream, n_steps * rows_per_step * args.max_length).reshape(
-        n_steps, rows_per_step, args.max_length
-    )
-    plans["prepacked_wrapped"] = Plan([[list(step)] for step in wrapped], "rows")
+
+    def rows(length: int, count: int) -> Plan:  # the stream of tokens cut into ``count`` rows of ``length`` a step
+        steps = np.resize(stream, n_steps * count * length).reshape(n_steps, count, length)
+        return Plan([[list(step)] for step in steps], "rows")
+
+    plans["prepacked_wrapped"] = rows(args.max_length, rows_per_step)
     sampler = MultipackBatchSampler(lengths, args.tokens_per_step, seed=args.seed, num_replicas=1, rank=0)
-    batches = list(sampler)[:n_steps]
-    plans["multipack"] = Plan([[[feats[i] for i in b]] for b in batches], "flat")
-    mean = int(round(lengths.mean()))
-    uniform = np.resize(stream, n_steps * (args.tokens_per_step // mean) * mean).reshape(n_steps, -1, mean)
-    plans["uniform"] = Plan([[list(step)] for step in uniform], "rows")
-    work = work_length(lengths, args.tokens_per_step)
-    per_row = args.tokens_per_step // work
-    uniform_work = np.resize(stream, n_steps * per_row * work).reshape(n_steps, per_row, work)
-    plans["uniform_work"] = Plan([[list(step)] for step in uniform_work], "rows")
+    plans["multipack"] = Plan([[[feats[i] for i in b]] for b in list(sampler)[:n_steps]], "flat")
+    mean, work = int(round(lengths.mean())), work_length(lengths, args.tokens_per_step)
+    plans["uniform"] = rows(mean, args.tokens_per_step // mean)
+    plans["uniform_work"] = rows(work, args.tokens_per_step // work)
     return plans
 
 
@@ -202,7 +197,7 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     losses, val_losses, slots, flops, step_times, issue_shares = [], [], 0, 0.0, [], []
-    compiles_warmup = compiles_timed = 0
+    compiles = {"warmup": 0, "timed": 0}  # FA4 compiles in the warm-up steps and in the timed ones
     window = args.timing == "window"  # timed steps back to back: this script syncs only at each end
     for step, micro_batches in enumerate(plan.steps):
         if not window or step == args.warmup:
@@ -226,18 +221,14 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         issued = time.perf_counter()  # the host has queued the whole step; the GPU may still be busy
+        compiles["timed" if step >= args.warmup else "warmup"] += COMPILES.count - compiled_before  # host-side
         losses.append(total if window else float(total))  # float() waits for the GPU
         if window:
-            compiles_timed += COMPILES.count - compiled_before if step >= args.warmup else 0
-            compiles_warmup += COMPILES.count - compiled_before if step < args.warmup else 0
             continue
         sync(device)
         if step >= args.warmup:
             step_times.append(time.perf_counter() - start)
             issue_shares.append((issued - start) / step_times[-1])
-            compiles_timed += COMPILES.count - compiled_before
-        else:
-            compiles_warmup += COMPILES.count - compiled_before
         if args.eval_every and (step + 1) % args.eval_every == 0:
             val_losses.append((step + 1, evaluate(model, val_batches, device)))
     if window:
@@ -267,8 +258,8 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
         "train_loss": losses,
         "val_loss": val_losses,
         "params": n_params,
-        "fa4_compiles_warmup": compiles_warmup,
-        "fa4_compiles_timed": compiles_timed,
+        "fa4_compiles_warmup": compiles["warmup"],
+        "fa4_compiles_timed": compiles["timed"],
         "fa4_compile_seconds_total": COMPILES.seconds,
     }
     del model, optimizer
@@ -286,155 +277,7 @@ def evaluate(model, val_batches, device) -> float:
     return total
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-# ----------------------------------------------------------------------------- report
-def card_name() -> str:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-
-
-def mfu(tflops: float) -> float | None:
-    for key, peak in PEAK_BF16_FLOPS.items():
-        if key in card_name():
-            return tflops * 1e12 / peak
-    return None
-
-
-def report(results: dict, args, out_of_memory: dict | None = None) -> str:
-    lines = [
-        f"## Training throughput: {args.size} Llama-style, bf16, {card_name()}",
-        "",
-        f"{args.steps} timed steps after {args.warmup} warm-up"
-        + (" (timed back to back as one span)" if args.timing == "window" else " (each synchronised)")
-        + f", median of {args.rounds} alternating round(s), "
-        f"~{args.tokens_per_step} tokens per step, "
-        f"max length {args.max_length}"
-        + (", gradient checkpointing" if args.grad_checkpointing else "")
-        + f". Command: `{args.command}`",
-        "",
-    ]
-    for dist, modes in results.items():
-        ref = modes.get("padded_random|sdpa", {}).get("real_tokens_per_s")
-        grouped = modes.get("padded_grouped|sdpa", {}).get("real_tokens_per_s")
-
-        def ceiling(name: str, attn: str) -> float | None:  # the oracle under the same attention, else sdpa's
-            return (modes.get(f"{name}|{attn}") or modes.get(f"{name}|sdpa") or {}).get("real_tokens_per_s")
-
-        lines += [
-            f"### {dist}",
-            "",
-            "| mode | attention | real tokens/s | vs padded | vs grouped | vs oracle | vs same-work oracle | MFU "
-            "| host issue | peak GiB | padding | final loss |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for key, r in modes.items():
-            mode, attn = key.split("|")
-            tps = r["real_tokens_per_s"]
-            oracle, work = ceiling("uniform", attn), ceiling("uniform_work", attn)
-            m, mem = mfu(r["achieved_tflops"]), r["peak_memory_gib"]
-            m_text = "" if m is None else f"{m:.1%}"
-            mem_text = "" if mem is None else f"{mem:.1f}"
-            ratio = lambda base, fmt: "" if not base else format(tps / base, fmt)  # noqa: E731
-            lines.append(
-                f"| {mode} | {attn} | {tps:,.0f} | {ratio(ref, '.2f')}x | {ratio(grouped, '.2f')}x | {ratio(oracle, '.1%')} | "
-                f"{ratio(work, '.1%')} | "
-                f"{m_text} | {issue_cell(r)} | {mem_text} | {r['padding_fraction']:.1%} | {r['train_loss'][-1]:.4f} |"
-            )
-        lines += oracle_table(modes)
-        if "flattened|" + args.attn[0] in modes and "padded_random|sdpa" in modes:
-            a = np.array(modes["padded_random|sdpa"]["train_loss"])
-            b = np.array(modes["flattened|" + args.attn[0]]["train_loss"])
-            lines += [
-                "",
-                f"Loss curve, flattened vs padded (same examples per step): max |diff| {np.abs(a - b).max():.4f}, "
-                f"mean |diff| {np.abs(a - b).mean():.4f} over {len(a)} steps.",
-            ]
-        if (out_of_memory or {}).get(dist):
-            lines += ["", f"Out of memory (runs left out): {', '.join(out_of_memory[dist])}."]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def issue_cell(result: dict) -> str:
-    share = result.get("host_issue_share")  # absent from runs before it was recorded
-    return "" if share is None else f"{share:.0%}"
-
-
-ORACLES = ("uniform", "uniform_work")
-
-
-def label(key: str) -> str:  # "mode|attn" -> "mode (attn)": a bare | would split a markdown cell
-    mode, attn = key.split("|")
-    return f"{mode} ({attn})"
-
-
-def oracle_table(modes: dict) -> list[str]:
-    """Each packed run against every oracle run of the distribution: tokens/s and model FLOPs/s.
-
-    The oracles (rows of the mean length; rows of the same-work length) run under sdpa and,
-    with --oracle-attn, under the packed kernel too: the table shows all, where the main table
-    picks one. FLOPs/s counts each example's own attention, so it credits packed rows for the
-    attention work the mean-length oracle does not do.
-    """
-    oracles = [k for k in modes if k.split("|")[0] in ORACLES]
-    packed = [k for k in modes if k.split("|")[0] not in ORACLES and not k.startswith("padded")]
-    if not oracles or not packed:
-        return []
-    lines = [
-        "", "Packed against each oracle (tokens/s ratio; model FLOPs/s ratio):", "",
-        "| packed | " + " | ".join(f"vs {label(k)}" for k in oracles) + " |", "|---" * (len(oracles) + 1) + "|",
-    ]
-    for key in packed:
-        run = modes[key]
-        cells = [
-            f"{run['real_tokens_per_s'] / modes[o]['real_tokens_per_s']:.1%}; "
-            f"{run['achieved_tflops'] / modes[o]['achieved_tflops']:.1%}"
-            for o in oracles
-        ]
-        lines.append(f"| {label(key)} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def plot(results: dict, out: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
-        return
-    fig, axes = plt.subplots(len(results), 2, figsize=(14, 4 * len(results)), squeeze=False)
-    for row, (dist, modes) in enumerate(results.items()):
-        names = list(modes)
-        axes[row, 0].barh(names, [modes[n]["real_tokens_per_s"] for n in names])
-        axes[row, 0].set_title(f"{dist}: real tokens/s")
-        for n in names:
-            axes[row, 1].plot(modes[n]["train_loss"], label=n)
-        axes[row, 1].set_title(f"{dist}: training loss per step")
-        axes[row, 1].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "train_throughput.png", dpi=90)
-
-
-def save(results: dict, out_of_memory: dict, args) -> None:
-    data = {
-        "card": card_name(), "args": {k: str(v) for k, v in vars(args).items()}, "results": results,
-        "out_of_memory": out_of_memory,
-    }
-    (args.out / "results.json").write_text(json.dumps(data, indent=1))
-
-
 # ----------------------------------------------------------------------------- main
-def default_backends() -> str:
-    import importlib.util
-
-    return "packing_varlen" + (",flash_attention_2" if importlib.util.find_spec("flash_attn") else "")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="200m")
@@ -442,7 +285,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(ALL_MODES))
     parser.add_argument(
         "--attn",
-        default=default_backends(),
+        default="packing_varlen" + (",flash_attention_2" if importlib.util.find_spec("flash_attn") else ""),
         help="backends for the packed modes (default: packing_varlen, plus flash_attention_2 where "
         "flash-attn is installed; flex_attention recompiles for every packed length in training)",
     )
@@ -461,10 +304,6 @@ def main() -> None:
         "flash_attention_4 runs the same rows as a flat batch, so packed and oracle share one kernel)",
     )
     parser.add_argument(
-        "--all-attn-modes", default="flattened,multipack",
-        help="packed modes run on every --attn backend; other packed modes on the first only",
-    )
-    parser.add_argument(
         "--timing",
         choices=("step", "window"),
         default="step",
@@ -477,21 +316,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument(
-        "--no-attention-warmup", action="store_true",
+        "--no-attention-warmup",
+        action="store_true",
         help="skip warm_up_attention (compiling FA4's kernel variants for short and long batches first)",
     )
     parser.add_argument("--tokens-per-step", type=int, default=16384)
     parser.add_argument(
-        "--micro-tokens", type=int, default=32768,
+        "--micro-tokens",
+        type=int,
+        default=32768,
         help="token budget of a flattened micro-batch (default: a whole step in one)",
     )
     parser.add_argument("--batch-size", type=int, default=8, help="examples per padded micro-batch")
     parser.add_argument(
-        "--max-length", type=int, default=2048,
+        "--max-length",
+        type=int,
+        default=2048,
         help="longest example; the long-context distributions (long_tail, reasoning) are drawn up to it",
     )
     parser.add_argument(
-        "--grad-checkpointing", action="store_true",
+        "--grad-checkpointing",
+        action="store_true",
         help="recompute activations in the backward (as long-context runs train)",
     )
     parser.add_argument("--examples", type=int, default=12000)
@@ -501,7 +346,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--rounds", type=int, default=3,
+        "--rounds",
+        type=int,
+        default=3,
         help="run every mode this many times, alternating, and report each mode's median round",
     )
     parser.add_argument("--smoke", action="store_true", help="tiny fp32 CPU run with sdpa (checks the script)")
@@ -534,24 +381,18 @@ def main() -> None:
         plans = make_plans(examples, lengths, args, rng)
         print(f"{dist}: data and plans in {time.perf_counter() - began:.1f}s", flush=True)
         val = [FlatteningCollator()([{"input_ids": e} for e in examples[-64:]])]
+        padded_val = [padded_batch([{"input_ids": e} for e in examples[-64:]])]
         runs: dict[str, list[dict]] = {}
         for _ in range(args.rounds):  # modes alternate within each round; each mode reports its median round
             for mode in args.modes.split(","):
-                backends = (
-                    args.oracle_attn
-                    if mode in ("uniform", "uniform_work")
-                    else ["sdpa"]
-                    if mode not in PACKED_MODES
-                    else args.attn
-                    if mode in args.all_attn_modes.split(",")
-                    else args.attn[:1]
-                )
+                if mode in ORACLES:
+                    backends = args.oracle_attn
+                elif mode in PACKED_MODES:
+                    backends = args.attn if mode in EVERY_ATTN else args.attn[:1]
+                else:
+                    backends = ["sdpa"]
                 for attn in backends:
-                    val_batches = (
-                        val
-                        if attn != "sdpa" or mode in PACKED_MODES
-                        else [padded_batch([{"input_ids": e} for e in examples[-64:]])]
-                    )
+                    val_batches = val if attn != "sdpa" or mode in PACKED_MODES else padded_val
                     try:
                         r = train(plans[mode], attn, args, device, dtype, val_batches)
                     except torch.OutOfMemoryError as error:  # reported in results.json, the other modes go on
