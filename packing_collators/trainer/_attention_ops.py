@@ -12,7 +12,7 @@ fake (shape-only) implementation and an autograd formula, it is one node of the 
 
 ``max_q`` / ``max_k`` are ``int`` in Python and ``SymInt`` in the schema: under dynamic shapes
 they stay symbolic, so a new longest sequence reuses the graph instead of specialising a new
-one. Both ops call ``flash_attn.cute.interface._flash_attn_fwd`` / ``_flash_attn_bwd`` with what
+one. Both ops call FA4's varlen forward / backward (``_compat.fa4_kernels``) with what
 ``flash_attn_varlen_func`` passes them (the forward asks for the lse: inside a custom op autograd
 is off, so FA4 would not keep it otherwise). Eager training does not go through these ops
 (:func:`fa4_attention_forward` calls FA4 directly, as before); only a traced forward does.
@@ -24,6 +24,7 @@ direction on top of the kernel, in compiled graphs only.
 from __future__ import annotations
 
 import torch
+from .._compat import fa4_kernels
 
 __all__ = ["ATTENTION_OPS", "fa4_varlen"]
 
@@ -32,15 +33,14 @@ ATTENTION_OPS = ("packing_collators::fa4_varlen_fwd", "packing_collators::fa4_va
 
 
 def _interface():
-    """``(forward, backward)``: FA4's ``_flash_attn_fwd`` and ``_flash_attn_bwd`` (tests stand in a reference)."""
+    """``(forward, backward)``: FA4's varlen kernels (see ``fa4_kernels``; tests stand in a reference)."""
     try:
-        from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
+        return fa4_kernels()
     except ImportError:
         raise ImportError(
             "attn_implementation='packing_fa4' needs FlashAttention-4 (pip install 'packing-collators[fa4]' on a "
             "Hopper or Blackwell GPU). Use 'packing_varlen' elsewhere."
         ) from None
-    return _flash_attn_fwd, _flash_attn_bwd
 
 
 def _window(left: int, right: int) -> dict:

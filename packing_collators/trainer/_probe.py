@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from ._support_checks import attention_kind
+from ._attention_kind import attention_kind
+from .._compat import attn_implementation
 
 __all__ = ["ProbeReport", "probe_packing", "refuse_failed_probe"]
 
@@ -168,7 +169,7 @@ def _alone_inputs(example: np.ndarray, config, collator, device) -> dict:
 
     from ..collate import FlatteningCollator
 
-    implementation = getattr(config, "_attn_implementation", None)
+    implementation = attn_implementation(config)
     if attention_kind(implementation) == "cu_seq_lens":
         options = getattr(collator, "options", None)
         start = options.position_ids_start if options is not None else 0
@@ -292,7 +293,7 @@ def probe_packing(
     examples = _synthetic_tokens(config, lengths, seed)
     # a varlen kernel reads cu_seq_lens, so the first segment of the packed row is a true "alone"
     # run of the last example (the leak test vouches that nothing reaches it): one forward saved
-    varlen = attention_kind(getattr(config, "_attn_implementation", None)) == "cu_seq_lens"
+    varlen = attention_kind(attn_implementation(config)) == "cu_seq_lens"
     if varlen:
         examples = [examples[-1], *examples]
     changed = list(examples)
@@ -328,7 +329,7 @@ def probe_packing(
         dtype = str(autocast.fast_dtype).replace("torch.", "")
     return ProbeReport(
         model=type(getattr(model, "_orig_mod", model)).__name__,
-        implementation=str(getattr(config, "_attn_implementation", None)),
+        implementation=str(attn_implementation(config)),
         dtype=dtype,
         device=str(parameter.device),
         lengths=tuple(int(n) for n in lengths),

@@ -60,8 +60,8 @@ def register_varlen_attention(name: str = VARLEN_ATTENTION) -> str:
 
     >>> register_varlen_attention()
     'packing_varlen'
-    >>> from transformers import AttentionInterface
-    >>> AttentionInterface._global_mapping["packing_varlen"].__name__
+    >>> from packing_collators._compat import attention_registry
+    >>> attention_registry()["packing_varlen"].__name__
     'varlen_attention_forward'
     """
     if not isinstance(name, str) or not name or name in _BUILTIN_NAMES:
