@@ -17,6 +17,7 @@
     datasets       MemoryMappedTable._apply_replays               replaying a memory-mapped table's ops
     flash_attn     cute.interface._flash_attn_fwd / _bwd          FA4's kernels as torch custom ops
     torch          torch._dynamo.utils.counters                   graphs compiled so far
+    CPython        sys._getframe                                  the Trainer that called a callback
 
 Checked on: transformers 5.0.0 (the floor, ``make test-oldest``), 5.17.0 (GPU runs) and 5.24.0
 (CI); datasets 3.0.0 (floor) and 5.2.0; flash_attn.cute 4.0.0b36; torch 2.4.0 (floor), 2.11 and
@@ -29,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "BaseExamplesIterable",
     "POSITIONAL_COLLATOR_INDEX",
     "PRIVATE_NAMES",
     "apply_replays",
@@ -36,6 +38,7 @@ __all__ = [
     "attn_implementation",
     "base_examples_iterable",
     "cache_file_path",
+    "caller_frame",
     "collator_with_removed_columns",
     "dataset_fingerprint",
     "dataset_indices",
@@ -52,7 +55,8 @@ __all__ = [
     "trainer_step_inputs",
 ]
 
-# The private names this module wraps: tests/test_compat.py greps the package for them.
+# The private names this module wraps: tests/test_compat.py greps the package for them (not
+# ``_fingerprint``: the sampler has a method of its own by that name).
 PRIVATE_NAMES = (
     "_global_mapping",
     "_attn_implementation",
@@ -72,6 +76,8 @@ PRIVATE_NAMES = (
     "_flash_attn_fwd",
     "_flash_attn_bwd",
     "_dynamo",
+    "_indices",
+    "_getframe",
 )
 
 # Trainer(model, args, data_collator, ...): the collator is the third positional argument
@@ -202,6 +208,20 @@ def fa4_kernels():
     from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
 
     return _flash_attn_fwd, _flash_attn_bwd
+
+
+def caller_frame(depth: int):
+    """The frame ``depth`` calls above the caller (``sys._getframe``, CPython 3.10-3.13)."""
+    import sys
+
+    return sys._getframe(depth + 1)
+
+
+def __getattr__(name: str):
+    # BaseExamplesIterable is a base class (needed at class definition): imported from datasets on first use.
+    if name == "BaseExamplesIterable":
+        return base_examples_iterable()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dynamo_counters():

@@ -28,6 +28,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .._compat import format_columns
 from .._progress import show_progress
 from ..engine import PackStats
 from ._arrow_rows import CHUNK_TOKENS, build_rows
@@ -116,7 +117,7 @@ def _with_format_of(dataset, packed):
     to them, since a row without them has lost its example boundaries.
     """
     # None means every column; dataset.format lists the current ones instead, which would leave new ones out
-    columns = getattr(dataset, "_format_columns", dataset.format["columns"])
+    columns = format_columns(dataset)
     if columns is not None:
         columns = [name for name in columns if name in packed.column_names]
         columns += [name for name in RESERVED_COLUMNS if name not in columns]

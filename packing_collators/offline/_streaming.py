@@ -57,8 +57,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from datasets.iterable_dataset import _BaseExamplesIterable
 
+from .._compat import BaseExamplesIterable, examples_iterable
 from ..engine import PackStats, check_not_too_long, pack_lengths
 from ._arrow_rows import build_rows
 from ._columns import ExampleColumns, check_unpadded, example_columns, token_lengths
@@ -90,7 +90,7 @@ class _SourceReader:
     """
 
     def __init__(self, source: Any, size: int, state: dict | None = None) -> None:
-        self.arrow = source._ex_iterable.iter_arrow is not None
+        self.arrow = examples_iterable(source).iter_arrow is not None
         self.dataset = source.with_format("arrow" if self.arrow else None)
         if state is not None:
             self.dataset.load_state_dict(state)
@@ -392,7 +392,7 @@ def _wrapped_rows(
         start, skip = source_state(), 0
 
 
-class _WrappedExamplesIterable(_BaseExamplesIterable):
+class _WrappedExamplesIterable(BaseExamplesIterable):
     """The rows of a ``datasets.IterableDataset`` packed ``"wrapped"``, as ``datasets`` iterates them, resumable.
 
     Its state is ``_wrapped_rows``'s (see there); one shard, so one dataloader worker reads it.

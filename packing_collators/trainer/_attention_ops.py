@@ -48,23 +48,18 @@ def _window(left: int, right: int) -> dict:
     return {"window_size_left": None if left < 0 else left, "window_size_right": None if right < 0 else right}
 
 
-@torch.library.custom_op("packing_collators::fa4_varlen_fwd", mutates_args=())
-def _fa4_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
-    max_q: int,
-    max_k: int,
-    scale: float | None,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    sink: torch.Tensor | None,
-    deterministic: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+# The arguments both ops take after their tensors, written once. An explicit schema (rather than one
+# inferred from annotations) also registers under torch 2.4, whose inference rejects string annotations.
+_KERNEL_ARGS = (
+    "Tensor cu_q, Tensor cu_k, SymInt max_q, SymInt max_k, float? scale, bool causal, int window_left, "
+    "int window_right, float softcap, Tensor? sink, bool deterministic"
+)
+
+
+@torch.library.custom_op(
+    "packing_collators::fa4_varlen_fwd", mutates_args=(), schema=f"(Tensor q, Tensor k, Tensor v, {_KERNEL_ARGS}) -> (Tensor, Tensor)"
+)
+def _fa4_fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window_left, window_right, softcap, sink, deterministic):
     forward, _ = _interface()  # (deterministic is the backward's: kept here for its setup)
     out, lse, *_ = forward(
         q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
@@ -80,26 +75,15 @@ def _(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window_left, window_righ
     return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-@torch.library.custom_op("packing_collators::fa4_varlen_bwd", mutates_args=())
+@torch.library.custom_op(
+    "packing_collators::fa4_varlen_bwd",
+    mutates_args=(),
+    schema=f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_KERNEL_ARGS}) "
+    "-> (Tensor, Tensor, Tensor, Tensor)",
+)
 def _fa4_bwd(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
-    max_q: int,
-    max_k: int,
-    scale: float | None,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    sink: torch.Tensor | None,
-    deterministic: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, window_left, window_right, softcap, sink, deterministic
+):
     _, backward = _interface()
     grads = backward(
         q, k, v, out, dout.contiguous(), lse, scale, causal, softcap, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
