@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench install clean
+.PHONY: demo test test-oldest bench install clean
 
 $(VENV)/.installed-dev: pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV) dev
@@ -18,6 +18,16 @@ demo: $(VENV)/.installed-dev
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest
 
+# The oldest torch / transformers / datasets / accelerate that pyproject.toml claims, in a venv of
+# their own (scripts/install_oldest.sh reads the floors from pyproject.toml); tests/test_trl.py is
+# left out: every trl the dev extra allows needs accelerate>=1.4, above the floor.
+OLDEST ?= .venv-oldest
+$(OLDEST)/.installed-oldest: pyproject.toml scripts/install_oldest.sh
+	bash scripts/install_oldest.sh $(OLDEST)
+
+test-oldest: $(OLDEST)/.installed-oldest
+	$(OLDEST)/bin/python -m pytest -m "not slow" --ignore=tests/test_trl.py
+
 bench: $(VENV)/.installed-dev-bench
 	$(PY) benchmarks/cpu/bench_engine.py
 	$(PY) benchmarks/cpu/bench_collator.py
@@ -29,4 +39,4 @@ bench: $(VENV)/.installed-dev-bench
 	$(PY) benchmarks/collect_results.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(OLDEST) .pytest_cache
