@@ -41,6 +41,21 @@ def _restarts(positions: np.ndarray, attention_mask) -> bool:
     return bool(restart.any())
 
 
+def _check_cu_seq_lens(cu: np.ndarray, positions: np.ndarray, kind: str, implementation: str) -> None:
+    """cu_seq_lens_q splits the batch's tokens, and position_ids restart where it says (for sdpa/eager/flex)."""
+    if cu.ndim != 1 or cu[0] != 0 or cu[-1] != positions.size or np.any(np.diff(cu) < 0):
+        raise ValueError(
+            f"cu_seq_lens_q={cu.tolist()[:8]}... does not split the {positions.size} tokens of the batch "
+            "(it must start at 0, never decrease and end at the token count)."
+        )
+    if kind == "position_ids" and not np.array_equal(segments_from_positions(positions), cu[np.r_[True, np.diff(cu) > 0]]):
+        raise ValueError(
+            f"position_ids do not restart where cu_seq_lens_q says examples start, and {implementation!r} "
+            "separates examples by position_ids only, so they would attend to each other. "
+            "Build position_ids and cu_seq_lens together (FlatteningCollator does)."
+        )
+
+
 def check_batch(batch: Mapping[str, Any], implementation: str, config) -> None:
     kind = attention_kind(implementation)
     if batch.get("use_cache"):
@@ -71,20 +86,7 @@ def check_batch(batch: Mapping[str, Any], implementation: str, config) -> None:
             "examples. Collate with FlatteningCollator, which returns position_ids restarting per example."
         )
     if "cu_seq_lens_q" in batch:
-        cu = numpy_of(batch["cu_seq_lens_q"]).astype(np.int64)
-        if cu.ndim != 1 or cu[0] != 0 or cu[-1] != positions.size or np.any(np.diff(cu) < 0):
-            raise ValueError(
-                f"cu_seq_lens_q={cu.tolist()[:8]}... does not split the {positions.size} tokens of the batch "
-                "(it must start at 0, never decrease and end at the token count)."
-            )
-        if kind == "position_ids" and not np.array_equal(
-            segments_from_positions(positions), cu[np.r_[True, np.diff(cu) > 0]]
-        ):
-            raise ValueError(
-                f"position_ids do not restart where cu_seq_lens_q says examples start, and {implementation!r} "
-                "separates examples by position_ids only, so they would attend to each other. "
-                "Build position_ids and cu_seq_lens together (FlatteningCollator does)."
-            )
+        _check_cu_seq_lens(numpy_of(batch["cu_seq_lens_q"]).astype(np.int64), positions, kind, implementation)
     elif kind == "cu_seq_lens" and positions.shape[0] > 1:
         raise ValueError(
             f"The batch has {positions.shape[0]} rows whose position_ids restart (packed rows) and no cu_seq_lens_q/k, "
