@@ -19,14 +19,14 @@ test: $(VENV)/.installed-dev
 	$(PY) -m pytest
 
 # The oldest torch / transformers / datasets / accelerate that pyproject.toml claims, in a venv of
-# their own (scripts/install_oldest.sh reads the floors from pyproject.toml); tests/test_trl.py is
-# left out: every trl the dev extra allows needs accelerate>=1.4, above the floor.
+# their own (scripts/install_oldest.sh reads the floors from pyproject.toml). Not the `slow` tests
+# (multi-process and compile runs): CI has 2 cores.
 OLDEST ?= .venv-oldest
 $(OLDEST)/.installed-oldest: pyproject.toml scripts/install_oldest.sh
 	bash scripts/install_oldest.sh $(OLDEST)
 
 test-oldest: $(OLDEST)/.installed-oldest
-	$(OLDEST)/bin/python -m pytest -m "not slow" --ignore=tests/test_trl.py
+	$(OLDEST)/bin/python -m pytest -m "not slow"
 
 bench: $(VENV)/.installed-dev-bench
 	$(PY) benchmarks/cpu/bench_engine.py

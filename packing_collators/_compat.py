@@ -19,9 +19,10 @@
     torch          torch._dynamo.utils.counters                   graphs compiled so far
     CPython        sys._getframe                                  the Trainer that called a callback
 
-Checked on: transformers 5.0.0 (the floor, ``make test-oldest``), 5.17.0 (GPU runs) and 5.24.0
-(CI); datasets 3.0.0 (floor) and 5.2.0; flash_attn.cute 4.0.0b36; torch 2.4.0 (floor), 2.11 and
-2.13. A test (tests/test_compat.py) fails if a name above is used anywhere else in the package.
+Checked on: transformers 5.15.0 (the floor, ``make test-oldest``), 5.17.0 (GPU runs) and 5.24.0
+(CI); datasets 4.0.0 (floor) and 5.2.0; accelerate 1.14.0 (floor) and 1.15.0; flash_attn.cute
+4.0.0b36 (GPU runs); torch 2.5.0 (floor), 2.11 (GPU runs) and 2.13 (CI).
+A test (tests/test_compat.py) fails if a name above is used anywhere else in the package.
 Cost: none; attribute reads.
 """
 
@@ -81,19 +82,19 @@ PRIVATE_NAMES = (
 )
 
 # Trainer(model, args, data_collator, ...): the collator is the third positional argument
-# (transformers 4.x and 5.0-5.24).
+# (transformers 4.x and 5.15-5.24).
 POSITIONAL_COLLATOR_INDEX = 2
 
 
 def attention_registry() -> dict:
-    """transformers' name -> attention function mapping (``AttentionInterface._global_mapping``, 5.0-5.24)."""
+    """transformers' name -> attention function mapping (``AttentionInterface._global_mapping``, 5.15-5.24)."""
     from transformers import AttentionInterface
 
     return AttentionInterface._global_mapping
 
 
 def attn_implementation(config) -> str | None:
-    """The attention implementation a transformers config runs (``config._attn_implementation``, 5.0-5.24)."""
+    """The attention implementation a transformers config runs (``config._attn_implementation``, 5.15-5.24)."""
     return getattr(config, "_attn_implementation", None)
 
 
@@ -105,9 +106,9 @@ def set_attn_implementation(config, name: str) -> None:
 def trainer_hooks(cls):
     """Class decorator for a ``transformers.Trainer`` subclass: its private hooks, made this package's own.
 
-    ``_run_epoch(..., epoch=...)`` (5.0-5.24) calls ``self._packing_epoch(epoch)`` first;
-    ``_set_signature_columns_if_needed`` (4.x-5.24) adds ``cls.packing_columns``;
-    ``_get_num_items_in_batch`` (4.46-5.24) asks ``self._packing_items(batch_samples, device)``
+    ``_run_epoch(..., epoch=...)`` (5.15-5.24) calls ``self._packing_epoch(epoch)`` first;
+    ``_set_signature_columns_if_needed`` (5.15-5.24) adds ``cls.packing_columns``;
+    ``_get_num_items_in_batch`` (5.15-5.24) asks ``self._packing_items(batch_samples, device)``
     first (``NotImplemented``: the stock count). The MRO stays ``cls -> Trainer``.
     """
 
@@ -133,23 +134,23 @@ def trainer_hooks(cls):
 
 
 def train_batch_size(trainer) -> int:
-    """The Trainer's per-device train batch size (``Trainer._train_batch_size``, 4.x-5.24)."""
+    """The Trainer's per-device train batch size (``Trainer._train_batch_size``, 5.15-5.24)."""
     return trainer._train_batch_size
 
 
 def remove_unused_columns(trainer, dataset, description: str):
-    """``Trainer._remove_unused_columns`` (4.x-5.24): drop the columns the forward does not name."""
+    """``Trainer._remove_unused_columns`` (5.15-5.24): drop the columns the forward does not name."""
     return trainer._remove_unused_columns(dataset, description=description)
 
 
 def collator_with_removed_columns(trainer, collator, description: str):
-    """``Trainer._get_collator_with_removed_columns`` (4.x-5.24), for a dataset that is not Arrow."""
+    """``Trainer._get_collator_with_removed_columns`` (5.15-5.24), for a dataset that is not Arrow."""
     return trainer._get_collator_with_removed_columns(collator, description=description)
 
 
 def trainer_step_inputs(trainer, batch, device):
     """A batch as the Trainer's step sees it and its target count (``_prepare_inputs``,
-    ``_get_num_items_in_batch``, 5.0-5.24)."""
+    ``_get_num_items_in_batch``, 5.15-5.24)."""
     inputs = trainer._prepare_inputs(batch)
     return inputs, trainer._get_num_items_in_batch([inputs], device)
 
@@ -160,44 +161,44 @@ def positional_collator(args: tuple) -> bool:
 
 
 def base_examples_iterable():
-    """``datasets.iterable_dataset._BaseExamplesIterable`` (3.0-5.2): the base of a streaming source."""
+    """``datasets.iterable_dataset._BaseExamplesIterable`` (4.0-5.2): the base of a streaming source."""
     from datasets.iterable_dataset import _BaseExamplesIterable
 
     return _BaseExamplesIterable
 
 
 def examples_iterable(dataset):
-    """A streaming dataset's examples iterable (``IterableDataset._ex_iterable``, 3.0-5.2)."""
+    """A streaming dataset's examples iterable (``IterableDataset._ex_iterable``, 4.0-5.2)."""
     return dataset._ex_iterable
 
 
 def cache_file_path(dataset, fingerprint: str) -> str:
-    """Where ``datasets`` caches a transform of ``dataset`` (``Dataset._get_cache_file_path``, 3.0-5.2)."""
+    """Where ``datasets`` caches a transform of ``dataset`` (``Dataset._get_cache_file_path``, 4.0-5.2)."""
     return dataset._get_cache_file_path(fingerprint)
 
 
 def dataset_fingerprint(dataset) -> str | None:
-    """``Dataset._fingerprint`` (3.0-5.2), or None."""
+    """``Dataset._fingerprint`` (4.0-5.2), or None."""
     return getattr(dataset, "_fingerprint", None)
 
 
 def set_dataset_fingerprint(dataset, fingerprint: str) -> None:
-    """Give a dataset built from a table the fingerprint of its cache file (3.0-5.2)."""
+    """Give a dataset built from a table the fingerprint of its cache file (4.0-5.2)."""
     dataset._fingerprint = fingerprint
 
 
 def dataset_indices(dataset):
-    """A select/shuffle/filter view's indices table (``Dataset._indices``, 3.0-5.2), or None."""
+    """A select/shuffle/filter view's indices table (``Dataset._indices``, 4.0-5.2), or None."""
     return getattr(dataset, "_indices", None)
 
 
 def format_columns(dataset):
-    """The columns ``set_format`` selected (``Dataset._format_columns``, 3.0-5.2; else ``format["columns"]``)."""
+    """The columns ``set_format`` selected (``Dataset._format_columns``, 4.0-5.2; else ``format["columns"]``)."""
     return getattr(dataset, "_format_columns", dataset.format["columns"])
 
 
 def apply_replays(table, replays):
-    """``MemoryMappedTable._apply_replays`` (datasets 3.0-5.2): a memory-mapped table's recorded ops."""
+    """``MemoryMappedTable._apply_replays`` (datasets 4.0-5.2): a memory-mapped table's recorded ops."""
     from datasets.table import MemoryMappedTable
 
     return MemoryMappedTable._apply_replays(table, replays)
@@ -225,7 +226,7 @@ def __getattr__(name: str):
 
 
 def dynamo_counters():
-    """``torch._dynamo.utils.counters`` (2.4-2.13): what Dynamo has compiled so far."""
+    """``torch._dynamo.utils.counters`` (2.5-2.13): what Dynamo has compiled so far."""
     from torch._dynamo.utils import counters
 
     return counters

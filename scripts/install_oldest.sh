@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) a virtualenv holding the OLDEST versions pyproject.toml claims for torch,
 # transformers, datasets and accelerate (each `name>=X` floor installed as `name==X`), plus the
-# test tools, so `make test-oldest` tests the floors rather than trusting them.
+# dev extra, so `make test-oldest` tests the floors rather than trusting them.
 # Usage: scripts/install_oldest.sh [VENV_DIR]        (default .venv-oldest)
 # torch: the CPU build from the PyTorch CPU index where it is reachable, else PyPI's wheel.
 set -euo pipefail
@@ -31,9 +31,8 @@ if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
   "${pip[@]}" install -q --retries 0 --timeout 15 "$torch_pin" --index-url https://download.pytorch.org/whl/cpu ||
     "${pip[@]}" install -q "$torch_pin"
 fi
-# The dev extra without trl: every trl the dev extra allows (>=0.20) needs accelerate>=1.4, above the
-# floor tested here; tests/test_trl.py runs in `make test` (trl 1.16) and is left out of test-oldest.
-"${pip[@]}" install -q -e . "pytest>=8" "matplotlib>=3.7" -c "$pins"
+# The dev extra (pytest, matplotlib, trl: pip picks the newest trl these floors allow, 0.29.1 here)
+"${pip[@]}" install -q -e ".[dev]" -c "$pins"
 "$venv/bin/python" - <<'PY'
 import accelerate, datasets, torch, transformers
 print("oldest venv:", "torch", torch.__version__, "transformers", transformers.__version__,
