@@ -20,7 +20,7 @@
     CPython        sys._getframe                                  the Trainer that called a callback
 
 Checked on: transformers 5.15.0 (the floor, ``make test-oldest``), 5.17.0 (GPU runs) and 5.24.0
-(CI); datasets 4.7.0 (floor) and 5.2.0; accelerate 1.14.0 (floor) and 1.15.0; flash_attn.cute
+(CI); datasets 4.8.4 (floor) and 5.2.0; accelerate 1.14.0 (floor) and 1.15.0; flash_attn.cute
 4.0.0b36 (GPU runs); torch 2.6.0 (floor), 2.11 (GPU runs) and 2.13 (CI).
 A test (tests/test_compat.py) fails if a name above is used anywhere else in the package.
 Cost: none; attribute reads.
@@ -161,44 +161,44 @@ def positional_collator(args: tuple) -> bool:
 
 
 def base_examples_iterable():
-    """``datasets.iterable_dataset._BaseExamplesIterable`` (4.7-5.2): the base of a streaming source."""
+    """``datasets.iterable_dataset._BaseExamplesIterable`` (4.8.4-5.2): the base of a streaming source."""
     from datasets.iterable_dataset import _BaseExamplesIterable
 
     return _BaseExamplesIterable
 
 
 def examples_iterable(dataset):
-    """A streaming dataset's examples iterable (``IterableDataset._ex_iterable``, 4.7-5.2)."""
+    """A streaming dataset's examples iterable (``IterableDataset._ex_iterable``, 4.8.4-5.2)."""
     return dataset._ex_iterable
 
 
 def cache_file_path(dataset, fingerprint: str) -> str:
-    """Where ``datasets`` caches a transform of ``dataset`` (``Dataset._get_cache_file_path``, 4.7-5.2)."""
+    """Where ``datasets`` caches a transform of ``dataset`` (``Dataset._get_cache_file_path``, 4.8.4-5.2)."""
     return dataset._get_cache_file_path(fingerprint)
 
 
 def dataset_fingerprint(dataset) -> str | None:
-    """``Dataset._fingerprint`` (4.7-5.2), or None."""
+    """``Dataset._fingerprint`` (4.8.4-5.2), or None."""
     return getattr(dataset, "_fingerprint", None)
 
 
 def set_dataset_fingerprint(dataset, fingerprint: str) -> None:
-    """Give a dataset built from a table the fingerprint of its cache file (4.7-5.2)."""
+    """Give a dataset built from a table the fingerprint of its cache file (4.8.4-5.2)."""
     dataset._fingerprint = fingerprint
 
 
 def dataset_indices(dataset):
-    """A select/shuffle/filter view's indices table (``Dataset._indices``, 4.7-5.2), or None."""
+    """A select/shuffle/filter view's indices table (``Dataset._indices``, 4.8.4-5.2), or None."""
     return getattr(dataset, "_indices", None)
 
 
 def format_columns(dataset):
-    """The columns ``set_format`` selected (``Dataset._format_columns``, 4.7-5.2; else ``format["columns"]``)."""
+    """The columns ``set_format`` selected (``Dataset._format_columns``, 4.8.4-5.2; else ``format["columns"]``)."""
     return getattr(dataset, "_format_columns", dataset.format["columns"])
 
 
 def apply_replays(table, replays):
-    """``MemoryMappedTable._apply_replays`` (datasets 4.7-5.2): a memory-mapped table's recorded ops."""
+    """``MemoryMappedTable._apply_replays`` (datasets 4.8.4-5.2): a memory-mapped table's recorded ops."""
     from datasets.table import MemoryMappedTable
 
     return MemoryMappedTable._apply_replays(table, replays)

@@ -29,7 +29,7 @@ PY
 torch_pin=$(grep '^torch==' "$pins")
 if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
   "${pip[@]}" install -q --retries 0 --timeout 15 "$torch_pin" --index-url https://download.pytorch.org/whl/cpu ||
-    "${pip[@]}" install -q "$torch_pin"
+    { echo "(the PyTorch CPU index did not answer: $torch_pin from PyPI)"; "${pip[@]}" install -q "$torch_pin"; }
 fi
 # The dev extra (pytest, matplotlib, trl: pip picks the newest trl these floors allow, 0.29.1 here)
 "${pip[@]}" install -q -e ".[dev]" -c "$pins"
