@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench bench-gpu install clean
+.PHONY: demo test test-oldest bench bench-gpu install clean
 
 $(VENV)/.installed-dev: pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV) dev
@@ -17,6 +17,16 @@ demo: $(VENV)/.installed-dev
 
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest
+
+# The oldest torch / transformers / datasets / accelerate that pyproject.toml claims, in a venv of
+# their own (scripts/install_oldest.sh reads the floors from pyproject.toml). Not the `slow` tests
+# (multi-process and compile runs): CI has 2 cores.
+OLDEST ?= .venv-oldest
+$(OLDEST)/.installed-oldest: pyproject.toml scripts/install_oldest.sh
+	bash scripts/install_oldest.sh $(OLDEST)
+
+test-oldest: $(OLDEST)/.installed-oldest
+	$(OLDEST)/bin/python -m pytest -m "not slow"
 
 bench: $(VENV)/.installed-dev-bench
 	$(PY) benchmarks/cpu/bench_engine.py
@@ -57,4 +67,4 @@ bench-gpu:
 	ls -R $(GPU_OUT)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(OLDEST) .pytest_cache

@@ -370,7 +370,8 @@ def check(model, batch: dict, collator) -> dict:
 def sweep_model(model_type: str, class_name: str, attentions=ATTENTIONS) -> list[dict]:
     """One row per attention implementation (or one "cannot build" row) for ``model_type``."""
     from packing_collators import FlatteningCollator
-    from packing_collators.trainer._support_checks import _is_recurrent, text_config
+    from packing_collators.trainer._attention_kind import is_recurrent as _is_recurrent
+    from packing_collators.trainer._model_unwrap import text_config
 
     row = {"model_type": model_type, "class": class_name}
     started = time.perf_counter()

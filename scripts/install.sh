@@ -16,7 +16,7 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
 if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    "${pip[@]}" install -q 'torch>=2.4,<3'
+    "${pip[@]}" install -q 'torch>=2.6,<3'
   else
     "${pip[@]}" install -q 'torch==2.13.0' ||
       "${pip[@]}" install -q torch --index-url https://download.pytorch.org/whl/cpu

@@ -268,12 +268,12 @@ def _train(tmp_path, *, compiled: bool, monkeypatch=None):
 
 @pytest.mark.slow
 def test_trainer_compiles_before_the_first_step_and_trains_as_eager(fa4_reference, tmp_path, monkeypatch):
-    from packing_collators.trainer import _packing_trainer
+    from packing_collators.trainer import _check_callback
 
     probed = []
-    original = _packing_trainer.probe_packing
+    original = _check_callback.probe_packing
     monkeypatch.setattr(
-        _packing_trainer,
+        _check_callback,
         "probe_packing",
         lambda model, *a, **k: probed.append(type(model).__name__) or original(model, *a, **k),
     )

@@ -67,7 +67,7 @@ def test_no_deepspeed_no_config():
 def test_the_flash_attention_4_warm_up_is_skipped_under_deepspeed(monkeypatch, tmp_path):
     # the warm-up's backward runs outside DeepSpeed's engine, whose gradient hooks would keep its gradients
     from packing_collators.trainer import _attention_choice
-    from packing_collators.trainer._packing_trainer import _AttentionWarmUp
+    from packing_collators.trainer._check_callback import _AttentionWarmUp
 
     calls = []
     monkeypatch.setattr(_attention_choice, "warm_up_attention", lambda model, max_length: calls.append(max_length) or 0.5)

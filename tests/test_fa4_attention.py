@@ -16,7 +16,7 @@ from test_loss_equivalence import assert_same_loss_and_grads, loss_and_grads
 
 from packing_collators import FlatteningCollator, check_packing_support
 from packing_collators.trainer import _attention_choice, _fa4_attention, register_fa4_attention
-from packing_collators.trainer._support_checks import attention_kind
+from packing_collators.trainer._attention_kind import attention_kind
 
 LENGTHS = [7, 3, 12, 5, 9]
 

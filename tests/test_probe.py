@@ -243,7 +243,7 @@ def test_an_fsdp1_wrapped_model_is_checked_inside_and_probed_through_its_wrapper
     batch = FlatteningCollator()([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
     assert check_packing_support(wrapped, batch) == "sdpa"
 
-    from packing_collators.trainer._support_checks import probe_module, unwrap_model
+    from packing_collators.trainer._model_unwrap import probe_module, unwrap_model
 
     assert type(unwrap_model(wrapped)).__name__ == "LlamaForCausalLM"
     assert probe_module(wrapped) is wrapped

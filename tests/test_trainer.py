@@ -407,7 +407,7 @@ def test_flash_attention_4_is_warmed_up_to_the_longest_batchable_example_before_
     # FA4 compiles a kernel per batch configuration; measured on an H100, a 200M PackingTrainer run
     # without a warm-up stalled 7-9 s at step 25 (its first batch of over 256 sequences)
     from packing_collators.trainer import _attention_choice
-    from packing_collators.trainer._packing_trainer import _AttentionWarmUp
+    from packing_collators.trainer._check_callback import _AttentionWarmUp
 
     calls = []
     monkeypatch.setattr(

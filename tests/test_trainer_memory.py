@@ -11,7 +11,7 @@ import torch
 from _tiny_models import random_examples, tiny_model, training_args
 
 from packing_collators import PackingTrainer, TokenBudget
-from packing_collators.trainer import _memory_budget, _packing_trainer
+from packing_collators.trainer import _memory_budget, _packing_trainer, _trainer_budget
 
 datasets = pytest.importorskip("datasets")
 from transformers import TrainerCallback  # noqa: E402
@@ -185,7 +185,7 @@ def test_auto_measures_once_so_evaluation_during_training_reuses_it(tmp_path, fa
 
 def test_a_rank_whose_measurement_failed_makes_every_rank_refuse(tmp_path, fake_gpu, monkeypatch):
     # Every rank reaches the collective; a rank told by it that another failed raises too, instead of hanging.
-    monkeypatch.setattr(_packing_trainer, "_smallest_over_ranks", lambda value, device: 0)
+    monkeypatch.setattr(_trainer_budget, "_smallest_over_ranks", lambda value, device: 0)
     with pytest.raises(ValueError, match=r"max_tokens_per_batch=64 does not fit another rank's GPU"):
         trainer(tmp_path, max_tokens_per_batch=64).get_train_dataloader()
     monkeypatch.setattr(
@@ -206,7 +206,7 @@ def test_only_a_model_whole_on_one_gpu_is_measured(tmp_path, monkeypatch):
         return SimpleNamespace(parameters=lambda: iter(params))
 
     whole, split = placed(("cuda", 0), ("cuda", 0)), placed(("cuda", 0), ("cuda", 1))
-    monkeypatch.setattr(_packing_trainer, "probe_module", lambda model: model)
+    monkeypatch.setattr(_trainer_budget, "probe_module", lambda model: model)
     run.model = whole
     assert run._memory_model() is whole
     run.model = split  # device_map over two GPUs: the first GPU would be charged every parameter's states

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from .._compat import apply_replays, dataset_indices
 from ._columns import ExampleColumns, read_examples
 
 __all__ = ["ArrowFiles", "Window", "dataset_arrow_files"]
@@ -40,7 +41,7 @@ def _blocks(dataset) -> list | str:
     """The dataset's memory-mapped blocks in row order, or why its files cannot be read directly."""
     from datasets.table import ConcatenationTable, MemoryMappedTable
 
-    if dataset._indices is not None:
+    if dataset_indices(dataset) is not None:
         return "it has an indices mapping (select, shuffle, sort, ...); flatten_indices() removes it"
     table = dataset.data
     rows = table.blocks if isinstance(table, ConcatenationTable) else [[table]]
@@ -60,7 +61,6 @@ def dataset_arrow_files(dataset) -> tuple[list[str], dict[str, str]] | str:
 
     Or a string saying why the dataset is not its files as they are (read it in memory then).
     """
-    from datasets.table import MemoryMappedTable
 
     blocks = _blocks(dataset)
     if isinstance(blocks, str):
@@ -69,7 +69,7 @@ def dataset_arrow_files(dataset) -> tuple[list[str], dict[str, str]] | str:
     for block in blocks:
         schema = pa.ipc.open_stream(pa.memory_map(block.path)).schema
         tracer = pa.table({name: [i] for i, name in enumerate(schema.names)})  # which file column is which
-        tracer = MemoryMappedTable._apply_replays(tracer, block.replays)
+        tracer = apply_replays(tracer, block.replays)
         names = {name: schema.names[tracer.column(name)[0].as_py()] for name in tracer.column_names}
         if file_column not in (None, names):
             return "its files name their columns differently"

@@ -33,6 +33,7 @@ from dataclasses import fields
 
 import pyarrow as pa
 
+from .._compat import cache_file_path, dataset_fingerprint, set_dataset_fingerprint
 from ..engine import PackStats
 from ._arrow_files import ArrowFiles, dataset_arrow_files
 from ._arrow_rows import TableTokens, row_batches
@@ -56,7 +57,7 @@ def packed_fingerprint(dataset, options: PackOptions) -> str:
 
     from .. import __version__
 
-    source = getattr(dataset, "_fingerprint", None)
+    source = dataset_fingerprint(dataset)
     key = ["pack_dataset", __version__, source, options.output_key()]
     return Hasher.hash(key) if source else generate_random_fingerprint()
 
@@ -83,7 +84,7 @@ def _load(stats_path: str, fingerprint: str, split=None):
         return None
     parts = [Dataset.from_file(path, split=split) for path in paths]
     packed = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
-    packed._fingerprint = fingerprint
+    set_dataset_fingerprint(packed, fingerprint)
     return packed, PackStats(**record["stats"])
 
 
@@ -153,7 +154,7 @@ def _write(dataset, options: PackOptions, path: str, progress, desc: str) -> tup
 def pack_to_cache(dataset, options: PackOptions, *, path: str | None, load_from_cache_file: bool, progress, desc: str):
     """``(packed, stats, from_cache)``: ``dataset`` packed into Arrow files (at ``path``, else beside its own)."""
     fingerprint = packed_fingerprint(dataset, options)
-    path = path or dataset._get_cache_file_path(fingerprint)
+    path = path or cache_file_path(dataset, fingerprint)
     stats_path = _stats_path(path)
     if load_from_cache_file and (cached := _load(stats_path, fingerprint, dataset.split)):
         logger.info("pack_dataset: loading the packed rows from %s", stats_path)

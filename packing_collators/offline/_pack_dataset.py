@@ -28,6 +28,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .._compat import format_columns
 from .._progress import show_progress
 from .._splits import per_split
 from ..engine import PackStats
@@ -113,7 +114,7 @@ def _with_format_of(dataset, packed):
     to them, since a row without them has lost its example boundaries.
     """
     # None means every column; dataset.format lists the current ones instead, which would leave new ones out
-    columns = getattr(dataset, "_format_columns", dataset.format["columns"])
+    columns = format_columns(dataset)
     if columns is not None:
         columns = [name for name in columns if name in packed.column_names]
         columns += [name for name in RESERVED_COLUMNS if name not in columns]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from .._compat import examples_iterable
 from ._empty import typed_empty
 
 __all__ = ["ROWS_PER_BATCH", "SourceReader", "example_tables", "row_dicts"]
@@ -33,7 +34,7 @@ class SourceReader:
     """
 
     def __init__(self, source: Any, size: int, state: dict | None = None) -> None:
-        self.arrow = source._ex_iterable.iter_arrow is not None
+        self.arrow = examples_iterable(source).iter_arrow is not None
         self.dataset = source.with_format("arrow" if self.arrow else None)
         if state is not None:
             self.dataset.load_state_dict(state)

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from datasets.iterable_dataset import _BaseExamplesIterable
 
+from .._compat import BaseExamplesIterable
 from ..engine import PackStats
 from ._arrow_rows import build_rows
 from ._columns import ExampleColumns, read_examples
@@ -220,7 +220,7 @@ def _wrapped_rows(
         start, skip = source_state(), 0
 
 
-class WrappedExamplesIterable(_BaseExamplesIterable):
+class WrappedExamplesIterable(BaseExamplesIterable):
     """The rows of a ``datasets.IterableDataset`` packed ``"wrapped"``, as ``datasets`` iterates them, resumable.
 
     Its state is ``_wrapped_rows``'s (see there); one shard, so one dataloader worker reads it.

@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from .._compat import attn_implementation
+
 __all__ = ["probe_sequence_parallel"]
 
 _TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 5e-2, "float16": 2e-2}
@@ -92,7 +94,7 @@ def probe_sequence_parallel(model, mesh, collator=None, *, autocast=None):
     was_training = model.training
     model.eval()
     # a varlen kernel runs with autograd on, as in training (FA4 compiles no extra variant for the probe)
-    grad = torch.no_grad() if config._attn_implementation.endswith(("sdpa", "eager")) else torch.enable_grad()
+    grad = torch.no_grad() if attn_implementation(config).endswith(("sdpa", "eager")) else torch.enable_grad()
     try:
         with grad, autocast or contextlib.nullcontext():
             shards = [shard_flat_batch(row, rank=mesh.sp_rank, size=mesh.size) for row in rows]
@@ -109,7 +111,7 @@ def probe_sequence_parallel(model, mesh, collator=None, *, autocast=None):
     dtype = str(getattr(autocast, "fast_dtype", None) or parameter.dtype).replace("torch.", "")
     return ProbeReport(
         model=type(model).__name__,
-        implementation=f"{config._attn_implementation}, sequence_parallel_size={mesh.size}",
+        implementation=f"{attn_implementation(config)}, sequence_parallel_size={mesh.size}",
         dtype=dtype,
         device=str(parameter.device),
         lengths=_LENGTHS,

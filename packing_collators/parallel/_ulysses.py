@@ -24,6 +24,8 @@ import functools
 import math
 from typing import Any
 
+from .._compat import attention_registry, attn_implementation, set_attn_implementation
+
 __all__ = ["ULYSSES_PREFIX", "check_sequence_parallel_model", "enable_ulysses_attention", "inner_attention"]
 
 ULYSSES_PREFIX = "ulysses_"
@@ -131,10 +133,8 @@ def _ulysses_forward(inner_name: str, group, size: int):
         if inner_name in _OWN_MASK:
             out = _masked_attention(q, k, v, kwargs)
         else:
-            from transformers import AttentionInterface
-
             kwargs.pop("position_ids", None)  # this rank's; the kernel reads the global cu_seq_lens
-            out, _ = AttentionInterface._global_mapping[inner_name](module, q, k, v, None, **kwargs)
+            out, _ = attention_registry()[inner_name](module, q, k, v, None, **kwargs)
         return _to_tokens(out, group, size), None
 
     ulysses_attention_forward.inner_name = inner_name
@@ -192,15 +192,15 @@ def enable_ulysses_attention(model, group, size: int) -> str:
 
     config = _text_config(model)
     check_sequence_parallel_model(config, size)
-    current = config._attn_implementation
-    inner = getattr(AttentionInterface._global_mapping.get(current), "inner_name", current)
+    current = attn_implementation(config)
+    inner = getattr(attention_registry().get(current), "inner_name", current)
     if inner not in _OWN_MASK and not inner.startswith(_VARLEN_KINDS):
         raise ValueError(
             f"attn_implementation={inner!r} cannot run sequence-parallel exactly: Ulysses needs a kernel that "
             "reads the global cu_seq_lens (packing_fa4, packing_varlen, flash_attention_2/3/4) or 'sdpa'/'eager' "
             "(for which it builds the packed mask). Load the model with one of those."
         )
-    if inner not in _OWN_MASK and inner not in AttentionInterface._global_mapping:
+    if inner not in _OWN_MASK and inner not in attention_registry():
         raise ValueError(
             f"attn_implementation={inner!r} is not registered with transformers' AttentionInterface; register it "
             "(e.g. register_fa4_attention()) before enabling sequence parallelism."
@@ -214,7 +214,7 @@ def enable_ulysses_attention(model, group, size: int) -> str:
 
 def _set_implementation(model, name: str) -> None:
     for config in {id(c): c for c in (model.config, _text_config(model))}.values():
-        config._attn_implementation = name
+        set_attn_implementation(config, name)
 
 
 class inner_attention:  # noqa: N801  (used as a context manager, like torch.no_grad)
@@ -228,10 +228,8 @@ class inner_attention:  # noqa: N801  (used as a context manager, like torch.no_
         self.saved = None
 
     def __enter__(self):
-        from transformers import AttentionInterface
-
-        name = _text_config(self.model)._attn_implementation
-        inner = getattr(AttentionInterface._global_mapping.get(name), "inner_name", None)
+        name = attn_implementation(_text_config(self.model))
+        inner = getattr(attention_registry().get(name), "inner_name", None)
         if inner is not None:
             self.saved = name
             _set_implementation(self.model, inner)

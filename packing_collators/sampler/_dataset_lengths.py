@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from .._compat import dataset_indices
+
 __all__ = ["example_lengths", "lengths_from_dataset"]
 
 
@@ -34,7 +36,7 @@ def _arrow_table(dataset: Any):
             "An IterableDataset has no lengths before it is read: compute them while tokenizing "
             "(e.g. a 'length' column) and pass them to the sampler as a list."
         )
-    return table, getattr(dataset, "_indices", None)
+    return table, dataset_indices(dataset)
 
 
 def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:

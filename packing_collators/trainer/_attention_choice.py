@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 
+from .._compat import attn_implementation
 from ._fa4_attention import FA4_ATTENTION
 
 __all__ = ["AUTO_ATTENTION", "choose_attention", "packed_attention_candidates", "warm_up_attention"]
@@ -95,16 +96,17 @@ def choose_attention(model, requested: str | None = AUTO_ATTENTION) -> str:
     >>> choose_attention(model)  # on a CPU nothing beats the model's own
     'sdpa'
     """
-    from ._support_checks import check_packing_support, text_config, unwrap_model
+    from ._model_unwrap import text_config, unwrap_model
+    from ._support_checks import check_packing_support
 
     model = unwrap_model(model)
-    current = getattr(text_config(model), "_attn_implementation", None)
+    current = attn_implementation(text_config(model))
     if requested is None:
         return current
 
     def set_to(name: str) -> None:  # transformers may only warn where a model cannot switch: check it did
         model.set_attn_implementation(name)
-        now = getattr(text_config(model), "_attn_implementation", None)
+        now = attn_implementation(text_config(model))
         if now != name:
             raise ValueError(
                 f"{type(model).__name__} did not switch to attn_implementation={name!r} (it has {now!r}; "

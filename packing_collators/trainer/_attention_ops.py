@@ -12,7 +12,7 @@ fake (shape-only) implementation and an autograd formula, it is one node of the 
 
 ``max_q`` / ``max_k`` are ``int`` in Python and ``SymInt`` in the schema: under dynamic shapes
 they stay symbolic, so a new longest sequence reuses the graph instead of specialising a new
-one. Both ops call ``flash_attn.cute.interface._flash_attn_fwd`` / ``_flash_attn_bwd`` with what
+one. Both ops call FA4's varlen forward / backward (``_compat.fa4_kernels``) with what
 ``flash_attn_varlen_func`` passes them (the forward asks for the lse: inside a custom op autograd
 is off, so FA4 would not keep it otherwise). Eager training does not go through these ops
 (:func:`fa4_attention_forward` calls FA4 directly, as before); only a traced forward does.
@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from .._compat import fa4_kernels
+
 __all__ = ["ATTENTION_OPS", "fa4_varlen"]
 
 ATTENTION_OPS = ("packing_collators::fa4_varlen_fwd", "packing_collators::fa4_varlen_bwd")
@@ -32,15 +34,14 @@ ATTENTION_OPS = ("packing_collators::fa4_varlen_fwd", "packing_collators::fa4_va
 
 
 def _interface():
-    """``(forward, backward)``: FA4's ``_flash_attn_fwd`` and ``_flash_attn_bwd`` (tests stand in a reference)."""
+    """``(forward, backward)``: FA4's varlen kernels (see ``fa4_kernels``; tests stand in a reference)."""
     try:
-        from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
+        return fa4_kernels()
     except ImportError:
         raise ImportError(
             "attn_implementation='packing_fa4' needs FlashAttention-4 (pip install 'packing-collators[fa4]' on a "
             "Hopper or Blackwell GPU). Use 'packing_varlen' elsewhere."
         ) from None
-    return _flash_attn_fwd, _flash_attn_bwd
 
 
 def _window(left: int, right: int) -> dict:
@@ -48,23 +49,18 @@ def _window(left: int, right: int) -> dict:
     return {"window_size_left": None if left < 0 else left, "window_size_right": None if right < 0 else right}
 
 
-@torch.library.custom_op("packing_collators::fa4_varlen_fwd", mutates_args=())
-def _fa4_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
-    max_q: int,
-    max_k: int,
-    scale: float | None,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    sink: torch.Tensor | None,
-    deterministic: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+# The arguments both ops take after their tensors, written once. An explicit schema (rather than one
+# inferred from annotations) also registers under torch 2.4, whose inference rejects string annotations.
+_KERNEL_ARGS = (
+    "Tensor cu_q, Tensor cu_k, SymInt max_q, SymInt max_k, float? scale, bool causal, int window_left, "
+    "int window_right, float softcap, Tensor? sink, bool deterministic"
+)
+
+
+@torch.library.custom_op(
+    "packing_collators::fa4_varlen_fwd", mutates_args=(), schema=f"(Tensor q, Tensor k, Tensor v, {_KERNEL_ARGS}) -> (Tensor, Tensor)"
+)
+def _fa4_fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window_left, window_right, softcap, sink, deterministic):
     forward, _ = _interface()  # (deterministic is the backward's: kept here for its setup)
     out, lse, *_ = forward(
         q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
@@ -80,26 +76,15 @@ def _(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window_left, window_righ
     return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-@torch.library.custom_op("packing_collators::fa4_varlen_bwd", mutates_args=())
+@torch.library.custom_op(
+    "packing_collators::fa4_varlen_bwd",
+    mutates_args=(),
+    schema=f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_KERNEL_ARGS}) "
+    "-> (Tensor, Tensor, Tensor, Tensor)",
+)
 def _fa4_bwd(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
-    max_q: int,
-    max_k: int,
-    scale: float | None,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    sink: torch.Tensor | None,
-    deterministic: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, window_left, window_right, softcap, sink, deterministic
+):
     _, backward = _interface()
     grads = backward(
         q, k, v, out, dout.contiguous(), lse, scale, causal, softcap, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
+from .._compat import dynamo_counters, trainer_step_inputs
+
 __all__ = [
     "CompileReport",
     "CompileWarmUp",
@@ -50,14 +52,12 @@ logger = logging.getLogger(__name__)
 
 
 def graphs_compiled() -> int:
-    """Graphs Dynamo has compiled in this process so far (``torch._dynamo`` counters).
+    """Graphs Dynamo has compiled in this process so far (Dynamo's counters).
 
     >>> graphs_compiled() >= 0
     True
     """
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
+    return int(dynamo_counters()["stats"]["unique_graphs"])
 
 
 @dataclass
@@ -247,8 +247,7 @@ class CompileWarmUp(TrainerCallback):
         vocab = int(trainer.model.config.get_text_config().vocab_size)
 
         def step(batch) -> None:
-            inputs = trainer._prepare_inputs(batch)
-            items = trainer._get_num_items_in_batch([inputs], args.device)
+            inputs, items = trainer_step_inputs(trainer, batch, args.device)
             with trainer.compute_loss_context_manager():
                 loss = trainer.compute_loss(model, inputs, num_items_in_batch=items)
             loss.backward()

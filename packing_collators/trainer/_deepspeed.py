@@ -62,6 +62,14 @@ def _number(config: Mapping[str, Any], key: str) -> int | None:
     return None if value in (AUTO, None) else int(value)
 
 
+def _refuse_unless(config: Mapping[str, Any], key: str, expected: int, why) -> int | None:
+    """The config's number for ``key`` (None for "auto"); a ValueError, ending with ``why(value)``, if not ``expected``."""
+    value = _number(config, key)
+    if value is not None and value != expected:
+        raise ValueError(f"The DeepSpeed config has {key}={value}, but {why(value)}")
+    return value
+
+
 def check_deepspeed_config(
     config: Mapping[str, Any], *, per_device_train_batch_size: int, gradient_accumulation_steps: int, world_size: int
 ) -> None:
@@ -76,33 +84,29 @@ def check_deepspeed_config(
     ...
     ValueError: The DeepSpeed config has gradient_accumulation_steps=8, but TrainingArguments has gradient_accumulation_steps=4: DeepSpeed would step the optimizer every 8 micro-batches while the Trainer normalises the loss (num_items_in_batch) over 4, so a step's loss would not be the mean over its tokens. Set "gradient_accumulation_steps": "auto" in the DeepSpeed config (transformers fills it from TrainingArguments).
     """
-    accumulation = _number(config, "gradient_accumulation_steps")
-    if accumulation is not None and accumulation != gradient_accumulation_steps:
-        raise ValueError(
-            f"The DeepSpeed config has gradient_accumulation_steps={accumulation}, but TrainingArguments has "
-            f"gradient_accumulation_steps={gradient_accumulation_steps}: DeepSpeed would step the optimizer every "
-            f"{accumulation} micro-batches while the Trainer normalises the loss (num_items_in_batch) over "
-            f"{gradient_accumulation_steps}, so a step's loss would not be the mean over its tokens. Set "
-            '"gradient_accumulation_steps": "auto" in the DeepSpeed config (transformers fills it from TrainingArguments).'
-        )
-    micro = _number(config, "train_micro_batch_size_per_gpu")
-    if micro is not None and micro != per_device_train_batch_size:
-        raise ValueError(
-            f"The DeepSpeed config has train_micro_batch_size_per_gpu={micro}, but PackingTrainer's micro-batches "
-            f"are planned by its sampler (up to max_tokens_per_batch tokens, a varying number of examples; "
-            f"per_device_train_batch_size={per_device_train_batch_size} only sizes the default budget), so DeepSpeed "
-            'cannot own that number. Set "train_micro_batch_size_per_gpu": "auto" in the DeepSpeed config, and '
-            "max_tokens_per_batch= on PackingTrainer for the micro-batch size."
-        )
-    total = _number(config, "train_batch_size")
-    expected = world_size * (micro or per_device_train_batch_size) * gradient_accumulation_steps
-    if total is not None and total != expected:
-        raise ValueError(
-            f"The DeepSpeed config has train_batch_size={total}, but {world_size} rank(s) x "
-            f"{micro or per_device_train_batch_size} x {gradient_accumulation_steps} accumulation steps is {expected}: "
-            "DeepSpeed would derive another accumulation count than the Trainer's, and PackingTrainer's steps are "
-            'counted in tokens, not examples. Set "train_batch_size": "auto" in the DeepSpeed config.'
-        )
+    accumulation = gradient_accumulation_steps
+    _refuse_unless(
+        config, "gradient_accumulation_steps", accumulation,
+        lambda value: f"TrainingArguments has gradient_accumulation_steps={accumulation}: DeepSpeed would step the "
+        f"optimizer every {value} micro-batches while the Trainer normalises the loss (num_items_in_batch) over "
+        f"{accumulation}, so a step's loss would not be the mean over its tokens. Set "
+        '"gradient_accumulation_steps": "auto" in the DeepSpeed config (transformers fills it from TrainingArguments).',
+    )  # fmt: skip
+    micro = _refuse_unless(
+        config, "train_micro_batch_size_per_gpu", per_device_train_batch_size,
+        lambda value: "PackingTrainer's micro-batches are planned by its sampler (up to max_tokens_per_batch tokens, "
+        f"a varying number of examples; per_device_train_batch_size={per_device_train_batch_size} only sizes the "
+        'default budget), so DeepSpeed cannot own that number. Set "train_micro_batch_size_per_gpu": "auto" in the '
+        "DeepSpeed config, and max_tokens_per_batch= on PackingTrainer for the micro-batch size.",
+    )  # fmt: skip
+    micro = micro or per_device_train_batch_size
+    expected = world_size * micro * accumulation
+    _refuse_unless(
+        config, "train_batch_size", expected,
+        lambda value: f"{world_size} rank(s) x {micro} x {accumulation} accumulation steps is {expected}: DeepSpeed "
+        "would derive another accumulation count than the Trainer's, and PackingTrainer's steps are counted in "
+        'tokens, not examples. Set "train_batch_size": "auto" in the DeepSpeed config.',
+    )  # fmt: skip
     for key in _DATA_PIPELINES:
         section = config.get(key)
         if isinstance(section, Mapping) and section.get("enabled", False):

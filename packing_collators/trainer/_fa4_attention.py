@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._varlen_attention import _autocast_inputs, _flat, _flat_lengths, _is_causal, _window
+from ._attention_inputs import PackedInputs, packed_inputs
 
 __all__ = ["FA4_ATTENTION", "fa4_attention_forward", "register_fa4_attention"]
 
@@ -99,22 +99,7 @@ def _deterministic(requested: bool | None) -> bool:
     return bool(requested) if requested is not None else os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
 
 
-def fa4_attention_forward(
-    module: Any,
-    query,
-    key,
-    value,
-    attention_mask,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    cu_seq_lens_q=None,
-    cu_seq_lens_k=None,
-    max_length_q: int | None = None,
-    max_length_k: int | None = None,
-    **kwargs,
-):
+def fa4_attention_forward(module: Any, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs):
     """Attention over a packed batch with FA4's varlen kernel (a transformers attention function).
 
     Args as transformers passes them: query (b, heads, s, head_dim), key/value (b, kv_heads,
@@ -138,56 +123,31 @@ def fa4_attention_forward(
             f"has no attention dropout (got dropout={dropout})",
             "Set model.config.attention_dropout = 0.0, or use 'flash_attention_2'.",
         )
-    cu_q, cu_k, max_q, max_k = _flat_lengths(
-        query, key, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, name=FA4_ATTENTION
-    )
-    query, key, value = _autocast_inputs(query, key, value)
-    causal = _is_causal(module, kwargs)
-    left, right = _window(causal, sliding_window, max_k)
-    batch, heads, length, _ = query.shape
+    x = packed_inputs(module, query, key, value, kwargs, name=FA4_ATTENTION)
+    batch, heads, length, _ = x.query.shape
+    sink, deterministic = kwargs.get("s_aux"), _deterministic(kwargs.get("deterministic"))
     if torch.compiler.is_compiling():  # traced: FA4 as one custom-op node of the graph (_attention_ops)
-        out = _compiled_call(
-            query, key, value, cu_q, cu_k, max_q, max_k, scaling, causal, (left, right), softcap, kwargs
-        )
-        return out.view(batch, length, heads, out.shape[-1]), None
-    kernel = _kernel(query)
-    out = kernel(
-        _flat(query),
-        _flat(key),
-        _flat(value),
-        cu_seqlens_q=cu_q,
-        cu_seqlens_k=cu_k,
-        max_seqlen_q=max_q,
-        max_seqlen_k=max_k,
-        softmax_scale=scaling,
-        causal=causal,
-        window_size=(None, None) if left < 0 else (left, right),  # no window: as transformers passes it
-        learnable_sink=kwargs.get("s_aux"),
-        softcap=softcap or 0.0,
-        deterministic=_deterministic(kwargs.get("deterministic")),
-    )
-    out = out[0] if isinstance(out, tuple) else out
+        out = _compiled_call(x, scaling, kwargs.get("softcap") or 0.0, sink, deterministic)
+    else:
+        left, right = x.window
+        kernel = _kernel(x.query)
+        out = kernel(
+            *x.flat(), cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k, max_seqlen_q=x.max_q, max_seqlen_k=x.max_k,
+            softmax_scale=scaling, causal=x.causal, window_size=(None, None) if left < 0 else (left, right),
+            learnable_sink=sink, softcap=kwargs.get("softcap") or 0.0, deterministic=deterministic,
+        )  # fmt: skip  (no window: (None, None), as transformers passes it)
+        out = out[0] if isinstance(out, tuple) else out
     return out.view(batch, length, heads, out.shape[-1]), None
 
 
-def _compiled_call(query, key, value, cu_q, cu_k, max_q, max_k, scaling, causal, window, softcap, kwargs):
+def _compiled_call(x: PackedInputs, scaling, softcap: float, sink, deterministic: bool):
     """The same call as the eager path's, through :func:`fa4_varlen` (what Dynamo traces)."""
     from ._attention_ops import fa4_varlen
 
-    _check_dtype(query)  # the eager path's refusal, at trace time
-    left, right = window
+    _check_dtype(x.query)  # the eager path's refusal, at trace time
+    left, right = x.window
+    window = (left, right) if left >= 0 else (-1, -1)
     return fa4_varlen(
-        _flat(query),
-        _flat(key),
-        _flat(value),
-        cu_q,
-        cu_k,
-        max_q,
-        max_k,
-        scale=scaling,
-        causal=causal,
-        window=(left, right) if left >= 0 else (-1, -1),
-        softcap=softcap or 0.0,
-        sink=kwargs.get("s_aux"),
-        deterministic=_deterministic(kwargs.get("deterministic")),
-    )
+        *x.flat(), x.cu_q, x.cu_k, x.max_q, x.max_k, scale=scaling, causal=x.causal, window=window,
+        softcap=softcap, sink=sink, deterministic=deterministic,
+    )  # fmt: skip

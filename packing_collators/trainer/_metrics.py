@@ -41,10 +41,10 @@ one ``(mask == 0).sum()`` kept on the batch's device (no ``.item()``, no device 
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Mapping
 
+from .._compat import caller_frame
 from .._validation import validate_positive_int
 
 try:
@@ -82,7 +82,7 @@ def _trainer_running(callback):
     """
     from transformers import Trainer
 
-    frame = sys._getframe(1)
+    frame = caller_frame(1)
     while frame is not None:
         candidate = frame.f_locals.get("self")
         if isinstance(candidate, Trainer) and any(c is callback for c in candidate.callback_handler.callbacks):

@@ -23,97 +23,33 @@ Cost: one pass over the lengths column per epoch to plan it (~0.3 s per million 
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Literal
 
 import numpy as np
 
+from .._compat import positional_collator, train_batch_size, trainer_hooks
 from .._validation import validate_choice, validate_positive_int
 from ..collate import FlatteningCollator
 from ..engine import Strategy
-from ..sampler import SamplerOverflow, check_sampler_option, example_lengths
+from ..sampler import SamplerOverflow, check_sampler_option
 from ._attention_choice import AUTO_ATTENTION, choose_attention
-from ._compile import CompileWarmUp, compiled_model
+from ._check_callback import PackingCheckCallback, add_packing_callbacks
+from ._compile import CompileWarmUp
+from ._dataloader import multipack_dataloader, report_dropped
 from ._deepspeed import check_deepspeed_setup
-from ._fa4_attention import FA4_ATTENTION
 from ._liger import check_liger_setup
-from ._metrics import PackingMetricsCallback
-from ._probe import probe_packing, refuse_failed_probe
 from ._sequence_loss import LossNormalization, check_sequence_setup, global_sequence_count, sequence_compute_loss
-from ._support_checks import (
-    attention_kind,
-    check_collated_features,
-    check_packing_support,
-    probe_module,
-    text_config,
-    unwrap_model,
-)
-from ._token_range import check_training_data, refuse_no_batches, refuse_no_examples
+from ._trainer_budget import measured_budget, memory_model
 
 try:
-    from transformers import Trainer, TrainerCallback
+    from transformers import Trainer
 except ImportError as error:  # pragma: no cover - transformers is a dependency
     raise ImportError("PackingTrainer needs transformers (pip install transformers).") from error
 
 __all__ = ["PackingCheckCallback", "PackingTrainer"]
 
-logger = logging.getLogger(__name__)
-
-# Columns a pre-packed dataset (pack_dataset) carries that the model's forward may not name.
-_PACKING_COLUMNS = ("position_ids", "seq_lengths")
-
 EvalPacking = Literal["off", "multipack"]
 AUTO_BUDGET = "auto"  # max_tokens_per_batch measured on the model's GPU
-
-
-def _agreed_over_ranks(measure, model, *, elsewhere: str, hint: str = "") -> int:
-    """``measure()`` (a positive number of tokens) on this rank, then the smallest over ranks.
-
-    Each rank measures its own GPU; a refusal (ValueError) on any rank is raised on every rank,
-    after all of them took part in the collective (a rank that raised before it would leave
-    the others waiting): this rank's own error, or ``elsewhere``; ``hint`` ends both.
-    """
-    try:
-        tokens, error = measure(), None
-    except ValueError as refused:
-        tokens, error = 0, refused
-    parameter = next(model.parameters())
-    smallest = _smallest_over_ranks(tokens, parameter.device)
-    if error is not None:
-        raise ValueError(f"{error}{hint}") from error
-    if smallest == 0:
-        raise ValueError(f"{elsewhere}{hint}")
-    return smallest
-
-
-def _smallest_over_ranks(tokens: int, device) -> int:
-    """The smallest of every rank's ``tokens`` under torch.distributed (each rank measured its own GPU)."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return tokens
-    value = torch.tensor([tokens], device=device, dtype=torch.int64)
-    dist.all_reduce(value, op=dist.ReduceOp.MIN)
-    return int(value.item())
-
-
-def _probe_batch(dataset, collate_fn, count: int = 4):
-    """The first ``count`` examples and their collated batch, without touching any sampler's RNG."""
-    features = [dataset[i] for i in range(min(count, len(dataset)))]
-    return features, collate_fn(features)
-
-
-def _report_dropped(sampler) -> None:
-    """Log how many examples ``overflow='drop'`` left out (nothing is lost without a count)."""
-    stats = sampler.stats() if callable(getattr(sampler, "stats", None)) else {}
-    if stats.get("overflow_dropped_examples"):
-        logger.warning(
-            "PackingTrainer: overflow='drop' leaves out %d example(s) (%d tokens) longer than max_tokens_per_batch=%d.",
-            stats["overflow_dropped_examples"],
-            stats["overflow_dropped_tokens"],
-            stats["max_tokens_per_batch"],
-        )
 
 
 def _per_example(tensor, cu_seq_lens):
@@ -127,98 +63,7 @@ def _per_example(tensor, cu_seq_lens):
     return torch.nn.utils.rnn.pad_sequence(pieces, batch_first=True, padding_value=-100)
 
 
-def _autocast(args, model):
-    """The autocast the Trainer trains under (``bf16``/``fp16``), for the probe's forwards; None without."""
-    if not (getattr(args, "bf16", False) or getattr(args, "fp16", False)):
-        return None
-    import torch
-
-    parameter = next(model.parameters(), None)
-    device = parameter.device.type if parameter is not None else "cpu"
-    return torch.autocast(device_type=device, dtype=torch.bfloat16 if args.bf16 else torch.float16)
-
-
-class PackingCheckCallback(TrainerCallback):
-    """Check, when training begins, that packing keeps examples apart (for a stock ``Trainer``).
-
-    It collates the train dataset's first examples with the dataloader's collator (no
-    sampler is touched, so the data order is unchanged) and raises, before the first
-    step, what :func:`check_packing_support` reports: the static checks on the model and
-    on every row of that batch, a pre-packed dataset whose packing the collator drops, an
-    empty dataset (or dataloader), a token id outside the model's input embedding,
-    and (``probe=True``, the default) the live equivalence probe, run with the same
-    collator under the Trainer's mixed precision on every rank. ``last_report`` keeps
-    what the probe measured. ``PackingTrainer`` adds this callback itself.
-
-    >>> PackingCheckCallback()
-    PackingCheckCallback(probe=True)
-    """
-
-    def __init__(self, *, probe: bool = True, model_for_probe=None) -> None:
-        self.probe = probe
-        self.last_report = None
-        self.model_for_probe = model_for_probe  # () -> the compiled model to probe, or None (PackingTrainer's)
-
-    def __repr__(self) -> str:
-        return f"PackingCheckCallback(probe={self.probe})"
-
-    def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
-        if model is None or train_dataloader is None:
-            return
-        dataset, collate_fn = train_dataloader.dataset, train_dataloader.collate_fn
-        check_training_data(unwrap_model(model), dataset)
-        refuse_no_batches(train_dataloader)
-        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__") or not len(dataset):
-            check_packing_support(model, probe=False)
-            return
-        features, batch = _probe_batch(dataset, collate_fn)
-        check_collated_features(features, batch)
-        check_packing_support(model, batch, probe=False)
-        if self.probe:
-            prepacked = any(isinstance(f, dict) and f.get("seq_lengths") is not None for f in features)
-            compiled = self.model_for_probe() if self.model_for_probe is not None else None
-            self.last_report = probe_packing(
-                probe_module(model) if compiled is None else compiled,
-                collate_fn,
-                prepacked=prepacked,
-                autocast=_autocast(args, model),
-            )
-            logger.info("%s", self.last_report.summary())
-            refuse_failed_probe(
-                self.last_report, attention_kind(getattr(text_config(model), "_attn_implementation", None))
-            )
-
-
-class _AttentionWarmUp(TrainerCallback):
-    """Compile FlashAttention-4's kernel variants when training begins, not inside the steps.
-
-    FA4 compiles a kernel per configuration, and the configuration follows the batch (its
-    longest sequence, more than 256 sequences): left alone, a run stalls seconds at the
-    first batch of a new kind (measured on an H100: 7-9 s at step 25 of a 200M run). The
-    warm-up runs :func:`warm_up_attention` up to the longest example the sampler can batch,
-    on every rank, before the first step. Other implementations need none.
-    """
-
-    def __init__(self, trainer: PackingTrainer) -> None:
-        self.trainer = trainer
-        self.seconds = None
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        implementation = getattr(text_config(model), "_attn_implementation", None) if model is not None else None
-        longest = self.trainer._train_longest
-        if implementation not in ("flash_attention_4", FA4_ATTENTION) or not longest:
-            return
-        if getattr(self.trainer, "is_deepspeed_enabled", False):  # a backward outside the engine: see _deepspeed.py
-            logger.info("PackingTrainer: under DeepSpeed FlashAttention-4 compiles its kernels in the first steps")
-            return
-        from ._attention_choice import warm_up_attention
-
-        self.seconds = warm_up_attention(probe_module(model), max_length=longest)
-        logger.info(
-            "PackingTrainer: FlashAttention-4 kernels compiled up to %d tokens in %.1f s", longest, self.seconds
-        )
-
-
+@trainer_hooks  # the Trainer's private hooks (epoch start, kept columns, target count): see _compat.py
 class PackingTrainer(Trainer):
     """A ``transformers.Trainer`` whose training micro-batches hold up to ``max_tokens_per_batch`` tokens.
 
@@ -331,38 +176,19 @@ class PackingTrainer(Trainer):
         self._eval_token_loss = None  # (sum of token losses, target tokens) of the evaluation under way
         self.sequence_parallel_size = validate_positive_int("sequence_parallel_size", sequence_parallel_size)
         self._sequence_parallel = None  # the SequenceParallelMesh when sequence_parallel_size > 1
-        if len(args) < 3 and kwargs.get("data_collator") is None:
+        if not positional_collator(args) and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = FlatteningCollator()
         super().__init__(*args, **kwargs)
         check_deepspeed_setup(self)
         check_sequence_setup(self)
         self.attn_implementation = choose_attention(self.model, attn_implementation) if self.model is not None else None
         self._compile = CompileWarmUp(self)  # torch_compile=True: buckets, warm-up, recompiles (_compile.py)
-        if sequence_parallel_size > 1:  # every rank checks before the mesh's first collective: no hang on refusal
-            from ._sequence_parallel import SequenceParallelCheckCallback, setup_sequence_parallel
-
-            self._sequence_parallel = setup_sequence_parallel(self, sequence_parallel_size)
-            self.add_callback(SequenceParallelCheckCallback(self._sequence_parallel, probe=packing_probe))
-        else:
-            self.add_callback(PackingCheckCallback(probe=packing_probe, model_for_probe=lambda: compiled_model(self)))
-        if self.args.torch_compile:
-            self.add_callback(self._compile)
-        if attention_warm_up and sequence_parallel_size == 1:  # under Ulysses, FA4 compiles at first use
-            self.add_callback(_AttentionWarmUp(self))
-        if packing_metrics:
-            PackingMetricsCallback().attach(self)
+        add_packing_callbacks(self, probe=packing_probe, warm_up=attention_warm_up, metrics=packing_metrics)
 
     @property
     def compile_report(self):
         """What compiling cost (:class:`CompileReport`), under ``torch_compile=True``; else None."""
         return self._compile.report
-
-    def _set_signature_columns_if_needed(self) -> None:
-        """Keep a pre-packed dataset's position_ids / seq_lengths through remove_unused_columns."""
-        super()._set_signature_columns_if_needed()
-        self._signature_columns = list(self._signature_columns) + [
-            c for c in _PACKING_COLUMNS if c not in self._signature_columns
-        ]
 
     def token_budget(self, lengths: np.ndarray, batch_size: int) -> int:
         """The micro-batch token budget for these example lengths (see ``max_tokens_per_batch``).
@@ -373,7 +199,7 @@ class PackingTrainer(Trainer):
         """
         n = self.sequence_parallel_size
         if self.max_tokens_per_batch == AUTO_BUDGET:
-            return n * self._measured_budget(-(-int(lengths.max()) // n) if len(lengths) else 1)
+            return n * measured_budget(self, -(-int(lengths.max()) // n) if len(lengths) else 1)
         if self.max_tokens_per_batch is not None:
             return n * self.max_tokens_per_batch
         if not len(lengths):
@@ -381,89 +207,8 @@ class PackingTrainer(Trainer):
         return max(int(lengths.max()), int(round(batch_size * float(lengths.mean()))))
 
     def _memory_model(self):
-        """The model whose memory the budget is measured on, or None where it cannot be.
-
-        That is a model whole on one CUDA device: not on a CPU, not sharded (FSDP, DeepSpeed),
-        not split over several devices (model parallel, ``device_map``).
-        """
-        model = probe_module(self.model) if self.model is not None else None
-        devices = {p.device for p in model.parameters()} if model is not None else set()
-        split = (
-            getattr(self, "is_fsdp_enabled", False)
-            or getattr(self, "is_deepspeed_enabled", False)
-            or getattr(self, "is_model_parallel", False)
-            or len(devices) != 1
-        )
-        return None if split or next(iter(devices)).type != "cuda" else model
-
-    def _autocast_dtype(self):
-        """The dtype the Trainer autocasts the forward to (``bf16`` / ``fp16``), or None."""
-        import torch
-
-        return torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else None
-
-    def _measured_budget(self, longest: int) -> int:
-        """``max_tokens_per_batch="auto"``: measure_token_budget for ``longest``, the smallest over ranks.
-
-        Measured once, by the first dataloader that asks (training, or an evaluation before
-        it), and kept: evaluation during training must not measure a training step beside the
-        optimizer's real states.
-        """
-        if self._auto_budget is None:
-            model = self._memory_model()
-            if model is None:
-                raise ValueError(
-                    "max_tokens_per_batch='auto' measures the model's memory on its GPU, but the model is not whole "
-                    "on one CUDA device (on a CPU, sharded by FSDP/DeepSpeed, or split over devices). Pass a number "
-                    "of tokens instead."
-                )
-            from ._memory_budget import measure_token_budget
-
-            def measure() -> int:
-                from ..parallel import inner_attention
-
-                with inner_attention(model):  # one rank's share, measured without the group's collectives
-                    budget = measure_token_budget(model, longest=longest, autocast_dtype=self._autocast_dtype())
-                logger.info("PackingTrainer: max_tokens_per_batch='auto' on this rank: %s", budget.summary())
-                return budget.max_tokens_per_batch
-
-            self._auto_budget = _agreed_over_ranks(
-                measure,
-                model,
-                elsewhere=f"max_tokens_per_batch='auto': another rank could not fit one example of {longest} tokens "
-                "on its GPU (its error says why).",
-            )
-            self._checked_budgets.add((self._auto_budget, longest))  # measured: no need to check it again
-        return self._auto_budget
-
-    def _check_memory(self, budget: int, longest: int) -> None:
-        """``memory_check``: refuse a training budget that does not fit this GPU, before the first step."""
-        model = self._memory_model() if self.memory_check else None
-        n = self.sequence_parallel_size  # a rank holds 1/n of the group's row: checked as such, without Ulysses
-        budget, longest = budget // n, -(-longest // n)
-        if model is None or (budget, longest) in self._checked_budgets:
-            return
-        from ..parallel import inner_attention
-        from ._memory_budget import check_token_budget
-
-        def check() -> int:
-            with inner_attention(model):
-                share = check_token_budget(model, budget, longest=longest, autocast_dtype=self._autocast_dtype())
-            logger.info(
-                "PackingTrainer: a step of %d tokens (examples of %d) peaks at %.1f%% of the GPU's memory",
-                budget,
-                longest,
-                100 * share,
-            )
-            return budget
-
-        _agreed_over_ranks(
-            check,
-            model,
-            elsewhere=f"max_tokens_per_batch={budget} does not fit another rank's GPU (its error says why).",
-            hint=" PackingTrainer(memory_check=False) skips this check.",
-        )
-        self._checked_budgets.add((budget, longest))
+        """The model whose memory the budget is measured on, or None (see :func:`memory_model`)."""
+        return memory_model(self)
 
     def make_batch_sampler(self, lengths: np.ndarray, batch_size: int, *, shuffle: bool):
         """The batch sampler of a train (``shuffle=True``) or eval dataloader: this rank's index lists.
@@ -497,7 +242,7 @@ class PackingTrainer(Trainer):
             raise ValueError("Trainer: training requires a train_dataset.")
         check_liger_setup(self)  # train() has applied use_liger_kernel by now
         loader, sampler = self._multipack_dataloader(
-            self.train_dataset, "Training", self._train_batch_size, shuffle=True
+            self.train_dataset, "Training", train_batch_size(self), shuffle=True
         )
         if not callable(getattr(sampler, "set_epoch", None)):
             raise TypeError(
@@ -506,7 +251,7 @@ class PackingTrainer(Trainer):
                 "epoch gets its own plan). Give it a set_epoch method, or subclass MultipackBatchSampler."
             )
         self._train_batch_sampler = sampler
-        _report_dropped(sampler)
+        report_dropped(sampler)
         return loader
 
     def get_eval_dataloader(self, eval_dataset=None):
@@ -522,60 +267,7 @@ class PackingTrainer(Trainer):
         return loader
 
     def _multipack_dataloader(self, dataset, description: str, batch_size: int, *, shuffle: bool):
-        from torch.utils.data import DataLoader, IterableDataset
-
-        if isinstance(dataset, IterableDataset):
-            raise ValueError(
-                f"PackingTrainer needs a map-style {description.lower()} dataset (it packs by example lengths); "
-                "got an IterableDataset. Use Trainer with FlatteningCollator for streaming data."
-            )
-        collator = self.data_collator
-        try:
-            import datasets
-
-            is_arrow = isinstance(dataset, datasets.Dataset)
-        except ImportError:  # pragma: no cover
-            is_arrow = False
-        if is_arrow:
-            dataset = self._remove_unused_columns(dataset, description=description)
-        lengths = example_lengths(dataset, self.length_column)
-        if shuffle:
-            refuse_no_examples(len(lengths))
-        args = self.args
-        try:
-            sampler = self.make_batch_sampler(lengths, batch_size, shuffle=shuffle)
-        except ValueError as error:  # an example over the budget: under sequence parallelism, the group's
-            if self._sequence_parallel is None:
-                raise
-            from ._sequence_parallel import group_budget_error
-
-            raise group_budget_error(error, self.sequence_parallel_size, self.max_tokens_per_batch) from error
-        if shuffle and len(lengths):  # the longest example a training batch can hold: the attention warm-up's reach
-            budget = self.token_budget(lengths, batch_size)
-            self._train_longest = int(min(lengths.max(), budget))
-            self._check_memory(budget, self._train_longest)
-            if args.torch_compile:  # rows padded to a bucket: a padding segment may be as long as the bucket
-                collator = self._compile.training_collator(collator, sampler, budget)
-                self._train_longest = max([self._train_longest, *self._compile.buckets])
-        if not is_arrow:
-            collator = self._get_collator_with_removed_columns(collator, description=description)
-        if self._sequence_parallel is not None:  # every rank of a group collates the micro-batch and keeps its shard
-            from ..parallel import SequenceShardCollator
-
-            mesh = self._sequence_parallel
-            collator = SequenceShardCollator(collator, rank=mesh.sp_rank, size=mesh.size)
-        options: dict[str, Any] = {"num_workers": args.dataloader_num_workers, "pin_memory": args.dataloader_pin_memory}
-        if args.dataloader_num_workers > 0:
-            options["persistent_workers"] = args.dataloader_persistent_workers
-            if args.dataloader_prefetch_factor is not None:
-                options["prefetch_factor"] = args.dataloader_prefetch_factor
-        loader = self.accelerator.prepare(DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, **options))
-        # The sampler already gives this rank its share; accelerate's shard wrapper would shard
-        # it again (each rank would train on 1/world of its batches). Make the wrapper a pass-through.
-        wrapper = getattr(loader, "batch_sampler", None)
-        if wrapper is not None and wrapper is not sampler and getattr(wrapper, "batch_sampler", None) is sampler:
-            wrapper.num_processes, wrapper.process_index = 1, 0
-        return loader, sampler
+        return multipack_dataloader(self, dataset, description, batch_size, shuffle=shuffle)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The stock step's micro-batches; under ``loss_normalization="sequence"`` their example count."""
@@ -595,25 +287,26 @@ class PackingTrainer(Trainer):
             return sequence_compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
-    def _get_num_items_in_batch(self, batch_samples: list, device):
+    # Columns a pre-packed dataset (pack_dataset) carries that the model's forward may not name.
+    packing_columns = ("position_ids", "seq_lengths")
+
+    def _packing_items(self, batch_samples: list, device):
         """Training: the targets of every rank's micro-batches of the step (under sequence parallelism, the
         shards' shift_labels). Evaluation: None, so each batch's loss is its own mean, which prediction_step
         weights by the batch's targets (a count gathered over ranks there would scale it by the world size)."""
         if not self.model.training:
             return None
         if self._sequence_parallel is None:
-            return super()._get_num_items_in_batch(batch_samples, device)
+            return NotImplemented  # the stock count
         from ._sequence_parallel import global_target_count
 
         return global_target_count(batch_samples, self.accelerator, device)
 
-    def _run_epoch(self, *args: Any, **kwargs: Any):
+    def _packing_epoch(self, epoch) -> None:
         # On a mid-epoch resume the Trainer wraps the dataloader to skip batches, and its
         # set_epoch no longer reaches the sampler; set it here so the skipped plan is this epoch's.
-        epoch = kwargs.get("epoch")
         if self._train_batch_sampler is not None and epoch is not None:
             self._train_batch_sampler.set_epoch(int(epoch))
-        return super()._run_epoch(*args, **kwargs)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """The stock step, plus the token-weighted loss sums, and flat rows split back into examples."""
@@ -624,7 +317,9 @@ class PackingTrainer(Trainer):
         if loss is not None and targets is not None and self._eval_token_loss is not None:
             shifted = inputs.get("shift_labels")  # a sequence shard's own targets
             count = (shifted != -100).sum() if shifted is not None else (targets[..., 1:] != -100).sum()
-            summed = torch.where(count > 0, loss.detach().float() * count, 0.0)  # a shard may hold no target (mean: nan)
+            summed = torch.where(
+                count > 0, loss.detach().float() * count, 0.0
+            )  # a shard may hold no target (mean: nan)
             self._eval_token_loss += torch.stack((summed, count.float()))
         cu = inputs.get("cu_seq_lens_q")
         if cu is not None and not prediction_loss_only:

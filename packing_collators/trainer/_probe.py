@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from ._support_checks import attention_kind
+from .._compat import attn_implementation
+from ._attention_kind import attention_kind
 
 __all__ = ["ProbeReport", "probe_packing", "refuse_failed_probe"]
 
@@ -168,7 +169,7 @@ def _alone_inputs(example: np.ndarray, config, collator, device) -> dict:
 
     from ..collate import FlatteningCollator
 
-    implementation = getattr(config, "_attn_implementation", None)
+    implementation = attn_implementation(config)
     if attention_kind(implementation) == "cu_seq_lens":
         options = getattr(collator, "options", None)
         start = options.position_ids_start if options is not None else 0
@@ -241,6 +242,35 @@ def _first_moved(model, packed: dict, leaked: dict, rows: np.ndarray, shape: tup
     return None
 
 
+def _first_parameter(model, lengths: Sequence[int]):
+    """The model's first parameter (its device and dtype), or a ValueError for what the probe cannot run."""
+    if len(lengths) < 3:
+        raise ValueError(
+            f"The packing probe needs three or more examples (the middle one is changed); got lengths={list(lengths)}."
+        )
+    parameter = next(model.parameters(), None)
+    if parameter is None:
+        raise ValueError(
+            f"The packing probe runs the model, and {type(model).__name__} has no parameters; pass probe=False."
+        )
+    return parameter
+
+
+def _probe_batches(config, collator, prepacked: bool, lengths: Sequence[int], seed: int, varlen: bool):
+    """The examples (the last one first too, under a varlen kernel), the changed one's index, the packed
+    batch, the batch with that example's tokens changed, and each example's slice of the packed row."""
+    examples = _synthetic_tokens(config, lengths, seed)
+    if varlen:
+        examples = [examples[-1], *examples]
+    changed = list(examples)
+    middle = len(examples) // 2
+    changed[middle] = _synthetic_tokens(config, [len(examples[middle])], seed + 1)[0]
+    features = _features(examples, prepacked)
+    batch, leaked_batch = collator(features), collator(_features(changed, prepacked))
+    slices = _example_slices(features, examples, np.asarray(batch["input_ids"]))
+    return examples, middle, batch, leaked_batch, slices
+
+
 def probe_packing(
     model,
     collator=None,
@@ -276,31 +306,15 @@ def probe_packing(
 
     from ..collate import FlatteningCollator, PrePackedCollator
 
-    if len(lengths) < 3:
-        raise ValueError(
-            f"The packing probe needs three or more examples (the middle one is changed); got lengths={list(lengths)}."
-        )
+    parameter = _first_parameter(model, lengths)
     collator = FlatteningCollator() if collator is None else collator
     prepacked = isinstance(collator, PrePackedCollator) if prepacked is None else prepacked
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    parameter = next(model.parameters(), None)
-    if parameter is None:
-        raise ValueError(
-            f"The packing probe runs the model, and {type(model).__name__} has no parameters; pass probe=False."
-        )
     started = time.perf_counter()
-    examples = _synthetic_tokens(config, lengths, seed)
     # a varlen kernel reads cu_seq_lens, so the first segment of the packed row is a true "alone"
     # run of the last example (the leak test vouches that nothing reaches it): one forward saved
-    varlen = attention_kind(getattr(config, "_attn_implementation", None)) == "cu_seq_lens"
-    if varlen:
-        examples = [examples[-1], *examples]
-    changed = list(examples)
-    middle = len(examples) // 2
-    changed[middle] = _synthetic_tokens(config, [len(examples[middle])], seed + 1)[0]
-    features = _features(examples, prepacked)
-    batch, leaked_batch = collator(features), collator(_features(changed, prepacked))
-    slices = _example_slices(features, examples, np.asarray(batch["input_ids"]))
+    varlen = attention_kind(attn_implementation(config)) == "cu_seq_lens"
+    examples, middle, batch, leaked_batch, slices = _probe_batches(config, collator, prepacked, lengths, seed, varlen)
     packed_inputs, leaked_inputs = _model_inputs(batch, parameter.device), _model_inputs(leaked_batch, parameter.device)
     was_training = model.training
     model.eval()
@@ -323,12 +337,10 @@ def probe_packing(
         model.train(was_training)
     difference = float(np.abs(packed[slices[-1]] - alone).max())
     scale = max(1.0, float(np.abs(alone).max()))
-    dtype = str(parameter.dtype).replace("torch.", "")
-    if autocast is not None and getattr(autocast, "fast_dtype", None) is not None:
-        dtype = str(autocast.fast_dtype).replace("torch.", "")
+    dtype = str(getattr(autocast, "fast_dtype", None) or parameter.dtype).replace("torch.", "")
     return ProbeReport(
         model=type(getattr(model, "_orig_mod", model)).__name__,
-        implementation=str(getattr(config, "_attn_implementation", None)),
+        implementation=str(attn_implementation(config)),
         dtype=dtype,
         device=str(parameter.device),
         lengths=tuple(int(n) for n in lengths),

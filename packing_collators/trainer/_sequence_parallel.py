@@ -60,7 +60,7 @@ def setup_sequence_parallel(trainer, size: int):
         enable_ulysses_attention,
         sequence_parallel_mesh,
     )
-    from ._support_checks import probe_module, text_config
+    from ._model_unwrap import probe_module, text_config
 
     model = probe_module(trainer.model)
     check_sequence_parallel_model(text_config(model), size)  # the model's own limits first, then the launch
@@ -108,9 +108,11 @@ class SequenceParallelCheckCallback(_callback_base()):
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         from ..parallel import inner_attention, probe_sequence_parallel
-        from ._packing_trainer import _autocast
+        from ._check_callback import training_autocast
+        from ._collated_features import check_collated_features
+        from ._model_unwrap import probe_module
         from ._probe import refuse_failed_probe
-        from ._support_checks import check_collated_features, check_packing_support, probe_module
+        from ._support_checks import check_packing_support
 
         if model is None or train_dataloader is None:
             return
@@ -122,6 +124,6 @@ class SequenceParallelCheckCallback(_callback_base()):
         with inner_attention(module):
             check_packing_support(module, batch, probe=False)
         if self.probe:
-            self.last_report = probe_sequence_parallel(module, self.mesh, collator, autocast=_autocast(args, module))
+            self.last_report = probe_sequence_parallel(module, self.mesh, collator, autocast=training_autocast(args, module))
             logger.info("%s", self.last_report.summary())
             refuse_failed_probe(self.last_report, "cu_seq_lens")

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from .._compat import dataset_indices
+
 __all__ = ["check_training_data", "refuse_no_batches", "refuse_no_examples"]
 
 
@@ -81,7 +83,7 @@ def _arrow_bad_example(dataset, column: str, rows: int) -> tuple[int, int] | Non
     bad_tokens = np.flatnonzero((ids < 0) | (ids >= rows))
     offsets = np.r_[0, np.cumsum(pc.list_value_length(values).fill_null(0).to_numpy(zero_copy_only=False))]
     bad_rows = np.searchsorted(offsets, bad_tokens, side="right") - 1
-    indices = getattr(dataset, "_indices", None)  # a select/shuffle/filter view: only its rows count, in its order
+    indices = dataset_indices(dataset)  # a select/shuffle/filter view: only its rows count, in its order
     if indices is None:
         return int(bad_rows[0]), int(ids[bad_tokens[0]])
     order = indices.column(0).to_numpy()

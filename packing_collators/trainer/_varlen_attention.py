@@ -44,6 +44,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from ._attention_inputs import packed_inputs
+
 __all__ = ["VARLEN_ATTENTION", "register_varlen_attention", "varlen_attention_forward"]
 
 VARLEN_ATTENTION = "packing_varlen"
@@ -60,8 +62,8 @@ def register_varlen_attention(name: str = VARLEN_ATTENTION) -> str:
 
     >>> register_varlen_attention()
     'packing_varlen'
-    >>> from transformers import AttentionInterface
-    >>> AttentionInterface._global_mapping["packing_varlen"].__name__
+    >>> from packing_collators._compat import attention_registry
+    >>> attention_registry()["packing_varlen"].__name__
     'varlen_attention_forward'
     """
     if not isinstance(name, str) or not name or name in _BUILTIN_NAMES:
@@ -140,58 +142,7 @@ def _refuse_unsupported(attention_mask, dropout: float, softcap, kwargs: dict) -
         )
 
 
-def _flat_lengths(query, key, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, *, name=VARLEN_ATTENTION):
-    """Check the packed-layout kwargs (shapes only: no device sync) and return them for ``name``'s kernel."""
-    import torch
-
-    if cu_seq_lens_q is None or max_length_q is None:
-        raise ValueError(
-            f"attn_implementation={name!r} needs cu_seq_lens_q/k and max_length_q/k in the batch "
-            "(model(**batch) passes them to every attention layer); this batch has none. Collate with "
-            "FlatteningCollator(), or use attn_implementation='sdpa' for padded batches."
-        )
-    if query.shape[2] != key.shape[2]:
-        raise ValueError(
-            f"attn_implementation={name!r} is for training on packed batches: queries "
-            f"({query.shape[2]}) and keys ({key.shape[2]}) differ in length, as when decoding with a cache. "
-            "Generate with attn_implementation='sdpa' (model.set_attn_implementation('sdpa'))."
-        )
-    cu_seq_lens_k = cu_seq_lens_q if cu_seq_lens_k is None else cu_seq_lens_k
-    max_length_k = max_length_q if max_length_k is None else max_length_k
-    if cu_seq_lens_q.ndim != 1 or cu_seq_lens_k.ndim != 1:
-        raise ValueError(
-            f"cu_seq_lens_q/k must be 1-D (num_seqs + 1,), got shapes {tuple(cu_seq_lens_q.shape)} and "
-            f"{tuple(cu_seq_lens_k.shape)}; a DataLoader batch_size above 1 around a collator that already "
-            "returns one flat row stacks them. Let the collator see the whole minibatch."
-        )
-    lengths = []
-    for value in (max_length_q, max_length_k):
-        if isinstance(value, torch.Tensor):
-            value = int(value.item())  # a tensor syncs once
-        elif not isinstance(value, torch.SymInt):  # a symbolic int stays one: int() would specialise the graph
-            value = int(value)
-        lengths.append(value)
-    cu_q = cu_seq_lens_q.to(device=query.device, dtype=torch.int32)
-    cu_k = cu_seq_lens_k.to(device=query.device, dtype=torch.int32)
-    return cu_q, cu_k, lengths[0], lengths[1]
-
-
-def varlen_attention_forward(
-    module: Any,
-    query,
-    key,
-    value,
-    attention_mask,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    cu_seq_lens_q=None,
-    cu_seq_lens_k=None,
-    max_length_q: int | None = None,
-    max_length_k: int | None = None,
-    **kwargs,
-):
+def varlen_attention_forward(module: Any, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs):
     """Attention over a packed batch with ``torch.nn.attention.varlen.varlen_attn`` (a transformers attention function).
 
     Args (as transformers passes them):
@@ -213,16 +164,13 @@ def varlen_attention_forward(
     """
     import torch
 
-    _refuse_unsupported(attention_mask, dropout, softcap, kwargs)
-    cu_q, cu_k, max_q, max_k = _flat_lengths(query, key, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)
-    query, key, value = _autocast_inputs(query, key, value)
-    kernel = _load_varlen_attn(query)
+    _refuse_unsupported(attention_mask, dropout, kwargs.get("softcap"), kwargs)
+    x = packed_inputs(module, query, key, value, kwargs, name=VARLEN_ATTENTION)
+    kernel = _load_varlen_attn(x.query)
     # traced, the signature is read afresh (Dynamo warns on a cache wrapper); its answer is a constant of the graph
     params = _signature_parameters(kernel) if torch.compiler.is_compiling() else _kernel_parameters(kernel)
-    is_causal = _is_causal(module, kwargs)
-    heads, kv_heads, head_dim = query.shape[1], key.shape[1], query.shape[-1]
-    # (b, h, s, d) -> (b * s, h, d): a view when b == 1 (head_dim stays contiguous, as the kernel needs).
-    q, k, v = (_flat(x) for x in (query, key, value))
+    heads, kv_heads, head_dim = x.query.shape[1], x.key.shape[1], x.query.shape[-1]
+    q, k, v = x.flat()  # (b, h, s, d) -> (b * s, h, d): a view when b == 1 (head_dim stays contiguous)
     options: dict[str, Any] = {}
     if kv_heads != heads:
         if "enable_gqa" in params:
@@ -236,36 +184,20 @@ def varlen_attention_forward(
             options["scale"] = scaling
         else:  # the kernel scales by 1/sqrt(head_dim); fold the difference into q
             q = q * (scaling * head_dim**0.5)
-    window = _window(is_causal, sliding_window, max_k)
+    window = x.window
     if "window_size" in params:
         if _varlen_can_pick_cudnn():  # keep it on Flash (module docstring)
-            window = tuple(max_k if side == -1 else side for side in window)
+            window = tuple(x.max_k if side == -1 else side for side in window)
         options["window_size"] = window
     elif window not in ((-1, 0), (-1, -1)):
         raise ValueError(
-            f"This PyTorch's varlen_attn has no window_size, and the model uses sliding_window={sliding_window} "
+            f"This PyTorch's varlen_attn has no window_size, and the model uses sliding_window={kwargs.get('sliding_window')} "
             "on sequences longer than it. Upgrade PyTorch, or use 'flash_attention_2' or 'flex_attention'."
         )
     else:
         options["is_causal"] = window == (-1, 0)
-    out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, **options)
+    out = kernel(q, k, v, x.cu_q, x.cu_k, x.max_q, x.max_k, **options)
     return out.view(query.shape[0], query.shape[2], heads, out.shape[-1]), None
-
-
-def _is_causal(module, kwargs: dict) -> bool:
-    """The layer's ``is_causal`` kwarg, else its module's (a decoder's self-attention: True)."""
-    requested = kwargs.get("is_causal")
-    return getattr(module, "is_causal", True) if requested is None else requested
-
-
-def _flat(x):
-    """(b, heads, s, d) -> (b * s, heads, d), the kernels' varlen layout: a view when b == 1.
-
-    >>> import torch
-    >>> _flat(torch.zeros(1, 4, 10, 8)).shape
-    torch.Size([10, 4, 8])
-    """
-    return x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[-1])
 
 
 @functools.cache
@@ -282,41 +214,3 @@ def _varlen_can_pick_cudnn() -> bool:
     except ImportError:
         return False
     return hasattr(varlen, "_can_use_cudnn") or hasattr(varlen, "_select_backend")
-
-
-def _autocast_inputs(query, key, value):
-    """q, k, v in autocast's half dtype when autocast is on (Trainer ``bf16=True`` on float32 weights).
-
-    Under autocast the rotary embedding leaves q and k in float32 (the float32 cos/sin of
-    float32 hidden states) while v comes out of its projection in bf16; the kernel takes
-    half precision only, so cast them as transformers' flash-attention path does.
-
-    >>> import torch
-    >>> q = torch.zeros(1, 1, 2, 4)
-    >>> with torch.autocast("cpu", dtype=torch.bfloat16):
-    ...     [x.dtype for x in _autocast_inputs(q, q, q.bfloat16())]
-    [torch.bfloat16, torch.bfloat16, torch.bfloat16]
-    >>> [x.dtype for x in _autocast_inputs(q, q, q)]  # no autocast: unchanged (the loader refuses float32)
-    [torch.float32, torch.float32, torch.float32]
-    """
-    import torch
-
-    device_type = query.device.type
-    if not torch.is_autocast_enabled(device_type):
-        return query, key, value
-    target = torch.get_autocast_dtype(device_type)
-    if target not in (torch.float16, torch.bfloat16):
-        return query, key, value
-    return tuple(x if x.dtype == target else x.to(target) for x in (query, key, value))
-
-
-def _window(is_causal: bool, sliding_window: int | None, max_length: int) -> tuple[int, int]:
-    """The kernel's (left, right) window: (-1, 0) causal, (w - 1, 0) causal sliding, (-1, -1) full.
-
-    >>> _window(True, None, 100), _window(True, 16, 100), _window(True, 4096, 100), _window(False, None, 100)
-    ((-1, 0), (15, 0), (-1, 0), (-1, -1))
-    """
-    if sliding_window is not None and max_length > sliding_window:
-        left = int(sliding_window) - 1
-        return (left, 0) if is_causal else (left, left)
-    return (-1, 0) if is_causal else (-1, -1)

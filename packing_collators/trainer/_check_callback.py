@@ -1,0 +1,150 @@
+"""The callbacks PackingTrainer adds when training begins: the packing checks and FA4's warm-up.
+
+    on_train_begin   PackingCheckCallback   first 4 examples -> collator -> check_packing_support + probe
+                     _AttentionWarmUp       FlashAttention-4 kernels compiled up to the longest example
+
+Both read the train dataloader's own dataset and collator (no sampler is touched, so the
+data order is unchanged) and run on every rank before the first step.
+Cost: one collated batch of 4 examples and the probe's few forwards (see _probe.py), once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .._compat import attn_implementation
+from ._attention_kind import attention_kind
+from ._collated_features import check_collated_features
+from ._fa4_attention import FA4_ATTENTION
+from ._model_unwrap import probe_module, text_config, unwrap_model
+from ._probe import probe_packing, refuse_failed_probe
+from ._support_checks import check_packing_support
+from ._token_range import check_training_data, refuse_no_batches
+
+try:
+    from transformers import TrainerCallback
+except ImportError as error:  # pragma: no cover - transformers is a dependency
+    raise ImportError("PackingTrainer needs transformers (pip install transformers).") from error
+
+__all__ = ["PackingCheckCallback", "add_packing_callbacks"]
+
+logger = logging.getLogger(__name__)
+
+
+def _probe_batch(dataset, collate_fn, count: int = 4):
+    """The first ``count`` examples and their collated batch, without touching any sampler's RNG."""
+    features = [dataset[i] for i in range(min(count, len(dataset)))]
+    return features, collate_fn(features)
+
+
+def training_autocast(args, model):
+    """The autocast the Trainer trains under (``bf16``/``fp16``), for the probe's forwards; None without."""
+    if not (getattr(args, "bf16", False) or getattr(args, "fp16", False)):
+        return None
+    import torch
+
+    parameter = next(model.parameters(), None)
+    device = parameter.device.type if parameter is not None else "cpu"
+    return torch.autocast(device_type=device, dtype=torch.bfloat16 if args.bf16 else torch.float16)
+
+
+class PackingCheckCallback(TrainerCallback):
+    """Check, when training begins, that packing keeps examples apart (for a stock ``Trainer``).
+
+    It collates the train dataset's first examples with the dataloader's collator (no
+    sampler is touched, so the data order is unchanged) and raises, before the first
+    step, what :func:`check_packing_support` reports: the static checks on the model and
+    on every row of that batch, a pre-packed dataset whose packing the collator drops, an
+    empty dataset (or dataloader), a token id outside the model's input embedding,
+    and (``probe=True``, the default) the live equivalence probe, run with the same
+    collator under the Trainer's mixed precision on every rank. ``last_report`` keeps
+    what the probe measured. ``PackingTrainer`` adds this callback itself.
+
+    >>> PackingCheckCallback()
+    PackingCheckCallback(probe=True)
+    """
+
+    def __init__(self, *, probe: bool = True, model_for_probe=None) -> None:
+        self.probe = probe
+        self.last_report = None
+        self.model_for_probe = model_for_probe  # () -> the compiled model to probe, or None (PackingTrainer's)
+
+    def __repr__(self) -> str:
+        return f"PackingCheckCallback(probe={self.probe})"
+
+    def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+        if model is None or train_dataloader is None:
+            return
+        dataset, collate_fn = train_dataloader.dataset, train_dataloader.collate_fn
+        check_training_data(unwrap_model(model), dataset)
+        refuse_no_batches(train_dataloader)
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__") or not len(dataset):
+            check_packing_support(model, probe=False)
+            return
+        features, batch = _probe_batch(dataset, collate_fn)
+        check_collated_features(features, batch)
+        check_packing_support(model, batch, probe=False)
+        if self.probe:
+            prepacked = any(isinstance(f, dict) and f.get("seq_lengths") is not None for f in features)
+            compiled = self.model_for_probe() if self.model_for_probe is not None else None
+            self.last_report = probe_packing(
+                probe_module(model) if compiled is None else compiled,
+                collate_fn,
+                prepacked=prepacked,
+                autocast=training_autocast(args, model),
+            )
+            logger.info("%s", self.last_report.summary())
+            refuse_failed_probe(
+                self.last_report, attention_kind(attn_implementation(text_config(model)))
+            )
+
+
+class _AttentionWarmUp(TrainerCallback):
+    """Compile FlashAttention-4's kernel variants when training begins, not inside the steps.
+
+    FA4 compiles a kernel per configuration, and the configuration follows the batch (its
+    longest sequence, more than 256 sequences): left alone, a run stalls seconds at the
+    first batch of a new kind (measured on an H100: 7-9 s at step 25 of a 200M run). The
+    warm-up runs :func:`warm_up_attention` up to the longest example the sampler can batch,
+    on every rank, before the first step. Other implementations need none.
+    """
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        self.seconds = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        implementation = attn_implementation(text_config(model)) if model is not None else None
+        longest = self.trainer._train_longest
+        if implementation not in ("flash_attention_4", FA4_ATTENTION) or not longest:
+            return
+        if getattr(self.trainer, "is_deepspeed_enabled", False):  # a backward outside the engine: see _deepspeed.py
+            logger.info("PackingTrainer: under DeepSpeed FlashAttention-4 compiles its kernels in the first steps")
+            return
+        from ._attention_choice import warm_up_attention
+
+        self.seconds = warm_up_attention(probe_module(model), max_length=longest)
+        logger.info(
+            "PackingTrainer: FlashAttention-4 kernels compiled up to %d tokens in %.1f s", longest, self.seconds
+        )
+
+
+def add_packing_callbacks(trainer, *, probe: bool, warm_up: bool, metrics: bool) -> None:
+    """PackingTrainer's callbacks: the checks (or sequence parallelism's), compile, FA4 warm-up, metrics."""
+    from ._compile import compiled_model
+    from ._metrics import PackingMetricsCallback
+
+    size = trainer.sequence_parallel_size
+    if size > 1:  # every rank checks before the mesh's first collective: no hang on refusal
+        from ._sequence_parallel import SequenceParallelCheckCallback, setup_sequence_parallel
+
+        trainer._sequence_parallel = setup_sequence_parallel(trainer, size)
+        trainer.add_callback(SequenceParallelCheckCallback(trainer._sequence_parallel, probe=probe))
+    else:
+        trainer.add_callback(PackingCheckCallback(probe=probe, model_for_probe=lambda: compiled_model(trainer)))
+    if trainer.args.torch_compile:
+        trainer.add_callback(trainer._compile)
+    if warm_up and size == 1:  # under Ulysses, FA4 compiles at first use
+        trainer.add_callback(_AttentionWarmUp(trainer))
+    if metrics:
+        PackingMetricsCallback().attach(trainer)
