@@ -225,7 +225,7 @@ FSDP2 = {
 
 
 def add_trainer_options(parser, *, examples: int, steps: int | None, warmup: int) -> None:
-    """The options of the PackingTrainer harnesses (gpu/distributed.py, gpu/trainer_setups.py): model, data, steps."""
+    """The options of the PackingTrainer harnesses (gpu/distributed.py): model, data, steps."""
     add = parser.add_argument
     add("--size", choices=sorted(SIZES), default="200m", help="the model (SIZES)")
     add("--distribution", default="sft", help="the examples' standard length distribution")
