@@ -69,6 +69,7 @@ from _shared import (  # noqa: E402
     add_trainer_options,
     build_model,
     gather_ranks,
+    loss_gap,
     markov_examples,
     to_device,
     trained,
@@ -312,7 +313,7 @@ def run_liger(args) -> None:
     lengths, dataset = markov_examples(args)
     plain = _liger_training(args, dataset, lengths, liger=False)
     fused = _liger_training(args, dataset, lengths, liger=True)  # last: use_liger_kernel patches modules process-wide
-    difference = _relative_difference(fused["loss"], plain["loss"])
+    difference = loss_gap(fused["loss"], plain["loss"])
     result = {
         "card": torch.cuda.get_device_name(),
         "budgets": budgets,
@@ -324,13 +325,6 @@ def run_liger(args) -> None:
         "command": " ".join(["python", *sys.argv]),
     }
     write_run(args.out, "liger", result)
-
-
-def _relative_difference(losses, reference) -> float:
-    """max over steps of |loss - reference| / |reference|."""
-    steps = min(len(losses), len(reference))
-    losses, reference = np.array(losses[:steps]), np.array(reference[:steps])
-    return float((np.abs(losses - reference) / np.abs(reference)).max())
 
 
 def compare_setups(out: Path, tolerance: float) -> None:
@@ -345,7 +339,7 @@ def compare_setups(out: Path, tolerance: float) -> None:
     ]
     summary = {}
     for name, run in runs.items():
-        diff = _relative_difference(run["loss"], ddp["loss"])
+        diff = loss_gap(run["loss"], ddp["loss"])
         ratio = run["real_tokens_per_s"] / ddp["real_tokens_per_s"]
         summary[name] = {
             "max_relative_loss_diff_vs_ddp": diff,
