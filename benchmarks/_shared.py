@@ -12,7 +12,7 @@ this folder on ``sys.path`` and imports from here:
 - timing: ``alternate`` + ``median`` (CPU, wall clock), ``median_round`` (a GPU mode's median
   round), ``train_step`` (one timed GPU step) and ``StepClock`` (a Trainer's step ends and forward times);
 - PackingTrainer runs: ``add_trainer_options``, ``training_arguments`` (+ ``FSDP2``), ``trained``
-  (a run's timed tokens, seconds, losses, probe) and ``gather_ranks``;
+  (a run's timed tokens, seconds, losses, probe), ``loss_gap`` and ``gather_ranks``;
 - results: ``machine``, ``command``, ``write_results`` (into ``benchmarks/results/`` or a folder),
   ``write_run`` and ``peak_rss_mib`` (a process's own peak memory); ``CompileCounter`` (FA4's compiles).
 
@@ -225,7 +225,7 @@ FSDP2 = {
 
 
 def add_trainer_options(parser, *, examples: int, steps: int | None, warmup: int) -> None:
-    """The options of the PackingTrainer harnesses (gpu/distributed.py, gpu/trainer_setups.py): model, data, steps."""
+    """The options of the PackingTrainer harnesses (gpu/distributed.py): model, data, steps."""
     add = parser.add_argument
     add("--size", choices=sorted(SIZES), default="200m", help="the model (SIZES)")
     add("--distribution", default="sft", help="the examples' standard length distribution")
@@ -286,6 +286,11 @@ def trained(trainer, clock: StepClock, lengths: np.ndarray, warmup: int, accumul
         "steps": steps,
         "probe": next((c.last_report for c in callbacks if getattr(c, "last_report", None)), None),
     }
+
+
+def loss_gap(losses, reference) -> float:
+    """Largest relative difference per step of two loss curves (same weights, data and steps)."""
+    return float(max(abs(x - y) / max(abs(y), 1e-9) for x, y in zip(losses, reference)))
 
 
 def gather_ranks(numbers: list[float], world: int, device) -> list:

@@ -33,8 +33,9 @@ FROM_FOLDERS = [name for name in ORDER if "/" in name]
 NOTE = (
     "Scripts folded into harnesses since (issue #27): `bench_pack_dataset.py`, `bench_pack_at_scale.py` a"
     "nd `bench_streaming.py` are `benchmarks/cpu/bench_offline.py in-memory`, `at-scale` and `streaming`;"
-    " `trainer_scaling.py` and `distributed_scaling.py` are `benchmarks/gpu/distributed.py` (`--runner lo"
-    "op` for the latter); `gpu_attention_check.py` and `fa4_check.py` are `benchmarks/gpu/exactness.py at"
+    " `trainer_scaling.py`, `distributed_scaling.py` and `trainer_setups.py` are `benchmarks/gpu/distribu"
+    "ted.py` (`--runner loop` for the second, `--setup` / `--compare-setups` / `--liger` for the third); "
+    "`gpu_attention_check.py` and `fa4_check.py` are `benchmarks/gpu/exactness.py at"
     "tention` and `fa4`; `architecture_sweep.py` is `scripts/architecture_sweep.py`. The one-off investig"
     "ations (`attention_host_cost`, `oracle_gap`, `packed_kernels`, `varlen_kernels`, `gpu_varlen_gqa_che"
     "ck`, `fa4_compiles`, `probe_check`, `memory_budget`, `trainer_memory_check`, `rank_balance`, `long_c"

@@ -1,10 +1,8 @@
-"""train_throughput.py's report: the markdown tables (every mode against padding and the oracles), the plot
-and results.json."""
+"""train_throughput.py's report: the markdown tables (every mode against padding and the oracles) and results.json."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -116,28 +114,6 @@ def oracle_table(modes: dict) -> list[str]:
         ]
         lines.append(f"| {label(key)} | " + " | ".join(cells) + " |")
     return lines
-
-
-def plot(results: dict, out: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
-        return
-    fig, axes = plt.subplots(len(results), 2, figsize=(14, 4 * len(results)), squeeze=False)
-    for row, (dist, modes) in enumerate(results.items()):
-        names = list(modes)
-        axes[row, 0].barh(names, [modes[n]["real_tokens_per_s"] for n in names])
-        axes[row, 0].set_title(f"{dist}: real tokens/s")
-        for n in names:
-            axes[row, 1].plot(modes[n]["train_loss"], label=n)
-        axes[row, 1].set_title(f"{dist}: training loss per step")
-        axes[row, 1].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "train_throughput.png", dpi=90)
 
 
 def save(results: dict, out_of_memory: dict, args) -> None:

@@ -53,7 +53,7 @@ from packing_collators.collate import bucket_padding_fraction
 from packing_collators.trainer._compile import compile_buckets, graphs_compiled, warm_up_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
-from _shared import CompileCounter, build_model, command, lengths_of, markov_tokens, median, sync, to_device  # noqa: E402
+from _shared import CompileCounter, build_model, command, lengths_of, loss_gap, markov_tokens, median, sync, to_device  # noqa: E402
 
 FA4_COMPILES = CompileCounter()  # FA4 kernel compiles (0 without flash_attn.cute)
 MODES = ("compiled_packed", "compiled_oracle", "compiled_same_work", "eager_packed", "eager_oracle")
@@ -188,11 +188,6 @@ def warm_up(model, compiled, args, device) -> dict:
 
 
 # ----------------------------------------------------------------------------- report
-def loss_gap(a: list[float], b: list[float]) -> float:
-    """Largest relative difference of two loss curves (same weights, data and steps)."""
-    return float(max(abs(x - y) / max(abs(y), 1e-9) for x, y in zip(a, b)))
-
-
 def summarise(results: dict, stats: dict) -> dict:
     """Per distribution: each mode's median round, the ratios issue 29 asks for, losses compiled vs eager."""
     summary = {}

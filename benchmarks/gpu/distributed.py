@@ -20,10 +20,30 @@ noise. Per run: each rank's steps, the loss per step, real tokens/s over the tim
     torchrun --nproc_per_node 1 benchmarks/gpu/distributed.py --out OUT --name 1gpu   # the reference
     torchrun --nproc_per_node 2 benchmarks/gpu/distributed.py --out OUT --name 2gpu_ddp
     torchrun --nproc_per_node 2 benchmarks/gpu/distributed.py --out OUT --name 2gpu_fsdp --fsdp
-    python benchmarks/gpu/distributed.py --compare OUT      # table + plot from the runs
+    python benchmarks/gpu/distributed.py --compare OUT      # the table of the runs
 
 (add ``--runner loop`` to each for the hand-written loop). CPU check: add ``--smoke`` (gloo, tiny
 fp32 model, sdpa).
+
+Set-ups (formerly ``gpu/trainer_setups.py``): ``--setup ddp|fsdp|zero2|zero3`` (``--fsdp`` is ``--setup
+fsdp``; ZeRO reads examples/ds_zero2.json / ds_zero3.json, every batch number "auto"); with
+``--mixed-precision`` (float32 weights, ``TrainingArguments(bf16=True)``). ``--compare-setups`` sets each
+run's per-step losses beside DDP's (max relative difference within ``--tolerance``: bf16 noise) and
+tokens/s in ``setups.md`` / ``.json``. 2 GPUs, ~40 s each (start-up, plan, 3 + 15 steps)::
+
+    for s in ddp fsdp zero2 zero3; do
+      timeout 150 torchrun --nproc-per-node 2 benchmarks/gpu/distributed.py --out OUT --setup $s --name $s \\
+        --mixed-precision --examples 6000 --steps 15 --warmup 3
+    done
+    python benchmarks/gpu/distributed.py --compare-setups OUT
+
+``--liger`` (1 GPU visible, else DataParallel; ~2-3 min; OUT/liger.json): ``measure_token_budget`` of one
+``--longest`` example without and with Liger's fused loss (on the instance) at the 1B shape and an
+8B-like one (151,936 vocabulary, ``--layers-8b`` layers: the logits are the wall), bf16 weights; then
+PackingTrainer at 1B (``--liger-tokens``), unfused against ``use_liger_kernel=True``: losses, tokens/s::
+
+    CUDA_VISIBLE_DEVICES=0 timeout 300 python benchmarks/gpu/distributed.py --out OUT --liger \\
+      --examples 6000 --steps 15 --warmup 3
 """
 
 from __future__ import annotations
@@ -44,16 +64,23 @@ from packing_collators import FlatteningCollator, MultipackBatchSampler, Packing
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
 from _shared import (  # noqa: E402
     FSDP2,
+    SIZES,
     StepClock,
     add_trainer_options,
     build_model,
     gather_ranks,
+    loss_gap,
     markov_examples,
     to_device,
     trained,
     training_arguments,
     write_run,
 )
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SETUPS = ("ddp", "fsdp", "zero2", "zero3")
+SHAPE_8B = (4096, 4, 32, 8, 14336)  # hidden, layers (--layers-8b), heads, kv heads, MLP
+VOCAB_8B = 151936
 
 
 def samplers(lengths, budget: int, replicas: int, seed: int, **options) -> list[MultipackBatchSampler]:
@@ -70,7 +97,7 @@ def result(args, world: int, cuda: bool, gathered, loss, stats, **extra) -> dict
         "name": args.name,
         "world_size": world,
         "replicas": args.replicas,
-        "fsdp": args.fsdp,
+        "fsdp": args.setup == "fsdp",
         "card": torch.cuda.get_device_name() if cuda else "cpu",
         "steps_per_rank": [int(g[3]) for g in gathered],
         "loss": loss,
@@ -87,7 +114,7 @@ def result(args, world: int, cuda: bool, gathered, loss, stats, **extra) -> dict
 def wrap(model, args, device):
     if dist.get_world_size() == 1:
         return model
-    if args.fsdp:
+    if args.setup == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
         for layer in model.model.layers:
@@ -169,28 +196,43 @@ class ReplayTrainer(PackingTrainer):
         return AllRanks(samplers(lengths, budget, self.replicas, self.args.seed, shuffle=shuffle))
 
 
-def run_trainer(args, rank: int, world: int, cuda: bool) -> dict | None:
-    device = torch.device("cuda" if cuda else "cpu")
-    lengths, examples = markov_examples(args)
-    model = build_model(args, args.attn, device, torch.bfloat16 if cuda else torch.float32)
+def _setup_options(setup: str) -> dict:
+    if setup in ("zero2", "zero3"):  # the config as users write it: TrainingArguments fills every "auto"
+        return dict(deepspeed=json.loads((EXAMPLES / f"ds_{setup}.json").read_text()))
+    return FSDP2 if setup == "fsdp" else {}
+
+
+def _trainer(args, cuda: bool, examples, tokens: int, dtype, trainer_class=PackingTrainer, **options):
+    """A PackingTrainer of ``args.size`` with a StepClock; TrainingArguments first: ZeRO-3 sees them."""
+    training_args = training_arguments(
+        args, cuda, logging_steps=args.logging_steps, dataloader_num_workers=args.workers, **options
+    )
+    model = build_model(args, args.attn, torch.device("cuda" if cuda else "cpu"), dtype)
     clock = StepClock(cuda, model)  # PackingTrainer compiles FA4's kernel variants itself (attention_warm_up)
+    trainer = trainer_class(
+        model=model,
+        args=training_args,
+        train_dataset=examples,
+        max_tokens_per_batch=tokens,
+        attn_implementation=None,
+    )  # keep --attn
+    trainer.add_callback(clock.callback())
+    return trainer, clock
+
+
+def run_trainer(args, rank: int, world: int, cuda: bool) -> dict | None:
+    lengths, examples = markov_examples(args)
     accumulation = args.replicas // world
     trainer_class = PackingTrainer
     if world == 1 and args.replicas > 1:
         trainer_class = type("ReplayTrainer", (ReplayTrainer,), {"replicas": args.replicas})
-    options = dict(gradient_accumulation_steps=accumulation, dataloader_num_workers=args.workers)
-    trainer = trainer_class(
-        model=model,
-        args=training_arguments(
-            args, cuda, logging_steps=args.logging_steps, **options, **(FSDP2 if args.fsdp else {})
-        ),
-        train_dataset=examples,
-        max_tokens_per_batch=args.tokens_per_batch,
-        attn_implementation=None,
-    )  # keep --attn
-    trainer.add_callback(clock.callback())
+    mixed = cuda and args.mixed_precision
+    dtype = torch.bfloat16 if cuda and not mixed else torch.float32
+    options = dict(gradient_accumulation_steps=accumulation, bf16=mixed, **_setup_options(args.setup))
+    trainer, clock = _trainer(args, cuda, examples, args.tokens_per_batch, dtype, trainer_class, **options)
     run = trained(trainer, clock, lengths, args.warmup, accumulation)
-    gathered = gather_ranks([run["tokens"], run["seconds"], run["forward_seconds"], run["steps"]], world, device)
+    numbers = [run["tokens"], run["seconds"], run["forward_seconds"], run["steps"], run["peak_gib"]]
+    gathered = gather_ranks(numbers, world, trainer.args.device)
     if rank != 0:
         return None
     # rank 0's sampler alone, so no collective
@@ -203,6 +245,10 @@ def run_trainer(args, rank: int, world: int, cuda: bool) -> dict | None:
         gathered,
         run["loss"],
         plan.stats(),
+        setup=args.setup,
+        peak_gib_per_rank=[round(float(g[4]), 2) for g in gathered],
+        size=args.size,
+        tokens_per_batch=args.tokens_per_batch,
         probe=probe.summary() if probe else None,
         probe_seconds=probe.seconds if probe else None,
         attention_warm_up_seconds=next((c.seconds for c in callbacks if type(c).__name__ == "_AttentionWarmUp"), None),
@@ -212,6 +258,106 @@ def run_trainer(args, rank: int, world: int, cuda: bool) -> dict | None:
         step_time_s=float(np.median(np.diff(clock.ends[args.warmup - 1 :]))),
         step_seconds=np.diff(clock.ends).round(4).tolist(),  # where a stall sits
     )
+
+
+def _budget(args, shape: str, liger: bool) -> dict:
+    """measure_token_budget on a fresh model of ``shape`` ("1b" or "8b_like"), bf16 weights, unfused or fused."""
+    from packing_collators import measure_token_budget
+
+    dims = SIZES["1b"] if shape == "1b" else (SHAPE_8B[0], args.layers_8b, *SHAPE_8B[2:])
+    vocab = args.vocab if shape == "1b" else VOCAB_8B
+    shaped = argparse.Namespace(**{**vars(args), "vocab": vocab, "max_length": args.longest})
+    model = build_model(shaped, "packing_varlen", torch.device("cuda"), torch.bfloat16, dims)
+    if liger:  # Liger's fused linear cross-entropy on this instance only (its other patches are module-wide)
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+        apply_liger_kernel_to_llama(
+            rope=False, rms_norm=False, swiglu=False, fused_linear_cross_entropy=True, model=model
+        )
+    started = time.perf_counter()
+    try:
+        budget = measure_token_budget(model, longest=args.longest)
+        row = {"max_tokens_per_batch": budget.max_tokens_per_batch, "summary": budget.summary()}
+    except ValueError as refused:  # one example of --longest does not fit
+        row = {"max_tokens_per_batch": 0, "summary": str(refused)}
+    row.update(shape=shape, liger=liger, layers=dims[1], hidden=dims[0], vocab=vocab)
+    row.update(parameters=sum(p.numel() for p in model.parameters()), seconds=round(time.perf_counter() - started, 1))
+    del model
+    torch.cuda.empty_cache()
+    print(json.dumps(row))
+    return row
+
+
+def _liger_training(args, dataset, lengths, liger: bool) -> dict:
+    shaped = argparse.Namespace(**{**vars(args), "size": "1b", "attn": "packing_varlen"})
+    trainer, clock = _trainer(
+        shaped, True, dataset, args.liger_tokens, torch.float32, bf16=True, use_liger_kernel=liger
+    )
+    torch.cuda.reset_peak_memory_stats()
+    result = trained(trainer, clock, lengths, args.warmup)
+    del result["forward_seconds"]  # as the set-ups runs wrote it
+    result["probe"] = result["probe"].summary() if result["probe"] else None
+    result["tokens_per_s"] = result["tokens"] / result["seconds"]
+    model = trainer.model
+    result["forward"] = f"{type(model).forward.__module__} / instance: {getattr(model.forward, '__module__', '')}"
+    del trainer, model
+    torch.cuda.empty_cache()
+    return result
+
+
+def run_liger(args) -> None:
+    """1 GPU: the token budget without and with the fused loss, then training unfused vs use_liger_kernel=True."""
+    if not torch.cuda.is_available():
+        raise SystemExit("--liger needs a CUDA GPU (Liger's kernels are Triton).")
+    budgets = [_budget(args, shape, liger) for shape in ("1b", "8b_like") for liger in (False, True)]
+    lengths, dataset = markov_examples(args)
+    plain = _liger_training(args, dataset, lengths, liger=False)
+    fused = _liger_training(args, dataset, lengths, liger=True)  # last: use_liger_kernel patches modules process-wide
+    difference = loss_gap(fused["loss"], plain["loss"])
+    result = {
+        "card": torch.cuda.get_device_name(),
+        "budgets": budgets,
+        "training": {"unfused": plain, "liger": fused},
+        "loss_max_relative_difference": difference,
+        "loss_within_tolerance": difference <= args.tolerance,
+        "tolerance": args.tolerance,
+        "tokens_per_s": {"unfused": plain["tokens_per_s"], "liger": fused["tokens_per_s"]},
+        "command": " ".join(["python", *sys.argv]),
+    }
+    write_run(args.out, "liger", result)
+
+
+def compare_setups(out: Path, tolerance: float) -> None:
+    """One table: each set-up's tokens/s and its per-step losses against DDP's."""
+    runs = {s: json.loads((out / f"{s}.json").read_text()) for s in SETUPS if (out / f"{s}.json").exists()}
+    if "ddp" not in runs:
+        raise SystemExit(f"{out}/ddp.json is missing: run --setup ddp --name ddp first")
+    ddp = runs["ddp"]
+    lines = [
+        "| set-up | wrapped as | tokens/s | vs DDP | max rel. loss diff vs DDP | within bf16 noise | peak GiB/rank |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    summary = {}
+    for name, run in runs.items():
+        diff = loss_gap(run["loss"], ddp["loss"])
+        ratio = run["real_tokens_per_s"] / ddp["real_tokens_per_s"]
+        summary[name] = {
+            "max_relative_loss_diff_vs_ddp": diff,
+            "within_tolerance": diff <= tolerance,
+            "real_tokens_per_s": run["real_tokens_per_s"],
+            "vs_ddp": ratio,
+        }
+        lines.append(
+            f"| {name} | {run['wrapped_as']} | {run['real_tokens_per_s']:,.0f} | {ratio:.2f} | {diff:.4f} | "
+            f"{'yes' if diff <= tolerance else 'NO'} (<= {tolerance}) | {run['peak_gib_per_rank']} |"
+        )
+    text = f"{ddp['card']} x{ddp['world_size']}, {ddp['size']}, {ddp['tokens_per_batch']} tokens/micro-batch\n\n"
+    text += "\n".join(lines) + "\n"
+    (out / "setups.md").write_text(text)
+    (out / "setups.json").write_text(
+        json.dumps({"card": ddp["card"], "tolerance": tolerance, "runs": summary}, indent=1)
+    )
+    print(text)
 
 
 def compare(folder: Path) -> None:
@@ -241,38 +387,28 @@ def compare(folder: Path) -> None:
     text = "\n".join(lines) + "\n"
     (folder / "distributed_scaling.md").write_text(text)
     print(text)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        for name, r in runs.items():
-            plt.plot(r["loss"], label=name)
-        plt.xlabel("step"), plt.ylabel("training loss"), plt.legend()
-        plt.savefig(folder / "distributed_scaling.png", dpi=90)
-    except ImportError:
-        pass
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--runner",
-        choices=("trainer", "loop"),
-        default="trainer",
-        help="PackingTrainer (30 --steps by default) or a loop (40)",
-    )
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--compare", type=Path, help="write the table and plot from the runs in this folder")
-    parser.add_argument("--fsdp", action="store_true", help="FSDP2 instead of DDP")
-    parser.add_argument("--name", default="run")
-    parser.add_argument("--replicas", type=int, default=2, help="ranks the sampler plans for")
+    add = parser.add_argument
+    add("--runner", choices=("trainer", "loop"), default="trainer", help="PackingTrainer (30 --steps) or a loop (40)")
+    add("--out", type=Path)
+    add("--compare", type=Path, help="write the scaling table from the runs in this folder")
+    add("--compare-setups", type=Path, help="write setups.md/.json from the --setup runs in this folder")
+    add("--setup", choices=SETUPS, default="ddp", help="what wraps the model (loop: ddp or fsdp)")
+    add("--fsdp", action="store_const", const="fsdp", dest="setup", help="--setup fsdp")
+    add("--mixed-precision", action="store_true", help="float32 weights, TrainingArguments(bf16=True)")
+    add("--liger", action="store_true", help="the 1-GPU Liger measurements (OUT/liger.json)")
+    add("--name", default="run")
+    add("--replicas", type=int, default=2, help="ranks the sampler plans for")
     add_trainer_options(parser, examples=20000, steps=None, warmup=5)
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (trainer)")
-    parser.add_argument(
-        "--logging-steps", type=int, default=1, help="trainer: 1 syncs every step; 10 is closer to a real run"
-    )
+    add("--workers", type=int, default=2, help="DataLoader workers per rank (trainer)")
+    add("--logging-steps", type=int, default=1, help="trainer: 1 syncs every step; 10 is closer to a real run")
+    add("--tolerance", type=float, default=0.02, help="max relative loss difference per step counted as bf16 noise")
+    add("--longest", type=int, default=4096, help="--liger: the longest example of the budget")
+    add("--liger-tokens", type=int, default=8192, help="--liger: tokens per micro-batch of the 1B runs")
+    add("--layers-8b", type=int, default=4, help="--liger: layers of the 8B-like shape (32 in 8B)")
     args = parser.parse_args(argv)
     args.command = f"torchrun --nproc_per_node {os.environ.get('WORLD_SIZE', 1)} " + " ".join(sys.argv)
     args.steps = args.steps or (30 if args.runner == "trainer" else 40)
@@ -284,12 +420,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    if args.compare:
-        return compare(args.compare)
+    if args.compare or args.compare_setups:
+        return compare(args.compare) if args.compare else compare_setups(args.compare_setups, args.tolerance)
+    if args.liger:
+        return run_liger(args)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if args.replicas % world:
         raise SystemExit(f"--replicas {args.replicas} must be a multiple of the {world} processes")
     cuda = torch.cuda.is_available() and not args.smoke
+    if args.setup.startswith("zero") and (not cuda or args.runner == "loop"):
+        raise SystemExit("DeepSpeed set-ups need CUDA GPUs and --runner trainer (--setup ddp or fsdp on the CPU).")
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     out = (run_trainer if args.runner == "trainer" else run_loop)(args, rank, world, cuda)

@@ -46,7 +46,7 @@ from packing_collators import FlatteningCollator
 from packing_collators.parallel import enable_ulysses_attention, sequence_parallel_mesh, shard_flat_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
-from _shared import model_config, sync, to_device  # noqa: E402
+from _shared import model_config, sync, to_device, training_arguments  # noqa: E402
 
 SHAPES = {  # hidden, layers, heads, kv heads, intermediate, vocab
     "exact": (768, 4, 12, 4, 2048, 32000),
@@ -382,10 +382,7 @@ def throughput(run: Run) -> None:
 
 def trainer(run: Run) -> None:
     """Part 4: PackingTrainer(sequence_parallel_size=N) end to end for 3 steps (the probe, the hooks, bf16)."""
-    import tempfile
-
     import datasets
-    from transformers import TrainingArguments
 
     from packing_collators import PackingTrainer
 
@@ -396,30 +393,18 @@ def trainer(run: Run) -> None:
     low, high, budget = (8, 64, 64) if run.args.smoke else (256, 8192, 8192)
     lengths = rng.integers(low, high, 48)
     ids = [rng.integers(1, model.config.vocab_size, n).tolist() for n in lengths]
-    train = datasets.Dataset.from_dict({"input_ids": ids})
     cuda = run.device.type == "cuda"
-    with tempfile.TemporaryDirectory() as folder:
-        args = TrainingArguments(
-            output_dir=folder,
-            max_steps=3,
-            learning_rate=1e-4,
-            logging_steps=1,
-            bf16=cuda,
-            use_cpu=not cuda,
-            report_to="none",
-            save_strategy="no",
-            disable_tqdm=True,
-            seed=0,
-        )
-        run_ = PackingTrainer(
-            model=model,
-            args=args,
-            train_dataset=train,
-            max_tokens_per_batch=budget,
-            sequence_parallel_size=run.mesh.size,
-            attn_implementation=None,
-        )
-        run_.train()
+    steps = argparse.Namespace(warmup=0, steps=3, lr=1e-4, seed=0)  # DDP's defaults kept, as before
+    args = training_arguments(steps, cuda, bf16=cuda, ddp_find_unused_parameters=None, ddp_broadcast_buffers=None)
+    run_ = PackingTrainer(
+        model=model,
+        args=args,
+        train_dataset=datasets.Dataset.from_dict({"input_ids": ids}),
+        max_tokens_per_batch=budget,
+        sequence_parallel_size=run.mesh.size,
+        attn_implementation=None,
+    )
+    run_.train()
     checks = [c for c in run_.callback_handler.callbacks if getattr(c, "last_report", None) is not None]
     run.record(
         part="trainer",

@@ -26,7 +26,7 @@ and non-blocking copies. The tokens follow a fixed random Markov chain (4 succes
 so the loss curves mean something: the floor is ln 4 = 1.386.
 
 Per mode: real (non-pad) tokens/s, steps/s, model FLOPs utilisation, peak memory, padding
-fraction, and training / validation loss curves. Writes results.json and a plot to --out.
+fraction, and training / validation loss curves. Writes results.json and train_throughput.md to --out.
 
 Usage (GPU):  python benchmarks/gpu/train_throughput.py --size 200m --out benchmarks/results/train_throughput
               (every mode on three distributions, 3 alternating rounds: ~8.5 min on an H200)
@@ -65,7 +65,7 @@ from _shared import (  # noqa: E402
     sync,
     to_device,
 )
-from _throughput_report import ORACLES, plot, report, save  # noqa: E402  (beside this script: its tables and plot)
+from _throughput_report import ORACLES, report, save  # noqa: E402  (beside this script: its tables)
 
 COMPILES = CompileCounter()  # FA4 kernel compiles (none without flash_attn.cute); timed steps must have none
 
@@ -412,7 +412,6 @@ def main() -> None:
     markdown = report(results, args, out_of_memory)
     (args.out / "train_throughput.md").write_text(markdown)
     print(markdown)
-    plot(results, args.out)
 
 
 if __name__ == "__main__":
