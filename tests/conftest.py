@@ -48,7 +48,7 @@ def _varlen_windows_unbounded(monkeypatch):
     """packing_varlen passes windows as transformers' convention has them, whatever PyTorch runs the tests.
 
     On PyTorch 2.14, whose varlen_attn may route calls to cuDNN, the backend bounds an unbounded
-    window by the longest sequence (tests/test_attention.py tests that); the other tests expect
+    window by the longest sequence (tests/trainer/test_attention.py tests that); the other tests expect
     ``(-1, 0)``. Patched only where the module is loaded already, so torch-free tests stay torch-free.
     """
     module = sys.modules.get("packing_collators.trainer._varlen_attention")

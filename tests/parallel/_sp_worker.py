@@ -1,4 +1,4 @@
-"""One process of the sequence-parallel tests (started by tests/test_sequence_parallel.py).
+"""One process of the sequence-parallel tests (started by tests/parallel/test_sequence_parallel.py).
 
     python _sp_worker.py MODE OUT_DIR [key=value ...]
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: _tiny_models
 from _tiny_models import random_examples, tiny_model, training_args  # noqa: E402
 
 LENGTHS = [9, 4, 15, 7, 3, 12, 6, 10, 5, 8, 14, 2, 11, 6, 9, 4, 13, 3, 7, 5, 16, 2, 8]

@@ -12,7 +12,7 @@ from _tiny_models import random_examples, tiny_model, training_args
 from packing_collators import PackingTrainer
 from packing_collators.trainer._deepspeed import check_deepspeed_config, check_deepspeed_setup, deepspeed_config
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SIZES = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, world_size=2)
 
 

@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/: _tiny_models
 
 WORKER = r"""
 import json, sys

@@ -29,7 +29,7 @@ from packing_collators import FlatteningCollator, PackingCheckCallback, PrePacke
 
 LENGTHS = [9, 4, 15, 7, 3, 12, 6, 10, 5, 8, 14, 2, 11, 6, 9, 4]
 TOLERANCE = 1e-5  # float32 on CPU: packed and padded differ by ~2e-6 (summation order)
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def word_tokenizer():

@@ -1,6 +1,6 @@
 """Sequence parallelism (packing_collators.parallel): shards, checks, and exactness against one process.
 
-The distributed tests launch ``tests/_sp_worker.py`` with torchrun (gloo, float32, CPU): the
+The distributed tests launch ``tests/parallel/_sp_worker.py`` with torchrun (gloo, float32, CPU): the
 building blocks against the whole row on one rank (2 and 4 ranks, Llama / Mistral's sliding
 window / Qwen2, GQA with 1 kv head), PackingTrainer(sequence_parallel_size=2) against the
 one-process run of the same micro-batches, the refusals on every rank, and a leak the probe catches.

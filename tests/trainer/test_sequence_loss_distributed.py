@@ -21,7 +21,7 @@ from test_sequence_loss import _per_sequence_padded_loss
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/: _tiny_models
 
 WORKER = r"""
 import sys

@@ -80,7 +80,7 @@ with open(out, "w") as f:
 def run_workers(world: int, tmp_path: Path, worker: str = WORKER, timeout: int = 90) -> list[dict]:
     script = tmp_path / "worker.py"
     script.write_text(worker)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     if "lo" in {name for _, name in socket.if_nameindex()}:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     procs = []
