@@ -1,26 +1,12 @@
 """Offline packing (``pack_dataset``) against TRL's ``pack_dataset``: in memory, at scale on disk, streaming.
 
-``in-memory`` (formerly ``bench_pack_dataset.py``): both libraries in this process on one in-memory
-``datasets.Dataset`` (``input_ids`` int32 + ``attention_mask`` int8), alternating, medians and the
-ratio; efficiency = real tokens / (rows * capacity), lower bound ceil(tokens / capacity) rows.
-Then streaming ``bfd`` per size in a fresh process (peak RSS: flat = bounded memory) and the
-efficiency cost of the buffer size against global bfd on the same lengths.
-
-``at-scale`` (formerly ``bench_pack_at_scale.py``): ``sft`` examples (``input_ids`` + ``labels``
-int32) in ``save_to_disk``'s layout; each packer in a fresh process does ``load_from_disk`` then
-packs, alternating across repeats: seconds in the pack call, peak RSS (``ru_maxrss``, mapped pages
-included), rows, efficiency; a second fresh process of ours must hit the cache. TRL packs with
-``load_from_cache_file=False``; cache files are deleted between runs. Then ``overflow="split"`` vs
-TRL's ``bfd_split`` at ``--split-max-length``. Writes ``results/<--out>.md`` and ``.json``.
-
-``streaming`` (formerly ``bench_streaming.py``): ``wrapped`` and ``bfd`` on a growing generator,
-each (strategy, size) in a fresh process; ``source`` only reads the generator (the floor).
-
     python benchmarks/cpu/bench_offline.py in-memory --out benchmarks/results/pack_dataset   # a few minutes
     python benchmarks/cpu/bench_offline.py in-memory --examples 20000 --repeats 2 --stream-sizes 10000,50000
     python benchmarks/cpu/bench_offline.py at-scale          # 1M x3 and 3M x1 (about 40 min, 2 cores)
     python benchmarks/cpu/bench_offline.py at-scale --examples 100000 --repeats 1 --out ''   # a quick check
     python benchmarks/cpu/bench_offline.py streaming         # 100k, 300k, 1M examples, 3 repeats; --sizes 20000 --no-write
+
+What each subcommand measures: see docs/benchmarks.md#how-bench_offlinepy-measures.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Benchmark MultipackBatchSampler against padded batching: planning time, efficiency, rank balance.
 
-Contenders, each planning one epoch of the same `sft` lengths for a budget of
-`--budget` tokens per micro-batch and handing out every batch as a list of indices:
-- ours `MultipackBatchSampler(lengths, budget)`: packed batches (no padding), 1 rank and 8 ranks
-  (the 8-rank time plans all ranks and lists one rank's batches, as each process does);
-- torch `BatchSampler(RandomSampler)` with batch size budget // longest example (so a padded
-  batch always fits the budget): padded to the batch's longest example;
-- transformers `LengthGroupedSampler` (`group_by_length=True`), same batch size, padded;
-- group_by_length with a token budget: transformers' mega-batches sorted by length, each cut
-  greedily into batches of as many examples as fit the budget padded (fairseq `max_tokens` style).
-
-Efficiency = real tokens / (batches * budget); "padding" = padded tokens / all tokens computed.
-Then: the cost imbalance of 8 simulated ranks per balancing mode; the same on the long-context
-distributions (`long_tail` up to 8k tokens at a 32k budget, `reasoning` up to 32k at a 64k
-budget; 2 and 8 ranks), where attention is most of the work and the balancing mode matters
-most; efficiency on the other standard distributions, and `lengths_from_dataset` against a
-Python loop over the rows.
-
 Usage: python benchmarks/cpu/bench_sampler.py [--examples 1000000] [--budget 16384] [--repeats 5]
        [--ranks 8] [--lengths-rows 100000]
+CPU check: python benchmarks/cpu/bench_sampler.py --examples 20000 --repeats 1
+
+The contenders and what else is measured: see docs/benchmarks.md#how-bench_samplerpy-measures.
 """
 
 from __future__ import annotations

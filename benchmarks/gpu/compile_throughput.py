@@ -1,39 +1,11 @@
 """GPU: packed training under torch.compile, against the no-padding oracle, compiled and eager (issue 29).
 
-One Llama-style model (random weights, bf16) per run of the script, one ``torch.compile`` of it,
-and four modes on the same examples, each started from the same weights with a fresh AdamW::
-
-    compiled_packed   multipack micro-batches of --tokens-per-step (one per step), padded to one
-                      bucket (the budget; the padding a segment of its own, never trained), compiled
-    compiled_oracle   the ceiling: rows of the mean length, no padding, flattened (the same kernel;
-                      the step's last row takes the remainder, so T is the bucket too), compiled
-    eager_packed      the multipack micro-batches unpadded, eager (today's packed training)
-    eager_oracle      the oracle's batches, eager
-    compiled_same_work  the ceiling for *these* examples: the same length distribution laid end to
-                      end with no padding, cut at the bucket (an example crossing a step boundary
-                      is cut; each piece a sequence), compiled: the same attention work per token
-                      as the packed steps, which the mean-length oracle does not have (a skewed
-                      distribution such as sft spends 2x the attention per token of its mean length)
-
-The timed steps are a sample the size of ``--warmup + --steps`` of the epoch's multipack steps,
-chosen at evenly spaced quantiles of their fill (real tokens): an epoch has one nearly empty
-last bin (sft: 851 of 16,384 tokens, 1 step in 220), which a handful of consecutive steps takes
-with a weight many times its weight in the epoch. The sample's fill and the epoch's are both
-reported, and ``epoch_tokens_per_s`` projects the packed modes' rate to the whole epoch's fill
-(a compiled step pads to the bucket, so its time does not depend on its fill).
-
-Before any timing: FA4's kernel variants are compiled up to the bucket (``warm_up_attention``)
-and the compiled model's graphs by ``warm_up_compiled`` (what PackingTrainer does under
-``torch_compile=True``); the compile time and graph count are reported. In the timed steps
-Dynamo's graph count and FA4's kernel cache are read before and after: recompiles in timed
-steps must be 0. Rounds alternate the modes' order (3 by default, over flan_like, orcamath_like
-and sft); the median round per mode is reported, with the ratios issue 29 asks for and the
-largest loss difference compiled vs eager (same weights, same data, same steps).
-
 Usage (one H100; --budget-s stops starting rounds past it, results so far are written):
     python benchmarks/gpu/compile_throughput.py --size 200m --out benchmarks/results/compile_200m   (~4 min)
     python benchmarks/gpu/compile_throughput.py --size 1b --out benchmarks/results/compile_1b       (~5 min)
 Smoke (CPU, sdpa, aot_eager, tiny model): python benchmarks/gpu/compile_throughput.py --smoke --out /tmp/ct
+
+Modes, the timed-step sample, warm-ups and recompile checks: see docs/benchmarks.md#compile_throughputpy.
 """
 
 from __future__ import annotations

@@ -1,49 +1,11 @@
 """Multi-GPU training with the multipack sampler: equal steps per rank, the 1-GPU loss curve, scaling.
 
-Two runners of one plan, the same model (``_shared.build_model``: Llama-style, random weights,
-bf16), Markov-chain tokens of ``--distribution`` lengths and JSON schema:
-
-- ``--runner trainer`` (default): ``PackingTrainer`` as a user runs it (its own
-  MultipackBatchSampler, FlatteningCollator, DDP or FSDP2 through ``TrainingArguments``).
-  Formerly ``gpu/trainer_scaling.py``.
-- ``--runner loop``: a hand-written loop (sampler + DDP or ``fully_shard`` per decoder layer).
-  Loss is token-weighted over the global step (``num_items_in_batch`` = label tokens of all
-  ranks, known from the plan on every rank without communication), times the world size to undo
-  DDP's gradient averaging. Formerly ``gpu/distributed_scaling.py``.
-
-The sampler plans each epoch for ``--replicas`` ranks (default 2). Launched on ONE process, a
-run trains the batches of all ranks per optimizer step (rank 0's first; gradient accumulation),
-so every step sees the same examples as the N-GPU run and the losses must agree within bf16
-noise. Per run: each rank's steps, the loss per step, real tokens/s over the timed steps (after
-``--warmup``), each rank's forward time next to the sampler's planned imbalance.
-
     torchrun --nproc_per_node 1 benchmarks/gpu/distributed.py --out OUT --name 1gpu   # the reference
-    torchrun --nproc_per_node 2 benchmarks/gpu/distributed.py --out OUT --name 2gpu_ddp
-    torchrun --nproc_per_node 2 benchmarks/gpu/distributed.py --out OUT --name 2gpu_fsdp --fsdp
+    torchrun --nproc_per_node 2 benchmarks/gpu/distributed.py --out OUT --name 2gpu_ddp   # --fsdp: FSDP2
     python benchmarks/gpu/distributed.py --compare OUT      # the table of the runs
 
-(add ``--runner loop`` to each for the hand-written loop). CPU check: add ``--smoke`` (gloo, tiny
-fp32 model, sdpa).
-
-Set-ups (formerly ``gpu/trainer_setups.py``): ``--setup ddp|fsdp|zero2|zero3`` (``--fsdp`` is ``--setup
-fsdp``; ZeRO reads examples/ds_zero2.json / ds_zero3.json, every batch number "auto"); with
-``--mixed-precision`` (float32 weights, ``TrainingArguments(bf16=True)``). ``--compare-setups`` sets each
-run's per-step losses beside DDP's (max relative difference within ``--tolerance``: bf16 noise) and
-tokens/s in ``setups.md`` / ``.json``. 2 GPUs, ~40 s each (start-up, plan, 3 + 15 steps)::
-
-    for s in ddp fsdp zero2 zero3; do
-      timeout 150 torchrun --nproc-per-node 2 benchmarks/gpu/distributed.py --out OUT --setup $s --name $s \\
-        --mixed-precision --examples 6000 --steps 15 --warmup 3
-    done
-    python benchmarks/gpu/distributed.py --compare-setups OUT
-
-``--liger`` (1 GPU visible, else DataParallel; ~2-3 min; OUT/liger.json): ``measure_token_budget`` of one
-``--longest`` example without and with Liger's fused loss (on the instance) at the 1B shape and an
-8B-like one (151,936 vocabulary, ``--layers-8b`` layers: the logits are the wall), bf16 weights; then
-PackingTrainer at 1B (``--liger-tokens``), unfused against ``use_liger_kernel=True``: losses, tokens/s::
-
-    CUDA_VISIBLE_DEVICES=0 timeout 300 python benchmarks/gpu/distributed.py --out OUT --liger \\
-      --examples 6000 --steps 15 --warmup 3
+CPU check: add ``--smoke`` (gloo, tiny fp32 model, sdpa). Runners (``--runner trainer|loop``), set-ups
+(``--setup``, ``--compare-setups``), ``--liger`` and expected times: see docs/benchmarks.md#distributedpy.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Packed training is exact on the GPU: losses and gradients against padded attention, per kernel.
 
-Two checks, one command each (``--out`` gets the JSON and markdown):
-
-``attention`` (formerly ``gpu/gpu_attention_check.py``): a Llama-style model (random weights,
-bf16, GQA); for the same examples, the loss and every parameter's gradient of the packed batch
-(FlatteningCollator) through ``packing_varlen``, ``flex_attention`` and ``sdpa`` against the
-padded batch through ``sdpa``, beside the bf16 noise floor (padded sdpa bf16 vs fp32); then
-forward+backward tokens/s of each on the same packed micro-batches (MultipackBatchSampler),
-plus the same examples padded, alternating, median. ``--smoke``: tiny fp32 model on CPU.
-
-``fa4`` (formerly ``gpu/fa4_check.py``; needs FA4 on Hopper/Blackwell): for Llama, Qwen2 and
-Mistral (sliding window 128), a small bf16 model on the same ``sft`` examples, the token-weighted
-loss of padded sdpa (bf16 and fp32: the scale to compare against), flattened, pre-packed (bfd,
-``PrePackedCollator(mode="flatten")``) and sampler batches under FA4 (``--attn packing_fa4`` or
-``flash_attention_4``) and flattened ``packing_varlen``; the live probe's verdicts
-(FlatteningCollator + FA4 passes, ``PrePackedCollator(mode="pad")`` + FA4 refused); FA4 compiles
-in the first and later training steps; the probe's cost against a 16k-token 200M step.
-
     python benchmarks/gpu/exactness.py attention --out benchmarks/results/gpu_attention
     python benchmarks/gpu/exactness.py attention --smoke --out /tmp/gpu_attention_smoke
     python benchmarks/gpu/exactness.py fa4 --attn packing_fa4 --out benchmarks/results/fa4_check
+
+What the ``attention`` and ``fa4`` checks compare: see docs/benchmarks.md#exactnesspy.
 """
 
 from __future__ import annotations

@@ -3,29 +3,8 @@
     torchrun --nproc-per-node 2 benchmarks/gpu/sequence_parallel.py --out benchmarks/results/sequence_parallel_h100x2
     torchrun --nproc-per-node 2 benchmarks/gpu/sequence_parallel.py --device cpu --smoke --out /tmp/sp_smoke
 
-Every rank runs the one-GPU reference on its own GPU (no collectives) and then, together, the N=2 run
-(N = the world size; one process gives the one-GPU numbers only). Three parts, each under a time cap:
-
-1. exact: bf16 (autocast, float32 weights, AdamW), packing_fa4 (else packing_varlen), Llama / Qwen2 /
-   Mistral (sliding window) shapes of ~100M parameters: ``--exact-steps`` packed micro-batches of
-   ``--exact-tokens`` tokens. The one-GPU run twice (its replay noise) and the N=2 run from the same
-   initial weights; ``max_loss_diff_vs_1gpu`` is the largest per-step |loss difference|.
-2. longest: the longest single example that trains one step (forward, backward, AdamW step), by
-   doubling from ``--start-tokens`` until out of memory or the cap, then one step halfway back; at 1B
-   (Llama-3.2-1B shapes, gradient checkpointing) and at Llama-3-8B layer shapes (hidden 4096, 32
-   heads, 8 kv heads, 128k vocabulary, ``--big-layers`` layers, gradient checkpointing; bf16 weights
-   and AdamW states; FSDP2 over the group for N=2, whole on one GPU for the reference).
-3. throughput: real tokens/s per GPU of a packed row of 32k and 64k tokens at 1B (gradient
-   checkpointing), the median of ``--repeats`` steps after one warm-up, where one GPU fits.
-4. trainer: ``PackingTrainer(sequence_parallel_size=N)`` end to end, 3 steps in bf16 (its probe's report).
-
-Out of memory is caught on every rank (the ranks of a group run the same shapes, so they fail at the
-same allocation) and the verdict agreed by an all-reduce. Results: ``OUT/results.json``, one entry per
-configuration with ``sequence_parallel_size``, ``longest_example_tokens``, ``tokens_per_s_per_gpu`` and
-``max_loss_diff_vs_1gpu`` (null where the part does not measure it), rewritten after each measurement.
-Expected wall time on 2 H100s: about 7 minutes (caps: --exact-cap, --longest-cap, --throughput-cap, and
---total-cap 360 s over the measuring parts; the trainer part, ~30 s, comes after). CPU smoke: 90 s on 2 cores.
-DeepSpeed Ulysses is not measured here (see docs/sequence_parallel.md).
+About 7 minutes on 2 H100s, 90 s for the CPU smoke. Parts (exact, longest, throughput, trainer), the
+results schema and the time caps: see docs/benchmarks.md#sequence_parallelpy.
 """
 
 from __future__ import annotations

@@ -1,41 +1,11 @@
 """GPU training throughput: padding vs packing vs a no-padding oracle, on the same examples.
 
-Fine-tunes a Llama-style model built from a config (random weights, bf16) for a fixed number
-of optimizer steps on synthetic token data whose lengths follow the standard distributions,
-and compares, on the same GPU in one run:
-
-    padded_random    B examples per micro-batch, random order, padded to the longest (sdpa + mask)
-    padded_grouped   the same examples per step, sorted by length before cutting micro-batches
-    flattened        the same examples per step and order as padded_random, flattened (online),
-                     a whole step in one micro-batch (--micro-tokens)
-    flattened_like_padded  padded_random's very micro-batches (B examples each), flattened:
-                     like-for-like memory and speed against padding
-    prepacked_bfd    all examples packed offline into rows of --max-length (bfd), rows flattened
-    prepacked_wrapped  tokens laid end to end and cut into rows (boundaries not kept), plain causal
-    multipack        MultipackBatchSampler at --tokens-per-step, one micro-batch per step
-    uniform          the ceiling: rows all of the mean length, same tokens per step, plain causal
-    uniform_work     rows all of one length L_w = sum(l^2) / sum(l) over the examples: the same tokens
-                     AND the same attention FLOPs per token as the data (plain causal). With long
-                     examples attention is a large share of the step, and rows of the mean length do
-                     less of it than the data does; this ceiling does the same work, without packing
-
-Packed modes run on each --attn backend (the library's torch varlen backend, flash_attention_2
-where installed, flex_attention on request: its flat micro-batches are padded to a multiple of
---flex-pad so that transformers' statically compiled flex kernel is not recompiled every step). Data loading runs in DataLoader workers with pinned memory
-and non-blocking copies. The tokens follow a fixed random Markov chain (4 successors per token),
-so the loss curves mean something: the floor is ln 4 = 1.386.
-
-Per mode: real (non-pad) tokens/s, steps/s, model FLOPs utilisation, peak memory, padding
-fraction, and training / validation loss curves. Writes results.json and train_throughput.md to --out.
-
 Usage (GPU):  python benchmarks/gpu/train_throughput.py --size 200m --out benchmarks/results/train_throughput
               (every mode on three distributions, 3 alternating rounds: ~8.5 min on an H200)
-Long context: python benchmarks/gpu/train_throughput.py --size 1b --grad-checkpointing --distributions long_tail
-              --max-length 8192 --tokens-per-step 32768 --micro-tokens 32768 --batch-size 4
-              --modes padded_random,padded_grouped,multipack,uniform,uniform_work --attn flash_attention_4,packing_varlen
-              (``long_tail`` and ``reasoning`` are drawn up to --max-length; a padded micro-batch holds
-              --batch-size examples, so --batch-size x --max-length bounds its memory like the packed budget)
 Smoke (CPU):  python benchmarks/gpu/train_throughput.py --smoke --out /tmp/tt
+
+Modes, attention backends, data, what is reported and the long-context command: see
+docs/benchmarks.md#train_throughputpy.
 """
 
 from __future__ import annotations
