@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "BaseExamplesIterable",
+    "BaseExamplesIterable",  # noqa: F822 (module __getattr__: datasets is imported on first use)
     "POSITIONAL_COLLATOR_INDEX",
     "PRIVATE_NAMES",
     "apply_replays",

@@ -20,8 +20,8 @@ No torch here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from .._progress import validate_progress
