@@ -36,10 +36,7 @@ __all__ = [
     "validate_positive_int",
 ]
 
-PADDING_FIX = (
-    "Packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the "
-    "padding first (keep the tokens where attention_mask is 1)."
-)
+PADDING_FIX = "Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1)."
 
 
 def validate_lengths(lengths: Sequence[int] | np.ndarray, *, what: str = "lengths") -> np.ndarray:
@@ -186,7 +183,7 @@ def check_unpadded(
     >>> check_unpadded([1, 2, 2], 3)
     Traceback (most recent call last):
     ...
-    ValueError: Example 1 is padded: its attention_mask has 1 zero(s) (2 of 3 examples have attention_mask zeros). Packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1).
+    ValueError: Example 1 is padded: its attention_mask has 1 zero(s) (2 of 3 examples have attention_mask zeros). Example 1 has attention_mask zeros inside it, so packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1).
     """
     owners = np.asarray(zero_owners, dtype=np.int64)
     if not len(owners):
@@ -196,7 +193,9 @@ def check_unpadded(
     padded = int(np.count_nonzero(np.diff(owners))) + 1
     among = f"the first {first_index + num_examples:,}" if stream else f"{num_examples:,}"
     items = f"{item.lower()}s"
+    name = f"{item} {first_index + first}"
     raise ValueError(
-        f"{item} {first_index + first} is padded: its attention_mask has {zeros} zero(s) ({padded:,} of {among} "
-        f"{items} have attention_mask zeros). {PADDING_FIX}"
+        f"{name} is padded: its attention_mask has {zeros} zero(s) ({padded:,} of {among} {items} have attention_mask "
+        f"zeros). {name} has attention_mask zeros inside it, so packing would put its pad tokens into rows and train "
+        f"on them. {PADDING_FIX}"
     )

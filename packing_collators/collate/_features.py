@@ -199,7 +199,7 @@ def mask_zero_owners(features: Sequence[Mapping[str, Any]], lengths: np.ndarray,
     >>> check_unpadded(mask_zero_owners([{"input_ids": [3, 0], "attention_mask": [1, 0]}], np.array([2])), 1)
     Traceback (most recent call last):
     ...
-    ValueError: Example 0 is padded: its attention_mask has 1 zero(s) (1 of 1 examples have attention_mask zeros). Packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1).
+    ValueError: Example 0 is padded: its attention_mask has 1 zero(s) (1 of 1 examples have attention_mask zeros). Example 0 has attention_mask zeros inside it, so packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1).
     """
     masks = [feature.get("attention_mask") for feature in features]
     if not any(mask is not None for mask in masks):

@@ -230,7 +230,7 @@ def read_examples(
     >>> read_examples(table)
     Traceback (most recent call last):
     ...
-    ValueError: Example 1 is padded: its attention_mask has 1 zero(s) (2 of 3 examples have attention_mask zeros). Packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1).
+    ValueError: Example 1 is padded: its attention_mask has 1 zero(s) (2 of 3 examples have attention_mask zeros). Example 1 has attention_mask zeros inside it, so packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1).
     """
     if not isinstance(columns, ExampleColumns):
         columns = example_columns(table.schema, columns)

@@ -118,7 +118,7 @@ def test_does_not_modify_its_inputs():
         ([{"input_ids": [1, 2], "labels": [1]}], r"Example 0: labels has 1 tokens but input_ids has 2"),
         (
             [{"input_ids": [1], "attention_mask": [1]}, {"input_ids": [1, 2], "attention_mask": [1, 0]}],
-            r"Example 1 is padded: its attention_mask has 1 zero\(s\) \(1 of 2 examples have attention_mask zeros\)",
+            r"Example 1 has attention_mask zeros",
         ),
     ],
 )
@@ -283,7 +283,7 @@ def test_labels_are_read_from_every_example(first_has_labels):
 
 def test_attention_mask_is_checked_on_every_example():
     collate = FlatteningCollator()
-    with pytest.raises(ValueError, match=r"Example 1 is padded: its attention_mask has 1 zero\(s\)"):
+    with pytest.raises(ValueError, match=r"Example 1 has attention_mask zeros"):
         collate([{"input_ids": [1, 2]}, {"input_ids": [3, 4, 0], "attention_mask": [1, 1, 0]}])
     with pytest.raises(ValueError, match=r"Example 2: attention_mask has 1 tokens but input_ids has 2"):
         collate(

@@ -213,7 +213,7 @@ def test_attention_mask_is_checked_on_every_row(mode):
         {"input_ids": [1, 2], "seq_lengths": [2]},
         {"input_ids": [3, 0], "seq_lengths": [2], "attention_mask": [1, 0]},
     ]
-    with pytest.raises(ValueError, match=r"Row 1 is padded: its attention_mask has 1 zero\(s\) \(1 of 2 rows have attention_mask zeros\)"):
+    with pytest.raises(ValueError, match=r"Row 1 has attention_mask zeros"):
         PrePackedCollator(mode=mode, max_length=4)(rows)
 
 
