@@ -41,7 +41,7 @@ bench: $(VENV)/.installed-dev-bench
 # `make bench-gpu`: the README's GPU tables in one command, on a CUDA machine where this package and FA4 are
 # installed (`pip install -e ".[fa4]"`; Hopper or Blackwell). Runs the Python on PATH (GPU_PY), not the venv.
 # Each step is bounded by `timeout` and a failed or timed-out step does not stop the others (make's `-`);
-# about 100 minutes on one H100/H200 in all. Results: $(GPU_OUT)/<table>/ (train_throughput.md, results.json).
+# about 105 minutes on one H100/H200 in all. Results: $(GPU_OUT)/<table>/ (train_throughput.md, results.json).
 GPU_PY ?= python
 GPU_OUT ?= benchmarks/results/bench_gpu
 TT = $(GPU_PY) benchmarks/gpu/train_throughput.py
@@ -61,6 +61,9 @@ bench-gpu:
 	-timeout 900 $(LONG) --steps 4 --warmup 2 --tokens-per-step 32768 --micro-tokens 32768 --max-length 8192 --batch-size 4 --distributions long_tail --examples 4000 --out $(GPU_OUT)/long_tail_8k
 	-timeout 900 $(LONG) $(LONG_32K) --distributions long_tail --examples 3000 --out $(GPU_OUT)/long_tail_32k
 	-timeout 900 $(LONG) $(LONG_32K) --distributions reasoning --examples 1500 --out $(GPU_OUT)/reasoning_32k
+	# "GPU: under torch.compile": compiled packed vs the compiled oracles and eager, 200M and 1B (~2-3 min each)
+	-timeout 600 $(GPU_PY) benchmarks/gpu/compile_throughput.py --size 200m --out $(GPU_OUT)/compile_200m
+	-timeout 600 $(GPU_PY) benchmarks/gpu/compile_throughput.py --size 1b --out $(GPU_OUT)/compile_1b
 	# packed attention is exact: losses against padded sdpa, per kernel and under FA4 (~2 min each)
 	-timeout 600 $(GPU_PY) benchmarks/gpu/exactness.py attention --out $(GPU_OUT)/gpu_attention
 	-timeout 600 $(GPU_PY) benchmarks/gpu/exactness.py fa4 --attn packing_fa4 --out $(GPU_OUT)/fa4_check
