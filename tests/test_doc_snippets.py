@@ -68,7 +68,7 @@ def run_block(source: str, namespace: dict, where: str) -> None:
 
 
 def _tokenizer():
-    from test_chat import QWEN2, chat_tokenizer
+    from _chat_fixtures import QWEN2, chat_tokenizer
 
     return chat_tokenizer(QWEN2, HUB_NAME)
 

@@ -11,8 +11,8 @@ import json
 import logging
 
 import pytest
+from _chat_fixtures import QWEN2, chat_tokenizer
 from datasets import Dataset, DatasetDict
-from test_chat import QWEN2, chat_tokenizer
 
 from packing_collators import tokenize_chat, tokenize_chat_example
 from packing_collators.chat._conversations import check_message

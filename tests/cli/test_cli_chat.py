@@ -7,8 +7,8 @@ import logging
 
 import numpy as np
 import pytest
+from _chat_fixtures import LLAMA3, QWEN2, QWEN3_LIKE, chat_tokenizer, expected_labels, random_conversation
 from datasets import load_from_disk
-from test_chat import LLAMA3, QWEN2, QWEN3_LIKE, chat_tokenizer, expected_labels, random_conversation
 
 from packing_collators.cli import main
 

@@ -13,9 +13,9 @@ import re
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _chat_fixtures import QWEN2, chat_tokenizer
 from _tiny_models import random_examples, tiny_model, training_args
 from datasets import Dataset
-from test_chat import QWEN2, chat_tokenizer
 
 from packing_collators import PackingTrainer, PrePackedCollator, pack_dataset
 from packing_collators.cli import main
