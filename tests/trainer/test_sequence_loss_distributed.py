@@ -8,20 +8,13 @@ over the examples of both ranks together: the example count is summed over ranks
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from _tiny_models import tiny_model
+from _two_ranks import run_two_ranks
 from test_sequence_loss import _per_sequence_padded_loss
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
-
-HERE = Path(__file__).resolve().parents[1]  # tests/: _tiny_models
 
 WORKER = r"""
 import sys
@@ -51,31 +44,8 @@ torch.save({{"after": {{n: p.detach() for n, p in trainer.model.named_parameters
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_two_ranks(tmp_path) -> list[dict]:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER.format(tests=str(HERE)))
-    port, procs = _free_port(), []
-    for rank in range(2):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = []
-    for proc in procs:
-        try:
-            outputs.append(proc.communicate(timeout=110)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("a rank hung")
-    for proc, output in zip(procs, outputs):
-        assert proc.returncode == 0, output[-3000:]
+    run_two_ranks(WORKER, tmp_path)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
 
 
@@ -89,5 +59,6 @@ def test_two_ranks_with_accumulation_take_the_per_sequence_mean_over_both(tmp_pa
     _per_sequence_padded_loss(model, examples).backward()
     for name, parameter in model.named_parameters():
         torch.testing.assert_close(ranks[0]["after"][name], ranks[1]["after"][name])  # DDP kept them equal
-        torch.testing.assert_close(before[name] - ranks[0]["after"][name], parameter.grad, rtol=1e-4, atol=1e-6,
-                                   msg=name)
+        torch.testing.assert_close(
+            before[name] - ranks[0]["after"][name], parameter.grad, rtol=1e-4, atol=1e-6, msg=name
+        )

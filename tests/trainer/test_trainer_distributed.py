@@ -10,17 +10,11 @@ every example each epoch, and that DDP kept the weights identical.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from _two_ranks import run_two_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
-
-HERE = Path(__file__).resolve().parents[1]  # tests/: _tiny_models
 
 WORKER = r"""
 import json, sys
@@ -60,48 +54,8 @@ json.dump({{
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_gloo_ranks_take_equal_steps_on_their_own_batches(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER.format(tests=str(HERE)))
-    port = _free_port()
-    procs = []
-    for rank in range(2):
-        env = {
-            **os.environ,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "LOCAL_WORLD_SIZE": "2",
-            "OMP_NUM_THREADS": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(script), str(tmp_path)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outputs = []
-    for proc in procs:
-        try:
-            outputs.append(proc.communicate(timeout=110)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("a rank hung (unequal step counts hang DDP's all-reduce)")
-    for proc, output in zip(procs, outputs):
-        assert proc.returncode == 0, output[-3000:]
+    run_two_ranks(WORKER, tmp_path, hang="a rank hung (unequal step counts hang DDP's all-reduce)")
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world"] for r in ranks] == [2, 2]
     assert [(r["num_replicas"], r["sampler_rank"]) for r in ranks] == [(2, 0), (2, 1)]
