@@ -95,7 +95,10 @@ def test_a_packed_step_equals_the_padded_loss_and_gradient(tmp_path, normalizati
     loss, reference = _reference(before, step, loss_fn)
     assert logged == pytest.approx(loss, rel=1e-4)
     for name, grad in reference.items():
-        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+        # the gradient is read back as before - after an lr-1 step: float32 rounding of that subtraction
+        # is about 1e-6 of the weights' scale, so the absolute tolerance scales with the gradient's largest entry
+        scale = float(grad.abs().max())
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=max(1e-6, 1e-5 * scale), msg=name)
 
 
 def test_sequence_and_token_means_differ_on_examples_of_unequal_length(tmp_path):
