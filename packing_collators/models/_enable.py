@@ -1,0 +1,224 @@
+"""enable_packing(model): every layer of the model keeps the packed examples of a batch apart.
+
+    model(input_ids (1, T), position_ids, cu_seq_lens_q, ...)
+      pre-hook: the batch's examples (RowSegments), read once per forward
+        Gated DeltaNet layer   -> flash-linear-attention's varlen kernels, on CUDA     (fast)
+        any other stateful layer, or no kernels here -> the layer per example, padded  (exact anywhere)
+        attention              -> as before: cu_seq_lens (flash, packing_varlen) or the packed mask
+
+The boundaries are read by a forward pre-hook on the model from what the collators already emit
+(``cu_seq_lens_q``, else restarting ``position_ids``), and kept until the next forward: gradient
+checkpointing recomputes a layer during the backward, after the forward has returned, and finds
+them still there (reentrant or not). A layer called with another batch's shape is refused.
+Cost: one read of the boundaries per forward; each stateful layer then runs as its path says.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ._gated_deltanet import fla_kernels, gated_deltanet_layout, gated_deltanet_varlen_forward
+from ._mixers import find_stateful_layers
+from ._packed_mask import is_causal_attention, packed_mask_forward
+from ._per_example import run_per_example
+from ._row_segments import RowSegments, row_segments
+
+__all__ = ["PackingLayers", "enable_packing", "packing_layers"]
+
+logger = logging.getLogger(__name__)
+
+_STATE = "_packing_collators_state"
+_CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")
+PER_EXAMPLE = "per example (the layer run on the row's examples as one padded batch; exact, no kernel needed)"
+
+
+@dataclass
+class PackingLayers:
+    """What ``enable_packing`` did to a model: each stateful layer kind and the path it takes.
+
+    Attributes:
+        paths: ``{layer class: path}``; ``counts``: ``{layer class: how many}``.
+        segments: the examples of the last batch the model was called with (None: not packed).
+    """
+
+    paths: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    segments: RowSegments | None = None
+    source: Any = None
+    masks: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        if not self.paths:
+            return "no layer carries state along the sequence; attention keeps the examples apart"
+        return "; ".join(f"{name} x{self.counts[name]}: {path}" for name, path in self.paths.items())
+
+
+def packing_layers(model) -> PackingLayers | None:
+    """What ``enable_packing`` did to ``model`` (or the model inside it), None if it was not called."""
+    from ..trainer._model_unwrap import unwrap_model
+
+    return getattr(unwrap_model(model), _STATE, None)
+
+
+def _hidden_states(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dim() == 3 and value.is_floating_point():
+            return value
+    return None
+
+
+def _batch_shape(module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
+    for key in ("input_ids", "inputs_embeds"):
+        if isinstance(kwargs.get(key), torch.Tensor):
+            return tuple(kwargs[key].shape[:2])
+    if args and isinstance(args[0], torch.Tensor):
+        return tuple(args[0].shape[:2])
+    return None
+
+
+def _read_boundaries(state: PackingLayers):
+    """The forward pre-hook: the batch's examples, from cu_seq_lens_q or position_ids."""
+
+    def hook(module, args, kwargs):
+        shape = _batch_shape(module, args, kwargs)
+        if shape is None:
+            return None
+        positions = kwargs.get("position_ids")
+        if positions is None and len(args) > 2:  # (input_ids, attention_mask, position_ids, ...) positionally
+            names = list(inspect.signature(module.forward).parameters)
+            if "position_ids" in names and names.index("position_ids") < len(args):
+                positions = args[names.index("position_ids")]
+        cu = kwargs.get("cu_seq_lens_q")
+        source = cu if cu is not None else positions
+        if source is not None and source is state.source and state.segments is not None:
+            return None  # the inner model of the same call: already read
+        state.source = source
+        state.segments = row_segments(shape, cu_seq_lens=cu, position_ids=positions)
+        return None
+
+    return hook
+
+
+def _check_call(name: str, segments: RowSegments, hidden: torch.Tensor | None, kwargs: dict) -> None:
+    if hidden is None or tuple(hidden.shape[:2]) != segments.batch_shape:
+        got = None if hidden is None else tuple(hidden.shape)
+        raise RuntimeError(
+            f"{name} was called with hidden states {got} while the model's last batch was {segments.batch_shape}: "
+            "its examples' boundaries are unknown. Call the model itself (its forward reads the boundaries), "
+            "one packed batch at a time."
+        )
+    if any(kwargs.get(key) is not None for key in _CACHE_KEYWORDS):
+        raise ValueError(
+            f"{name} got a cache with a packed batch; a cache carries state from one call to the next, across "
+            "the examples. Train packed with use_cache=False (model.config.use_cache = False)."
+        )
+
+
+def _stateful_forward(layer, original, state: PackingLayers, kernels, layout: str | None):
+    name = type(layer).__name__
+
+    def forward(*args, **kwargs):
+        segments = state.segments
+        if segments is None:
+            return original(*args, **kwargs)
+        hidden = _hidden_states(args, kwargs)
+        _check_call(name, segments, hidden, kwargs)
+        if layout is not None and kernels is not None and hidden.is_cuda:
+            flat = hidden.reshape(1, -1, hidden.shape[-1])
+            out = gated_deltanet_varlen_forward(layer, flat, segments.cu_seqlens, kernels, layout)
+            return out.reshape(hidden.shape[:2] + out.shape[2:])
+        return run_per_example(original, segments, args, kwargs)
+
+    forward.__packing_original__ = original
+    return forward
+
+
+def _path(layer, kernels, why_not: str) -> tuple[str, str | None]:
+    layout = gated_deltanet_layout(layer)
+    if layout is None:
+        return PER_EXAMPLE, None
+    if kernels is None:
+        return f"{PER_EXAMPLE}; the varlen kernels are not used: {why_not}", layout
+    return f"{kernels.name} varlen kernels on CUDA ({layout} projections), {PER_EXAMPLE} elsewhere", layout
+
+
+def _rebuild_attention_masks(model, state: PackingLayers, stateful: set[int]) -> None:
+    """Causal attention layers get the packed batch's mask under sdpa/eager/flex (see _packed_mask)."""
+    from ..trainer._model_unwrap import text_config
+
+    config = text_config(model)
+    count = 0
+    for module in model.modules():
+        if id(module) not in stateful and is_causal_attention(module):
+            module.forward = packed_mask_forward(module, module.forward, state, getattr(module, "config", config))
+            count += 1
+    if count:
+        state.paths["attention"] = (
+            "cu_seq_lens under flash / packing_varlen; under sdpa and eager the model's mask with nothing "
+            "across examples"
+        )
+        state.counts["attention"] = count
+
+
+def _install_hooks(model, state: PackingLayers) -> None:
+    hook = _read_boundaries(state)
+    owners = {id(model): model}
+    base = getattr(model, "base_model", None) if hasattr(model, "base_model_prefix") else None
+    if isinstance(base, torch.nn.Module) and base is not model:
+        owners[id(base)] = base
+    for module in owners.values():
+        module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def enable_packing(model):
+    """Make every layer of ``model`` keep packed examples apart; returns ``model``.
+
+    Layers that carry state along the sequence (Gated DeltaNet, Mamba/Mamba2, short convolutions,
+    KDA, lightning attention, RG-LRU) are found by their structure and run per example, or on
+    flash-linear-attention's varlen kernels for Gated DeltaNet on a GPU; the boundaries come from
+    the batch (``cu_seq_lens_q`` or restarting ``position_ids``, as :class:`FlatteningCollator` and
+    :class:`PrePackedCollator` emit them). Calling it again changes nothing. The log says which
+    path each layer kind takes; ``packing_layers(model)`` returns the same.
+
+    >>> from transformers import Qwen3_5TextConfig, Qwen3_5ForCausalLM
+    >>> config = Qwen3_5TextConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+    ...     num_key_value_heads=1, head_dim=8, intermediate_size=16, linear_num_key_heads=2,
+    ...     linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+    ...     layer_types=["linear_attention", "full_attention"], use_cache=False)
+    >>> model = enable_packing(Qwen3_5ForCausalLM(config))
+    >>> packing_layers(model).counts
+    {'Qwen3_5GatedDeltaNet': 1}
+    """
+    from ..trainer._model_unwrap import unwrap_model
+
+    inner = unwrap_model(model)
+    state = getattr(inner, _STATE, None)
+    if state is not None:
+        return model
+    state = PackingLayers()
+    layers = find_stateful_layers(inner)
+    kernels, why_not = (None, "")
+    if any(gated_deltanet_layout(layer) for _, layer in layers):
+        kernels, why_not = fla_kernels()
+        if kernels is None and torch.cuda.is_available():
+            logger.warning("enable_packing: Gated DeltaNet layers run per example (exact, slower): %s.", why_not)
+    counts: Counter = Counter()
+    for _, layer in layers:
+        path, layout = _path(layer, kernels, why_not)
+        name = type(layer).__name__
+        state.paths.setdefault(name, path)
+        counts[name] += 1
+        layer.forward = _stateful_forward(layer, layer.forward, state, kernels, layout)
+    state.counts = dict(counts)
+    if layers:
+        _rebuild_attention_masks(inner, state, {id(layer) for _, layer in layers})
+    _install_hooks(inner, state)
+    setattr(inner, _STATE, state)
+    logger.info("enable_packing(%s): %s", type(inner).__name__, state.summary())
+    return model

@@ -1,0 +1,55 @@
+"""The exact path for any layer that carries state: run it on the row's examples as one padded batch.
+
+    layer(row (1, T, H))   ->   layer(padded (S, max_length, H))   ->   back to (1, T, H)
+
+Every tensor argument laid out token by token, ``(B, T, ...)`` (the hidden states, ``position_ids``,
+rotary ``cos``/``sin``, a 2-D padding mask), is re-laid the same way; a 4-D attention mask is
+dropped (these layers are causal by construction and the padding comes last); the packing
+keywords (``cu_seq_lens_*``, ``max_length_*``, ``seq_idx``) are dropped, since the padded batch
+holds one example per row, so the layer's own reference code runs as for an ordinary batch.
+Needs no kernel package and runs on any device. Cost: the layer computes
+``S * max_length`` tokens instead of ``T`` (``row_segments`` draws the layout).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._row_segments import RowSegments
+
+__all__ = ["PACKING_KEYWORDS", "run_per_example"]
+
+PACKING_KEYWORDS = frozenset({"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"})
+
+
+def _relaid(value: Any, segments: RowSegments) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.dim() >= 2 and tuple(value.shape[:2]) == segments.batch_shape:
+            return segments.to_padded(value)
+        if value.dim() == 4 and value.shape[-1] == segments.batch_shape[1]:
+            return None  # a (B, 1, T, T) attention mask: the padded batch is causal with its padding last
+        if value.dim() == 1 and value.numel() == segments.batch_shape[1] and not value.is_floating_point():
+            return torch.arange(segments.max_length, device=value.device, dtype=value.dtype)  # cache_position
+        return value
+    if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return tuple(_relaid(v, segments) for v in value)  # rotary (cos, sin)
+    return value
+
+
+def _back(value: Any, segments: RowSegments, padded_shape: tuple[int, int]) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() >= 2 and tuple(value.shape[:2]) == padded_shape:
+        return segments.from_padded(value)
+    if isinstance(value, tuple):
+        return type(value)(_back(v, segments, padded_shape) for v in value)
+    return value
+
+
+def run_per_example(forward, segments: RowSegments, args: tuple, kwargs: dict) -> Any:
+    """``forward(*args, **kwargs)`` with the row re-laid as one padded batch of its examples, and the
+    token-major outputs laid back into the row."""
+    args = tuple(_relaid(a, segments) for a in args)
+    kwargs = {k: _relaid(v, segments) for k, v in kwargs.items() if k not in PACKING_KEYWORDS}
+    out = forward(*args, **kwargs)
+    return _back(out, segments, (segments.count, segments.max_length))

@@ -1,0 +1,133 @@
+"""Where each packed example sits in the batch a model is called with, and the same tokens as a padded batch.
+
+A flat row of three examples (lengths 3, 2, 4), and the padded batch that a layer which carries
+state along the sequence runs on, one example per row, so that no state crosses a boundary::
+
+    row     (1, 9):  a b c | d e | f g h i       cu_seq_lens [0, 3, 5, 9]
+    padded  (3, 4):  a b c .                     gather  [[0, 1, 2, 9], [3, 4, 9, 9], [5, 6, 7, 8]]
+                     d e . .                     (9: a zero row, the padding)
+                     f g h i                     scatter [0, 1, 2, 4, 5, 8, 9, 10, 11] (back to the row)
+
+Padding sits after each example's last token, so a causal layer (a short convolution, a scan)
+computes every real token exactly as it would for the example alone. Several packed rows
+(``PrePackedCollator(mode="pad")``, position_ids restarting inside each row) are read the same
+way over the flattened ``B * T`` tokens. Cost: one host read of the boundaries per forward, then
+two gathers per layer call (the padded slots cost the layer ``S * max_length - T`` extra tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["RowSegments", "row_segments"]
+
+
+@dataclass(frozen=True, eq=False)
+class RowSegments:
+    """The examples of one batch: their boundaries and the gathers between the batch and a padded batch.
+
+    Attributes:
+        batch_shape: (B, T) of the batch the model was called with.
+        cu_seqlens: int32 (S + 1,) boundaries over the flattened ``B * T`` tokens, on the batch's device.
+        max_length: the longest example.
+        gather: int64 (S, max_length) token of each padded slot (``B * T`` for a padding slot).
+        scatter: int64 (B * T,) slot of each token in the flattened padded batch.
+    """
+
+    batch_shape: tuple[int, int]
+    cu_seqlens: torch.Tensor
+    max_length: int
+    gather: torch.Tensor
+    scatter: torch.Tensor
+
+    @property
+    def count(self) -> int:
+        """How many examples (segments) the batch holds."""
+        return int(self.cu_seqlens.numel()) - 1
+
+    @property
+    def tokens(self) -> int:
+        return self.batch_shape[0] * self.batch_shape[1]
+
+    def to_padded(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (S, max_length, ...): each example in a row of its own, zeros after it."""
+        flat = x.reshape(self.tokens, *x.shape[2:])
+        flat = torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])
+        return flat[self.gather]
+
+    def from_padded(self, y: torch.Tensor) -> torch.Tensor:
+        """(S, max_length, ...) -> (B, T, ...): the real tokens back in the batch's order."""
+        flat = y.reshape(-1, *y.shape[2:])[self.scatter]
+        return flat.reshape(*self.batch_shape, *y.shape[2:])
+
+    def seq_idx(self) -> torch.Tensor:
+        """int32 (B, T): the example each token belongs to (numbered across the whole batch)."""
+        lengths = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
+        ids = torch.arange(self.count, device=lengths.device, dtype=torch.int32)
+        return torch.repeat_interleave(ids, lengths.long()).reshape(self.batch_shape)
+
+
+def _from_lengths(lengths: torch.Tensor, batch_shape: tuple[int, int]) -> RowSegments:
+    """The gathers for segments of ``lengths`` (int64, on the batch's device) laid end to end."""
+    device = lengths.device
+    count, tokens = int(lengths.numel()), batch_shape[0] * batch_shape[1]
+    cu = torch.zeros(count + 1, dtype=torch.int64, device=device)
+    torch.cumsum(lengths, 0, out=cu[1:])
+    max_length = int(lengths.max()) if count else 0
+    slot = torch.arange(max_length, device=device)
+    gather = cu[:-1, None] + slot[None]
+    gather = torch.where(slot[None] < lengths[:, None], gather, torch.full_like(gather, tokens))
+    segment = torch.repeat_interleave(torch.arange(count, device=device), lengths)
+    scatter = segment * max_length + (torch.arange(tokens, device=device) - cu[:-1][segment])
+    return RowSegments(batch_shape, cu.to(torch.int32), max_length, gather, scatter)
+
+
+def _lengths_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """Segment lengths over the flattened rows: a segment starts where a position is not the previous + 1,
+    and at every row's first token (the rule transformers' packed-sequence detection uses)."""
+    rows, width = position_ids.shape
+    start = torch.ones_like(position_ids, dtype=torch.bool)
+    start[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    starts = torch.nonzero(start.reshape(-1)).reshape(-1)
+    ends = torch.cat([starts[1:], starts.new_tensor([rows * width])])
+    return ends - starts
+
+
+def row_segments(
+    batch_shape: tuple[int, int], *, cu_seq_lens: torch.Tensor | None = None, position_ids: torch.Tensor | None = None
+) -> RowSegments | None:
+    """The examples of a batch of ``batch_shape`` (B, T), from its ``cu_seq_lens_q`` (one row) or its
+    ``position_ids`` (restarts), or None when the batch is not packed (one example per row).
+
+    >>> segments = row_segments((1, 9), cu_seq_lens=torch.tensor([0, 3, 5, 9], dtype=torch.int32))
+    >>> segments.gather.tolist()
+    [[0, 1, 2, 9], [3, 4, 9, 9], [5, 6, 7, 8]]
+    >>> row = torch.arange(9.0)[None, :, None]
+    >>> bool((segments.from_padded(segments.to_padded(row)) == row).all())
+    True
+    >>> row_segments((2, 4), position_ids=torch.tensor([[0, 1, 0, 1], [0, 1, 2, 0]])).cu_seqlens.tolist()
+    [0, 2, 4, 7, 8]
+    >>> row_segments((2, 3), position_ids=torch.tensor([[0, 1, 2], [0, 1, 2]])) is None
+    True
+    """
+    rows, width = batch_shape
+    if cu_seq_lens is not None and rows == 1:
+        cu = cu_seq_lens.reshape(-1).long()
+        if int(cu[-1]) != width or int(cu[0]) != 0:
+            raise ValueError(
+                f"cu_seq_lens_q={cu.tolist()[:8]}... does not split the batch's {width} tokens (it must start at 0 "
+                "and end at the token count); collate with FlatteningCollator, which builds both together."
+            )
+        lengths = cu[1:] - cu[:-1]
+        lengths = lengths[lengths > 0]
+    elif position_ids is not None:
+        if position_ids.dim() == 3:  # multimodal rope (3 or 4, B, T): the first row numbers the text
+            position_ids = position_ids[0]
+        lengths = _lengths_from_positions(position_ids.reshape(rows, width))
+    else:
+        return None
+    if int(lengths.numel()) <= rows:
+        return None  # one example per row: nothing to keep apart
+    return _from_lengths(lengths, batch_shape)
