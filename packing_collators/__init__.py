@@ -33,6 +33,7 @@ load on first use (they import transformers' Trainer or torch), so ``import pack
 from .chat import ChatStats, tokenize_chat, tokenize_chat_example
 from .collate import FlatteningCollator, PrePackedCollator, concatenate_and_pack, length_buckets, pack_sequences
 from .engine import PackingResult, PackStats, pack_lengths
+from .models import enable_packing
 from .offline import pack_dataset
 from .parallel import (
     SequenceShardCollator,
@@ -83,6 +84,7 @@ __all__ = [
     "choose_attention",
     "concatenate_and_pack",
     "count_sequences",
+    "enable_packing",
     "enable_ulysses_attention",
     "fit_attention_weight",
     "length_buckets",

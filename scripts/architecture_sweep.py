@@ -166,6 +166,30 @@ SPECIAL: dict[str, dict] = {
     "gemma3n_text": {"num_kv_shared_layers": 0},
     "gemma3n": {"num_kv_shared_layers": 0},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # the default leaves them to the checkpoint
+    "lfm2": {"layer_types": ["conv", "full_attention"]},  # the default's first layers are all attention
+    # hybrids: state-space / linear-attention sizes of their own, and an attention layer beside the recurrent one
+    "nemotron_h": {"mamba_num_heads": 8, "mamba_head_dim": 8, "n_groups": 1, "ssm_state_size": 8},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},  # its mask ignores positions
+    "kimi_linear": {"linear_head_dim": 8, "linear_num_heads": 4, "num_hidden_layers": 3},
+    "bailing_hybrid": {"linear_head_dim": 8, "linear_num_heads": 4, "num_key_value_heads": 4},
+    **dict.fromkeys(
+        ("qwen4_exp_text", "qwen4_exp"),
+        {
+            "layer_types": ["linear_attention", "full_attention"],
+            "ple_layer_ids": [1],  # per-layer n-gram embeddings with a dilated short conv on the first layer
+            "eos_token_id": 1,
+            "hc_lowrank": 8,
+            "ngram_vocab_size_base": 1000,
+            "split_ngram_parts": 1,
+            "heads_per_ngram": 2,
+            "make_ngram_vocab_size_divisible_by": 8,
+            "indexer_n_heads": 2,
+            "indexer_kv_heads": 1,
+            "indexer_head_dim": 8,
+            "indexer_budget": 8,
+            "indexer_compress_ratio": 4,
+        },
+    ),
     "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},  # shared block
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     "reformer": {"is_decoder": True, "axial_pos_shape": [8, 16], "axial_pos_embds_dim": [16, 16]},

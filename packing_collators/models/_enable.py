@@ -29,7 +29,7 @@ from ._packed_mask import is_causal_attention, packed_mask_forward
 from ._per_example import run_per_example
 from ._row_segments import RowSegments, row_segments
 
-__all__ = ["PackingLayers", "enable_packing", "packing_layers"]
+__all__ = ["PackingLayers", "enable_packing", "packing_layers", "prepare_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def _stateful_forward(layer, original, state: PackingLayers, kernels, layout: st
             return original(*args, **kwargs)
         hidden = _hidden_states(args, kwargs)
         _check_call(name, segments, hidden, kwargs)
-        if layout is not None and kernels is not None and hidden.is_cuda:
+        if layout is not None and kernels is not None and hidden.device.type == kernels.device_type:
             flat = hidden.reshape(1, -1, hidden.shape[-1])
             out = gated_deltanet_varlen_forward(layer, flat, segments.cu_seqlens, kernels, layout)
             return out.reshape(hidden.shape[:2] + out.shape[2:])
@@ -145,7 +145,8 @@ def _path(layer, kernels, why_not: str) -> tuple[str, str | None]:
         return PER_EXAMPLE, None
     if kernels is None:
         return f"{PER_EXAMPLE}; the varlen kernels are not used: {why_not}", layout
-    return f"{kernels.name} varlen kernels on CUDA ({layout} projections), {PER_EXAMPLE} elsewhere", layout
+    where = "CUDA" if kernels.device_type == "cuda" else kernels.device_type
+    return f"{kernels.name} varlen kernels on {where} ({layout} projections), {PER_EXAMPLE} elsewhere", layout
 
 
 def _rebuild_attention_masks(model, state: PackingLayers, stateful: set[int]) -> None:
@@ -195,6 +196,11 @@ def enable_packing(model):
     >>> packing_layers(model).counts
     {'Qwen3_5GatedDeltaNet': 1}
     """
+    return prepare_model(model, fla_kernels)
+
+
+def prepare_model(model, find_kernels):
+    """``enable_packing`` with the Gated DeltaNet kernels from ``find_kernels() -> (kernels | None, why not)``."""
     from ..trainer._model_unwrap import unwrap_model
 
     inner = unwrap_model(model)
@@ -205,7 +211,7 @@ def enable_packing(model):
     layers = find_stateful_layers(inner)
     kernels, why_not = (None, "")
     if any(gated_deltanet_layout(layer) for _, layer in layers):
-        kernels, why_not = fla_kernels()
+        kernels, why_not = find_kernels()
         if kernels is None and torch.cuda.is_available():
             logger.warning("enable_packing: Gated DeltaNet layers run per example (exact, slower): %s.", why_not)
     counts: Counter = Counter()

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,11 +36,13 @@ FLA_CHECKED = "0.6.0"  # the flash-linear-attention version the varlen path was 
 @dataclass(frozen=True)
 class GatedDeltaNetKernels:
     """``conv(x (1, T, D), weight (D, W), bias, activation, cu_seqlens) -> (1, T, D)`` and
-    ``delta_rule(q, k, v, g, beta, cu_seqlens) -> o (1, T, HV, V)`` (q, k l2-normalised inside)."""
+    ``delta_rule(q, k, v, g, beta, cu_seqlens) -> o (1, T, HV, V)`` (q, k l2-normalised inside),
+    used for hidden states on ``device_type``."""
 
     conv: Callable
     delta_rule: Callable
     name: str
+    device_type: str = "cuda"
 
 
 def gated_deltanet_layout(module) -> str | None:

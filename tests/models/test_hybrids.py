@@ -1,0 +1,178 @@
+"""enable_packing on hybrid models: a packed row gives every example the logits (and gradients) it gets alone.
+
+Every hybrid causal LM of the installed transformers that builds tiny (``tests/_hybrids.py``), float32
+on the CPU, through the path a CPU takes (each stateful layer run per example); a Granite-4.0-H with
+an attention layer (whose own mask ignores the packed positions) under sdpa and eager; gradient
+checkpointing, reentrant and not; ``PrePackedCollator`` rows, flat and padded.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _hybrids import HYBRIDS, alone_logits, examples_for, tiny_hybrid
+
+from packing_collators import FlatteningCollator, PrePackedCollator, enable_packing
+from packing_collators.models import find_stateful_layers, packing_layers
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1.0))
+
+
+def _packed_inputs(examples, collator=None) -> dict:
+    batch = (collator or FlatteningCollator())(examples)
+    batch.pop("labels", None)
+    return batch
+
+
+def _naive(model, examples) -> torch.Tensor | None:
+    """The packed row's logits before enable_packing, or None where transformers refuses the row itself."""
+    try:
+        return model(**_packed_inputs(examples)).logits[0]
+    except ValueError as error:  # transformers >= 5.2x: "can't keep packed sequences apart without ..."
+        assert "packed" in str(error)
+        return None
+
+
+@pytest.mark.parametrize("model_type", sorted(HYBRIDS))
+def test_packed_logits_equal_each_example_alone(model_type):
+    model = tiny_hybrid(model_type)
+    examples = examples_for(model)
+    assert find_stateful_layers(model), f"{model_type}: no stateful layer found"
+    with torch.no_grad():
+        alone = alone_logits(model, examples)
+        naive = _naive(model, examples)
+        enable_packing(model)
+        packed = model(**_packed_inputs(examples)).logits[0]
+    assert _relative(packed, alone) < 1e-5
+    if naive is not None:  # packing without it is wrong (some transformers versions raise instead)
+        assert _relative(naive, alone) > 1e-3
+
+
+@pytest.mark.skipif("granitemoehybrid" not in HYBRIDS, reason="this transformers has no Granite-4.0-H")
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_granite_attention_layer_sees_only_its_example(attn):
+    model = tiny_hybrid("granitemoehybrid", attn=attn)
+    assert "full_attention" in model.config.layer_types
+    examples = examples_for(model)
+    with torch.no_grad():
+        alone = alone_logits(model, examples)
+        enable_packing(model)
+        packed = model(**_packed_inputs(examples)).logits[0]
+    assert _relative(packed, alone) < 1e-5
+    assert packing_layers(model).counts["attention"] == 1
+
+
+def _weighted_sum(logits: torch.Tensor, seed: int = 1) -> torch.Tensor:
+    weights = torch.randn(logits.shape[-2:], generator=torch.Generator().manual_seed(seed))
+    return (logits.reshape(-1, logits.shape[-1]) * weights).sum()
+
+
+GRADIENT_TYPES = [t for t in ("qwen3_5_text", "nemotron_h", "granitemoehybrid", "lfm2") if t in HYBRIDS]
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("model_type", GRADIENT_TYPES)
+def test_gradients_equal_each_example_alone_under_gradient_checkpointing(model_type, reentrant):
+    reference = tiny_hybrid(model_type).train()
+    examples = examples_for(reference)
+    _weighted_sum(alone_logits(reference, examples)).backward()
+    model = enable_packing(tiny_hybrid(model_type).train())
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    _weighted_sum(model(**_packed_inputs(examples)).logits).backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        if q.grad is None:
+            assert p.grad is None or not p.grad.any(), name
+            continue
+        assert p.grad is not None, f"{name}: no gradient through the checkpointed packed forward"
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5 * float(q.grad.abs().max()) + 1e-7, msg=name)
+
+
+@pytest.mark.parametrize("mode", ["flatten", "pad"])
+def test_prepacked_rows(mode):
+    model = tiny_hybrid("nemotron_h" if "nemotron_h" in HYBRIDS else sorted(HYBRIDS)[0])
+    examples = examples_for(model, (7, 12, 5, 9, 3))
+    rows = [
+        {"input_ids": sum((e["input_ids"] for e in group), []), "seq_lengths": [len(e["input_ids"]) for e in group]}
+        for group in (examples[:2], examples[2:])
+    ]
+    batch = _packed_inputs(rows, PrePackedCollator(mode=mode, max_length=20) if mode == "pad" else PrePackedCollator())
+    with torch.no_grad():
+        alone = alone_logits(model, examples)
+        enable_packing(model)
+        logits = model(**batch).logits
+    if mode == "pad":  # rows of 19 and 17 tokens, padded to 20
+        real = torch.cat([logits[0, :19], logits[1, :17]])
+    else:
+        real = logits[0]
+    assert _relative(real, alone) < 1e-5
+
+
+def test_enable_packing_is_idempotent_and_returns_the_model():
+    model = tiny_hybrid("qwen3_5_text" if "qwen3_5_text" in HYBRIDS else sorted(HYBRIDS)[0])
+    assert enable_packing(model) is model
+    forwards = [layer.forward for _, layer in find_stateful_layers(model)]
+    enable_packing(model)
+    assert [layer.forward for _, layer in find_stateful_layers(model)] == forwards
+    assert all(not hasattr(f.__packing_original__, "__packing_original__") for f in forwards)
+
+
+def test_a_layer_called_with_another_batch_is_refused():
+    model = enable_packing(tiny_hybrid("nemotron_h" if "nemotron_h" in HYBRIDS else sorted(HYBRIDS)[0]))
+    examples = examples_for(model)
+    with torch.no_grad():
+        model(**_packed_inputs(examples))
+        name, layer = find_stateful_layers(model)[0]
+        with pytest.raises(RuntimeError, match=r"called with hidden states \(1, 5, 32\) while the model's last batch"):
+            layer(torch.zeros(1, 5, 32))
+
+
+def test_an_unpacked_batch_runs_the_layers_unchanged():
+    model = tiny_hybrid("qwen3_5_text" if "qwen3_5_text" in HYBRIDS else sorted(HYBRIDS)[0])
+    ids = torch.tensor([examples_for(model, (9,))[0]["input_ids"]] * 2)
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        after = enable_packing(model)(input_ids=ids).logits
+    assert packing_layers(model).segments is None
+    assert torch.equal(before, after)
+
+
+def test_models_without_stateful_layers_are_left_alone():
+    from _tiny_models import tiny_model
+
+    model = tiny_model("llama")
+    assert find_stateful_layers(model) == []
+    assert packing_layers(enable_packing(model)).summary().startswith("no layer carries state")
+
+
+GATED_DELTANET = [t for t in ("qwen3_5_text", "qwen3_next", "qwen3_5_moe_text") if t in HYBRIDS]
+
+
+@pytest.mark.parametrize("model_type", GATED_DELTANET)
+def test_the_varlen_gated_deltanet_path_computes_the_layer(model_type):
+    """The varlen path's wiring (projections, heads, conv, gates, norm), with reference kernels on the CPU,
+    against the layer's own forward per example: outputs and gradients."""
+    from _gdn_reference import REFERENCE
+
+    from packing_collators.models._enable import prepare_model
+
+    reference = enable_packing(tiny_hybrid(model_type).train())
+    model = prepare_model(tiny_hybrid(model_type).train(), lambda: (REFERENCE, ""))
+    assert "reference varlen kernels on cpu" in packing_layers(model).summary()
+    examples = examples_for(model)
+    losses = []
+    for m in (reference, model):
+        logits = m(**_packed_inputs(examples)).logits
+        _weighted_sum(logits).backward()
+        losses.append(logits)
+    assert _relative(losses[1], losses[0]) < 1e-5
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        if q.grad is not None:
+            torch.testing.assert_close(
+                p.grad, q.grad, rtol=1e-4, atol=1e-5 * float(q.grad.abs().max()) + 1e-7, msg=name
+            )
