@@ -26,7 +26,7 @@ import torch
 from ._gated_deltanet import fla_kernels, gated_deltanet_layout, gated_deltanet_varlen_forward
 from ._mixers import find_stateful_layers
 from ._packed_mask import is_causal_attention, packed_mask_forward
-from ._per_example import run_per_example
+from ._per_example import PACKING_KEYWORDS, run_per_example
 from ._row_segments import RowSegments, row_segments
 
 __all__ = ["PackingLayers", "enable_packing", "packing_layers", "prepare_model"]
@@ -120,13 +120,25 @@ def _check_call(name: str, segments: RowSegments, hidden: torch.Tensor | None, k
         )
 
 
+def _unpacked(name: str, kwargs: dict) -> dict:
+    """``kwargs`` without cu_seq_lens_* / max_length_* / seq_idx, which only say "one example" here
+    (transformers' reference kernels refuse them even then); several examples would be a bug."""
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is not None and cu.numel() > 2:
+        raise RuntimeError(
+            f"{name} got cu_seq_lens_q of {cu.numel() - 1} examples, but the model's forward did not read them "
+            "(its boundaries pre-hook did not run). Call the model itself with the packed batch."
+        )
+    return {k: v for k, v in kwargs.items() if k not in PACKING_KEYWORDS}
+
+
 def _stateful_forward(layer, original, state: PackingLayers, kernels, layout: str | None):
     name = type(layer).__name__
 
     def forward(*args, **kwargs):
         segments = state.segments
-        if segments is None:
-            return original(*args, **kwargs)
+        if segments is None:  # one example per row: the layer's own code, without the packing keywords
+            return original(*args, **_unpacked(name, kwargs))
         hidden = _hidden_states(args, kwargs)
         _check_call(name, segments, hidden, kwargs)
         if layout is not None and kernels is not None and hidden.device.type == kernels.device_type:
@@ -194,7 +206,7 @@ def enable_packing(model):
     ...     layer_types=["linear_attention", "full_attention"], use_cache=False)
     >>> model = enable_packing(Qwen3_5ForCausalLM(config))
     >>> packing_layers(model).counts
-    {'Qwen3_5GatedDeltaNet': 1}
+    {'Qwen3_5GatedDeltaNet': 1, 'attention': 1}
     """
     return prepare_model(model, fla_kernels)
 

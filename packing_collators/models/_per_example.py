@@ -24,32 +24,44 @@ __all__ = ["PACKING_KEYWORDS", "run_per_example"]
 PACKING_KEYWORDS = frozenset({"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"})
 
 
-def _relaid(value: Any, segments: RowSegments) -> Any:
+def _relaid(value: Any, segments: RowSegments, group: int) -> Any:
     if isinstance(value, torch.Tensor):
         if value.dim() >= 2 and tuple(value.shape[:2]) == segments.batch_shape:
-            return segments.to_padded(value)
+            return segments.to_padded(value, group)
         if value.dim() == 4 and value.shape[-1] == segments.batch_shape[1]:
             return None  # a (B, 1, T, T) attention mask: the padded batch is causal with its padding last
         if value.dim() == 1 and value.numel() == segments.batch_shape[1] and not value.is_floating_point():
-            return torch.arange(segments.max_length, device=value.device, dtype=value.dtype)  # cache_position
+            width = segments.groups[group].shape[1]  # cache_position
+            return torch.arange(width, device=value.device, dtype=value.dtype)
         return value
     if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value):
-        return tuple(_relaid(v, segments) for v in value)  # rotary (cos, sin)
+        return tuple(_relaid(v, segments, group) for v in value)  # rotary (cos, sin)
     return value
 
 
-def _back(value: Any, segments: RowSegments, padded_shape: tuple[int, int]) -> Any:
-    if isinstance(value, torch.Tensor) and value.dim() >= 2 and tuple(value.shape[:2]) == padded_shape:
-        return segments.from_padded(value)
-    if isinstance(value, tuple):
-        return type(value)(_back(v, segments, padded_shape) for v in value)
-    return value
+def _token_major(value: Any, shape: tuple[int, int]) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() >= 2 and tuple(value.shape[:2]) == shape
 
 
 def run_per_example(forward, segments: RowSegments, args: tuple, kwargs: dict) -> Any:
-    """``forward(*args, **kwargs)`` with the row re-laid as one padded batch of its examples, and the
+    """``forward(*args, **kwargs)`` once per group of the row's examples (each a padded batch), and the
     token-major outputs laid back into the row."""
-    args = tuple(_relaid(a, segments) for a in args)
-    kwargs = {k: _relaid(v, segments) for k, v in kwargs.items() if k not in PACKING_KEYWORDS}
-    out = forward(*args, **kwargs)
-    return _back(out, segments, (segments.count, segments.max_length))
+    kwargs = {k: v for k, v in kwargs.items() if k not in PACKING_KEYWORDS}
+    outs = []
+    for group, gather in enumerate(segments.groups):
+        out = forward(
+            *(_relaid(a, segments, group) for a in args), **{k: _relaid(v, segments, group) for k, v in kwargs.items()}
+        )
+        outs.append((out, tuple(gather.shape)))
+    first = outs[0][0]
+    if isinstance(first, torch.Tensor):
+        return segments.from_padded([out for out, _ in outs])
+    if isinstance(first, tuple):
+        merged = []
+        for i, item in enumerate(first):
+            if _token_major(item, outs[0][1]):
+                merged.append(segments.from_padded([out[i] for out, _ in outs]))
+            else:
+                merged.append(item)
+        return type(first)(merged) if type(first) is tuple else tuple(merged)
+    raise TypeError(f"{type(first).__name__} output: the per-example path lays back tensors and tuples of them only.")

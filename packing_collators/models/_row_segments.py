@@ -1,18 +1,22 @@
-"""Where each packed example sits in the batch a model is called with, and the same tokens as a padded batch.
+"""Where each packed example sits in the batch a model is called with, and the same tokens as padded batches.
 
 A flat row of three examples (lengths 3, 2, 4), and the padded batch that a layer which carries
 state along the sequence runs on, one example per row, so that no state crosses a boundary::
 
     row     (1, 9):  a b c | d e | f g h i       cu_seq_lens [0, 3, 5, 9]
-    padded  (3, 4):  a b c .                     gather  [[0, 1, 2, 9], [3, 4, 9, 9], [5, 6, 7, 8]]
-                     d e . .                     (9: a zero row, the padding)
-                     f g h i                     scatter [0, 1, 2, 4, 5, 8, 9, 10, 11] (back to the row)
+    group 0 (2, 4):  f g h i                     gather [[5, 6, 7, 8], [0, 1, 2, 9]]   (9: a zero row)
+                     a b c .
+    group 1 (1, 2):  d e                         gather [[3, 4]]
+    scatter:         [4, 5, 6, 8, 9, 0, 1, 2, 3]  each token's slot in the groups' slots, back to the row
 
 Padding sits after each example's last token, so a causal layer (a short convolution, a scan)
-computes every real token exactly as it would for the example alone. Several packed rows
+computes every real token exactly as it would for the example alone. Examples are grouped by
+length, longest first, into padded batches whose lengths stay within a factor of two of each
+other (``group``): a row of 40 examples of 10 to 2,000 tokens is a few batches, and at most
+half of any batch is padding, instead of 40 rows of 2,000. Several packed rows
 (``PrePackedCollator(mode="pad")``, position_ids restarting inside each row) are read the same
 way over the flattened ``B * T`` tokens. Cost: one host read of the boundaries per forward, then
-two gathers per layer call (the padded slots cost the layer ``S * max_length - T`` extra tokens).
+two gathers per layer call and group.
 """
 
 from __future__ import annotations
@@ -26,20 +30,20 @@ __all__ = ["RowSegments", "row_segments"]
 
 @dataclass(frozen=True, eq=False)
 class RowSegments:
-    """The examples of one batch: their boundaries and the gathers between the batch and a padded batch.
+    """The examples of one batch: their boundaries and the gathers between the batch and padded batches.
 
     Attributes:
         batch_shape: (B, T) of the batch the model was called with.
         cu_seqlens: int32 (S + 1,) boundaries over the flattened ``B * T`` tokens, on the batch's device.
         max_length: the longest example.
-        gather: int64 (S, max_length) token of each padded slot (``B * T`` for a padding slot).
-        scatter: int64 (B * T,) slot of each token in the flattened padded batch.
+        groups: int64 (S_g, L_g) per group: the token of each padded slot (``B * T`` for a padding slot).
+        scatter: int64 (B * T,) slot of each token in the groups' slots, flattened and concatenated.
     """
 
     batch_shape: tuple[int, int]
     cu_seqlens: torch.Tensor
     max_length: int
-    gather: torch.Tensor
+    groups: tuple[torch.Tensor, ...]
     scatter: torch.Tensor
 
     @property
@@ -51,16 +55,15 @@ class RowSegments:
     def tokens(self) -> int:
         return self.batch_shape[0] * self.batch_shape[1]
 
-    def to_padded(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, ...) -> (S, max_length, ...): each example in a row of its own, zeros after it."""
+    def to_padded(self, x: torch.Tensor, group: int) -> torch.Tensor:
+        """(B, T, ...) -> (S_g, L_g, ...) of ``group``: each example in a row of its own, zeros after it."""
         flat = x.reshape(self.tokens, *x.shape[2:])
-        flat = torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])
-        return flat[self.gather]
+        return torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])[self.groups[group]]
 
-    def from_padded(self, y: torch.Tensor) -> torch.Tensor:
-        """(S, max_length, ...) -> (B, T, ...): the real tokens back in the batch's order."""
-        flat = y.reshape(-1, *y.shape[2:])[self.scatter]
-        return flat.reshape(*self.batch_shape, *y.shape[2:])
+    def from_padded(self, ys: list[torch.Tensor]) -> torch.Tensor:
+        """One (S_g, L_g, ...) per group -> (B, T, ...): the real tokens back in the batch's order."""
+        flat = torch.cat([y.reshape(-1, *y.shape[2:]) for y in ys])[self.scatter]
+        return flat.reshape(*self.batch_shape, *ys[0].shape[2:])
 
     def seq_idx(self) -> torch.Tensor:
         """int32 (B, T): the example each token belongs to (numbered across the whole batch)."""
@@ -69,19 +72,36 @@ class RowSegments:
         return torch.repeat_interleave(ids, lengths.long()).reshape(self.batch_shape)
 
 
+def _groups(lengths: list[int]) -> list[list[int]]:
+    """Example indices, longest first, cut where a length falls to half the group's first (or below)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if not groups or 2 * lengths[i] <= lengths[groups[-1][0]]:
+            groups.append([])
+        groups[-1].append(i)
+    return groups
+
+
 def _from_lengths(lengths: torch.Tensor, batch_shape: tuple[int, int]) -> RowSegments:
     """The gathers for segments of ``lengths`` (int64, on the batch's device) laid end to end."""
     device = lengths.device
-    count, tokens = int(lengths.numel()), batch_shape[0] * batch_shape[1]
-    cu = torch.zeros(count + 1, dtype=torch.int64, device=device)
+    sizes = lengths.tolist()
+    tokens = batch_shape[0] * batch_shape[1]
+    cu = torch.zeros(len(sizes) + 1, dtype=torch.int64, device=device)
     torch.cumsum(lengths, 0, out=cu[1:])
-    max_length = int(lengths.max()) if count else 0
-    slot = torch.arange(max_length, device=device)
-    gather = cu[:-1, None] + slot[None]
-    gather = torch.where(slot[None] < lengths[:, None], gather, torch.full_like(gather, tokens))
-    segment = torch.repeat_interleave(torch.arange(count, device=device), lengths)
-    scatter = segment * max_length + (torch.arange(tokens, device=device) - cu[:-1][segment])
-    return RowSegments(batch_shape, cu.to(torch.int32), max_length, gather, scatter)
+    gathers, slot_of = [], torch.empty(tokens, dtype=torch.int64, device=device)
+    offset = 0
+    for members in _groups(sizes):
+        index = torch.tensor(members, device=device)
+        width = sizes[members[0]]
+        slot = torch.arange(width, device=device)
+        gather = cu[index, None] + slot[None]
+        real = slot[None] < lengths[index, None]
+        gathers.append(torch.where(real, gather, torch.full_like(gather, tokens)))
+        slot_of[gather[real]] = offset + torch.nonzero(real.reshape(-1)).reshape(-1)
+        offset += len(members) * width
+    return RowSegments(batch_shape, cu.to(torch.int32), max(sizes, default=0), tuple(gathers), slot_of)
 
 
 def _lengths_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
@@ -102,10 +122,12 @@ def row_segments(
     ``position_ids`` (restarts), or None when the batch is not packed (one example per row).
 
     >>> segments = row_segments((1, 9), cu_seq_lens=torch.tensor([0, 3, 5, 9], dtype=torch.int32))
-    >>> segments.gather.tolist()
-    [[0, 1, 2, 9], [3, 4, 9, 9], [5, 6, 7, 8]]
+    >>> [gather.tolist() for gather in segments.groups]
+    [[[5, 6, 7, 8], [0, 1, 2, 9]], [[3, 4]]]
+    >>> segments.scatter.tolist()
+    [4, 5, 6, 8, 9, 0, 1, 2, 3]
     >>> row = torch.arange(9.0)[None, :, None]
-    >>> bool((segments.from_padded(segments.to_padded(row)) == row).all())
+    >>> bool((segments.from_padded([segments.to_padded(row, g) for g in range(2)]) == row).all())
     True
     >>> row_segments((2, 4), position_ids=torch.tensor([[0, 1, 0, 1], [0, 1, 2, 0]])).cu_seqlens.tolist()
     [0, 2, 4, 7, 8]
