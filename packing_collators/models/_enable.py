@@ -25,6 +25,7 @@ import torch
 
 from ._gated_deltanet import fla_kernels, gated_deltanet_layout, gated_deltanet_varlen_forward
 from ._mixers import find_stateful_layers
+from ._multimodal import MultimodalPositions, multimodal_model
 from ._packed_mask import is_causal_attention, packed_mask_forward
 from ._per_example import PACKING_KEYWORDS, run_per_example
 from ._row_segments import RowSegments, row_segments
@@ -237,6 +238,11 @@ def prepare_model(model, find_kernels):
     if layers:
         _rebuild_attention_masks(inner, state, {id(layer) for _, layer in layers})
     _install_hooks(inner, state)
+    multimodal = multimodal_model(inner)
+    if multimodal is not None:
+        multimodal.register_forward_pre_hook(MultimodalPositions(multimodal, state), with_kwargs=True)
+        state.paths["multimodal rotary positions"] = f"{type(multimodal).__name__}.get_rope_index per example"
+        state.counts["multimodal rotary positions"] = 1
     setattr(inner, _STATE, state)
     logger.info("enable_packing(%s): %s", type(inner).__name__, state.summary())
     return model

@@ -1,0 +1,122 @@
+"""Multimodal rotary positions computed per example, so a packed row of images and text is each example alone.
+
+Qwen2-VL-style models number each token on three axes (time, height, width): an image's tokens
+share a time and spread over its grid, the text after it continues from the image's largest
+position. The model computes them itself (``get_rope_index``) for a whole sequence; over a packed
+row it would number the second example on from the first. Here each example gets its own::
+
+    row              [ t t <img 2x2> t | t t t | t <img 1x3> t ]          (3 examples, 2 images)
+    text positions     0 1  2 2 2 2  4 | 0 1 2 | 0  1 1 1   3               restart per example
+    get_rope_index     on each example with its own images' grids, concatenated
+    position_ids     (4, 1, T): the text row first (transformers reads packed boundaries from it),
+                     then the three rotary rows
+
+Images and videos are assigned to examples in order, by the placeholder tokens each example holds
+(``mm_token_type_ids``: 1 image, 2 video; or the config's ``image_token_id`` / ``video_token_id``);
+an example whose placeholders do not match its images' grids is refused by index. The vision tower
+already attends within each image (its ``cu_seqlens`` come from the grids). Cost: one
+``get_rope_index`` call per example with an image, once per forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._row_segments import RowSegments
+
+__all__ = ["MultimodalPositions", "multimodal_model"]
+
+_GRIDS = (("image_grid_thw", 1, "image"), ("video_grid_thw", 2, "video"))
+
+
+def multimodal_model(model):
+    """The module of ``model`` that computes multimodal rotary positions (``get_rope_index``), or None."""
+    for module in model.modules():
+        if callable(getattr(module, "get_rope_index", None)) and hasattr(module, "config"):
+            return module
+    return None
+
+
+class MultimodalPositions:
+    """The forward pre-hook of a model's multimodal module: ``position_ids`` per example, as (4, 1, T)."""
+
+    def __init__(self, module, state) -> None:
+        self.module, self.state = module, state
+        config = module.config
+        self.merge = int(getattr(getattr(config, "vision_config", None), "spatial_merge_size", 2) or 2)
+        self.token_ids = {1: getattr(config, "image_token_id", None), 2: getattr(config, "video_token_id", None)}
+
+    def __call__(self, module, args, kwargs):
+        segments = self.state.segments
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if segments is None or input_ids is None or segments.batch_shape[0] != 1:
+            return None
+        kwargs["position_ids"] = self.positions(segments, input_ids, kwargs)
+        return args, kwargs
+
+    def kinds(self, input_ids: torch.Tensor, kwargs: dict) -> torch.Tensor:
+        """int (1, T): 1 for an image placeholder, 2 for a video one, 0 for text."""
+        given = kwargs.get("mm_token_type_ids")
+        if given is not None:
+            return given.reshape(input_ids.shape)
+        kinds = torch.zeros_like(input_ids)
+        for kind, token in self.token_ids.items():
+            if token is not None:
+                kinds[input_ids == token] = kind
+        return kinds
+
+    def positions(self, segments: RowSegments, input_ids: torch.Tensor, kwargs: dict) -> torch.Tensor:
+        kinds = self.kinds(input_ids, kwargs)
+        cu = segments.cu_seqlens.tolist()
+        per_example = _assign_grids(kwargs, kinds, cu, self.merge)
+        rows = []
+        for e, (start, end) in enumerate(zip(cu[:-1], cu[1:])):
+            text = torch.arange(end - start, device=input_ids.device)
+            grids = per_example[e]
+            if not grids:
+                rows.append(torch.stack([text] * 4))
+                continue
+            rope, _ = self.module.get_rope_index(
+                input_ids[:, start:end], mm_token_type_ids=kinds[:, start:end], attention_mask=None, **grids
+            )
+            rows.append(torch.cat([text[None], rope.reshape(3, -1).to(text)]))
+        return torch.cat(rows, dim=1)[:, None]
+
+
+def _assign_grids(kwargs: dict, kinds: torch.Tensor, cu: list[int], merge: int) -> list[dict]:
+    """Each example's grid rows (and video ``second_per_grid_ts``), taken in order by its placeholder count."""
+    per_example: list[dict] = [{} for _ in range(len(cu) - 1)]
+    for key, kind, word in _GRIDS:
+        grid = kwargs.get(key)
+        counts = torch.stack([(kinds[0, s:e] == kind).sum() for s, e in zip(cu[:-1], cu[1:])]).tolist()
+        if grid is None:
+            if any(counts):
+                first = next(i for i, n in enumerate(counts) if n)
+                raise ValueError(
+                    f"Example {first} has {counts[first]} {word} placeholder tokens but the batch has no {key}: "
+                    f"give each example its {word}s' pixels and {key} (the processor's output), or drop the placeholders."
+                )
+            continue
+        tokens = (grid.prod(-1) // (merge * merge)).tolist()
+        taken = 0
+        for e, count in enumerate(counts):
+            first, used = taken, 0
+            while used < count and taken < len(tokens):
+                used, taken = used + tokens[taken], taken + 1
+            if used != count:
+                raise ValueError(
+                    f"Example {e} has {count} {word} placeholder tokens, but its {word}s' grids ({key} rows "
+                    f"{first}..{taken - 1}: {grid[first:taken].tolist()}) need {used}. Each {word} needs "
+                    f"t*h*w/{merge * merge} placeholders: tokenize with the model's processor, which writes both."
+                )
+            if count:
+                per_example[e][key] = grid[first:taken]
+                seconds = kwargs.get("second_per_grid_ts") if kind == 2 else None
+                if seconds is not None:
+                    per_example[e]["second_per_grid_ts"] = seconds[first:taken]
+        if taken != len(tokens):
+            raise ValueError(
+                f"The batch has {len(tokens)} {word}s ({key} rows) but its examples hold placeholders for {taken}: "
+                f"{word} {taken} has no placeholder tokens. Keep each {word}'s placeholders in its example."
+            )
+    return per_example
