@@ -9,6 +9,7 @@ Three examples ``S1 = [a, b, c]``, ``S2 = [d, e]``, ``S3 = [f, g, h]``::
     max_length_q  = max_length_k  = 3                          int
     seq_idx       = [[ 0,    0, 0,  1,    1,  2,    2, 2]]     int32 (1, T), optional
     token_type_ids (any other per-token key, if given)         int64 (1, T), like input_ids
+    pixel_values, image_grid_thw (videos too), if given        each example's, concatenated in order
     use_cache     = False                                      bool (no KV cache: see below)
 
 The first label of every example is -100: in a causal LM it would be predicted
@@ -33,6 +34,7 @@ import numpy as np
 
 from ._concat import sequence_lengths
 from ._features import feature_column, read_token_features
+from ._media import MEDIA_KEYS, read_media
 from ._options import CollateOptions, ReturnTensors
 
 __all__ = ["FlatteningCollator"]
@@ -68,13 +70,19 @@ class FlatteningCollator:
     concatenated like ``input_ids``; a key that is not per-token (a number, a string,
     a list of another length) is a ValueError naming the example and the fix, and a
     key whose value is None is skipped. Every token value must be an integer (a float,
-    string or None is a TypeError); lists, numpy arrays and tensors work.
+    string or None is a TypeError); lists, numpy arrays and tensors work. Images and videos of
+    processor-style examples (``pixel_values`` + ``image_grid_thw``, ``pixel_values_videos`` +
+    ``video_grid_thw``, ``second_per_grid_ts``) are concatenated in example order, text-only
+    examples mixed in freely (``mm_token_type_ids`` is per token, carried); the model needs
+    ``enable_packing(model)`` to number each example's multimodal positions on its own.
 
     Returns (``T`` = tokens in the batch, ``n`` = examples, +1 each with padding):
         ``input_ids`` int64 (1, T), ``labels`` int64 (1, T), ``position_ids`` int64 (1, T),
         ``cu_seq_lens_q`` / ``cu_seq_lens_k`` int32 (n + 1,), ``max_length_q`` /
         ``max_length_k`` int, ``seq_idx`` int32 (1, T) if asked for, and each carried
-        per-token key (e.g. ``token_type_ids``) int64 (1, T), 0 in the padding.
+        per-token key (e.g. ``token_type_ids``) int64 (1, T), 0 in the padding; the image and
+        video keys given, concatenated (``pixel_values`` (patches, features), ``image_grid_thw``
+        int64 (images, 3)).
         And ``use_cache`` False, last (unless ``disable_cache=False``).
 
     >>> collate = FlatteningCollator(return_tensors="np")
@@ -128,6 +136,7 @@ class FlatteningCollator:
                 f"Example {int(empty[0])} has no tokens ({len(empty)} empty example(s) in this batch). "
                 "Filter empty examples out of the dataset before training."
             )
-        tokens = read_token_features(features, lengths, collator="FlatteningCollator")
+        tokens = read_token_features(features, lengths, collator="FlatteningCollator", own=MEDIA_KEYS)
         batch = self.options.flat_batch(tokens.input_ids, tokens.labels, lengths, tokens.carried)
+        batch.update(read_media(features))
         return self.options.finish(batch)

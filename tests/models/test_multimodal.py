@@ -1,0 +1,94 @@
+"""Vision-language models packed: FlatteningCollator + enable_packing give every example its logits alone.
+
+Every VLM type of the list that this transformers has (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, Qwen3.5
+with images), tiny and float32: images of three sizes in two examples with a text-only example
+between them; the bad inputs the collator and the model refuse, by example.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _vlms import alone_logits, available, image_example, mixed_examples, tiny_vlm
+
+from packing_collators import FlatteningCollator, enable_packing
+from packing_collators.models import packing_layers
+
+VLMS = available()
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1.0))
+
+
+def _packed(examples: list[dict]) -> dict:
+    batch = FlatteningCollator()(examples)
+    batch.pop("labels")
+    return batch
+
+
+def test_the_collator_concatenates_images_in_example_order():
+    config = tiny_vlm(VLMS[0]).config
+    examples = mixed_examples(config)
+    batch = FlatteningCollator()(examples)
+    assert batch["image_grid_thw"].tolist() == [[1, 4, 4], [1, 2, 6], [1, 4, 2]]
+    assert torch.equal(batch["pixel_values"], torch.cat([examples[0]["pixel_values"], examples[2]["pixel_values"]]))
+    assert batch["mm_token_type_ids"].shape == batch["input_ids"].shape
+    assert int(batch["mm_token_type_ids"].sum()) == (16 + 12 + 8) // 4
+
+
+@pytest.mark.parametrize("model_type", VLMS)
+def test_packed_logits_equal_each_example_alone(model_type):
+    model = tiny_vlm(model_type)
+    examples = mixed_examples(model.config)
+    with torch.no_grad():
+        alone = alone_logits(model, examples)
+        try:
+            naive = model(**_packed(examples)).logits[0]
+            assert _relative(naive, alone) > 1e-3  # without enable_packing the row is wrong
+        except ValueError as error:  # or refused by transformers (Qwen3.5's Gated DeltaNet without fla)
+            assert "packed" in str(error)
+        enable_packing(model)
+        packed = model(**_packed(examples)).logits[0]
+    assert _relative(packed, alone) < 1e-5
+    assert "get_rope_index per example" in packing_layers(model).summary()
+
+
+@pytest.mark.parametrize("attn", ["eager"])
+def test_eager_attention_too(attn):
+    model = enable_packing(tiny_vlm("qwen2_5_vl" if "qwen2_5_vl" in VLMS else VLMS[0], attn=attn))
+    examples = mixed_examples(model.config)
+    with torch.no_grad():
+        assert _relative(model(**_packed(examples)).logits[0], alone_logits(model, examples)) < 1e-5
+
+
+def test_placeholders_that_do_not_match_the_grid_are_refused_by_example():
+    model = enable_packing(tiny_vlm(VLMS[0]))
+    examples = mixed_examples(model.config)
+    examples[2]["image_grid_thw"] = torch.tensor([[1, 2, 6], [1, 4, 4]])  # 4 placeholders more than the tokens
+    examples[2]["pixel_values"] = torch.randn(12 + 16, examples[2]["pixel_values"].shape[1])
+    with pytest.raises(ValueError, match=r"Example 2 has 5 image placeholder tokens, but its images' grids .* need 7"):
+        model(**_packed(examples))
+
+
+def test_pixels_without_a_grid_and_a_grid_without_pixels_are_refused_by_the_collator():
+    config = tiny_vlm(VLMS[0]).config
+    examples = mixed_examples(config)
+    grid = examples[0].pop("image_grid_thw")
+    with pytest.raises(ValueError, match=r"Example 0 has pixel_values but no image_grid_thw"):
+        FlatteningCollator()(examples)
+    examples[0]["image_grid_thw"] = grid
+    del examples[2]["pixel_values"]
+    with pytest.raises(ValueError, match=r"Example 2 has image_grid_thw but no pixel_values"):
+        FlatteningCollator()(examples)
+
+
+def test_placeholders_without_any_image_are_refused():
+    model = enable_packing(tiny_vlm(VLMS[0]))
+    examples = [image_example(model.config, 6, [(1, 2, 2)], seed=1), image_example(model.config, 4, [], seed=2)]
+    for key in ("pixel_values", "image_grid_thw"):
+        del examples[0][key]
+    with pytest.raises(
+        ValueError, match=r"Example 0 has 1 image placeholder tokens but the batch has no image_grid_thw"
+    ):
+        model(**_packed(examples))
