@@ -30,9 +30,7 @@ import argparse
 import json
 import platform
 import random
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +40,8 @@ from packing_collators import FlatteningCollator, enable_packing, register_varle
 from packing_collators.models import packing_layers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
-from _shared import command, lengths_of, markov_tokens, padded_batch, sync, to_device  # noqa: E402
+from _model_runs import alternate_modes, gaps, kernel_versions, set_attention, write_merged  # noqa: E402
+from _shared import command, lengths_of, markov_tokens, padded_batch, to_device  # noqa: E402
 
 DISTRIBUTIONS = ("sft", "flan_like", "orcamath_like")
 
@@ -91,12 +90,6 @@ def build(args, device, dtype):
     return model.train()
 
 
-def set_attention(model, name: str) -> None:
-    model.config._attn_implementation = name
-    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    text._attn_implementation = name
-
-
 # ----------------------------------------------------------------------------- exactness
 def exactness(args, model, device) -> dict:
     """max |logit diff| of the examples packed vs alone, in bf16 and in float32, with bf16's own noise beside it.
@@ -125,19 +118,7 @@ def exactness(args, model, device) -> dict:
             runs[f"padded_{precision}"] = torch.cat([logits[i, :n].float() for i, n in enumerate(lengths)])
     model.train()
     low = "bfloat16" if device.type == "cuda" else "float32"
-
-    def gap(a, b):
-        return float((runs[a] - runs[b]).abs().max())
-
-    return {
-        "examples": [int(n) for n in lengths],
-        "max_logit_diff_vs_alone": gap(f"packed_{low}", f"alone_{low}"),
-        "padded_batch_vs_alone": gap(f"padded_{low}", f"alone_{low}"),
-        "packed_vs_float32_alone": gap(f"packed_{low}", "alone_float32"),
-        "alone_vs_float32_alone": gap(f"alone_{low}", "alone_float32"),
-        "float32_packed_vs_alone": gap("packed_float32", "alone_float32"),
-        "max_abs_logit": float(runs["alone_float32"].abs().max()),
-    }
+    return {"examples": [int(n) for n in lengths], **gaps(runs, low)}
 
 
 # ----------------------------------------------------------------------------- throughput
@@ -169,21 +150,6 @@ def padded_batches(lengths: np.ndarray, vocab: int, steps: int, size: int = 8) -
     return [padded_batch(examples[i * size : (i + 1) * size]) for i in range(steps)]
 
 
-def timed(model, batches: list[dict], device, warmup: int) -> dict:
-    for batch in batches[:warmup]:
-        model(**to_device(batch, device)).loss.backward()
-    model.zero_grad(set_to_none=True)
-    sync(device)
-    started, tokens = time.perf_counter(), 0
-    for batch in batches[warmup:]:
-        model(**to_device(batch, device)).loss.backward()
-        tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
-    model.zero_grad(set_to_none=True)
-    sync(device)
-    seconds = time.perf_counter() - started
-    return {"real_tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens}
-
-
 def throughput(args, model, per_example_model, device, distribution: str) -> dict:
     lengths = lengths_of(distribution, args.examples, seed=0)
     vocab, steps = model.config.vocab_size, args.steps + args.warmup
@@ -196,26 +162,13 @@ def throughput(args, model, per_example_model, device, distribution: str) -> dic
     if per_example_model is None:
         del plans["per_example"]
     plans = {name: plan for name, plan in plans.items() if name in args.modes.split(",")}
-    rounds: dict[str, list[dict]] = {name: [] for name in plans}
-    for round_ in range(args.rounds):
-        order = list(plans) if round_ % 2 == 0 else list(reversed(plans))
-        for name in order:
-            target, attention, batches = plans[name]
-            set_attention(target, attention)
-            rounds[name].append(timed(target, batches, device, args.warmup))
-            print(f"  {distribution} round {round_} {name}: {rounds[name][-1]['real_tokens_per_s']:,.0f} tokens/s")
-    out = {name: statistics.median(r["real_tokens_per_s"] for r in runs) for name, runs in rounds.items()}
-    result = {
-        "mean_length": float(lengths.mean()),
-        "tokens_per_s": out,
-        "rounds_tokens_per_s": {name: [r["real_tokens_per_s"] for r in runs] for name, runs in rounds.items()},
-    }
-    for name, reference in (("packed_vs_oracle", "oracle"), ("packed_vs_padded", "padded")):
-        if "packed" in out and reference in out:
-            result[name] = out["packed"] / out[reference]
-    if "per_example" in out and "packed" in out:
-        result["per_example_vs_packed"] = out["per_example"] / out["packed"]
-    return result
+    result = alternate_modes(plans, args.rounds, device, args.warmup, real_tokens, distribution)
+    return {"mean_length": float(lengths.mean()), **result}
+
+
+def real_tokens(batch: dict) -> int:
+    """Tokens that are not padding: the mask's ones in a padded batch, every token of a packed row."""
+    return int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
 
 
 def main() -> None:
@@ -263,7 +216,7 @@ def main() -> None:
         for distribution in args.distributions.split(","):
             report["distributions"][distribution] = throughput(args, model, per_example, device, distribution)
             print(json.dumps(report["distributions"][distribution], indent=1))
-    write(args.out, report)
+    write_merged(args.out, report)
 
 
 def per_example_model(args, model, device, dtype):
@@ -277,32 +230,11 @@ def per_example_model(args, model, device, dtype):
     return other
 
 
-def kernel_versions() -> dict:
-    import importlib.metadata
-
-    out = {}
-    for name in ("fla-core", "flash-linear-attention", "mamba-ssm", "causal-conv1d", "triton"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
 def logging_paths() -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("packing_collators").setLevel(logging.INFO)
-
-
-def write(out: Path, report: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "results.json"
-    merged = json.loads(path.read_text()) if path.exists() else {}
-    merged[report["model"]] = report
-    path.write_text(json.dumps(merged, indent=1) + "\n")
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
