@@ -13,14 +13,11 @@ from _shared import sync, to_device  # noqa: E402  (the harness put benchmarks/ 
 
 
 def set_attention(model, name: str) -> None:
-    """The attention implementation of the model and of its text config (a VLM keeps one per sub-model)."""
-    model.config._attn_implementation = name
-    for config in {id(c): c for c in (model.config.get_text_config(), *_sub_configs(model.config))}.values():
-        config._attn_implementation = name
-
-
-def _sub_configs(config) -> list:
-    return [getattr(config, name) for name in getattr(config, "sub_configs", {}) or {} if getattr(config, name, None)]
+    """The attention implementation of the language model (a VLM's vision tower keeps its own)."""
+    text = model.config.get_text_config()
+    text._attn_implementation = name
+    if text is model.config or not hasattr(model.config, "vision_config"):
+        model.config._attn_implementation = name
 
 
 def timed(model, batches: list[dict], device, warmup: int, tokens_of) -> dict:
