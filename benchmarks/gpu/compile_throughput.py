@@ -59,7 +59,7 @@ def packed_batches(lengths, tokens, args, *, bucket: int | None) -> tuple[tuple[
         "epoch_steps": len(epoch),
         "epoch_fill": round(float(fills.mean()) / args.tokens_per_step, 4),
         "sample_fill": round(float(np.mean(reals[args.warmup :])) / args.tokens_per_step, 4),
-        "epoch_bucket_padding": bucket_padding_fraction(sampler.plan().batch_tokens, [args.tokens_per_step]),
+        "epoch_bucket_padding": bucket_padding_fraction(sampler.plan().row_tokens, [args.tokens_per_step]),
         "mean_length": round(float(lengths.mean()), 1),
         "attention_weighted_length": round(float((lengths**2).sum() / lengths.sum()), 1),
     }

@@ -59,17 +59,17 @@ def _scatter_rows(flat: np.ndarray, result: PackingResult, starts: np.ndarray, f
     ``flat`` holds every example laid end to end and ``starts`` where each begins.
     """
     n_rows, width = result.num_rows, result.capacity
-    lengths = result.seq_lengths
+    lengths = result.length
     row_of_entry = np.repeat(np.arange(n_rows), np.diff(result.row_offsets))
     entry_ends = np.cumsum(lengths)
     row_start_in_entries = np.r_[0, entry_ends][result.row_offsets[:-1]]
     column_of_entry = entry_ends - lengths - row_start_in_entries[row_of_entry]
     target = ranges(row_of_entry * width + column_of_entry, lengths)
-    return into_rows(flat[ranges(starts[result.indices], lengths)], target, (n_rows, width), fill)
+    return into_rows(flat[ranges(starts[result.example], lengths)], target, (n_rows, width), fill)
 
 
 def _boundaries(result: PackingResult) -> list[list[tuple[int, int]]]:
-    ends = np.cumsum(result.seq_lengths)
+    ends = np.cumsum(result.length)
     row_base = np.r_[0, ends][result.row_offsets[:-1]]
     bounds = []
     for row in range(result.num_rows):
@@ -82,7 +82,7 @@ def _boundaries(result: PackingResult) -> list[list[tuple[int, int]]]:
 
 def _row_positions(result: PackingResult) -> np.ndarray:
     """int64 (rows, capacity): positions restarting at 0 for every sequence and for each row's padding."""
-    width, lengths = result.capacity, result.seq_lengths
+    width, lengths = result.capacity, result.length
     used = np.add.reduceat(lengths, result.row_offsets[:-1]) if result.num_rows else np.zeros(0, np.int64)
     segments = np.insert(lengths, result.row_offsets[1:], width - used)  # each row's sequences, then its padding
     layout = segment_layout(segments[segments > 0])

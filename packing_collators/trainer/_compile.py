@@ -191,7 +191,7 @@ def plan_padding(sampler, buckets: tuple[int, ...]) -> float | None:
     from ..collate import bucket_padding_fraction
 
     plan = getattr(sampler, "plan", None)
-    tokens = getattr(plan(), "batch_tokens", None) if callable(plan) else None
+    tokens = getattr(plan(), "row_tokens", None) if callable(plan) else None
     return None if tokens is None else bucket_padding_fraction(tokens, buckets)
 
 

@@ -281,7 +281,7 @@ def test_trainer_compiles_before_the_first_step_and_trains_as_eager(fa4_referenc
     report = trainer.compile_report
     assert report.buckets == (96,)  # the budget, rounded up to a multiple of 8
     assert 1 <= report.graphs <= 3 and report.recompiles == 0 and report.seconds > 0
-    plan = trainer._train_batch_sampler.plan().batch_tokens
+    plan = trainer._train_batch_sampler.plan().row_tokens
     assert report.padding_fraction == bucket_padding_fraction(plan, (96,)) > 0
     assert probed == ["OptimizedModule"]  # the probe ran the compiled model, as training runs it
     _, eager = _train(tmp_path, compiled=False)
