@@ -11,7 +11,15 @@ Every other concept (collate, offline, sampler, trainer, cli) builds on this one
 none of them.
 """
 
-from ._pack_lengths import OVERFLOW_FIX, Overflow, PackingResult, Strategy, check_not_too_long, pack_lengths
+from ._pack_lengths import (
+    OVERFLOW_FIX,
+    WHOLE_EXAMPLES,
+    Overflow,
+    PackingResult,
+    Strategy,
+    check_not_too_long,
+    pack_lengths,
+)
 from ._segments import Segments
 from ._stats import PackStats, RowMeasures, efficiency, lower_bound, over_lower_bound
 
@@ -23,6 +31,7 @@ __all__ = [
     "RowMeasures",
     "Segments",
     "Strategy",
+    "WHOLE_EXAMPLES",
     "check_not_too_long",
     "efficiency",
     "lower_bound",

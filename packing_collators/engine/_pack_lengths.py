@@ -29,10 +29,17 @@ from ._segments import Segments
 from ._stats import PackStats
 from ._strategies import best_fit_decreasing, first_fit_decreasing, next_fit
 
-__all__ = ["OVERFLOW_FIX", "Overflow", "PackingResult", "Strategy", "check_not_too_long", "pack_lengths"]
+__all__ = ["OVERFLOW_FIX", "Overflow", "PackingResult", "Strategy", "WHOLE_EXAMPLES", "check_not_too_long", "pack_lengths"]
 
 Strategy = Literal["bfd", "ffd", "next_fit"]
-Overflow = Literal["error", "truncate", "drop"]
+Overflow = Literal["error", "truncate", "drop", "split"]
+"""What a packer does with an example longer than its budget, the one type every packer takes:
+``"error"`` (every packer's default) names the example and the fix, ``"truncate"`` keeps its
+first tokens, ``"drop"`` leaves it out (counted), ``"split"`` keeps every token, in pieces.
+Each packer accepts the values it can honour (docs/engine.md, "One name per concept")."""
+
+WHOLE_EXAMPLES: tuple[str, ...] = ("error", "truncate", "drop")
+"""The ``Overflow`` values of a packer that keeps each example in one row (all but ``"split"``)."""
 
 _STRATEGIES = {"bfd": best_fit_decreasing, "ffd": first_fit_decreasing, "next_fit": next_fit}
 # What to do about an example over the capacity (the engine's, and the packers' built on it).
@@ -175,7 +182,7 @@ def pack_lengths(
             closed when the next example does not fit).
         overflow: for an example longer than ``capacity``: ``"error"`` (default),
             ``"truncate"`` (keep its first ``capacity`` tokens, in a row of its own) or
-            ``"drop"``. Both are counted on the result.
+            ``"drop"``. Both are counted on the result. (``"split"``: ``pack_dataset`` only.)
 
     Returns:
         A :class:`PackingResult`. Zero-length examples are in no row; they are
@@ -189,7 +196,7 @@ def pack_lengths(
     ValueError: Example 1 has 12 tokens, more than capacity=8 (1 example(s) too long, the longest 12 tokens). Pass overflow='truncate' or overflow='drop', or raise the capacity.
     """
     validate_choice("strategy", strategy, Strategy)
-    validate_choice("overflow", overflow, Overflow)
+    validate_choice("overflow", overflow, WHOLE_EXAMPLES)
     validate_positive_int("capacity", capacity)
     capacity = int(capacity)
     lengths = validate_lengths(lengths)

@@ -31,12 +31,12 @@ from typing import Any
 from .._compat import format_columns
 from .._progress import show_progress
 from .._splits import per_split
-from ..engine import PackStats
+from ..engine import Overflow, PackStats
 from ._arrow_rows import CHUNK_TOKENS, build_rows
 from ._cache_files import pack_to_cache, packed_fingerprint
 from ._columns import RESERVED_COLUMNS, read_examples
 from ._empty import typed_empty, warn_if_nothing_packed
-from ._options import CacheOptions, DatasetOverflow, DatasetStrategy, PackOptions
+from ._options import CacheOptions, DatasetStrategy, PackOptions
 from ._planning import plan_rows
 
 __all__ = ["pack_dataset", "pack_table"]
@@ -129,7 +129,7 @@ def pack_dataset(
     max_length: int,
     *,
     strategy: DatasetStrategy = "bfd",
-    overflow: DatasetOverflow = "error",
+    overflow: Overflow = "error",
     shuffle_rows: bool = True,
     seed: int = 0,
     keep_columns: Sequence[str] = (),

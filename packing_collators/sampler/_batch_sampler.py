@@ -29,9 +29,9 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from .._validation import validate_lengths, validate_positive_int
-from ..engine import Strategy
+from ..engine import Overflow, Strategy
 from ._epoch_plan import EpochPlan, check_overflow, plan_with_options
-from ._options import Balance, SamplerOptions, SamplerOverflow
+from ._options import Balance, SamplerOptions
 from ._rank_agreement import check_ranks_agree, fingerprint
 
 __all__ = ["MultipackBatchSampler"]
@@ -174,7 +174,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
         group_size: int | None = None,
         balance: Balance = "cost",
         attention_weight: float | None = None,
-        overflow: SamplerOverflow = "error",
+        overflow: Overflow = "error",
         check_ranks: bool = True,
         progress: bool | None = None,
     ) -> None:

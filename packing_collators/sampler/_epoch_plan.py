@@ -51,8 +51,8 @@ import numpy as np
 from .._progress import progress_bar, show_progress
 from .._ranges import ranges
 from .._validation import check_not_too_long, validate_lengths, validate_positive_int
-from ..engine import Segments, Strategy, pack_lengths
-from ._options import Balance, SamplerOptions, SamplerOverflow
+from ..engine import Overflow, Segments, Strategy, pack_lengths
+from ._options import Balance, SamplerOptions
 
 __all__ = ["EpochPlan", "check_overflow", "plan_epoch", "plan_with_options"]
 
@@ -306,7 +306,7 @@ def plan_epoch(
     balance: Balance = "cost",
     attention_weight: float | None = None,
     drop_last: bool = False,
-    overflow: SamplerOverflow = "error",
+    overflow: Overflow = "error",
     progress: bool | None = None,
 ) -> EpochPlan:
     """Plan one epoch of token-budget batches for ``num_replicas`` ranks (the module docstring says how).

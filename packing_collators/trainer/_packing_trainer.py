@@ -30,8 +30,8 @@ import numpy as np
 from .._compat import positional_collator, train_batch_size, trainer_hooks
 from .._validation import validate_choice, validate_positive_int
 from ..collate import FlatteningCollator
-from ..engine import Strategy
-from ..sampler import SamplerOverflow, check_sampler_option
+from ..engine import Overflow, Strategy
+from ..sampler import check_sampler_option
 from ._attention_choice import AUTO_ATTENTION, choose_attention
 from ._check_callback import PackingCheckCallback, add_packing_callbacks
 from ._compile import CompileWarmUp
@@ -80,7 +80,7 @@ class PackingTrainer(Trainer):
             (:func:`check_token_budget`: two forward + backward passes on examples of the
             longest length the budget holds, AdamW's states counted) and refuse a budget that
             runs out of memory or passes 90% of the card, with the numbers (default True).
-        packing_strategy: the sampler's bin-packing strategy (``"bfd"``, ``"ffd"``, ``"next_fit"``).
+        strategy: the sampler's bin-packing strategy (``"bfd"``, ``"ffd"``, ``"next_fit"``).
         attention_weight: the weight of attention in the sampler's rank-balancing cost
             (``None``: ``1 / max_tokens_per_batch``; a value from :func:`fit_attention_weight`
             when ranks still wait on each other; see ``MultipackBatchSampler``).
@@ -139,11 +139,11 @@ class PackingTrainer(Trainer):
         *args: Any,
         max_tokens_per_batch: int | Literal["auto"] | None = None,
         memory_check: bool = True,
-        packing_strategy: Strategy = "bfd",
+        strategy: Strategy = "bfd",
         attention_weight: float | None = None,
         length_column: str = "input_ids",
         eval_packing: EvalPacking = "off",
-        overflow: SamplerOverflow = "error",
+        overflow: Overflow = "error",
         packing_probe: bool = True,
         attn_implementation: str | None = AUTO_ATTENTION,
         packing_metrics: bool = True,
@@ -152,7 +152,7 @@ class PackingTrainer(Trainer):
         sequence_parallel_size: int = 1,
         **kwargs: Any,
     ) -> None:
-        self.packing_strategy = check_sampler_option("strategy", packing_strategy, name="packing_strategy")
+        self.strategy = check_sampler_option("strategy", strategy)
         self.attention_weight = check_sampler_option("attention_weight", attention_weight)
         self.overflow = check_sampler_option("overflow", overflow)
         validate_choice("loss_normalization", loss_normalization, LossNormalization)
@@ -226,7 +226,7 @@ class PackingTrainer(Trainer):
         return MultipackBatchSampler(
             lengths,
             self.token_budget(lengths, batch_size),
-            strategy=self.packing_strategy,
+            strategy=self.strategy,
             attention_weight=self.attention_weight,
             shuffle=shuffle,
             seed=args.data_seed if args.data_seed is not None else args.seed,

@@ -269,8 +269,8 @@ def test_safety_checks_run_before_the_first_step(tmp_path):
 
 
 def test_option_validation_and_streaming_refusal(tmp_path):
-    with pytest.raises(ValueError, match="packing_strategy='best' is not supported"):
-        PackingTrainer(packing_strategy="best")
+    with pytest.raises(ValueError, match="strategy='best' is not supported"):
+        PackingTrainer(strategy="best")
     with pytest.raises(ValueError, match="eval_packing='on' is not supported"):
         PackingTrainer(eval_packing="on")
     streaming = dataset().to_iterable_dataset()
