@@ -296,7 +296,7 @@ def load_model(name: str, tokenizer, *, attn_implementation: str = "sdpa", max_l
 
         register_varlen_attention()
     if attn_implementation == "packing_fa4":
-        from packing_collators.trainer import register_fa4_attention
+        from packing_collators import register_fa4_attention
 
         register_fa4_attention()
     torch.manual_seed(seed)

@@ -51,6 +51,6 @@ def _varlen_windows_unbounded(monkeypatch):
     window by the longest sequence (tests/trainer/test_attention.py tests that); the other tests expect
     ``(-1, 0)``. Patched only where the module is loaded already, so torch-free tests stay torch-free.
     """
-    module = sys.modules.get("packing_collators.trainer._varlen_attention")
+    module = sys.modules.get("packing_collators.attention._varlen")
     if module is not None:
         monkeypatch.setattr(module, "_varlen_can_pick_cudnn", lambda: False)

@@ -182,7 +182,7 @@ def training_compiles_and_probe_cost(args, device, counter) -> dict:
 
 def run_fa4(args) -> None:
     """The FA4 checks (formerly gpu/fa4_check.py): fa4_check.json and .md in --out."""
-    from packing_collators.trainer import choose_attention, register_fa4_attention
+    from packing_collators import choose_attention, register_fa4_attention
 
     register_fa4_attention()
 

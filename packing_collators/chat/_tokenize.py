@@ -46,7 +46,7 @@ class _ChatBatch:
     def __init__(self, tokenizer, columns, options: ChatOptions) -> None:
         self.tokenizer = with_full_offsets(tokenizer)  # copied once here, not per batch
         self.columns, self.options = tuple(columns), options
-        from .. import __version__
+        from .._version import __version__
 
         self.library_version = __version__  # hashed into datasets' cache key: a new release labels afresh
 

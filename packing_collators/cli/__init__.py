@@ -164,7 +164,8 @@ def _analyze(args) -> int:
 
 
 def _pack(args) -> int:
-    from .. import lengths_from_dataset, pack_dataset
+    from ..offline import pack_dataset
+    from ..sampler import lengths_from_dataset
     from ._analysis import check_max_length
     from ._input_data import load_tokenizer, open_dataset, packable_columns, token_ids, without_columns
 

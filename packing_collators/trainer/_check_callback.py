@@ -5,7 +5,7 @@
 
 Both read the train dataloader's own dataset and collator (no sampler is touched, so the
 data order is unchanged) and run on every rank before the first step.
-Cost: one collated batch of 4 examples and the probe's few forwards (see _probe.py), once.
+Cost: one collated batch of 4 examples and the probe's few forwards (``checks/_probe.py``), once.
 """
 
 from __future__ import annotations
@@ -13,13 +13,16 @@ from __future__ import annotations
 import logging
 
 from .._compat import attn_implementation
-from ._attention_kind import attention_kind
-from ._collated_features import check_collated_features
-from ._fa4_attention import FA4_ATTENTION
-from ._model_unwrap import probe_module, text_config, unwrap_model
-from ._probe import probe_packing, refuse_failed_probe
-from ._support_checks import check_packing_support
-from ._token_range import check_training_data, refuse_no_batches
+from .._model_unwrap import probe_module, text_config, unwrap_model
+from ..attention import FA4_ATTENTION, attention_kind, warm_up_attention
+from ..checks import (
+    check_collated_features,
+    check_packing_support,
+    check_training_data,
+    probe_packing,
+    refuse_failed_probe,
+    refuse_no_batches,
+)
 
 try:
     from transformers import TrainerCallback
@@ -121,8 +124,6 @@ class _AttentionWarmUp(TrainerCallback):
         if getattr(self.trainer, "is_deepspeed_enabled", False):  # a backward outside the engine: see _deepspeed.py
             logger.info("PackingTrainer: under DeepSpeed FlashAttention-4 compiles its kernels in the first steps")
             return
-        from ._attention_choice import warm_up_attention
-
         self.seconds = warm_up_attention(probe_module(model), max_length=longest)
         logger.info(
             "PackingTrainer: FlashAttention-4 kernels compiled up to %d tokens in %.1f s", longest, self.seconds

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from transformers import TrainerCallback
 
 from .._compat import dynamo_counters, trainer_step_inputs
+from .._model_unwrap import text_config
 
 __all__ = [
     "CompileReport",
@@ -244,7 +245,7 @@ class CompileWarmUp(TrainerCallback):
             return
         trainer = self.trainer
         model = trainer.model_wrapped
-        vocab = int(trainer.model.config.get_text_config().vocab_size)
+        vocab = int(text_config(trainer.model).vocab_size)
 
         def step(batch) -> None:
             inputs, items = trainer_step_inputs(trainer, batch, args.device)

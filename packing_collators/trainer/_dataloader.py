@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from .._compat import collator_with_removed_columns, remove_unused_columns
+from ..checks import refuse_no_examples
 from ..sampler import example_lengths
-from ._token_range import refuse_no_examples
 
 __all__ = ["multipack_dataloader"]
 

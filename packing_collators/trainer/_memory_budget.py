@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from .._model_unwrap import text_config
 from .._validation import validate_positive_int
 
 __all__ = ["TokenBudget", "check_token_budget", "fit_token_budget", "measure_token_budget", "plan_token_budget"]
@@ -201,7 +202,7 @@ def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0,
     from ..collate import FlatteningCollator
 
     parameter = next(model.parameters())
-    vocab = int(model.config.get_text_config().vocab_size)
+    vocab = int(text_config(model).vocab_size)
     lengths = [longest] * (tokens // longest) + ([tokens % longest] if tokens % longest else [])
     generator = torch.Generator().manual_seed(0)
     batch = FlatteningCollator()([{"input_ids": torch.randint(0, vocab, (n,), generator=generator)} for n in lengths])

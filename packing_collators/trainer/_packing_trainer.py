@@ -29,10 +29,10 @@ import numpy as np
 
 from .._compat import positional_collator, train_batch_size, trainer_hooks
 from .._validation import validate_choice, validate_positive_int
+from ..attention import AUTO_ATTENTION, choose_attention
 from ..collate import FlatteningCollator
 from ..engine import Overflow, Strategy
 from ..sampler import check_sampler_option
-from ._attention_choice import AUTO_ATTENTION, choose_attention
 from ._check_callback import PackingCheckCallback, add_packing_callbacks
 from ._compile import CompileWarmUp
 from ._dataloader import multipack_dataloader, report_dropped

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from ._model_unwrap import probe_module
+from .._model_unwrap import probe_module
 
 __all__ = ["check_memory", "measured_budget", "memory_model"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ._attention_kind import attention_kind, is_recurrent, own_backend
+from ..attention import attention_kind, is_recurrent, own_backend
 
 __all__ = ["check_batch"]
 

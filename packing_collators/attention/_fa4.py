@@ -17,7 +17,7 @@ autocast's half dtype as transformers does; what it cannot do (dropout, float32 
 padded batches, decoding with a cache) is refused with an error naming the alternative.
 
 Under ``torch.compile`` the same call goes through the custom op ``packing_collators::fa4_varlen_fwd``
-(``_attention_ops``: a fake implementation for tracing, FA4's own backward as autograd), so the
+(``_fa4_ops``: a fake implementation for tracing, FA4's own backward as autograd), so the
 graph does not break at every layer; eager calls are unchanged.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._attention_inputs import PackedInputs, packed_inputs
+from ._inputs import PackedInputs, packed_inputs
 
 __all__ = ["FA4_ATTENTION", "fa4_attention_forward", "register_fa4_attention"]
 
@@ -40,7 +40,7 @@ def register_fa4_attention() -> str:
     """Register :func:`fa4_attention_forward` with transformers as ``packing_fa4`` (idempotent).
 
     Also registers transformers' flash-attention mask function for it, so that no dense mask
-    is built, and the custom ops a compiled model calls FA4 through (``_attention_ops``).
+    is built, and the custom ops a compiled model calls FA4 through (``_fa4_ops``).
     Returns the name to pass as ``attn_implementation``. Needs flash-attn-4 only when the
     model runs.
 
@@ -50,7 +50,7 @@ def register_fa4_attention() -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
-    from . import _attention_ops  # noqa: F401  (registers the custom ops torch.compile traces FA4 through)
+    from . import _fa4_ops  # noqa: F401  (registers the custom ops torch.compile traces FA4 through)
 
     AttentionInterface.register(FA4_ATTENTION, fa4_attention_forward)
     AttentionMaskInterface.register(FA4_ATTENTION, flash_attention_mask)
@@ -126,7 +126,7 @@ def fa4_attention_forward(module: Any, query, key, value, attention_mask, dropou
     x = packed_inputs(module, query, key, value, kwargs, name=FA4_ATTENTION)
     batch, heads, length, _ = x.query.shape
     sink, deterministic = kwargs.get("s_aux"), _deterministic(kwargs.get("deterministic"))
-    if torch.compiler.is_compiling():  # traced: FA4 as one custom-op node of the graph (_attention_ops)
+    if torch.compiler.is_compiling():  # traced: FA4 as one custom-op node of the graph (_fa4_ops)
         out = _compiled_call(x, scaling, kwargs.get("softcap") or 0.0, sink, deterministic)
     else:
         left, right = x.window
@@ -142,7 +142,7 @@ def fa4_attention_forward(module: Any, query, key, value, attention_mask, dropou
 
 def _compiled_call(x: PackedInputs, scaling, softcap: float, sink, deterministic: bool):
     """The same call as the eager path's, through :func:`fa4_varlen` (what Dynamo traces)."""
-    from ._attention_ops import fa4_varlen
+    from ._fa4_ops import fa4_varlen
 
     _check_dtype(x.query)  # the eager path's refusal, at trace time
     left, right = x.window

@@ -24,8 +24,8 @@ first, ``[ C | A | B | C ]``, where (a) vouches that nothing reaches it, so it i
 run alone, through the same kernel and collator. A model that fails is refused with
 the measured numbers, the first layer whose output moved (forward hooks, on failure
 only) and the fix. Cost: two forward passes over about 30 tokens (three over 21 for
-other attention), once before training: 40 ms on a 200M model with FA4 on an H100,
-0.7% of its first step (``benchmarks/results/probe_h100x2``).
+other attention), once before training; measured on a GPU in docs/trainer.md ("The live
+equivalence probe").
 """
 
 from __future__ import annotations
@@ -39,14 +39,11 @@ from typing import Any
 import numpy as np
 
 from .._compat import attn_implementation
-from ._attention_kind import attention_kind
+from .._model_unwrap import text_config
+from ..attention import attention_kind
+from ._probe_parts import PROBE_LENGTHS, model_inputs, output_logits, probe_dtype, synthetic_tokens, tolerance
 
 __all__ = ["ProbeReport", "probe_packing", "refuse_failed_probe"]
-
-PROBE_LENGTHS = (7, 5, 9)
-# |packed - alone| allowed, relative to the largest logit (at least 1): float32 kernels agree
-# to ~1e-6; bf16 ones to ~1e-2 (FA4 flat vs alone measured 0.009 on an H200).
-_TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 5e-2, "float16": 2e-2}
 
 
 @dataclass(frozen=True)
@@ -94,20 +91,6 @@ class ProbeReport:
         )
 
 
-def _synthetic_tokens(config, lengths: Sequence[int], seed: int) -> list[np.ndarray]:
-    """Random token ids, avoiding the special tokens (a pad id can change embeddings or positions)."""
-    vocab = int(getattr(config, "vocab_size", 0) or 0)
-    if vocab < 8:
-        raise ValueError(f"The packing probe needs a model with a vocabulary (config.vocab_size={vocab}).")
-    special = set()
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):  # eos may be a list (Llama 3.1 Instruct, GLM-4)
-        value = getattr(config, key, None)
-        special.update(value if isinstance(value, (list, tuple)) else [value])
-    allowed = np.array([t for t in range(min(vocab, 4096)) if t not in special], np.int64)
-    rng = np.random.default_rng(seed)
-    return [rng.choice(allowed, size=n) for n in lengths]
-
-
 def _features(examples: list[np.ndarray], prepacked: bool) -> list[dict]:
     """Examples as a dataset gives them, or (``prepacked``) as pack_dataset rows: A in one row, B+C in another.
 
@@ -146,19 +129,6 @@ def _example_slices(features: list[dict], examples: list[np.ndarray], batch_ids:
     return slices
 
 
-def _model_inputs(batch: dict, device) -> dict:
-    import torch
-
-    inputs = {}
-    for key, value in batch.items():
-        if key == "labels":
-            continue
-        if isinstance(value, np.ndarray):
-            value = torch.from_numpy(value)
-        inputs[key] = value.to(device) if hasattr(value, "to") else value
-    return inputs
-
-
 def _alone_inputs(example: np.ndarray, config, collator, device) -> dict:
     """One example as a padded batch of one would give it: just ``input_ids`` (the model numbers positions).
 
@@ -173,15 +143,14 @@ def _alone_inputs(example: np.ndarray, config, collator, device) -> dict:
     if attention_kind(implementation) == "cu_seq_lens":
         options = getattr(collator, "options", None)
         start = options.position_ids_start if options is not None else 0
-        return _model_inputs(FlatteningCollator(position_ids_start=start)([{"input_ids": example.tolist()}]), device)
+        return model_inputs(FlatteningCollator(position_ids_start=start)([{"input_ids": example.tolist()}]), device)
     return {"input_ids": torch.as_tensor(example)[None].to(device)}
 
 
 def _logits(model, inputs: dict, tokens: int | None = None) -> np.ndarray:
     """Logits (tokens, vocab), float32, of the first ``tokens`` of a one-row batch (all of them by default):
     a row padded to a compile bucket holds thousands of pad slots the probe does not read."""
-    output = model(**inputs)
-    logits = output.logits if hasattr(output, "logits") else output[0]
+    logits = output_logits(model(**inputs))
     if tokens is not None and logits.shape[0] == 1:
         logits = logits[:, :tokens]
     return logits.detach().float().reshape(-1, logits.shape[-1]).cpu().numpy()
@@ -259,12 +228,12 @@ def _first_parameter(model, lengths: Sequence[int]):
 def _probe_batches(config, collator, prepacked: bool, lengths: Sequence[int], seed: int, varlen: bool):
     """The examples (the last one first too, under a varlen kernel), the changed one's index, the packed
     batch, the batch with that example's tokens changed, and each example's slice of the packed row."""
-    examples = _synthetic_tokens(config, lengths, seed)
+    examples = synthetic_tokens(config, lengths, seed)
     if varlen:
         examples = [examples[-1], *examples]
     changed = list(examples)
     middle = len(examples) // 2
-    changed[middle] = _synthetic_tokens(config, [len(examples[middle])], seed + 1)[0]
+    changed[middle] = synthetic_tokens(config, [len(examples[middle])], seed + 1)[0]
     features = _features(examples, prepacked)
     batch, leaked_batch = collator(features), collator(_features(changed, prepacked))
     slices = _example_slices(features, examples, np.asarray(batch["input_ids"]))
@@ -309,13 +278,13 @@ def probe_packing(
     parameter = _first_parameter(model, lengths)
     collator = FlatteningCollator() if collator is None else collator
     prepacked = isinstance(collator, PrePackedCollator) if prepacked is None else prepacked
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model)
     started = time.perf_counter()
     # a varlen kernel reads cu_seq_lens, so the first segment of the packed row is a true "alone"
     # run of the last example (the leak test vouches that nothing reaches it): one forward saved
     varlen = attention_kind(attn_implementation(config)) == "cu_seq_lens"
     examples, middle, batch, leaked_batch, slices = _probe_batches(config, collator, prepacked, lengths, seed, varlen)
-    packed_inputs, leaked_inputs = _model_inputs(batch, parameter.device), _model_inputs(leaked_batch, parameter.device)
+    packed_inputs, leaked_inputs = model_inputs(batch, parameter.device), model_inputs(leaked_batch, parameter.device)
     was_training = model.training
     model.eval()
     try:
@@ -336,8 +305,7 @@ def probe_packing(
     finally:
         model.train(was_training)
     difference = float(np.abs(packed[slices[-1]] - alone).max())
-    scale = max(1.0, float(np.abs(alone).max()))
-    dtype = str(getattr(autocast, "fast_dtype", None) or parameter.dtype).replace("torch.", "")
+    dtype = probe_dtype(autocast, parameter)
     return ProbeReport(
         model=type(getattr(model, "_orig_mod", model)).__name__,
         implementation=str(attn_implementation(config)),
@@ -345,7 +313,7 @@ def probe_packing(
         device=str(parameter.device),
         lengths=tuple(int(n) for n in lengths),
         max_difference=difference,
-        tolerance=_TOLERANCE.get(dtype, 5e-2) * scale,
+        tolerance=tolerance(dtype, alone),
         leak=leak,
         culprit=culprit,
         seconds=time.perf_counter() - started,

@@ -1,4 +1,5 @@
-"""How an attention implementation keeps packed examples apart, and which models are recurrent.
+"""How an attention implementation keeps packed examples apart, what this library's backends lack,
+and which models are recurrent.
 
     flash_attention_2/3/4, packing_varlen, packing_fa4   "cu_seq_lens"   (read from the batch)
     sdpa, eager, flex_attention                          "position_ids"  (transformers' packed mask)
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from .._compat import attention_registry
 
-__all__ = ["FLASH_IMPLEMENTATIONS", "attention_kind", "is_recurrent", "own_backend"]
+__all__ = ["FLASH_IMPLEMENTATIONS", "attention_kind", "check_backend_limits", "is_recurrent", "own_backend"]
 
 FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
 _MASKED = ("sdpa", "eager", "flex_attention")
@@ -65,11 +66,33 @@ def attention_kind(implementation: str | None) -> str:
 def own_backend(implementation: str | None) -> str | None:
     """``"varlen"`` or ``"fa4"`` where ``implementation`` is registered to one of this library's backends
     (under any name), else None: what each lacks is checked by that, not by name."""
-    from ._fa4_attention import fa4_attention_forward
-    from ._varlen_attention import varlen_attention_forward
+    from ._fa4 import fa4_attention_forward
+    from ._varlen import varlen_attention_forward
 
     registered = attention_registry().get(implementation)
     return {varlen_attention_forward: "varlen", fa4_attention_forward: "fa4"}.get(registered)
+
+
+def check_backend_limits(config, implementation: str | None, name: str) -> None:
+    """Refuse what this library's backend under ``implementation`` lacks for ``config`` (model ``name``):
+    logit softcapping (``packing_varlen``), attention dropout (both). Other implementations pass.
+
+    >>> from transformers import LlamaConfig
+    >>> check_backend_limits(LlamaConfig(attention_dropout=0.1), "sdpa", "LlamaForCausalLM")
+    """
+    backend = own_backend(implementation)
+    if backend is None:
+        return
+    if getattr(config, "attn_logit_softcapping", None) is not None and backend == "varlen":
+        raise ValueError(
+            f"{name} uses attention logit softcapping ({config.attn_logit_softcapping}), which PyTorch's varlen "
+            "kernel lacks. Use attn_implementation='flash_attention_2' or 'flex_attention'."
+        )
+    if getattr(config, "attention_dropout", 0.0):
+        raise ValueError(
+            f"{name} has attention_dropout={config.attention_dropout}, which {implementation!r} lacks. "
+            "Set model.config.attention_dropout = 0.0, or use attn_implementation='flash_attention_2'."
+        )
 
 
 def is_recurrent(config) -> bool:

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._compat import attn_implementation
-from ._attention_kind import FLASH_IMPLEMENTATIONS, attention_kind, own_backend
-from ._model_unwrap import text_config, unwrap_model
+from .._model_unwrap import text_config, unwrap_model
+from ..attention import FLASH_IMPLEMENTATIONS, attention_kind, check_backend_limits
 
 __all__ = ["check_model"]
 
@@ -58,16 +58,5 @@ def check_model(model) -> tuple[str, Any]:
             f"(cu_seq_lens or position_ids). Use one of {', '.join(FLASH_IMPLEMENTATIONS)}, 'packing_varlen' "
             "(register_varlen_attention()), 'flex_attention', 'sdpa' or 'eager'."
         )
-    backend = own_backend(implementation)
-    if backend is not None:  # packing_varlen, packing_fa4: what their kernels lack
-        if getattr(config, "attn_logit_softcapping", None) is not None and backend == "varlen":
-            raise ValueError(
-                f"{name} uses attention logit softcapping ({config.attn_logit_softcapping}), which PyTorch's varlen "
-                "kernel lacks. Use attn_implementation='flash_attention_2' or 'flex_attention'."
-            )
-        if getattr(config, "attention_dropout", 0.0):
-            raise ValueError(
-                f"{name} has attention_dropout={config.attention_dropout}, which {implementation!r} lacks. "
-                "Set model.config.attention_dropout = 0.0, or use attn_implementation='flash_attention_2'."
-            )
+    check_backend_limits(config, implementation, name)  # packing_varlen, packing_fa4: what their kernels lack
     return implementation, config

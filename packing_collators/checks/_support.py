@@ -23,10 +23,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ._attention_kind import attention_kind, is_recurrent
+from .._model_unwrap import probe_module, unwrap_model
+from ..attention import attention_kind, is_recurrent
 from ._batch_checks import check_batch
 from ._model_checks import check_model
-from ._model_unwrap import probe_module, unwrap_model
 from ._probe import probe_packing, refuse_failed_probe
 
 __all__ = ["check_packing_support"]

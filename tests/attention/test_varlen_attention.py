@@ -14,7 +14,7 @@ import torch
 from _tiny_models import random_examples, reference_varlen_attn, tiny_model
 
 from packing_collators import FlatteningCollator, register_varlen_attention, varlen_attention_forward
-from packing_collators.trainer import _varlen_attention as _attention
+from packing_collators.attention import _varlen as _attention
 
 REAL_CUDNN_CHECK = _attention._varlen_can_pick_cudnn  # conftest stands it in with "no" for every test
 

@@ -7,7 +7,7 @@ import torch
 from _tiny_models import padded_batch, random_examples, tiny_model
 
 from packing_collators import FlatteningCollator, check_packing_support, register_varlen_attention
-from packing_collators.trainer._attention_kind import attention_kind
+from packing_collators.attention import attention_kind
 
 
 class _Config:

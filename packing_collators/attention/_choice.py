@@ -14,9 +14,10 @@ PyTorch's varlen 1.07 ms on 16,384 ``sft`` tokens at 200M shapes; see docs/bench
     (the model's own)   sdpa / eager / flex_attention: packed through position_ids, the CPU choice
 
 A candidate is taken only if transformers accepts it for the model (``set_attn_implementation``
-validates the install and the GPU) and the static packing checks accept it (e.g.
-``packing_varlen`` has no logit softcapping). The live probe then measures the choice when
-training begins. Cost: a few imports and one attribute change, once.
+validates the install and the GPU) and the model needs nothing the backend lacks
+(:func:`check_backend_limits`: ``packing_varlen`` has no logit softcapping, neither backend has
+attention dropout). The packing checks and the live probe then test the choice before training
+begins. Cost: a few imports and one attribute change, once.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ import importlib.util
 import logging
 
 from .._compat import attn_implementation
-from ._fa4_attention import FA4_ATTENTION
+from .._model_unwrap import text_config, unwrap_model
+from ._fa4 import FA4_ATTENTION, register_fa4_attention
+from ._kind import check_backend_limits
+from ._varlen import VARLEN_ATTENTION, register_varlen_attention
 
 __all__ = ["AUTO_ATTENTION", "choose_attention", "packed_attention_candidates", "warm_up_attention"]
 
@@ -49,16 +53,12 @@ def packed_attention_candidates(device=None) -> list[str]:
     major, _ = torch.cuda.get_device_capability(device)
     candidates = []
     if major >= 9 and importlib.util.find_spec("flash_attn") and _has_module("flash_attn.cute"):
-        from ._fa4_attention import register_fa4_attention
-
         candidates += [register_fa4_attention(), "flash_attention_4"]
     if major == 9 and importlib.util.find_spec("flash_attn_interface"):
         candidates.append("flash_attention_3")
     if major >= 8 and importlib.util.find_spec("flash_attn") and _has_module("flash_attn.flash_attn_interface"):
         candidates.append("flash_attention_2")
     if hasattr(getattr(torch.nn.attention, "varlen", None), "varlen_attn") or _has_module("torch.nn.attention.varlen"):
-        from ._varlen_attention import register_varlen_attention
-
         candidates.append(register_varlen_attention())
     return candidates
 
@@ -72,13 +72,9 @@ def _has_module(name: str) -> bool:
 
 def _register_own(name: str) -> None:
     """Register this library's backends by name, so that asking for one by name just works."""
-    from ._varlen_attention import VARLEN_ATTENTION, register_varlen_attention
-
     if name == VARLEN_ATTENTION:
         register_varlen_attention()
     elif name == FA4_ATTENTION:
-        from ._fa4_attention import register_fa4_attention
-
         register_fa4_attention()
 
 
@@ -96,9 +92,6 @@ def choose_attention(model, requested: str | None = AUTO_ATTENTION) -> str:
     >>> choose_attention(model)  # on a CPU nothing beats the model's own
     'sdpa'
     """
-    from ._model_unwrap import text_config, unwrap_model
-    from ._support_checks import check_packing_support
-
     model = unwrap_model(model)
     current = attn_implementation(text_config(model))
     if requested is None:
@@ -125,7 +118,7 @@ def choose_attention(model, requested: str | None = AUTO_ATTENTION) -> str:
             if candidate == FA4_ATTENTION:  # transformers validates FA4's install and GPU for its own name
                 model.set_attn_implementation("flash_attention_4")
             set_to(candidate)
-            check_packing_support(model, probe=False)
+            check_backend_limits(text_config(model), candidate, type(model).__name__)
         except (ImportError, ValueError) as error:
             logger.info("attention %s not taken: %s", candidate, str(error).splitlines()[0][:200])
             model.set_attn_implementation(current)
@@ -174,7 +167,7 @@ def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
 
     started = time.perf_counter()
     parameter = next(model.parameters())
-    vocab = int(model.config.get_text_config().vocab_size)
+    vocab = int(text_config(model).vocab_size)
     generator = torch.Generator().manual_seed(0)
 
     def run(lengths: list[int]) -> None:

@@ -12,7 +12,7 @@ import torch
 from _tiny_models import causal_over_whole_row, tiny_model
 
 from packing_collators import FlatteningCollator, PrePackedCollator, check_packing_support
-from packing_collators.trainer._probe import ProbeReport, probe_packing
+from packing_collators.checks import ProbeReport, probe_packing
 
 transformers = pytest.importorskip("transformers")
 
@@ -135,10 +135,10 @@ class _NoParameters(torch.nn.Module):
 def test_a_list_of_eos_token_ids_is_avoided_not_a_crash():
     # Llama 3.1 Instruct and GLM-4 checkpoints list several eos ids; the probe hashed the list
     # (TypeError: unhashable type: 'list') instead of avoiding each id.
-    from packing_collators.trainer._probe import _synthetic_tokens
+    from packing_collators.checks import synthetic_tokens
 
     model = tiny_model("llama", eos_token_id=[2, 3], bos_token_id=1)
-    tokens = np.concatenate(_synthetic_tokens(model.config, [50, 50], seed=0))
+    tokens = np.concatenate(synthetic_tokens(model.config, [50, 50], seed=0))
     assert not np.isin(tokens, [0, 1, 2, 3]).any()
     report = probe_packing(model)
     assert report.passed and report.leak == 0.0, report.summary()
@@ -161,11 +161,11 @@ def varlen_on_cpu(monkeypatch):
     from _tiny_models import reference_varlen_attn
 
     from packing_collators import register_varlen_attention
-    from packing_collators.trainer import _varlen_attention
+    from packing_collators.attention import _varlen
 
     register_varlen_attention()
     kernel = {"fn": reference_varlen_attn}
-    monkeypatch.setattr(_varlen_attention, "_load_varlen_attn", lambda query: kernel["fn"])
+    monkeypatch.setattr(_varlen, "_load_varlen_attn", lambda query: kernel["fn"])
     return kernel
 
 
@@ -243,7 +243,7 @@ def test_an_fsdp1_wrapped_model_is_checked_inside_and_probed_through_its_wrapper
     batch = FlatteningCollator()([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
     assert check_packing_support(wrapped, batch) == "sdpa"
 
-    from packing_collators.trainer._model_unwrap import probe_module, unwrap_model
+    from packing_collators._model_unwrap import probe_module, unwrap_model
 
     assert type(unwrap_model(wrapped)).__name__ == "LlamaForCausalLM"
     assert probe_module(wrapped) is wrapped

@@ -44,7 +44,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ._attention_inputs import packed_inputs
+from ._inputs import packed_inputs
 
 __all__ = ["VARLEN_ATTENTION", "register_varlen_attention", "varlen_attention_forward"]
 

@@ -13,7 +13,9 @@ import pytest
 import torch
 from _tiny_models import (
     ARCHITECTURES,
+    assert_same_loss_and_grads,
     causal_over_whole_row,
+    loss_and_grads,
     padded_batch,
     random_examples,
     reference_varlen_attn,
@@ -21,7 +23,7 @@ from _tiny_models import (
 )
 
 from packing_collators import FlatteningCollator, check_packing_support, register_varlen_attention
-from packing_collators.trainer import _varlen_attention as _attention
+from packing_collators.attention import _varlen as _attention
 
 LENGTHS = [7, 3, 12, 5, 9]
 
@@ -31,21 +33,6 @@ def reference_kernel(monkeypatch):
     """packing_varlen runs on CPU with a per-segment sdpa kernel of varlen_attn's signature."""
     register_varlen_attention()
     monkeypatch.setattr(_attention, "_load_varlen_attn", lambda query: reference_varlen_attn)
-
-
-def loss_and_grads(model, batch):
-    model.zero_grad()
-    loss = model(**batch).loss
-    loss.backward()
-    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-
-
-def assert_same_loss_and_grads(packed, padded):
-    (loss_p, grads_p), (loss_r, grads_r) = packed, padded
-    torch.testing.assert_close(loss_p, loss_r, rtol=1e-5, atol=0)
-    assert grads_p.keys() == grads_r.keys()
-    for name in grads_r:
-        torch.testing.assert_close(grads_p[name], grads_r[name], rtol=1e-4, atol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)

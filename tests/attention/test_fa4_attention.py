@@ -11,45 +11,27 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny_models import ARCHITECTURES, padded_batch, random_examples, reference_varlen_attn, tiny_model
-from test_loss_equivalence import assert_same_loss_and_grads, loss_and_grads
+from _tiny_models import (
+    ARCHITECTURES,
+    assert_same_loss_and_grads,
+    fake_fa4,
+    half_only,
+    loss_and_grads,
+    padded_batch,
+    random_examples,
+    tiny_model,
+)
 
-from packing_collators import FlatteningCollator, check_packing_support
-from packing_collators.trainer import _attention_choice, _fa4_attention, register_fa4_attention
-from packing_collators.trainer._attention_kind import attention_kind
+from packing_collators import FlatteningCollator, check_packing_support, register_fa4_attention
+from packing_collators.attention import _choice, _fa4, attention_kind
 
 LENGTHS = [7, 3, 12, 5, 9]
-
-
-def fake_fa4(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-             window_size, learnable_sink, softcap, deterministic):  # fmt: skip
-    """flash_attn.cute.flash_attn_varlen_func's semantics for what the backend passes (no sinks/softcap).
-
-    Its input checks as FA4 makes them: one dtype for q, k and v; int32 cu_seqlens; int lengths.
-    """
-    assert q.ndim == 3 and q.is_contiguous() and isinstance(max_seqlen_q, int) and isinstance(max_seqlen_k, int)
-    assert q.dtype == k.dtype == v.dtype, (q.dtype, k.dtype, v.dtype)
-    assert cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32
-    assert learnable_sink is None and softcap == 0.0 and deterministic is False
-    left, right = window_size
-    window = (-1 if left is None else left, 0 if causal else (-1 if right is None else right))
-    out = reference_varlen_attn(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale=softmax_scale,
-        window_size=window, enable_gqa=True,
-    )  # fmt: skip
-    return out, None  # FA4 returns (out, lse)
-
-
-def half_only(query):
-    """The real kernel's dtype rule (bf16/fp16 only) in front of the CPU stand-in."""
-    assert query.dtype in (torch.bfloat16, torch.float16), f"FA4 got {query.dtype}"
-    return fake_fa4
 
 
 @pytest.fixture
 def fa4_on_cpu(monkeypatch):
     register_fa4_attention()
-    monkeypatch.setattr(_fa4_attention, "_kernel", lambda query: fake_fa4)
+    monkeypatch.setattr(_fa4, "_kernel", lambda query: fake_fa4)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -69,12 +51,12 @@ def test_kernel_arguments(monkeypatch):
         seen.update(kwargs, shapes=(q.shape, k.shape, v.shape), dtypes=(q.dtype, k.dtype, v.dtype))
         return torch.zeros_like(q), None
 
-    monkeypatch.setattr(_fa4_attention, "_kernel", lambda query: record)
+    monkeypatch.setattr(_fa4, "_kernel", lambda query: record)
     monkeypatch.delenv("FLASH_ATTENTION_DETERMINISTIC", raising=False)
     module = type("Attn", (), {"is_causal": True})()
     q, k = torch.zeros(1, 4, 10, 8), torch.zeros(1, 2, 10, 8)
     cu = torch.tensor([0, 6, 10], dtype=torch.int64)  # int64 from a custom collator: cast to int32
-    forward = _fa4_attention.fa4_attention_forward
+    forward = _fa4.fa4_attention_forward
     out, weights = forward(
         module, q, k, k, None, scaling=0.5, sliding_window=4, softcap=30.0, s_aux="sinks",
         cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=6, max_length_k=torch.tensor(6),
@@ -107,13 +89,13 @@ def test_kernel_arguments(monkeypatch):
 
 def test_float32_activations_are_refused_before_the_kernel():
     with pytest.raises(ValueError, match="needs bf16 or fp16 activations, got torch.float32"):
-        _fa4_attention._kernel(torch.zeros(4, 2, 8))
+        _fa4._kernel(torch.zeros(4, 2, 8))
 
 
 def test_packed_equals_padded_under_autocast(monkeypatch):
     # float32 weights, Trainer bf16=True: the kernel (half only, like FA4) gets bf16 q/k/v
     register_fa4_attention()
-    monkeypatch.setattr(_fa4_attention, "_kernel", half_only)
+    monkeypatch.setattr(_fa4, "_kernel", half_only)
     examples = random_examples(LENGTHS, seed=3)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         padded = tiny_model("llama", attn="sdpa")(**padded_batch(examples)).loss
@@ -132,21 +114,21 @@ def test_packed_equals_padded_under_autocast(monkeypatch):
     ],
 )
 def test_refusals_name_the_alternative(change, message, monkeypatch):
-    monkeypatch.setattr(_fa4_attention, "_kernel", lambda query: pytest.fail("the kernel must not run"))
+    monkeypatch.setattr(_fa4, "_kernel", lambda query: pytest.fail("the kernel must not run"))
     cu = torch.tensor([0, 10], dtype=torch.int32)
     args = dict(query=torch.zeros(1, 4, 10, 8), key=torch.zeros(1, 2, 10, 8), value=torch.zeros(1, 2, 10, 8))
     args.update(attention_mask=None, cu_seq_lens_q=cu, max_length_q=10)
     args.update(change)
     with pytest.raises(ValueError, match=message) as error:
-        _fa4_attention.fa4_attention_forward(None, **args)
+        _fa4.fa4_attention_forward(None, **args)
     assert "packing_fa4" in str(error.value) or "1-D" in str(error.value)
 
 
 def test_missing_flash_attn_is_an_import_error_that_says_what_to_install(monkeypatch):
-    monkeypatch.setattr(_fa4_attention, "_KERNEL", [])
+    monkeypatch.setattr(_fa4, "_KERNEL", [])
     monkeypatch.setitem(__import__("sys").modules, "flash_attn.cute", None)
     with pytest.raises(ImportError, match=r"packing-collators\[fa4\]"):
-        _fa4_attention._kernel(torch.zeros(4, 2, 8, dtype=torch.bfloat16))
+        _fa4._kernel(torch.zeros(4, 2, 8, dtype=torch.bfloat16))
 
 
 def test_checks_know_it_reads_cu_seq_lens():
@@ -163,10 +145,10 @@ def test_checks_know_it_reads_cu_seq_lens():
 
 def test_choice_prefers_it_where_transformers_accepts_fa4(monkeypatch):
     register_fa4_attention()
-    monkeypatch.setattr(_attention_choice, "packed_attention_candidates", lambda device: ["packing_fa4", "sdpa"])
+    monkeypatch.setattr(_choice, "packed_attention_candidates", lambda device: ["packing_fa4", "sdpa"])
     model = tiny_model("llama", attn="eager")
     # on this CPU transformers refuses flash_attention_4, so packing_fa4 is not taken either
-    assert _attention_choice.choose_attention(model) == "sdpa"
+    assert _choice.choose_attention(model) == "sdpa"
     accepted = []
     original = type(model).set_attn_implementation
 
@@ -178,7 +160,7 @@ def test_choice_prefers_it_where_transformers_accepts_fa4(monkeypatch):
 
     monkeypatch.setattr(type(model), "set_attn_implementation", accept_fa4)
     model = tiny_model("llama", attn="eager")
-    assert _attention_choice.choose_attention(model) == "packing_fa4" and accepted == ["flash_attention_4"]
+    assert _choice.choose_attention(model) == "packing_fa4" and accepted == ["flash_attention_4"]
     assert model.config._attn_implementation == "packing_fa4"
 
 
@@ -191,7 +173,7 @@ def test_trainer_warm_up_runs_under_the_trainers_autocast(monkeypatch, tmp_path)
     from packing_collators import PackingTrainer
 
     register_fa4_attention()
-    monkeypatch.setattr(_fa4_attention, "_kernel", half_only)
+    monkeypatch.setattr(_fa4, "_kernel", half_only)
     trainer = PackingTrainer(
         model=tiny_model("llama", attn="packing_fa4"),
         args=training_args(tmp_path, bf16=True, max_steps=1, gradient_accumulation_steps=1),
@@ -213,7 +195,7 @@ def test_asking_for_a_library_backend_by_name_registers_it(name, monkeypatch):
     monkeypatch.delitem(AttentionInterface._global_mapping, name, raising=False)
     monkeypatch.delitem(AttentionMaskInterface._global_mapping, name, raising=False)
     model = tiny_model("llama", attn="sdpa")
-    assert _attention_choice.choose_attention(model, name) == name
+    assert _choice.choose_attention(model, name) == name
     assert model.config._attn_implementation == name
 
 
@@ -224,9 +206,9 @@ def test_a_model_that_does_not_switch_is_not_reported_as_switched(monkeypatch):
     model = tiny_model("llama", attn="sdpa")
     monkeypatch.setattr(type(model), "set_attn_implementation", lambda self, name: None)
     with pytest.raises(ValueError, match="did not switch to attn_implementation='packing_varlen'"):
-        _attention_choice.choose_attention(model, "packing_varlen")
-    monkeypatch.setattr(_attention_choice, "packed_attention_candidates", lambda device: ["packing_varlen"])
-    assert _attention_choice.choose_attention(model) == "sdpa" == model.config._attn_implementation
+        _choice.choose_attention(model, "packing_varlen")
+    monkeypatch.setattr(_choice, "packed_attention_candidates", lambda device: ["packing_varlen"])
+    assert _choice.choose_attention(model) == "sdpa" == model.config._attn_implementation
 
 
 def test_what_a_backend_lacks_follows_the_function_registered_not_the_name(monkeypatch):

@@ -1,9 +1,12 @@
-"""The transformers model inside its wrappers: DDP, FSDP (version 1), PEFT.
+"""The transformers model inside its wrappers (DDP, FSDP version 1, PEFT), and its text config.
 
     DDP(PeftModel(LlamaForCausalLM))  --unwrap_model-->  LlamaForCausalLM   (class, config, signature)
                                       --probe_module-->  LlamaForCausalLM   (what the probe runs; FSDP1 kept)
+    model                             --text_config-->   the language model's config (a vision-language
+                                                         model's text part; the config itself otherwise)
 
-Cost: a few attribute reads.
+The one home of these three, for every folder that reads a model (attention, checks, parallel,
+trainer). Cost: a few attribute reads.
 """
 
 from __future__ import annotations
@@ -46,7 +49,14 @@ def probe_module(model):
 
 
 def text_config(model):
+    """The config of ``model``'s language model: ``config.get_text_config()`` where the config has one.
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> config = LlamaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8)
+    >>> text_config(LlamaForCausalLM(config)).vocab_size
+    16
+    """
     config = getattr(model, "config", None)
     if config is None:
-        raise TypeError(f"check_packing_support needs a transformers model (with .config), got {type(model).__name__}.")
+        raise TypeError(f"Packing needs a transformers model (with .config), got {type(model).__name__}.")
     return config.get_text_config() if hasattr(config, "get_text_config") else config
