@@ -118,7 +118,7 @@ class _AttentionWarmUp(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         implementation = attn_implementation(text_config(model)) if model is not None else None
-        longest = self.trainer._train_longest
+        longest = self.trainer.longest_train_sequence
         if implementation not in ("flash_attention_4", FA4_ATTENTION) or not longest:
             return
         if getattr(self.trainer, "is_deepspeed_enabled", False):  # a backward outside the engine: see _deepspeed.py
@@ -135,17 +135,16 @@ def add_packing_callbacks(trainer, *, probe: bool, warm_up: bool, metrics: bool)
     from ._compile import compiled_model
     from ._metrics import PackingMetricsCallback
 
-    size = trainer.sequence_parallel_size
-    if size > 1:  # every rank checks before the mesh's first collective: no hang on refusal
-        from ._sequence_parallel import SequenceParallelCheckCallback, setup_sequence_parallel
+    mesh = trainer.sequence_parallel_mesh
+    if mesh is not None:
+        from ._sequence_parallel import SequenceParallelCheckCallback
 
-        trainer._sequence_parallel = setup_sequence_parallel(trainer, size)
-        trainer.add_callback(SequenceParallelCheckCallback(trainer._sequence_parallel, probe=probe))
+        trainer.add_callback(SequenceParallelCheckCallback(mesh, probe=probe))
     else:
         trainer.add_callback(PackingCheckCallback(probe=probe, model_for_probe=lambda: compiled_model(trainer)))
     if trainer.args.torch_compile:
         trainer.add_callback(trainer._compile)
-    if warm_up and size == 1:  # under Ulysses, FA4 compiles at first use
+    if warm_up and mesh is None:  # under Ulysses, FA4 compiles at first use
         trainer.add_callback(_AttentionWarmUp(trainer))
     if metrics:
         PackingMetricsCallback().attach(trainer)
