@@ -22,10 +22,9 @@ Memory: a chunk of rows (about 16M tokens; the one pass builds two at once, in t
 O(segments) for the plan; the one pass also maps the input's pages (file-backed and clean: they
 count in the RSS, and the kernel can drop them), the two passes one window (released after use).
 Disk: the one pass writes each row once; the two passes also write (and read back) one temp
-file per token column, deleted at the end. Cost: 3,000,000 ``sft`` examples (888M tokens,
-6.6 GB) on 2 shared cores, from the page cache: one pass 31-34 s, two passes 48-57 s
-(``benchmarks/results/pack_at_scale_3m.md``); a writer thread lets the kernel copy one chunk
-out while the next ones are built. No Python loop over examples or tokens.
+file per token column, deleted at the end. Cost: measured in ``benchmarks/results/pack_at_scale_3m.md``
+(3,000,000 ``sft`` examples); a writer thread lets the kernel copy one chunk out while the next
+ones are built. No Python loop over examples or tokens.
 """
 
 from __future__ import annotations
