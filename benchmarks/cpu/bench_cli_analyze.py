@@ -52,7 +52,7 @@ def main() -> None:
 
     script = Path(sys.executable).with_name("packing-collators")
     if not script.exists():
-        sys.exit(f"{script} is missing: install the package with `pip install -e .` first.")
+        sys.exit(f"{script} is missing: install the package first (`make install`, or `pip install packing-collators`).")
     lengths = lengths_of("sft", args.examples)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "sft_lengths.parquet"

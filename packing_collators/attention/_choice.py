@@ -1,12 +1,10 @@
 """Choosing the fastest attention implementation that keeps packed examples apart, on this machine.
 
-In order of speed on packed batches (measured on an H200: FA4 varlen fwd+bwd 0.87 ms vs
-PyTorch's varlen 1.07 ms on 16,384 ``sft`` tokens at 200M shapes; see docs/benchmarks.md)::
+In order of speed on packed batches (measured in docs/benchmarks.md)::
 
     packing_fa4         FA4's kernel called straight from the batch (this library's backend): what
-                        flash_attention_4 runs, less host work per layer (ahead of it at 200M in 14 of
-                        15 H100 runs and distributions); taken only where transformers accepts
-                        flash_attention_4
+                        flash_attention_4 runs, less host work per layer; taken only where
+                        transformers accepts flash_attention_4
     flash_attention_4   Hopper (sm90) / Blackwell (sm100+), flash-attn-4 installed (flash_attn.cute)
     flash_attention_3   Hopper, flash-attn 3 installed (flash_attn_interface)
     flash_attention_2   Ampere or newer, flash-attn 2 installed
@@ -144,11 +142,9 @@ def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
 
     JIT-compiled kernels (FlashAttention-4) compile one variant per configuration, and the
     configuration follows the batch: its ``max_length_q`` (e.g. FA4 packs grouped-query heads
-    for short sequences) and its number of sequences (more than 256 get another scheduler).
-    Measured on an H200, a 200M run compiled 4 kernels in its first step and 7 more at its
-    first batch of only short examples, ten steps later; on an H100, after a warm-up over
-    lengths only, a batch of 280 short sequences compiled 6 more, 9 s inside a timed run.
-    So each length is run twice: as ``tokens`` tokens of examples of that length, and as
+    for short sequences) and its number of sequences (more than 256 get another scheduler):
+    left alone, a run compiles kernels whenever a batch of a new kind arrives, seconds at a
+    time in the middle of training. So each length is run twice: as ``tokens`` tokens of examples of that length, and as
     one example of that length among ``MANY_SEQUENCES`` 8-token ones. Gradients are
     cleared after; no weight changes. Returns the seconds it took.
 

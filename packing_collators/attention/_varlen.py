@@ -28,8 +28,8 @@ Cost: the kernel call plus at most one int32 cast of ``cu_seq_lens`` per layer.
 
 Flash only: PyTorch 2.14 sends some ``varlen_attn`` calls to cuDNN's ragged kernel instead
 (cuDNN >= 9.18 on Hopper/Blackwell, window ``(-1, -1)``, no GQA; later builds causal ones
-too), deciding again in the backward. Called as an aten op, that kernel returned wrong dq/dk
-for a packed batch on the H100 image measured (cuDNN 9.19, ``benchmarks/gpu/packed_kernels.py``),
+too), deciding again in the backward. Called as an aten op, that kernel gives wrong dq/dk
+for a packed batch on the H100 image measured (cuDNN 9.19; docs/benchmarks.md, "FlashAttention-4"),
 and the packing probe checks the forward pass only. Where ``varlen_attn`` can route to cuDNN,
 an unbounded side of the window is therefore passed as the longest sequence (``-1`` becomes
 ``max_length_k``: the same attention, as every key of a sequence lies within it), which
@@ -178,7 +178,7 @@ def varlen_attention_forward(module: Any, query, key, value, attention_mask, dro
         elif "window_size" not in params:  # PyTorch 2.10: repeat each kv head for its query group (as repeat_kv)
             k, v = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v))
         # PyTorch 2.11 (window_size, no enable_gqa flag yet): its Flash kernel takes the fewer k/v heads
-        # as they are; same output and gradients as repeated heads on an H200 (benchmarks/gpu/gpu_varlen_gqa_check.py)
+        # as they are; same output and gradients as repeated heads (benchmarks/results/gpu_varlen_gqa/)
     if scaling is not None:
         if "scale" in params:
             options["scale"] = scaling

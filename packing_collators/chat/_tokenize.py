@@ -13,9 +13,8 @@ follow ``overflow`` as in :func:`pack_dataset` (``"error"``, ``"truncate"``, ``"
 left with no trained token are dropped; both are counted in :class:`ChatStats` and logged.
 
 Cost: a batched ``datasets.map`` (``num_proc`` processes): per 1,000 conversations, their jinja
-renders and one call to the Rust tokenizer. The 4,417 one-turn python-docs conversations take
-about 1 s on one core, 1.3-1.5x ``apply_chat_template`` without labels (``examples/chat_tokenize.py``,
-``docs/chat.md``).
+renders and one call to the Rust tokenizer; against ``apply_chat_template`` without labels:
+docs/chat.md ("Parallel and batched").
 """
 
 from __future__ import annotations

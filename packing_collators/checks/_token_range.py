@@ -9,8 +9,7 @@
 An id past the embedding fails far from its cause (an index error inside the embedding, or a
 device-side assert on a GPU, at some step), and an empty dataset trains 0 steps with only
 transformers' warning. Cost: one pass over the ids: ``pyarrow.compute.min_max`` over the list
-column's values for a ``datasets.Dataset`` (hundreds of millions of tokens a second, no Python
-object per token), else one ``min``/``max`` per example. Run once, when training begins.
+column's values for a ``datasets.Dataset`` (vectorised, no Python object per token), else one ``min``/``max`` per example. Run once, when training begins.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ that puts the longest batch first is left out: it moves one example).
 Zero-length examples are in no batch and no row; they are counted as ``empty_examples``.
 
 Cost: numpy over the lengths (never over tokens), plus one engine call per strategy and
-one epoch plan of the sampler; 1,000,000 ``sft`` lengths analyse in 1.1 s on a shared
-2-core machine, most of it ffd and the sampler (``benchmarks/cpu/bench_cli_analyze.py``).
+one epoch plan of the sampler, most of it ffd and the sampler (timed by
+``benchmarks/cpu/bench_cli_analyze.py``).
 From 1,000,000 examples on, a progress bar on stderr moves once per stage (padding, each
 strategy, the sampler), unless ``datasets`` or ``transformers`` has progress bars off.
 """
@@ -41,7 +41,7 @@ ROW_STRATEGIES = ("bfd", "ffd", "next_fit")
 PERCENTILES = (50, 90, 95, 99, 99.9)
 WORTH_PACKING = 1.1  # below this expected speed-up, padding is recommended
 STAGES = ("padding", *ROW_STRATEGIES, "wrapped", "sampler")  # what the progress bar counts
-PROGRESS_MIN_EXAMPLES = 1_000_000  # about 1-2.5 s of analysis on a shared 2-core machine
+PROGRESS_MIN_EXAMPLES = 1_000_000  # where the analysis starts to take seconds
 
 
 @dataclass(frozen=True)

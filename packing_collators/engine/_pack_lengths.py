@@ -8,8 +8,7 @@ A packing of lengths ``[5, 2, 4, 1, 3]`` into rows of capacity 8 (best-fit decre
 Rows hold example *indices*, listed in ascending (dataset) order within a row;
 rows come in the order the strategy opened them. Cost: one sort of the lengths
 plus, for ``"bfd"``, a loop over (length, free-space) classes that does not grow
-with the number of examples: 10 million ``sft`` lengths pack in a few seconds
-at >99.9% efficiency (``benchmarks/cpu/bench_engine.py``).
+with the number of examples (timed against TRL's packer by ``benchmarks/cpu/bench_engine.py``).
 
 Examples longer than the capacity follow ``overflow``; zero-length examples are
 never put in a row: they are listed in ``empty_indices`` and counted in the

@@ -31,11 +31,9 @@ of :func:`fit_attention_weight`, fitted from measured batches when this default 
 the default ``None`` is ``1 / max_tokens_per_batch``, so one example filling the whole budget
 costs twice what the same tokens in short examples cost.
 
-Cost in numbers (``benchmarks/cpu/bench_sampler.py``, results in ``benchmarks/results/sampler.md``):
-an epoch of 1,000,000 ``sft`` examples at a 16k budget is planned in 0.35-0.48 s on one CPU
-core (most of it the engine's packing; the same as listing a plain ``BatchSampler``'s
-batches), fills 99.996% of the budget, and 8 ranks' costs differ by 0.003%. Each extra
-group costs about 0.1-0.15 s at a 16k budget (the engine loops over length classes).
+Cost: numpy over the examples and one engine packing per group (the engine loops over length
+classes), most of the time the packing itself; timed, with the budget's fill and the ranks'
+imbalance, by ``benchmarks/cpu/bench_sampler.py`` (docs/benchmarks.md: the CPU table).
 An epoch of 4,000,000 usable examples or more shows a progress bar (``progress=None``;
 ``_progress.py`` says when bars are off): it moves per packed group, not per example.
 Pure numpy; no torch here.
@@ -57,7 +55,7 @@ from ._options import Balance, SamplerOptions
 __all__ = ["EpochPlan", "check_overflow", "plan_epoch", "plan_with_options"]
 
 _EMPTY = np.empty(0, np.int64)
-PROGRESS_MIN_EXAMPLES = 4_000_000  # about 1 s of planning on one free core, several on a busy one
+PROGRESS_MIN_EXAMPLES = 4_000_000  # where planning starts to take seconds
 
 
 @dataclass(frozen=True, eq=False)

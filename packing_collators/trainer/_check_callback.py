@@ -107,7 +107,7 @@ class _AttentionWarmUp(TrainerCallback):
 
     FA4 compiles a kernel per configuration, and the configuration follows the batch (its
     longest sequence, more than 256 sequences): left alone, a run stalls seconds at the
-    first batch of a new kind (measured on an H100: 7-9 s at step 25 of a 200M run). The
+    first batch of a new kind. The
     warm-up runs :func:`warm_up_attention` up to the longest example the sampler can batch,
     on every rank, before the first step. Other implementations need none.
     """

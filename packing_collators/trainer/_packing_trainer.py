@@ -18,7 +18,7 @@ Everything else is the stock Trainer: gradient accumulation with ``num_items_in_
 (a token-weighted loss, as with padding), LR schedule from ``len(train_dataloader)``
 (the sampler's exact count for this rank), ``set_epoch`` each epoch, mid-epoch resume
 (the Trainer skips the batches already trained; the sampler is deterministic per epoch).
-Cost: one pass over the lengths column per epoch to plan it (~0.3 s per million examples).
+Cost: one pass over the lengths column per epoch to plan it (docs/benchmarks.md: planning an epoch).
 """
 
 from __future__ import annotations
