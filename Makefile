@@ -38,8 +38,8 @@ bench: $(VENV)/.installed-dev-bench
 	$(PY) benchmarks/cpu/bench_cli_analyze.py
 	$(PY) benchmarks/collect_results.py
 
-# `make bench-gpu`: the README's GPU tables in one command, on a CUDA machine where this package and FA4 are
-# installed (`pip install -e ".[fa4]"`; Hopper or Blackwell). Runs the Python on PATH (GPU_PY), not the venv.
+# `make bench-gpu`: the GPU tables of docs/benchmarks.md in one command, on a CUDA machine where this package and FA4 are
+# installed (the package with its `fa4` extra; Hopper or Blackwell). Runs the Python on PATH (GPU_PY), not the venv.
 # Each step is bounded by `timeout` and a failed or timed-out step does not stop the others (make's `-`);
 # about 105 minutes on one H100/H200 in all. Results: $(GPU_OUT)/<table>/ (train_throughput.md, results.json).
 GPU_PY ?= python

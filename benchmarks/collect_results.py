@@ -31,17 +31,12 @@ ORDER = [
 # GPU runs keep their files in a folder per run; these of them join RESULTS.md too
 FROM_FOLDERS = [name for name in ORDER if "/" in name]
 NOTE = (
-    "Scripts folded into harnesses since (issue #27): `bench_pack_dataset.py`, `bench_pack_at_scale.py` a"
-    "nd `bench_streaming.py` are `benchmarks/cpu/bench_offline.py in-memory`, `at-scale` and `streaming`;"
-    " `trainer_scaling.py`, `distributed_scaling.py` and `trainer_setups.py` are `benchmarks/gpu/distribu"
-    "ted.py` (`--runner loop` for the second, `--setup` / `--compare-setups` / `--liger` for the third); "
-    "`gpu_attention_check.py` and `fa4_check.py` are `benchmarks/gpu/exactness.py at"
-    "tention` and `fa4`; `architecture_sweep.py` is `scripts/architecture_sweep.py`. The one-off investig"
-    "ations (`attention_host_cost`, `oracle_gap`, `packed_kernels`, `varlen_kernels`, `gpu_varlen_gqa_che"
-    "ck`, `fa4_compiles`, `probe_check`, `memory_budget`, `trainer_memory_check`, `rank_balance`, `long_c"
-    "ontext_report`) were deleted; their findings are in docs/benchmarks.md, and a command naming one run"
-    "s as written in a checkout of commit 77bb1bb (`git worktree add ../pc-77bb1bb 77bb1bb`). Commands re"
-    "corded inside the results' own .json and .log files are the ones that ran, unchanged."
+    "The CPU reports come from `benchmarks/cpu/bench_engine.py`, `bench_collator.py`, `bench_offline.py` "
+    "(`in-memory`: pack_dataset, `at-scale`: pack_at_scale, `streaming`: streaming), `bench_sampler.py` and "
+    "`bench_cli_analyze.py`; the GPU ones from `benchmarks/gpu/`, each folder's command and card in "
+    "[GPU_RUNS.md](results/GPU_RUNS.md). Some GPU folders come from one-off scripts kept at commit 77bb1bb "
+    "(`git worktree add ../pc-77bb1bb 77bb1bb`; [docs/benchmarks.md](../docs/benchmarks.md#the-harnesses-and-make-bench-gpu)). "
+    "Commands recorded inside the results' own .json and .log files are the ones that ran."
 )
 
 

@@ -10,7 +10,7 @@ bracketed, and conversations per second (best of ``--repeats``, interleaved) for
     tokenized = tokenize_chat(dataset, tokenizer, max_length=512, overflow="truncate")
 
 ``--turns 4`` joins every 4 conversations into one 4-turn chat (rendering prefixes renders
-twice per turn). Defaults run offline (python-docs and its ChatML BPE); see ``examples/_common.py``.
+twice per turn). Defaults run offline (python-docs and its ChatML BPE: ``offline_data.py``).
 
 Usage: python examples/chat_tokenize.py [--dataset NAME|FILES] [--model NAME] [--turns N] [--num-proc N]
 """
@@ -22,7 +22,7 @@ import logging
 import sys
 import time
 
-from _common import OFFLINE_DATASET, OFFLINE_MODEL, load_conversations, load_tokenizer
+from offline_data import OFFLINE_DATASET, OFFLINE_MODEL, load_conversations, load_tokenizer
 
 from packing_collators import tokenize_chat
 

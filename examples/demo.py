@@ -11,7 +11,7 @@ examples, in the same random order, one step each in turn:
 The losses agree step by step (printed for the first step and the last ones): packing
 changes how much work a step does, not what it computes. Defaults run offline in a few
 minutes on 2 CPU cores: the ``tiny-llama`` model and the ``python-docs`` dataset
-(see ``examples/_common.py``).
+(``offline_data.py``).
 
 Usage: python examples/demo.py [--examples 800] [--batch-size 8] [--model ...] [--dataset ...]
 """
@@ -23,21 +23,37 @@ import time
 
 import numpy as np
 import torch
-from _common import add_common_args, load_model, load_tokenizer, sft_dataset
+from offline_data import load_conversations, load_model, load_tokenizer
 from tqdm.auto import tqdm
 from transformers import DataCollatorForSeq2Seq
 
-from packing_collators import FlatteningCollator
+from packing_collators import FlatteningCollator, tokenize_chat
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny-llama", help="hub name or path of a causal LM (default: offline)")
+    parser.add_argument("--dataset", nargs="+", default=["python-docs"], help="hub name, or .json/.jsonl/.parquet "
+                        "files with 'messages' (or 'prompt'/'completion'); default: offline python-docs")  # fmt: skip
+    parser.add_argument("--split", default="train", help="dataset split (hub datasets)")
+    parser.add_argument("--max-examples", type=int, default=None, help="tokenize only the first N examples")
+    parser.add_argument("--examples", type=int, default=800, help="examples to train on (a seeded random subset)")
+    parser.add_argument("--max-length", type=int, default=512, help="truncate examples to this many tokens")
+    parser.add_argument("--batch-size", type=int, default=8, help="examples per step")
+    parser.add_argument("--max-steps", type=int, default=-1, help="stop after this many steps")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--attn-implementation", default="sdpa", help="sdpa, flash_attention_2/4, packing_varlen, ...")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(parser)
-    parser.add_argument("--examples", type=int, default=800, help="examples to train on (a seeded random subset)")
-    args = parser.parse_args()
-
+    args = arguments()
     tokenizer = load_tokenizer(args.model)
-    dataset = sft_dataset(args, tokenizer)
+    conversations = load_conversations(args.dataset, args.split, args.max_examples)
+    chat = ["messages"] if "messages" in conversations.column_names else ["prompt", "completion"]
+    # input_ids and labels: only the assistant's tokens are trained (-100 elsewhere)
+    dataset = tokenize_chat(conversations.select_columns(chat), tokenizer, max_length=args.max_length, overflow="truncate")
     order = np.random.default_rng(args.seed).permutation(len(dataset))[: args.examples]
     batches = [[dataset[int(i)] for i in order[s : s + args.batch_size]] for s in range(0, len(order), args.batch_size)]
     if args.max_steps > 0:

@@ -8,9 +8,8 @@ those of a padded run; only the padding's compute is gone.
     collator = FlatteningCollator()
     Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator).train()
 
-Defaults run offline (tiny random Llama, conversations from the Python docs); see
-``examples/_common.py``. On a GPU pass ``--attn-implementation flash_attention_2`` or
-``packing_varlen``.
+Defaults run offline (a tiny random Llama, conversations from the Python docs:
+``offline_data.py``). On a GPU pass ``--attn-implementation flash_attention_2`` or ``packing_varlen``.
 
 Usage: python examples/sft_flattening.py [--model NAME] [--dataset NAME|FILES] [--max-steps N]
 """
@@ -18,41 +17,108 @@ Usage: python examples/sft_flattening.py [--model NAME] [--dataset NAME|FILES] [
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from _common import (
-    BatchCounter,
-    add_common_args,
-    load_model,
-    load_tokenizer,
-    sft_dataset,
-    train_and_summarize,
-    training_arguments,
-)
-from transformers import Trainer
+import numpy as np
+import torch
+from offline_data import load_conversations, load_model, load_tokenizer
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from packing_collators import FlatteningCollator, PackingCheckCallback
+from packing_collators import FlatteningCollator, PackingCheckCallback, tokenize_chat
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny-llama", help="hub name or path of a causal LM (default: offline)")
+    parser.add_argument("--dataset", nargs="+", default=["python-docs"], help="hub name, or .json/.jsonl/.parquet "
+                        "files with 'messages' (or 'prompt'/'completion'); default: offline python-docs")  # fmt: skip
+    parser.add_argument("--split", default="train", help="dataset split (hub datasets)")
+    parser.add_argument("--max-examples", type=int, default=None, help="use only the first N examples")
+    parser.add_argument("--max-length", type=int, default=512, help="truncate examples to this many tokens")
+    parser.add_argument("--batch-size", type=int, default=8, help="examples per micro-batch (per process)")
+    parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--max-steps", type=int, default=-1, help="stop after this many optimizer steps")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--attn-implementation", default="sdpa", help="sdpa, flash_attention_2/4, packing_varlen, ...")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--logging-steps", type=int, default=10)
+    parser.add_argument("--save-dir", default=None, help="save the fine-tuned model and tokenizer here")
+    return parser.parse_args()
+
+
+class Counted(TrainerCallback):
+    """The collator, recording each micro-batch it collates during training: lengths, trained labels, slots."""
+
+    def __init__(self, collate):
+        self.collate, self.batches = collate, []
+
+    def __call__(self, features):
+        batch = self.collate(features)
+        lengths = [n for f in features for n in f.get("seq_lengths") or [len(f["input_ids"])]]  # a packed row: several
+        self.batches.append((lengths, int((batch["labels"] != -100).sum()), batch["input_ids"].numel()))
+        return batch
+
+    def on_train_begin(self, *args, **kwargs):
+        self.batches.clear()  # the packing checks collate a probe batch first
+
+
+def summarize(title: str, counted: Counted, trainer, dataset, seconds: float, batch_size: int, seed: int) -> None:
+    """What was trained (all processes), and what padding the same examples in random batches would cost."""
+    seen = counted.batches[: trainer.state.global_step * trainer.args.gradient_accumulation_steps]
+    lengths = np.array([n for batch in seen for n in batch[0]], dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(lengths)
+    padded = sum(len(b) * int(b.max()) for b in np.array_split(order, range(batch_size, len(order), batch_size)))
+    counts = torch.tensor([len(lengths), lengths.sum(), sum(b[1] for b in seen), sum(b[2] for b in seen), len(seen), padded])
+    if torch.distributed.is_initialized():  # every process's micro-batches
+        counts = counts.to(trainer.args.device)
+        torch.distributed.all_reduce(counts)
+    examples, tokens, trained, slots, micro_batches, padded = counts.tolist()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    if not trainer.is_world_process_zero():
+        return
+    print(f"\n== {title} ==")
+    for key, value in {
+        "dataset": f"{len(dataset):,} examples, {sum(len(ids) for ids in dataset['input_ids']):,} tokens",
+        "examples": f"{examples:,}",
+        "tokens": f"{tokens:,}",
+        "trained tokens": f"{trained:,} (assistant tokens only; prompts masked)",
+        "micro-batches": f"{micro_batches:,}",
+        "optimizer steps": f"{trainer.state.global_step:,}",
+        "padded equivalent": f"{padded:,} token slots ({1 - tokens / padded:.1%} padding)",
+        "padding waste avoided": f"{padded - slots:,} token slots ({(padded - slots) / padded:.1%})",
+        "packing efficiency": f"{tokens / slots:.2%} ({tokens:,} tokens in {slots:,} slots)",
+        "tokens/s": f"{tokens / seconds:,.0f} ({seconds:.1f} s)",
+        "final loss": f"{losses[-1]:.4f}" if losses else "none logged",
+    }.items():
+        print(f"{key + ':':<23}{value}")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(parser)
-    args = parser.parse_args()
-
+    args = arguments()
     tokenizer = load_tokenizer(args.model)
-    dataset = sft_dataset(args, tokenizer)
-    model = load_model(
-        args.model, tokenizer, attn_implementation=args.attn_implementation, max_length=args.max_length, seed=args.seed
-    )
-    collator = BatchCounter(FlatteningCollator())
+    conversations = load_conversations(args.dataset, args.split, args.max_examples)
+    chat = ["messages"] if "messages" in conversations.column_names else ["prompt", "completion"]
+    # input_ids and labels: only the assistant's tokens are trained (-100 elsewhere)
+    dataset = tokenize_chat(conversations.select_columns(chat), tokenizer, max_length=args.max_length, overflow="truncate")
+    model = load_model(args.model, tokenizer, attn_implementation=args.attn_implementation,
+                       max_length=args.max_length, seed=args.seed)  # fmt: skip
+    gpu = torch.cuda.is_available()
+    training_args = TrainingArguments(
+        output_dir=str(Path(__file__).resolve().parent / ".cache" / "runs"), per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs,
+        max_steps=args.max_steps, learning_rate=args.lr, lr_scheduler_type="cosine", warmup_steps=0.05,
+        logging_steps=args.logging_steps, save_strategy="no", report_to="none", seed=args.seed, use_cpu=not gpu, bf16=gpu,
+    )  # fmt: skip
+    counted = Counted(FlatteningCollator())
     trainer = Trainer(
-        model=model,
-        args=training_arguments(args),
-        train_dataset=dataset,
-        data_collator=collator,
-        processing_class=tokenizer,
-        callbacks=[PackingCheckCallback()],
-    )  # refuses unsafe set-ups
-    train_and_summarize("Trainer + FlatteningCollator", trainer, collator, args, dataset)
+        model=model, args=training_args, train_dataset=dataset, data_collator=counted, processing_class=tokenizer,
+        callbacks=[PackingCheckCallback()],  # refuses, before the first step, a set-up that would mix examples
+    )  # fmt: skip
+    trainer.add_callback(counted)  # last: it starts counting after the checks' probe batch
+    result = trainer.train()
+    if args.save_dir:
+        trainer.save_model(args.save_dir)
+    summarize("Trainer + FlatteningCollator", counted, trainer, dataset, result.metrics["train_runtime"],
+              args.batch_size, args.seed)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,25 +12,39 @@ built only on the ones above it in this map::
                ChatStats                                 assistant-only labels
     sampler/   MultipackBatchSampler, lengths_from_dataset,  token-budget micro-batches per rank,
                fit_attention_weight, CostFit             balanced by a cost model fitted from timings
-    trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, the safety checks,
-               PackingMetricsCallback,                   packing metrics in the logs and
-               check_packing_support, probe_packing,     varlen attention backends (torch's
-               packing_varlen, packing_fa4,              kernel, FA4's) and the fastest one
-               choose_attention, measure_token_budget,   here, a token budget from GPU memory
-               check_token_budget                        (measured, or a given one checked)
+    attention/ register_varlen_attention,                varlen attention backends (torch's kernel
+               register_fa4_attention, choose_attention, as packing_varlen, FA4's as packing_fa4)
+               warm_up_attention                         and the fastest packed-correct one here
+    checks/    check_packing_support, probe_packing,     refuse, before training, a model, batch or
+               ProbeReport                               collator that would mix examples; the probe
     parallel/  SequenceShardCollator, shard_flat_batch,  sequence parallelism (Ulysses) for packed rows:
                enable_ulysses_attention,                 a rank's shard, the all-to-all attention,
                sequence_parallel_mesh,                   the dp x sp mesh, the probe through it
                probe_sequence_parallel                   (PackingTrainer(sequence_parallel_size=n))
+    trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, packing metrics in the logs,
+               PackingMetricsCallback,                   a token budget from GPU memory (measured,
+               measure_token_budget, check_token_budget  or a given one checked), torch.compile
     cli/       packing-collators analyze|pack            the command line
-    _validation.py   the argument checks every folder shares
-    _progress.py     when long work shows a progress bar (one rule, following datasets/transformers)
+    _validation.py    the argument checks every folder shares
+    _progress.py      when long work shows a progress bar (one rule, following datasets/transformers)
+    _model_unwrap.py  the transformers model inside its wrappers, and its text config
 
 ``PackingTrainer``, ``PackingCheckCallback``, ``PackingMetricsCallback`` and ``MultipackBatchSampler``
 load on first use (they import transformers' Trainer or torch), so ``import packing_collators`` stays fast.
 """
 
+from ._version import __version__  # noqa: F401  (the version, not in __all__)
+from .attention import (
+    FA4_ATTENTION,
+    VARLEN_ATTENTION,
+    choose_attention,
+    register_fa4_attention,
+    register_varlen_attention,
+    varlen_attention_forward,
+    warm_up_attention,
+)
 from .chat import ChatStats, tokenize_chat, tokenize_chat_example
+from .checks import ProbeReport, check_packing_support, probe_packing
 from .collate import FlatteningCollator, PrePackedCollator, concatenate_and_pack, length_buckets, pack_sequences
 from .engine import PackingResult, PackStats, pack_lengths
 from .models import enable_packing
@@ -44,22 +58,12 @@ from .parallel import (
 )
 from .sampler import CostFit, fit_attention_weight, lengths_from_dataset
 from .trainer import (
-    FA4_ATTENTION,
-    VARLEN_ATTENTION,
-    ProbeReport,
     TokenBudget,
-    check_packing_support,
     check_token_budget,
-    choose_attention,
     count_sequences,
     measure_token_budget,
-    probe_packing,
-    register_fa4_attention,
-    register_varlen_attention,
     sequence_loss_weights,
     sequence_mean_loss,
-    varlen_attention_forward,
-    warm_up_attention,
 )
 
 __all__ = [
@@ -107,7 +111,6 @@ __all__ = [
     "warm_up_attention",
     "warm_up_compiled",
 ]
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str):

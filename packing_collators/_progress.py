@@ -15,9 +15,7 @@ in this process, so its environment variable decides.
 
 The bar is ``tqdm.auto``'s on stderr, imported only when a bar is shown, and moves once per
 chunk of work (a packed group, a stage of the analysis), never per example. Cost: deciding is
-a few dict lookups; a shown bar costs tqdm's import once (~0.2 s) and 0.24 ms for its life
-(create, redraws, close): planning 4,000,000 ``sft`` examples at a 16k budget for 8 ranks took
-0.95 s with the bar and without it (medians of 7, within 3% noise; 20 groups: 2.7 s both).
+a few dict lookups; a shown bar costs tqdm's import once and a few redraws, nothing per example.
 """
 
 from __future__ import annotations

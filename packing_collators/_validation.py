@@ -65,16 +65,22 @@ def validate_lengths(lengths: Sequence[int] | np.ndarray, *, what: str = "length
     return array
 
 
-def validate_choice(name: str, value: str, literal) -> None:
-    """Raise a ValueError naming the allowed values when ``value`` is not one of ``literal``'s.
+def validate_choice(name: str, value: str, allowed) -> None:
+    """Raise a ValueError naming the allowed values when ``value`` is not one of them.
+
+    ``allowed``: a ``Literal`` type, or a tuple of its values that one caller accepts.
 
     >>> from typing import Literal
     >>> validate_choice("mode", "fold", Literal["flatten", "pad"])
     Traceback (most recent call last):
     ...
     ValueError: mode='fold' is not supported; choose one of 'flatten', 'pad'.
+    >>> validate_choice("overflow", "split", ("error", "drop"))
+    Traceback (most recent call last):
+    ...
+    ValueError: overflow='split' is not supported; choose one of 'error', 'drop'.
     """
-    allowed = get_args(literal)
+    allowed = allowed if isinstance(allowed, tuple) else get_args(allowed)
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}.")
 

@@ -366,7 +366,7 @@ def _short(error: BaseException, limit: int = 100) -> str:
 def check(model, batch: dict, collator) -> dict:
     """check_packing_support's verdict, and why: ``static: ...`` (no model run) or ``probe: ...`` (measured)."""
     from packing_collators import check_packing_support
-    from packing_collators.trainer._probe import probe_packing
+    from packing_collators.checks import probe_packing
 
     try:
         check_packing_support(model, batch, collator=collator, probe=False)
@@ -394,8 +394,8 @@ def check(model, batch: dict, collator) -> dict:
 def sweep_model(model_type: str, class_name: str, attentions=ATTENTIONS) -> list[dict]:
     """One row per attention implementation (or one "cannot build" row) for ``model_type``."""
     from packing_collators import FlatteningCollator
-    from packing_collators.trainer._attention_kind import is_recurrent as _is_recurrent
-    from packing_collators.trainer._model_unwrap import text_config
+    from packing_collators._model_unwrap import text_config
+    from packing_collators.attention import is_recurrent as _is_recurrent
 
     row = {"model_type": model_type, "class": class_name}
     started = time.perf_counter()

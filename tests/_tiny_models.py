@@ -1,4 +1,5 @@
-"""Test helpers: tiny randomly initialised causal LMs, example batches, a reference varlen kernel.
+"""Test helpers: tiny randomly initialised causal LMs, example batches, reference varlen and FA4 kernels,
+and the loss-and-gradients comparison the equivalence tests share.
 
 Nothing is downloaded: models are built from configs. ``initializer_range=0.5``
 makes attention sharp enough that letting one example see another changes the
@@ -212,5 +213,45 @@ def _reference_fa4_backward(q, k, v, out, dout, lse, softmax_scale=None, causal=
 
 
 def reference_fa4_interface():
-    """What ``packing_collators.trainer._attention_ops._interface`` returns on a GPU with FA4, on CPU."""
+    """What ``packing_collators.attention._fa4_ops._interface`` returns on a GPU with FA4, on CPU."""
     return _reference_fa4_forward, _reference_fa4_backward
+
+
+def loss_and_grads(model, batch):
+    model.zero_grad()
+    loss = model(**batch).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def assert_same_loss_and_grads(packed, padded):
+    (loss_p, grads_p), (loss_r, grads_r) = packed, padded
+    torch.testing.assert_close(loss_p, loss_r, rtol=1e-5, atol=0)
+    assert grads_p.keys() == grads_r.keys()
+    for name in grads_r:
+        torch.testing.assert_close(grads_p[name], grads_r[name], rtol=1e-4, atol=1e-4, msg=name)
+
+
+def fake_fa4(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+             window_size, learnable_sink, softcap, deterministic):  # fmt: skip
+    """flash_attn.cute.flash_attn_varlen_func's semantics for what the backend passes (no sinks/softcap).
+
+    Its input checks as FA4 makes them: one dtype for q, k and v; int32 cu_seqlens; int lengths.
+    """
+    assert q.ndim == 3 and q.is_contiguous() and isinstance(max_seqlen_q, int) and isinstance(max_seqlen_k, int)
+    assert q.dtype == k.dtype == v.dtype, (q.dtype, k.dtype, v.dtype)
+    assert cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32
+    assert learnable_sink is None and softcap == 0.0 and deterministic is False
+    left, right = window_size
+    window = (-1 if left is None else left, 0 if causal else (-1 if right is None else right))
+    out = reference_varlen_attn(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale=softmax_scale,
+        window_size=window, enable_gqa=True,
+    )  # fmt: skip
+    return out, None  # FA4 returns (out, lse)
+
+
+def half_only(query):
+    """The real kernel's dtype rule (bf16/fp16 only) in front of the CPU stand-in."""
+    assert query.dtype in (torch.bfloat16, torch.float16), f"FA4 got {query.dtype}"
+    return fake_fa4

@@ -8,8 +8,8 @@
   ``tests/_tiny_models.py``, their one home: tests import it, and so do the worker processes
   that the distributed tests start (which cannot see fixtures).
 - Markers: ``slow`` (seconds each: example scripts, subprocesses, several processes) and
-  ``distributed`` (several torch.distributed processes). ``pytest -m "not slow"`` runs the rest:
-  37 s instead of 90 s for the whole suite on 2 shared cores.
+  ``distributed`` (several torch.distributed processes). ``pytest -m "not slow"`` runs the rest
+  (what ``make test-oldest`` runs).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def _varlen_windows_unbounded(monkeypatch):
     """packing_varlen passes windows as transformers' convention has them, whatever PyTorch runs the tests.
 
     On PyTorch 2.14, whose varlen_attn may route calls to cuDNN, the backend bounds an unbounded
-    window by the longest sequence (tests/trainer/test_attention.py tests that); the other tests expect
+    window by the longest sequence (tests/attention/test_varlen_attention.py tests that); the other tests expect
     ``(-1, 0)``. Patched only where the module is loaded already, so torch-free tests stay torch-free.
     """
-    module = sys.modules.get("packing_collators.trainer._varlen_attention")
+    module = sys.modules.get("packing_collators.attention._varlen")
     if module is not None:
         monkeypatch.setattr(module, "_varlen_can_pick_cudnn", lambda: False)

@@ -1,4 +1,4 @@
-"""packing_collators/_compat.py holds every use of another library's private API (issue 27, item 5)."""
+"""packing_collators/_compat.py holds every use of another library's private API."""
 
 import re
 from pathlib import Path

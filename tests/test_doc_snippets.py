@@ -2,9 +2,10 @@
 
 One test per file (README.md, then every docs/*.md, found by glob, so a new page is picked up):
 its blocks run in order, in one namespace, in a fresh working directory. A block of ``>>>``
-examples runs through doctest in that same namespace (its output is checked, as
-``--doctest-glob`` checks it), so the names it defines are there for the blocks after it; any
-other block is executed as a script. ```bash blocks and output blocks are not run.
+examples runs through doctest in that same namespace (its output is checked), so the names it
+defines are there for the blocks after it; any other block is executed as a script. ```bash
+blocks and output blocks are not run. This is the one place the pages run (pytest collects no
+markdown: pyproject.toml's ``testpaths``).
 
 What the pages load is prepared in the working directory first, each built here, nothing
 downloaded (:func:`prepare_fixtures`):

@@ -32,7 +32,16 @@ SCRIPTS = [
 TINY = ["--max-examples", "24", "--batch-size", "4", "--max-length", "96", "--logging-steps", "1"]
 
 sys.path.insert(0, str(EXAMPLES))
-import _common  # noqa: E402
+import offline_data  # noqa: E402
+
+
+def sft_dataset(names, max_examples, max_length, tokenizer):
+    """The examples' dataset, tokenized as every script tokenizes it (assistant-only labels, truncated)."""
+    from packing_collators import tokenize_chat
+
+    conversations = offline_data.load_conversations(names, "train", max_examples)
+    chat = ["messages"] if "messages" in conversations.column_names else ["prompt", "completion"]
+    return tokenize_chat(conversations.select_columns(chat), tokenizer, max_length=max_length, overflow="truncate")
 
 
 def run(*command: str, timeout: int = 300) -> str:
@@ -67,10 +76,7 @@ def summary(stdout: str) -> dict[str, str]:
 def dataset():
     """The script's dataset under TINY settings: (examples, tokens, trained labels)."""
 
-    class Args:
-        dataset, split, max_examples, max_length = _common.OFFLINE_DATASET, "train", 24, 96
-
-    tokenized = _common.sft_dataset(Args, _common.offline_tokenizer())
+    tokenized = sft_dataset(offline_data.OFFLINE_DATASET, 24, 96, offline_data.load_tokenizer(offline_data.OFFLINE_MODEL))
     tokens = sum(len(ids) for ids in tokenized["input_ids"])
     trained = sum(sum(t != -100 for t in labels[1:]) for labels in tokenized["labels"])
     return len(tokenized), tokens, trained
@@ -89,6 +95,19 @@ def check_summary(s: dict[str, str], dataset, *, repeated_tokens: int = 0, repea
     assert 0 < number(s["packing efficiency"]) <= 1
     assert math.isfinite(number(s["final loss"])) and 0 < number(s["final loss"]) < 20
     assert number(s["tokens/s"]) > 0
+
+
+def test_each_script_needs_nothing_beside_it_but_the_offline_data_helper():
+    """A script copied with offline_data.py runs: it imports no other file of examples/."""
+    import ast
+
+    local = {path.stem for path in EXAMPLES.glob("*.py")}
+    for name in SCRIPTS:
+        tree = ast.parse((EXAMPLES / name).read_text())
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert imported & local <= {"offline_data"}, (name, imported & local)
+    assert len((EXAMPLES / "offline_data.py").read_text().splitlines()) <= 150
 
 
 @pytest.mark.slow
@@ -123,13 +142,9 @@ def test_local_files_prompt_completion_and_messages(tmp_path):
         }
     ]
     datasets.Dataset.from_list(chats).to_parquet(tmp_path / "b.parquet")
-    tokenizer = _common.offline_tokenizer()
+    tokenizer = offline_data.load_tokenizer(offline_data.OFFLINE_MODEL)
     for path, answers in ((tmp_path / "a.jsonl", ["It is 4."]), (tmp_path / "b.parquet", ["Hello.", "Bye."])):
-
-        class Args:
-            dataset, split, max_examples, max_length = [str(path)], "train", None, 512
-
-        tokenized = _common.sft_dataset(Args, tokenizer)
+        tokenized = sft_dataset([str(path)], None, 512, tokenizer)
         assert tokenized.column_names == ["input_ids", "labels"]
         example = tokenized[0]
         trained = [t for t, label in zip(example["input_ids"], example["labels"]) if label != -100]
@@ -137,7 +152,7 @@ def test_local_files_prompt_completion_and_messages(tmp_path):
         assert tokenizer.decode(example["input_ids"]).endswith("<|im_start|>assistant\n" + answers[-1] + "<|im_end|>\n")
     with pytest.raises(ValueError, match="needs 'messages'"):
         datasets.Dataset.from_list([{"text": "x"}]).to_json(tmp_path / "c.jsonl")
-        _common.load_conversations([str(tmp_path / "c.jsonl")])
+        offline_data.load_conversations([str(tmp_path / "c.jsonl")])
 
 
 @pytest.mark.slow

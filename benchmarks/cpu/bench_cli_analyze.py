@@ -5,7 +5,7 @@ Writes the lengths (a `length` column) to a parquet file in a temporary folder, 
   --max-length 2048` in a subprocess (Python start, imports, reading, analysis, printing);
 - start-up alone: a subprocess that only imports `packing_collators.cli` and what the command
   imports before it reads anything (so end to end minus this is the command's own work);
-- in-process: reading the lengths (`open_dataset` + `example_lengths`) and `analyze_lengths`,
+- in-process: reading the lengths (`open_dataset` + `read_lengths`) and `analyze_lengths`,
   and the library calls inside it (each `pack_lengths` strategy, the sampler's epoch plan).
 The subprocess runs alternate (end to end, start-up, ...) and the medians are reported.
 
@@ -47,12 +47,12 @@ def main() -> None:
 
     from packing_collators import pack_lengths
     from packing_collators.cli._analysis import analyze_lengths
-    from packing_collators.cli._input_data import example_lengths, open_dataset
+    from packing_collators.cli._input_data import open_dataset, read_lengths
     from packing_collators.sampler._epoch_plan import plan_epoch
 
     script = Path(sys.executable).with_name("packing-collators")
     if not script.exists():
-        sys.exit(f"{script} is missing: install the package with `pip install -e .` first.")
+        sys.exit(f"{script} is missing: install the package first (`make install`, or `pip install packing-collators`).")
     lengths = lengths_of("sft", args.examples)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "sft_lengths.parquet"
@@ -70,7 +70,7 @@ def main() -> None:
         )
         import datasets  # noqa: F401  (its import is start-up, measured above; not reading)
 
-        read_s, (read_lengths, _, _) = timed(lambda: example_lengths(open_dataset(str(path)), column="length"))
+        read_s, (read_lengths, _, _) = timed(lambda: read_lengths(open_dataset(str(path)), column="length"))
         assert np.array_equal(read_lengths, lengths)
         analysis_runs = [timed(lambda: analyze_lengths(lengths, args.max_length)) for _ in range(args.repeats)]
         analysis_s = median([seconds for seconds, _ in analysis_runs])
@@ -98,7 +98,7 @@ def main() -> None:
         ),
         ("  start-up alone: Python + imports (`import packing_collators, datasets`)", startup_s),
         ("  the command's own work (end to end - start-up)", total_s - startup_s),
-        ("in-process: read the lengths (`open_dataset` + `example_lengths`)", read_s),
+        ("in-process: read the lengths (`open_dataset` + `read_lengths`)", read_s),
         ("in-process: `analyze_lengths` (padding x2, bfd, ffd, next_fit, wrapped, sampler)", analysis_s),
         *((f"  of which `{name}`", seconds) for name, seconds in parts.items()),
     ]

@@ -1,4 +1,4 @@
-"""``exactness.py fa4`` (formerly ``gpu/fa4_check.py``): FA4's losses against padded sdpa on Llama, Qwen2 and
+"""``exactness.py fa4``: FA4's losses against padded sdpa on Llama, Qwen2 and
 Mistral, the probe's verdicts, FA4's compiles per training step and the probe's cost; see exactness.py."""
 
 from __future__ import annotations
@@ -181,8 +181,8 @@ def training_compiles_and_probe_cost(args, device, counter) -> dict:
 
 
 def run_fa4(args) -> None:
-    """The FA4 checks (formerly gpu/fa4_check.py): fa4_check.json and .md in --out."""
-    from packing_collators.trainer import choose_attention, register_fa4_attention
+    """The FA4 checks: fa4_check.json and .md in --out."""
+    from packing_collators import choose_attention, register_fa4_attention
 
     register_fa4_attention()
 

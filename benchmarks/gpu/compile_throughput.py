@@ -1,4 +1,4 @@
-"""GPU: packed training under torch.compile, against the no-padding oracle, compiled and eager (issue 29).
+"""GPU: packed training under torch.compile, against the no-padding oracle, compiled and eager.
 
 Usage (one H100; --budget-s stops starting rounds past it, results so far are written):
     python benchmarks/gpu/compile_throughput.py --size 200m --out benchmarks/results/compile_200m   (~4 min)
@@ -59,7 +59,7 @@ def packed_batches(lengths, tokens, args, *, bucket: int | None) -> tuple[tuple[
         "epoch_steps": len(epoch),
         "epoch_fill": round(float(fills.mean()) / args.tokens_per_step, 4),
         "sample_fill": round(float(np.mean(reals[args.warmup :])) / args.tokens_per_step, 4),
-        "epoch_bucket_padding": bucket_padding_fraction(sampler.plan().batch_tokens, [args.tokens_per_step]),
+        "epoch_bucket_padding": bucket_padding_fraction(sampler.plan().row_tokens, [args.tokens_per_step]),
         "mean_length": round(float(lengths.mean()), 1),
         "attention_weighted_length": round(float((lengths**2).sum() / lengths.sum()), 1),
     }
@@ -161,7 +161,7 @@ def warm_up(model, compiled, args, device) -> dict:
 
 # ----------------------------------------------------------------------------- report
 def summarise(results: dict, stats: dict) -> dict:
-    """Per distribution: each mode's median round, the ratios issue 29 asks for, losses compiled vs eager."""
+    """Per distribution: each mode's median round, the ratios to each oracle, losses compiled vs eager."""
     summary = {}
     for dist, modes in results.items():
         tps = {m: median([r["real_tokens_per_s"] for r in rounds]) for m, rounds in modes.items() if rounds}

@@ -228,7 +228,7 @@ def markdown(report: dict) -> str:
 
 
 def run_attention(args) -> int:
-    """The packed attention paths against padded sdpa (formerly gpu/gpu_attention_check.py)."""
+    """The packed attention paths against padded sdpa."""
     import transformers
 
     if args.smoke:

@@ -28,8 +28,8 @@ answer), or a tokenizer that merges text across the boundary (``"### Response: "
 Cost: one tokenization of each conversation (one batched call to the Rust tokenizer per
 ``datasets.map`` batch) and its renders: one with markers; with prefixes ``2t`` more for ``t``
 assistant turns (``2t - 1`` when it ends with one), each through ``apply_chat_template``'s Python
-message handling, about half the time. Measured against ``apply_chat_template`` alone (input_ids,
-no labels): 1.5x its time on one-turn chats, 1.8x on four-turn ones (``examples/chat_tokenize.py``).
+message handling, about half the time. Against ``apply_chat_template`` alone (input_ids, no labels):
+docs/chat.md ("Parallel and batched", measured by ``examples/chat_tokenize.py``).
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ def with_full_offsets(tokenizer: Any) -> Any:
     ``" cat"`` after ``"### Response:"`` would read as starting at ``"c"``, so a token straddling the
     prompt/answer boundary would pass for the answer's. The copy differs only in offsets: with
     ``add_special_tokens=False`` (as chat templates are tokenized) the post-processor adds no token.
-    Cost: a check of the post-processor; a trimming tokenizer is copied once per call (0.15 s at 50k tokens).
+    Cost: a check of the post-processor; a trimming tokenizer is copied once per call.
     """
     processor = getattr(getattr(tokenizer, "backend_tokenizer", None), "post_processor", None)
     if processor is None or '"trim_offsets":true' not in processor.__getstate__().decode():

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._validation import validate_choice, validate_positive_int
-from ..engine import Overflow
+from ..engine import WHOLE_EXAMPLES, Overflow
 from ._assistant_spans import AssistantSpans
 
 __all__ = ["ChatOptions"]
@@ -40,7 +40,7 @@ class ChatOptions:
     keep_in_memory: bool = False
 
     def __post_init__(self) -> None:
-        validate_choice("overflow", self.overflow, Overflow)
+        validate_choice("overflow", self.overflow, WHOLE_EXAMPLES)
         validate_choice("assistant_spans", self.assistant_spans, AssistantSpans)
         limit = validate_positive_int("max_length", self.max_length, allow_none=True, none_means="no limit")
         num_proc = validate_positive_int("num_proc", self.num_proc, allow_none=True, none_means="one process")

@@ -13,9 +13,8 @@ follow ``overflow`` as in :func:`pack_dataset` (``"error"``, ``"truncate"``, ``"
 left with no trained token are dropped; both are counted in :class:`ChatStats` and logged.
 
 Cost: a batched ``datasets.map`` (``num_proc`` processes): per 1,000 conversations, their jinja
-renders and one call to the Rust tokenizer. The 4,417 one-turn python-docs conversations take
-about 1 s on one core, 1.3-1.5x ``apply_chat_template`` without labels (``examples/chat_tokenize.py``,
-``docs/chat.md``).
+renders and one call to the Rust tokenizer; against ``apply_chat_template`` without labels:
+docs/chat.md ("Parallel and batched").
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ class _ChatBatch:
     def __init__(self, tokenizer, columns, options: ChatOptions) -> None:
         self.tokenizer = with_full_offsets(tokenizer)  # copied once here, not per batch
         self.columns, self.options = tuple(columns), options
-        from .. import __version__
+        from .._version import __version__
 
         self.library_version = __version__  # hashed into datasets' cache key: a new release labels afresh
 

@@ -22,6 +22,11 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import get_args
+
+from ..engine import Overflow
+from ..offline import DatasetStrategy
+from ._analysis import ANALYZE_OVERFLOW
 
 __all__ = ["main"]
 
@@ -77,9 +82,9 @@ def _add_analyze(commands) -> None:
     )
     analyze.add_argument(
         "--overflow",
-        choices=("truncate", "drop"),
+        choices=ANALYZE_OVERFLOW,
         default="truncate",
-        help="examples over the max length (default truncate)",
+        help="examples over the max length, as a training run would see them (default truncate: cut and counted)",
     )
     analyze.add_argument("--json", action="store_true", help="print machine-readable JSON instead of the table")
     analyze.add_argument(
@@ -92,10 +97,10 @@ def _add_pack(commands) -> None:
     pack = commands.add_parser("pack", help="pack with pack_dataset and write the rows to disk")
     _add_data_arguments(pack)
     pack.add_argument("out", metavar="OUT", help="output: a save_to_disk folder, a .parquet or an .arrow file")
-    pack.add_argument("--strategy", choices=("bfd", "ffd", "next_fit", "wrapped"), default="bfd", help="default bfd")
+    pack.add_argument("--strategy", choices=get_args(DatasetStrategy), default="bfd", help="default bfd")
     pack.add_argument(
         "--overflow",
-        choices=("error", "truncate", "drop", "split"),
+        choices=get_args(Overflow),
         default="error",
         help="examples over the max length (default error; split keeps every token, in pieces)",
     )
@@ -126,11 +131,11 @@ def _add_pack(commands) -> None:
 
 
 def _lengths(args):
-    from ._input_data import example_lengths, load_tokenizer, open_dataset
+    from ._input_data import load_tokenizer, open_dataset, read_lengths
 
     dataset = open_dataset(args.data, split=args.split)
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
-    return example_lengths(dataset, column=args.column, tokenizer=tokenizer, num_proc=args.num_proc)
+    return read_lengths(dataset, column=args.column, tokenizer=tokenizer, num_proc=args.num_proc)
 
 
 def _analyze(args) -> int:
@@ -159,7 +164,8 @@ def _analyze(args) -> int:
 
 
 def _pack(args) -> int:
-    from .. import lengths_from_dataset, pack_dataset
+    from ..offline import pack_dataset
+    from ..sampler import lengths_from_dataset
     from ._analysis import check_max_length
     from ._input_data import load_tokenizer, open_dataset, packable_columns, token_ids, without_columns
 

@@ -14,8 +14,8 @@ that puts the longest batch first is left out: it moves one example).
 Zero-length examples are in no batch and no row; they are counted as ``empty_examples``.
 
 Cost: numpy over the lengths (never over tokens), plus one engine call per strategy and
-one epoch plan of the sampler; 1,000,000 ``sft`` lengths analyse in 1.1 s on a shared
-2-core machine, most of it ffd and the sampler (``benchmarks/cpu/bench_cli_analyze.py``).
+one epoch plan of the sampler, most of it ffd and the sampler (timed by
+``benchmarks/cpu/bench_cli_analyze.py``).
 From 1,000,000 examples on, a progress bar on stderr moves once per stage (padding, each
 strategy, the sampler), unless ``datasets`` or ``transformers`` has progress bars off.
 """
@@ -25,22 +25,23 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal
 
 import numpy as np
 
 from .._progress import progress_bar, show_progress
 from .._validation import validate_choice, validate_lengths, validate_positive_int
-from ..engine import RowMeasures, lower_bound, pack_lengths
+from ..engine import Overflow, RowMeasures, lower_bound, pack_lengths
 
-__all__ = ["Analysis", "Packing", "Padding", "Recommendation", "analyze_lengths", "check_max_length"]
+__all__ = ["ANALYZE_OVERFLOW", "Analysis", "Packing", "Padding", "Recommendation", "analyze_lengths", "check_max_length"]
 
-AnalysisOverflow = Literal["truncate", "drop"]
+ANALYZE_OVERFLOW: tuple[str, ...] = ("truncate", "drop")
+"""The ``Overflow`` values ``analyze`` takes: it measures what a training run sees, so it cuts (default) or leaves out
+an example over ``max_length`` and counts it; ``"error"`` would stop at the first one (docs/cli.md)."""
 ROW_STRATEGIES = ("bfd", "ffd", "next_fit")
 PERCENTILES = (50, 90, 95, 99, 99.9)
 WORTH_PACKING = 1.1  # below this expected speed-up, padding is recommended
 STAGES = ("padding", *ROW_STRATEGIES, "wrapped", "sampler")  # what the progress bar counts
-PROGRESS_MIN_EXAMPLES = 1_000_000  # about 1-2.5 s of analysis on a shared 2-core machine
+PROGRESS_MIN_EXAMPLES = 1_000_000  # where the analysis starts to take seconds
 
 
 @dataclass(frozen=True)
@@ -316,7 +317,7 @@ def analyze_lengths(
     *,
     batch_size: int = 8,
     max_tokens_per_batch: int | None = None,
-    overflow: AnalysisOverflow = "truncate",
+    overflow: Overflow = "truncate",
     seed: int = 0,
     progress: bool | None = None,
 ) -> Analysis:
@@ -348,7 +349,7 @@ def analyze_lengths(
     >>> analysis.recommendation.pack, analysis.recommendation.strategy
     (True, 'bfd')
     """
-    validate_choice("overflow", overflow, AnalysisOverflow)
+    validate_choice("overflow", overflow, ANALYZE_OVERFLOW)
     validate_positive_int("batch_size", batch_size)
     validate_positive_int("max_length", max_length)
     validate_positive_int("max_tokens_per_batch", max_tokens_per_batch, allow_none=True)

@@ -23,7 +23,7 @@ from ..sampler import lengths_from_dataset
 from ._column_kinds import ColumnKind, choose_column
 from ._open_data import _looks_like_path
 
-__all__ = ["example_lengths", "load_tokenizer", "token_ids"]
+__all__ = ["load_tokenizer", "read_lengths", "token_ids"]
 
 PARALLEL_FROM = 10_000  # examples; below this, one process tokenizes faster than starting more
 
@@ -105,7 +105,7 @@ def _map_tokens(dataset, column, kind, tokenizer, num_proc, output, remove):
     )
 
 
-def example_lengths(
+def read_lengths(
     dataset: Any, *, column: str | None = None, tokenizer: Any = None, num_proc: int | None = None
 ) -> tuple[np.ndarray, str, ColumnKind]:
     """``(lengths, column, kind)``: int64 (n,) tokens of each example, and where they came from.
@@ -114,7 +114,7 @@ def example_lengths(
     columns but the lengths are dropped from the map's output, so only they are kept).
 
     >>> from datasets import Dataset
-    >>> lengths, column, kind = example_lengths(Dataset.from_dict({"input_ids": [[1, 2, 3], [4]]}))
+    >>> lengths, column, kind = read_lengths(Dataset.from_dict({"input_ids": [[1, 2, 3], [4]]}))
     >>> lengths.tolist(), column, kind
     ([3, 1], 'input_ids', 'tokens')
     """

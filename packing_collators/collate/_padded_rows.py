@@ -1,12 +1,13 @@
 """Packing token sequences into padded rows of fixed length (the tensor API).
 
-Four sequences packed into rows of 8 (next-fit, the default, keeps their order)::
+Four sequences of 3, 2, 4 and 3 tokens packed into rows of 8 (best-fit decreasing, the default
+of every packer here; ``strategy="next_fit"`` keeps their order)::
 
-    tokens = [[ 1,  2,  3,  4,  5,  0,  0,  0],     S0 S0 S0 S1 S1 pad pad pad
-              [ 6,  7,  8,  9, 10, 11, 12,  0]]     S2 S2 S2 S2 S3 S3  S3 pad
-    boundaries = [[(0, 3), (3, 5)], [(0, 4), (4, 7)]]
-    position_ids = [[ 0,  1,  2,  0,  1,  0,  1,  2],   (return_position_ids=True)
-                    [ 0,  1,  2,  3,  0,  1,  2,  0]]   the padding is a segment of its own
+    tokens = [[ 1,  2,  3,  6,  7,  8,  9,  0],     S0 S0 S0 S2 S2 S2 S2 pad
+              [ 4,  5, 10, 11, 12,  0,  0,  0]]     S1 S1 S3 S3 S3 pad pad pad
+    boundaries = [[(0, 3), (3, 7)], [(0, 2), (2, 5)]]
+    position_ids = [[ 0,  1,  2,  0,  1,  2,  3,  0],   (return_position_ids=True)
+                    [ 0,  1,  0,  1,  2,  0,  1,  2]]   the padding is a segment of its own
 
 The bare rows do not keep their sequences apart: fed to a model with only the
 attention mask, every sequence attends to the ones before it in its row (the mask
@@ -59,17 +60,17 @@ def _scatter_rows(flat: np.ndarray, result: PackingResult, starts: np.ndarray, f
     ``flat`` holds every example laid end to end and ``starts`` where each begins.
     """
     n_rows, width = result.num_rows, result.capacity
-    lengths = result.seq_lengths
+    lengths = result.length
     row_of_entry = np.repeat(np.arange(n_rows), np.diff(result.row_offsets))
     entry_ends = np.cumsum(lengths)
     row_start_in_entries = np.r_[0, entry_ends][result.row_offsets[:-1]]
     column_of_entry = entry_ends - lengths - row_start_in_entries[row_of_entry]
     target = ranges(row_of_entry * width + column_of_entry, lengths)
-    return into_rows(flat[ranges(starts[result.indices], lengths)], target, (n_rows, width), fill)
+    return into_rows(flat[ranges(starts[result.example], lengths)], target, (n_rows, width), fill)
 
 
 def _boundaries(result: PackingResult) -> list[list[tuple[int, int]]]:
-    ends = np.cumsum(result.seq_lengths)
+    ends = np.cumsum(result.length)
     row_base = np.r_[0, ends][result.row_offsets[:-1]]
     bounds = []
     for row in range(result.num_rows):
@@ -82,7 +83,7 @@ def _boundaries(result: PackingResult) -> list[list[tuple[int, int]]]:
 
 def _row_positions(result: PackingResult) -> np.ndarray:
     """int64 (rows, capacity): positions restarting at 0 for every sequence and for each row's padding."""
-    width, lengths = result.capacity, result.seq_lengths
+    width, lengths = result.capacity, result.length
     used = np.add.reduceat(lengths, result.row_offsets[:-1]) if result.num_rows else np.zeros(0, np.int64)
     segments = np.insert(lengths, result.row_offsets[1:], width - used)  # each row's sequences, then its padding
     layout = segment_layout(segments[segments > 0])
@@ -105,7 +106,7 @@ def pack_sequences(
     *,
     return_boundaries: bool = False,
     return_position_ids: bool = False,
-    strategy: Strategy = "next_fit",
+    strategy: Strategy = "bfd",
     overflow: Overflow = "error",
 ):
     """Pack token sequences into a ``torch.long`` tensor of rows, right-padded with ``pad_token_id``.
@@ -117,8 +118,9 @@ def pack_sequences(
         return_boundaries: also return, per row, the ``(start, end)`` of each sequence in it.
         return_position_ids: also return int64 (rows, max_length) positions restarting at 0
             for every sequence and for the padding (a segment of its own), last.
-        strategy: ``"next_fit"`` (default: sequences stay in order, a row is closed when the
-            next one does not fit), ``"bfd"`` or ``"ffd"`` (fewer rows, order changes).
+        strategy: ``"bfd"`` (default) or ``"ffd"`` (the fewest rows; a row lists its sequences
+            in input order), or ``"next_fit"`` (sequences stay in order, a row is closed when the
+            next one does not fit).
         overflow: for a sequence longer than ``max_length``: ``"error"``, ``"truncate"`` or ``"drop"``
             (counted in a warning). Empty sequences are skipped with a warning.
 
@@ -136,14 +138,14 @@ def pack_sequences(
     >>> from torch import tensor
     >>> pack_sequences([tensor([1,2,3]), tensor([4,5]), tensor([6,7,8,9]), tensor([10,11,12])],
     ...                max_length=8, pad_token_id=0)
-    tensor([[ 1,  2,  3,  4,  5,  0,  0,  0],
-            [ 6,  7,  8,  9, 10, 11, 12,  0]])
+    tensor([[ 1,  2,  3,  6,  7,  8,  9,  0],
+            [ 4,  5, 10, 11, 12,  0,  0,  0]])
     >>> rows, bounds = pack_sequences([[1, 2, 3], [4, 5]], max_length=4, pad_token_id=0, return_boundaries=True)
     >>> rows.tolist(), bounds
     ([[1, 2, 3, 0], [4, 5, 0, 0]], [[(0, 3)], [(0, 2)]])
     >>> rows, positions = pack_sequences([[1, 2, 3], [4, 5], [6]], max_length=4, pad_token_id=0, return_position_ids=True)
     >>> rows.tolist(), positions.tolist()
-    ([[1, 2, 3, 0], [4, 5, 6, 0]], [[0, 1, 2, 0], [0, 1, 0, 0]])
+    ([[1, 2, 3, 6], [4, 5, 0, 0]], [[0, 1, 2, 0], [0, 1, 0, 1]])
     """
     import torch
 
@@ -165,7 +167,7 @@ def concatenate_and_pack(
     label_pad_id: int = -100,
     *,
     return_position_ids: bool = False,
-    strategy: Strategy = "next_fit",
+    strategy: Strategy = "bfd",
     overflow: Overflow = "error",
 ):
     """Pack inputs, labels and attention masks together, so each label stays with its token.

@@ -11,23 +11,29 @@ Every other concept (collate, offline, sampler, trainer, cli) builds on this one
 none of them.
 """
 
-from ._pack_lengths import OVERFLOW_FIX, Overflow, PackingResult, Strategy, check_not_too_long, pack_lengths
-from ._segments import Segments, field_alias
-from ._stats import PackStats, RenamedKeys, RowMeasures, StatsDict, efficiency, lower_bound, over_lower_bound
+from ._pack_lengths import (
+    OVERFLOW_FIX,
+    WHOLE_EXAMPLES,
+    Overflow,
+    PackingResult,
+    Strategy,
+    check_not_too_long,
+    pack_lengths,
+)
+from ._segments import Segments
+from ._stats import PackStats, RowMeasures, efficiency, lower_bound, over_lower_bound
 
 __all__ = [
     "OVERFLOW_FIX",
     "Overflow",
     "PackStats",
     "PackingResult",
-    "RenamedKeys",
     "RowMeasures",
     "Segments",
-    "StatsDict",
     "Strategy",
+    "WHOLE_EXAMPLES",
     "check_not_too_long",
     "efficiency",
-    "field_alias",
     "lower_bound",
     "over_lower_bound",
     "pack_lengths",

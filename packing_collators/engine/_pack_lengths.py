@@ -8,8 +8,7 @@ A packing of lengths ``[5, 2, 4, 1, 3]`` into rows of capacity 8 (best-fit decre
 Rows hold example *indices*, listed in ascending (dataset) order within a row;
 rows come in the order the strategy opened them. Cost: one sort of the lengths
 plus, for ``"bfd"``, a loop over (length, free-space) classes that does not grow
-with the number of examples: 10 million ``sft`` lengths pack in a few seconds
-at >99.9% efficiency (``benchmarks/cpu/bench_engine.py``).
+with the number of examples (timed against TRL's packer by ``benchmarks/cpu/bench_engine.py``).
 
 Examples longer than the capacity follow ``overflow``; zero-length examples are
 never put in a row: they are listed in ``empty_indices`` and counted in the
@@ -25,14 +24,21 @@ from typing import Literal
 import numpy as np
 
 from .._validation import check_not_too_long, validate_choice, validate_lengths, validate_positive_int
-from ._segments import Segments, field_alias
-from ._stats import PackStats, StatsDict
+from ._segments import Segments
+from ._stats import PackStats
 from ._strategies import best_fit_decreasing, first_fit_decreasing, next_fit
 
-__all__ = ["OVERFLOW_FIX", "Overflow", "PackingResult", "Strategy", "check_not_too_long", "pack_lengths"]
+__all__ = ["OVERFLOW_FIX", "Overflow", "PackingResult", "Strategy", "WHOLE_EXAMPLES", "check_not_too_long", "pack_lengths"]
 
 Strategy = Literal["bfd", "ffd", "next_fit"]
-Overflow = Literal["error", "truncate", "drop"]
+Overflow = Literal["error", "truncate", "drop", "split"]
+"""What a packer does with an example longer than its budget, the one type every packer takes:
+``"error"`` (every packer's default) names the example and the fix, ``"truncate"`` keeps its
+first tokens, ``"drop"`` leaves it out (counted), ``"split"`` keeps every token, in pieces.
+Each packer accepts the values it can honour (docs/engine.md, "One name per concept")."""
+
+WHOLE_EXAMPLES: tuple[str, ...] = ("error", "truncate", "drop")
+"""The ``Overflow`` values of a packer that keeps each example in one row (all but ``"split"``)."""
 
 _STRATEGIES = {"bfd": best_fit_decreasing, "ffd": first_fit_decreasing, "next_fit": next_fit}
 # What to do about an example over the capacity (the engine's, and the packers' built on it).
@@ -43,17 +49,16 @@ OVERFLOW_FIX = "Pass overflow='truncate' or overflow='drop', or raise the capaci
 class PackingResult(Segments):
     """Rows of example indices, with what was truncated, dropped or empty.
 
-    A :class:`Segments` of whole examples (every ``skip`` is 0): row ``r`` holds
-    ``indices[row_offsets[r]:row_offsets[r+1]]`` (``indices`` is ``example``) and the tokens
-    each of those examples contributes are ``seq_lengths`` (``length``) at the same
-    positions (``capacity`` for a truncated example).
+    A :class:`Segments` of whole examples (every ``skip`` is 0): row ``r`` holds the examples
+    ``example[row_offsets[r]:row_offsets[r+1]]`` and the tokens each of them contributes are
+    ``length`` at the same positions (``capacity`` for a truncated example).
 
     Attributes:
         capacity: tokens per row.
         strategy: the strategy that made the rows.
-        indices: int64 (num_packed,) example indices, row after row.
-        seq_lengths: int64 (num_packed,) tokens of each packed example (after truncation).
-        row_offsets: int64 (num_rows + 1,) where each row starts in ``indices``.
+        example: int64 (num_packed,) example indices, row after row.
+        length: int64 (num_packed,) tokens of each packed example (after truncation).
+        row_offsets: int64 (num_rows + 1,) where each row starts in ``example``.
         input_tokens: tokens in all examples given, before truncation or dropping.
         truncated_indices: examples cut to ``capacity`` tokens (``overflow="truncate"``).
         dropped_indices: examples left out for being too long (``overflow="drop"``).
@@ -77,8 +82,8 @@ class PackingResult(Segments):
         self,
         capacity: int,
         strategy: str,
-        indices: np.ndarray,
-        seq_lengths: np.ndarray,
+        example: np.ndarray,
+        length: np.ndarray,
         row_offsets: np.ndarray,
         input_tokens: int,
         truncated_indices: np.ndarray | None = None,
@@ -86,16 +91,13 @@ class PackingResult(Segments):
         empty_indices: np.ndarray | None = None,
         dropped_tokens: int = 0,
     ) -> None:
-        super().__init__(capacity, indices, np.zeros(len(indices), np.int64), seq_lengths, row_offsets)
+        super().__init__(capacity, example, np.zeros(len(example), np.int64), length, row_offsets)
         lost = {"truncated_indices": truncated_indices, "dropped_indices": dropped_indices, "empty_indices": empty_indices}
         for name, value in lost.items():
             object.__setattr__(self, name, np.empty(0, np.int64) if value is None else value)
         object.__setattr__(self, "strategy", strategy)
         object.__setattr__(self, "input_tokens", input_tokens)
         object.__setattr__(self, "dropped_tokens", dropped_tokens)
-
-    indices = field_alias("example", "int64 (num_packed,) example indices, row after row (``example``).")
-    seq_lengths = field_alias("length", "int64 (num_packed,) tokens of each packed example (``length``).")
 
     def __len__(self) -> int:
         return self.num_rows
@@ -132,9 +134,9 @@ class PackingResult(Segments):
         return PackStats(
             strategy=self.strategy,
             capacity=self.capacity,
-            examples=len(self.indices) + self.num_dropped + self.num_empty,
+            examples=self.num_segments + self.num_dropped + self.num_empty,
             rows=self.num_rows if rows is None else rows,
-            packed_examples=len(self.indices),
+            packed_examples=self.num_segments,
             input_tokens=self.input_tokens,
             packed_tokens=self.total_tokens if packed_tokens is None else packed_tokens,
             truncated_examples=self.num_truncated,
@@ -144,16 +146,14 @@ class PackingResult(Segments):
             empty_examples=self.num_empty,
         )
 
-    def stats(self) -> StatsDict:
+    def stats(self) -> dict:
         """The statistics as a plain dict (for logging or JSON): :meth:`PackStats.as_dict`, the one vocabulary.
-
-        ``examples_packed`` (the old name of ``packed_examples``) still reads, with a DeprecationWarning.
 
         >>> stats = pack_lengths([5, 2, 4, 1, 3], capacity=8).stats()
         >>> stats["packed_examples"], stats["rows"], stats["lower_bound_rows"], stats["efficiency"]
         (5, 2, 2, 0.9375)
         """
-        return StatsDict(self.pack_stats().as_dict())
+        return self.pack_stats().as_dict()
 
     def summary(self) -> str:
         """One line for a log, worded as :meth:`PackStats.summary` (it is that summary).
@@ -181,7 +181,7 @@ def pack_lengths(
             closed when the next example does not fit).
         overflow: for an example longer than ``capacity``: ``"error"`` (default),
             ``"truncate"`` (keep its first ``capacity`` tokens, in a row of its own) or
-            ``"drop"``. Both are counted on the result.
+            ``"drop"``. Both are counted on the result. (``"split"``: ``pack_dataset`` only.)
 
     Returns:
         A :class:`PackingResult`. Zero-length examples are in no row; they are
@@ -195,7 +195,7 @@ def pack_lengths(
     ValueError: Example 1 has 12 tokens, more than capacity=8 (1 example(s) too long, the longest 12 tokens). Pass overflow='truncate' or overflow='drop', or raise the capacity.
     """
     validate_choice("strategy", strategy, Strategy)
-    validate_choice("overflow", overflow, Overflow)
+    validate_choice("overflow", overflow, WHOLE_EXAMPLES)
     validate_positive_int("capacity", capacity)
     capacity = int(capacity)
     lengths = validate_lengths(lengths)
@@ -222,8 +222,8 @@ def pack_lengths(
     return PackingResult(
         capacity=capacity,
         strategy=strategy,
-        indices=items[order],
-        seq_lengths=item_lengths[order],
+        example=items[order],
+        length=item_lengths[order],
         row_offsets=np.r_[0, np.cumsum(counts)].astype(np.int64),
         input_tokens=int(lengths.sum()),
         truncated_indices=truncated,

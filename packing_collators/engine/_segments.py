@@ -24,12 +24,7 @@ import numpy as np
 
 from ._stats import RowMeasures
 
-__all__ = ["Segments", "field_alias"]
-
-
-def field_alias(field_name: str, doc: str) -> property:
-    """A read-only property that reads ``field_name``: a layout's own name for a :class:`Segments` field."""
-    return property(lambda self: getattr(self, field_name), doc=doc)
+__all__ = ["Segments"]
 
 
 @dataclass(frozen=True, eq=False)

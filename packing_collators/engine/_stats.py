@@ -9,7 +9,6 @@ CLI's analysis all call them), :class:`PackStats` holds the one vocabulary (``pa
 ``packed_tokens``, ``dropped_examples`` for examples over the capacity, ``truncated_*``,
 ``empty_examples``, ``split_examples``, ``rows``, ``lower_bound_rows``, ``rows_over_lower_bound``,
 ``efficiency``), and :meth:`PackStats.summary` is the one wording of a packing in a log.
-A key renamed into this vocabulary still reads, with a ``DeprecationWarning`` (:class:`RenamedKeys`).
 This module imports nothing else of the engine. A streaming packing adds its buffers' statistics up as it goes
 (:meth:`PackStats.add`) and starts a new split with :meth:`PackStats.reset`.
 Cost: constant per call.
@@ -18,11 +17,10 @@ Cost: constant per call.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
+from typing import Any
 
-__all__ = ["PackStats", "RenamedKeys", "RowMeasures", "StatsDict", "efficiency", "lower_bound", "over_lower_bound"]
+__all__ = ["PackStats", "RowMeasures", "efficiency", "lower_bound", "over_lower_bound"]
 
 
 def efficiency(tokens: int, slots: int) -> float:
@@ -171,39 +169,3 @@ class PackStats(RowMeasures):
             text += f", split across rows {self.split_examples}"
         return text
 
-
-class RenamedKeys(dict):
-    """A plain dict of statistics where a key renamed into the vocabulary still reads, with a DeprecationWarning.
-
-    A subclass lists ``renamed = {old: new}``; ``stats[old]`` and ``stats.get(old)`` read ``stats[new]``.
-
-    >>> class Stats(RenamedKeys):
-    ...     renamed = {"examples_packed": "packed_examples"}
-    >>> import warnings
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     Stats(packed_examples=3)["examples_packed"], caught[0].category.__name__
-    (3, 'DeprecationWarning')
-    """
-
-    renamed: ClassVar[dict[str, str]] = {}
-
-    def __missing__(self, key):
-        new = self.renamed.get(key)
-        if new is None or new not in self:
-            raise KeyError(key)
-        warnings.warn(
-            f"stats()[{key!r}] is deprecated and will be removed; read stats()[{new!r}] (the same number).",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self[new]
-
-    def get(self, key, default=None):
-        return self[key] if key in self or self.renamed.get(key) in self else default
-
-
-class StatsDict(RenamedKeys):
-    """:meth:`PackingResult.stats`: :meth:`PackStats.as_dict`, where ``examples_packed`` (its old name) reads ``packed_examples``."""
-
-    renamed = {"examples_packed": "packed_examples"}

@@ -19,11 +19,10 @@ engine's PackStats.
 """
 
 from ._columns import RESERVED_COLUMNS, ExampleColumns, example_columns, is_per_token, read_examples, token_lengths
-from ._options import MAX_LENGTH_FIX, SPLIT_FIX, DatasetOverflow, DatasetStrategy, PackOptions
+from ._options import MAX_LENGTH_FIX, SPLIT_FIX, DatasetStrategy, PackOptions
 from ._pack_dataset import pack_dataset, pack_table
 
 __all__ = [
-    "DatasetOverflow",
     "DatasetStrategy",
     "ExampleColumns",
     "MAX_LENGTH_FIX",

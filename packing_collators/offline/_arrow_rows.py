@@ -45,7 +45,7 @@ CHUNK_TOKENS = 1 << 24
 def gather_runs(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """``values[starts[i] : starts[i] + lengths[i]]`` end to end: one memcpy per run, in Arrow.
 
-    A list-view over ``values`` flattened: no per-token index (2-3x faster than ``np.take``);
+    A list-view over ``values`` flattened: no per-token index (faster than ``np.take``);
     the result is the fresh Arrow buffer itself, writable.
 
     >>> gather_runs(np.arange(100, 120), np.array([10, 3, 7]), np.array([2, 3, 1])).tolist()
@@ -104,7 +104,7 @@ def rows_batch(
     [{'input_ids': [5, 6, 7, 8], 'labels': [-100, 6, 7, -100], 'position_ids': [0, 1, 2, 0], 'seq_lengths': [3, 1]}, {'input_ids': [9], 'labels': [9], 'position_ids': [0], 'seq_lengths': [1]}]
     """
     row_offsets = _offsets(plan.row_starts)
-    segment_offsets = _offsets(plan.row_segments)
+    segment_offsets = _offsets(plan.row_offsets)
     arrays, names = [], []
     for name in columns.tokens:
         values = tokens[name]
@@ -114,9 +114,9 @@ def rows_batch(
         arrays.append(pa.ListArray.from_arrays(row_offsets, pa.array(values)))
         names.append(name)
         if name == (columns.labels or "input_ids"):
-            positions = _position_ids(plan.segment_lengths, positions_out)
+            positions = _position_ids(plan.length, positions_out)
             arrays.append(pa.ListArray.from_arrays(row_offsets, pa.array(positions)))
-            seq_lengths = pa.array(plan.segment_lengths.astype(np.int32))
+            seq_lengths = pa.array(plan.length.astype(np.int32))
             arrays.append(pa.ListArray.from_arrays(segment_offsets, seq_lengths))
             names += ["position_ids", "seq_lengths"]
     for name in columns.keep:
@@ -135,8 +135,8 @@ class TableTokens:
 
     def gather(self, names, plan: RowPlan) -> dict[str, np.ndarray]:
         """The plan's tokens of each column in ``names``, segment after segment (one memcpy per segment)."""
-        starts = self.starts[plan.order] + plan.skip
-        return {name: gather_runs(self.values[name], starts, plan.segment_lengths) for name in names}
+        starts = self.starts[plan.example] + plan.skip
+        return {name: gather_runs(self.values[name], starts, plan.length) for name in names}
 
     def take(self, name: str, examples: np.ndarray) -> pa.Array:
         """Per-example column ``name``'s values of ``examples``."""
@@ -171,7 +171,7 @@ def row_batches(
     def build(bound: tuple[int, int]) -> pa.RecordBatch:
         part = plan.rows(*bound)
         tokens = source.gather(columns.tokens, part)
-        kept = {name: source.take(name, part.order) for name in columns.keep}
+        kept = {name: source.take(name, part.example) for name in columns.keep}
         return rows_batch(part, tokens, columns, label_pad_id, kept)
 
     bounds = chunk_bounds(plan)

@@ -55,7 +55,7 @@ def packed_fingerprint(dataset, options: PackOptions) -> str:
     """
     from datasets.fingerprint import Hasher, generate_random_fingerprint
 
-    from .. import __version__
+    from .._version import __version__
 
     source = dataset_fingerprint(dataset)
     key = ["pack_dataset", __version__, source, options.output_key()]

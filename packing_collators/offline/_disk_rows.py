@@ -22,10 +22,9 @@ Memory: a chunk of rows (about 16M tokens; the one pass builds two at once, in t
 O(segments) for the plan; the one pass also maps the input's pages (file-backed and clean: they
 count in the RSS, and the kernel can drop them), the two passes one window (released after use).
 Disk: the one pass writes each row once; the two passes also write (and read back) one temp
-file per token column, deleted at the end. Cost: 3,000,000 ``sft`` examples (888M tokens,
-6.6 GB) on 2 shared cores, from the page cache: one pass 31-34 s, two passes 48-57 s
-(``benchmarks/results/pack_at_scale_3m.md``); a writer thread lets the kernel copy one chunk
-out while the next ones are built. No Python loop over examples or tokens.
+file per token column, deleted at the end. Cost: measured in ``benchmarks/results/pack_at_scale_3m.md``
+(3,000,000 ``sft`` examples); a writer thread lets the kernel copy one chunk out while the next
+ones are built. No Python loop over examples or tokens.
 """
 
 from __future__ import annotations
@@ -57,14 +56,14 @@ def scatter_positions(plan: RowPlan, bounds: list[tuple[int, int]], num_examples
     >>> from packing_collators import pack_lengths
     >>> from packing_collators.offline._row_plan import bin_plan
     >>> plan = bin_plan(pack_lengths([5, 2, 4, 1, 3], capacity=8), row_order=np.array([1, 0]))
-    >>> plan.order.tolist(), scatter_positions(plan, [(0, 1), (1, 2)], 5).tolist()
+    >>> plan.example.tolist(), scatter_positions(plan, [(0, 1), (1, 2)], 5).tolist()
     ([1, 2, 3, 0, 4], [0, 2, 6, 7, 12])
     """
-    edges = plan.row_segments[[first for first, _ in bounds] + [bounds[-1][1]]]
+    edges = plan.row_offsets[[first for first, _ in bounds] + [bounds[-1][1]]]
     chunk = np.repeat(np.arange(len(bounds), dtype=np.int64), np.diff(edges))
-    by_chunk_then_example = np.argsort(chunk * (num_examples + 1) + plan.order, kind="stable")
-    positions = np.empty(len(plan.order), np.int64)
-    lengths = plan.segment_lengths[by_chunk_then_example]
+    by_chunk_then_example = np.argsort(chunk * (num_examples + 1) + plan.example, kind="stable")
+    positions = np.empty(len(plan.example), np.int64)
+    lengths = plan.length[by_chunk_then_example]
     positions[by_chunk_then_example] = np.cumsum(lengths) - lengths
     return positions
 
@@ -134,21 +133,21 @@ def _pwrite_runs(temps: dict, data: dict, runs: list, token_starts: np.ndarray, 
 
 def _scatter(files: ArrowFiles, plan: RowPlan, positions: np.ndarray, temps: dict, writer: _Writer, bar) -> None:
     """Pass 1: every segment's tokens into the temp files, window by window of the input."""
-    by_example = np.argsort(plan.order, kind="stable")
-    sorted_examples = plan.order[by_example]
+    by_example = np.argsort(plan.example, kind="stable")
+    sorted_examples = plan.example[by_example]
     for window in files.windows:
         lo, hi = np.searchsorted(sorted_examples, [window.first, window.last])
         segments = by_example[lo:hi]
         if not len(segments):  # a shard or a process may have none of this window's examples
             continue
         segments = segments[np.argsort(positions[segments], kind="stable")]
-        lengths, dest = plan.segment_lengths[segments], positions[segments]
+        lengths, dest = plan.length[segments], positions[segments]
         breaks = np.flatnonzero(dest[1:] != dest[:-1] + lengths[:-1]) + 1  # runs contiguous in the temp file
         runs = list(zip(np.r_[0, breaks].tolist(), np.r_[breaks, len(segments)].tolist()))
         token_starts = np.r_[0, np.cumsum(lengths)]
         data = {}
         for name in temps:
-            starts = files.positions[name][plan.order[segments]] + plan.skip[segments]
+            starts = files.positions[name][plan.example[segments]] + plan.skip[segments]
             data[name] = gather_runs(files.view(window.file, name), starts, lengths)  # fresh arrays: no reuse
         files.release(window.file)
         writer.submit(_pwrite_runs, temps, data, runs, token_starts, dest)
@@ -160,7 +159,7 @@ def _gather(files, plan, positions, temps, columns, label_pad_id, buffers, bar) 
     """Pass 2: each chunk's rows, its tokens read back from the temp files."""
     for chunk_index, (first, last) in enumerate(chunk_bounds(plan)):
         part = plan.rows(first, last)
-        s0, s1, base = int(plan.row_segments[first]), int(plan.row_segments[last]), int(plan.row_starts[first])
+        s0, s1, base = int(plan.row_offsets[first]), int(plan.row_offsets[last]), int(plan.row_starts[first])
         starts = positions[s0:s1] - base
         tokens = {}
         for name, temp in temps.items():
@@ -169,8 +168,8 @@ def _gather(files, plan, positions, temps, columns, label_pad_id, buffers, bar) 
                 buffers.get(name, part.total_tokens, files.dtype(name)),
                 base * files.dtype(name).itemsize,
             )
-            tokens[name] = gather_runs(chunk, starts, part.segment_lengths)
-        kept = {name: files.take(name, part.order) for name in columns.keep}
+            tokens[name] = gather_runs(chunk, starts, part.length)
+        kept = {name: files.take(name, part.example) for name in columns.keep}
         if columns.keep:
             files.release()
         # two buffers in turn: the previous chunk's may still be being written
@@ -211,8 +210,8 @@ def write_batches(batches: Iterable[pa.RecordBatch], path: str, writer: _Writer 
 
 def _chunk_rows(files: ArrowFiles, plan: RowPlan, columns: ExampleColumns, label_pad_id: int) -> pa.RecordBatch:
     """One chunk's rows, its segments read straight from the input's memory map (file by file, front to back)."""
-    by_example = np.argsort(plan.order, kind="stable")
-    examples, lengths = plan.order[by_example], plan.segment_lengths[by_example]
+    by_example = np.argsort(plan.example, kind="stable")
+    examples, lengths = plan.example[by_example], plan.length[by_example]
     edges = np.searchsorted(files.file_of[examples], np.arange(len(files.paths) + 1)).tolist()
     starts = np.empty(len(lengths), np.int64)  # where each segment is in the input-order gather
     starts[by_example] = np.cumsum(lengths) - lengths
@@ -225,8 +224,8 @@ def _chunk_rows(files: ArrowFiles, plan: RowPlan, columns: ExampleColumns, label
             if b > a
         ]
         flat = pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.empty(0, files.dtype(name))
-        tokens[name] = gather_runs(flat, starts, plan.segment_lengths)
-    kept = {name: files.take(name, plan.order) for name in columns.keep}
+        tokens[name] = gather_runs(flat, starts, plan.length)
+    kept = {name: files.take(name, plan.example) for name in columns.keep}
     return rows_batch(plan, tokens, columns, label_pad_id, kept)
 
 

@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .._validation import validate_choice, validate_positive_int
+from ..engine import Overflow
 
-__all__ = ["CacheOptions", "DatasetOverflow", "DatasetStrategy", "MAX_LENGTH_FIX", "PackOptions", "SPLIT_FIX"]
+__all__ = ["CacheOptions", "DatasetStrategy", "MAX_LENGTH_FIX", "PackOptions", "SPLIT_FIX"]
 
 DatasetStrategy = Literal["bfd", "ffd", "next_fit", "wrapped"]
 
-DatasetOverflow = Literal["error", "truncate", "drop", "split"]
-"""The engine's ``Overflow`` plus ``"split"`` (pieces of ``max_length`` tokens), which only a whole ``Dataset`` packs."""
 
 MAX_LENGTH_FIX = "Pass overflow='truncate' or overflow='drop', or raise max_length."
 """The fix suggested for an example longer than ``max_length`` where ``"split"`` is not available (streams)."""
@@ -48,7 +47,7 @@ class PackOptions:
 
     max_length: int
     strategy: DatasetStrategy = "bfd"
-    overflow: DatasetOverflow = "error"
+    overflow: Overflow = "error"
     shuffle_rows: bool = True
     seed: int = 0
     keep_columns: tuple[str, ...] = ()
@@ -62,7 +61,7 @@ class PackOptions:
     def __post_init__(self) -> None:
         validate_positive_int("max_length", self.max_length)
         validate_choice("strategy", self.strategy, DatasetStrategy)
-        validate_choice("overflow", self.overflow, DatasetOverflow)
+        validate_choice("overflow", self.overflow, Overflow)
         validate_positive_int("num_proc", self.num_proc, allow_none=True)
         validate_positive_int("buffer_size", self.buffer_size)
         validate_positive_int("num_shards", self.num_shards)

@@ -16,9 +16,9 @@ machine and builds its own range of rows. A ``Dataset`` backed by cache files is
 cache files beside them (``_cache_files``: read through our own memory map, each row written
 once, reused by a second identical call); any other is packed in memory.
 Cost: the engine's one sort over lengths, then a memcpy per segment per column and a cumsum
-for ``position_ids``; no Python loop over examples or tokens. 3,000,000 ``sft`` examples
-(888M tokens, 6.6 GB on disk) pack at capacity 2048 in 31-85 s on 2 shared cores, each row
-written once, 2.3-2.8x faster than TRL's ``pack_dataset`` beside it (``benchmarks/cpu/bench_offline.py at-scale``).
+for ``position_ids``; no Python loop over examples or tokens. Time and memory at 1M and 3M
+examples against TRL's ``pack_dataset``: ``benchmarks/results/pack_at_scale_3m.md`` (linked from
+docs/benchmarks.md; ``benchmarks/cpu/bench_offline.py at-scale``).
 The result is in the input's format (``with_format``), streams included.
 """
 
@@ -31,12 +31,12 @@ from typing import Any
 from .._compat import format_columns
 from .._progress import show_progress
 from .._splits import per_split
-from ..engine import PackStats
+from ..engine import Overflow, PackStats
 from ._arrow_rows import CHUNK_TOKENS, build_rows
 from ._cache_files import pack_to_cache, packed_fingerprint
 from ._columns import RESERVED_COLUMNS, read_examples
 from ._empty import typed_empty, warn_if_nothing_packed
-from ._options import CacheOptions, DatasetOverflow, DatasetStrategy, PackOptions
+from ._options import CacheOptions, DatasetStrategy, PackOptions
 from ._planning import plan_rows
 
 __all__ = ["pack_dataset", "pack_table"]
@@ -129,7 +129,7 @@ def pack_dataset(
     max_length: int,
     *,
     strategy: DatasetStrategy = "bfd",
-    overflow: DatasetOverflow = "error",
+    overflow: Overflow = "error",
     shuffle_rows: bool = True,
     seed: int = 0,
     keep_columns: Sequence[str] = (),

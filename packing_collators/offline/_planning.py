@@ -35,7 +35,7 @@ def _wrapped(lengths: np.ndarray, options: PackOptions, rng: np.random.Generator
         input_tokens=int(lengths.sum()),
         packed_tokens=plan.total_tokens,
         empty_examples=int((lengths == 0).sum()),
-        split_examples=int((np.bincount(plan.order, minlength=len(lengths)) > 1).sum()),
+        split_examples=int((np.bincount(plan.example, minlength=len(lengths)) > 1).sum()),
     )
     return plan, stats
 
@@ -63,14 +63,14 @@ def plan_rows(lengths: np.ndarray, options: PackOptions) -> tuple[RowPlan, PackS
     """The plan of this machine's rows (its shard, or all of them) and the statistics of the whole packing.
 
     >>> plan, stats = plan_rows(np.array([5, 2, 4, 3]), PackOptions(max_length=8, shuffle_rows=False))
-    >>> plan.order.tolist(), plan.row_segments.tolist(), stats.rows
+    >>> plan.example.tolist(), plan.row_offsets.tolist(), stats.rows
     ([0, 3, 1, 2], [0, 2, 4], 2)
     >>> plan, stats = plan_rows(np.array([5, 2, 4, 3]), PackOptions(max_length=8, shuffle_rows=False,
     ...                                                              num_shards=2, shard_index=1))
-    >>> plan.order.tolist(), plan.num_rows, stats.rows
+    >>> plan.example.tolist(), plan.num_rows, stats.rows
     ([1, 2], 1, 2)
     >>> plan, stats = plan_rows(np.array([10, 3]), PackOptions(max_length=4, overflow="split", shuffle_rows=False))
-    >>> plan.skip.tolist(), plan.segment_lengths.tolist(), stats.split_examples, stats.packed_tokens
+    >>> plan.skip.tolist(), plan.length.tolist(), stats.split_examples, stats.packed_tokens
     ([0, 4, 0, 8], [4, 4, 3, 2], 1, 13)
     """
     rng = np.random.default_rng(options.seed)

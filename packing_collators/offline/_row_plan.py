@@ -1,16 +1,15 @@
 """Where every token of a packed dataset goes: the row plan, for bin packing, splitting or wrapping.
 
 A plan is the engine's :class:`Segments`, row after row: each segment is a run of one example's
-tokens (``example``, alias ``order``: which example, ``skip``: from which of its tokens, ``length``,
-alias ``segment_lengths``: how many), and ``row_offsets`` (alias ``row_segments``) cuts them
-into rows. Examples ``S0, S1, S2`` of lengths ``[3, 5, 2]``::
+tokens (``example``: which example, ``skip``: from which of its tokens, ``length``: how many),
+and ``row_offsets`` cuts them into rows. Examples ``S0, S1, S2`` of lengths ``[3, 5, 2]``::
 
     bins (bfd), capacity 8          split, capacity 4            wrapped, capacity 4
     row 0: S0 S0 S0 S1 S1 S1 S1 S1  row 0: S1 S1 S1 S1  [4]      row 0: S0 S0 S0 S1  [3, 1]
     row 1: S2 S2                    row 1: S0 S0 S0 S1  [3, 1]   row 1: S1 S1 S1 S1  [4]
                                     row 2: S2 S2        [2]      row 2: S2 S2        [2]
-    order [0, 1, 2]                 order [1, 0, 1, 2]           order [0, 1, 1, 2]
-    skip  [0, 0, 0]                 skip  [0, 0, 4, 0]           skip  [0, 0, 1, 0]
+    example [0, 1, 2]               example [1, 0, 1, 2]         example [0, 1, 1, 2]
+    skip    [0, 0, 0]               skip    [0, 0, 4, 0]         skip    [0, 0, 1, 0]
 
 ``restarts`` marks the segments whose first label is ``label_pad_id``: an example's first token,
 and each piece of a split example (a segment of its own); a wrapped fragment continues its example.
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._ranges import ranges, segment_positions
-from ..engine import PackingResult, Segments, field_alias
+from ..engine import PackingResult, Segments
 
 __all__ = ["Pieces", "RowPlan", "bin_plan", "shard_bounds", "split_pieces", "wrapped_plan"]
 
@@ -36,10 +35,7 @@ __all__ = ["Pieces", "RowPlan", "bin_plan", "shard_bounds", "split_pieces", "wra
 class RowPlan(Segments):
     """The layout of packed rows over a table of examples: the engine's :class:`Segments` plus ``restarts``.
 
-    Attributes (besides those of :class:`Segments`; the older names still read):
-        order: int64 (s,) the example each segment's tokens come from (``example``).
-        segment_lengths: int64 (s,) tokens of each segment (``length``).
-        row_segments: int64 (rows + 1,) where each row starts in the segments (``row_offsets``).
+    Attributes (besides those of :class:`Segments`):
         restarts: bool (s,) segments whose first label is ``label_pad_id``.
 
     ``rows(first, last)`` is :meth:`Segments.row_range` keeping ``restarts`` (a method here, where
@@ -48,16 +44,12 @@ class RowPlan(Segments):
 
     restarts: np.ndarray
 
-    order = field_alias("example", "int64 (s,) the example each segment's tokens come from.")
-    segment_lengths = field_alias("length", "int64 (s,) tokens of each segment.")
-    row_segments = field_alias("row_offsets", "int64 (rows + 1,) where each row starts in the segments.")
-
     def rows(self, first: int, last: int) -> RowPlan:
         """The plan of rows ``first`` to ``last - 1`` only (a chunk, or one machine's shard).
 
         >>> plan = wrapped_plan(np.array([3, 5, 2]), 4, order=np.arange(3))
         >>> part = plan.rows(1, 3)
-        >>> part.order.tolist(), part.skip.tolist(), part.segment_lengths.tolist(), part.row_segments.tolist()
+        >>> part.example.tolist(), part.skip.tolist(), part.length.tolist(), part.row_offsets.tolist()
         ([1, 2], [1, 0], [4, 2], [0, 1, 2])
         """
         part = self.row_range(first, last)
@@ -118,18 +110,18 @@ def bin_plan(result: PackingResult, row_order: np.ndarray | None = None, pieces:
 
     >>> from packing_collators import pack_lengths
     >>> plan = bin_plan(pack_lengths([5, 2, 4, 1, 3], capacity=8), row_order=np.array([1, 0]))
-    >>> plan.order.tolist(), plan.segment_lengths.tolist(), plan.row_segments.tolist()
+    >>> plan.example.tolist(), plan.length.tolist(), plan.row_offsets.tolist()
     ([1, 2, 3, 0, 4], [2, 4, 1, 5, 3], [0, 3, 5])
     """
     offsets = result.row_offsets
     if row_order is None:
-        entries = np.arange(len(result.indices))
+        entries = np.arange(len(result.example))
         row_segments = offsets
     else:
         counts = np.diff(offsets)[row_order]
         row_segments = np.r_[0, np.cumsum(counts)].astype(np.int64)
         entries = ranges(offsets[:-1][row_order], counts)
-    indices = result.indices[entries]
+    indices = result.example[entries]
     if pieces is None:
         order, skip = indices, np.zeros(len(indices), np.int64)
     else:
@@ -138,7 +130,7 @@ def bin_plan(result: PackingResult, row_order: np.ndarray | None = None, pieces:
         capacity=result.capacity,
         example=order,
         skip=skip,
-        length=result.seq_lengths[entries],
+        length=result.length[entries],
         row_offsets=row_segments,
         restarts=np.ones(len(indices), bool),
     )
@@ -151,7 +143,7 @@ def wrapped_plan(lengths: np.ndarray, capacity: int, order: np.ndarray) -> RowPl
     one segment per row it touches.
 
     >>> plan = wrapped_plan(np.array([3, 5, 2]), 4, order=np.arange(3))
-    >>> plan.segment_lengths.tolist(), plan.row_segments.tolist(), plan.order.tolist(), plan.skip.tolist()
+    >>> plan.length.tolist(), plan.row_offsets.tolist(), plan.example.tolist(), plan.skip.tolist()
     ([3, 1, 4, 2], [0, 2, 3, 4], [0, 1, 1, 2], [0, 0, 1, 0])
     """
     order = order[lengths[order] > 0].astype(np.int64)

@@ -92,7 +92,7 @@ class _BinPacker:
         emit = np.setdiff1d(np.arange(result.num_rows), carry)
         if self.options.shuffle_rows:
             emit = self.rng.permutation(emit)
-        self.carried = table.take(pa.array(bin_plan(result, carry).order)) if len(carry) else None
+        self.carried = table.take(pa.array(bin_plan(result, carry).example)) if len(carry) else None
         _count(self.stats, result, lengths, new, emit, row_tokens, len(table) - new)
         return build_rows(table, bin_plan(result, emit), columns, lengths, label_pad_id=self.options.label_pad_id)
 

@@ -21,32 +21,18 @@ import time
 import numpy as np
 
 from .._compat import attn_implementation
+from .._model_unwrap import text_config
+from ..checks import (
+    PROBE_LENGTHS,
+    ProbeReport,
+    model_inputs,
+    output_logits,
+    probe_dtype,
+    synthetic_tokens,
+    tolerance,
+)
 
 __all__ = ["probe_sequence_parallel"]
-
-_TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 5e-2, "float16": 2e-2}
-_LENGTHS = (7, 5, 9)
-
-
-def _tokens(config, seed: int) -> list[list[int]]:
-    special = set()
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        value = getattr(config, key, None)
-        special.update(value if isinstance(value, (list, tuple)) else [value])
-    allowed = np.array([t for t in range(min(int(config.vocab_size), 4096)) if t not in special])
-    rng = np.random.default_rng(seed)
-    return [rng.choice(allowed, size=n).tolist() for n in _LENGTHS]
-
-
-def _inputs(batch: dict, device) -> dict:
-    import torch
-
-    drop = ("labels", "shift_labels")
-    return {
-        k: (torch.as_tensor(v).to(device) if isinstance(v, (np.ndarray, torch.Tensor)) else v)
-        for k, v in batch.items()
-        if k not in drop
-    }
 
 
 def _gathered_logits(model, shard: dict, mesh, device) -> np.ndarray:
@@ -54,8 +40,7 @@ def _gathered_logits(model, shard: dict, mesh, device) -> np.ndarray:
     import torch
     import torch.distributed as dist
 
-    output = model(**_inputs(shard, device))
-    local = (output.logits if hasattr(output, "logits") else output[0]).detach().float()[0].contiguous()
+    local = output_logits(model(**model_inputs(shard, device))).detach().float()[0].contiguous()
     pieces = [torch.empty_like(local) for _ in range(mesh.size)]
     dist.all_gather(pieces, local, group=mesh.sp_group)
     return torch.cat(pieces).cpu().numpy()
@@ -70,7 +55,7 @@ def _world_max(values: list[float], device) -> list[float]:
     return tensor.tolist()
 
 
-def probe_sequence_parallel(model, mesh, collator=None, *, autocast=None):
+def probe_sequence_parallel(model, mesh, collator=None, *, autocast=None) -> ProbeReport:
     """Run the probe above on ``model`` (Ulysses enabled) over ``mesh``; returns a ``ProbeReport``.
 
     ``collator``: the one training collates with before the cut (default :class:`FlatteningCollator`).
@@ -79,16 +64,15 @@ def probe_sequence_parallel(model, mesh, collator=None, *, autocast=None):
     import torch
 
     from ..collate import FlatteningCollator
-    from ..trainer import ProbeReport
     from ._shard import shard_flat_batch
-    from ._ulysses import _text_config, inner_attention
+    from ._ulysses import inner_attention
 
     collator = FlatteningCollator() if collator is None else collator
-    config = _text_config(model)
+    config = text_config(model)
     parameter = next(model.parameters())
     started = time.perf_counter()
-    examples = _tokens(config, seed=0)
-    changed = [examples[0], _tokens(config, seed=1)[1], examples[2]]
+    examples = [ids.tolist() for ids in synthetic_tokens(config, PROBE_LENGTHS, seed=0)]
+    changed = [examples[0], synthetic_tokens(config, PROBE_LENGTHS, seed=1)[1].tolist(), examples[2]]
     rows = [collator([{"input_ids": ids} for ids in row]) for row in (examples, changed)]
     total = int(np.asarray(rows[0]["input_ids"]).shape[1])
     was_training = model.training
@@ -100,23 +84,23 @@ def probe_sequence_parallel(model, mesh, collator=None, *, autocast=None):
             shards = [shard_flat_batch(row, rank=mesh.sp_rank, size=mesh.size) for row in rows]
             packed, leaked = (_gathered_logits(model, shard, mesh, parameter.device)[:total] for shard in shards)
             with inner_attention(model):
-                output = model(**_inputs(rows[0], parameter.device))
-            whole = (output.logits if hasattr(output, "logits") else output[0]).detach().float()[0].cpu().numpy()
+                output = output_logits(model(**model_inputs(rows[0], parameter.device)))
+            whole = output.detach().float()[0].cpu().numpy()
     finally:
         model.train(was_training)
-    others = np.r_[0 : _LENGTHS[0], sum(_LENGTHS[:2]) : sum(_LENGTHS)]
+    others = np.r_[0 : PROBE_LENGTHS[0], sum(PROBE_LENGTHS[:2]) : sum(PROBE_LENGTHS)]
     leak, difference = _world_max(
         [float(np.abs(packed[others] - leaked[others]).max()), float(np.abs(packed - whole).max())], parameter.device
     )
-    dtype = str(getattr(autocast, "fast_dtype", None) or parameter.dtype).replace("torch.", "")
+    dtype = probe_dtype(autocast, parameter)
     return ProbeReport(
         model=type(model).__name__,
         implementation=f"{attn_implementation(config)}, sequence_parallel_size={mesh.size}",
         dtype=dtype,
         device=str(parameter.device),
-        lengths=_LENGTHS,
+        lengths=PROBE_LENGTHS,
         max_difference=difference,
-        tolerance=_TOLERANCE.get(dtype, 5e-2) * max(1.0, float(np.abs(whole).max())),
+        tolerance=tolerance(dtype, whole),
         leak=leak,
         culprit=None,
         seconds=time.perf_counter() - started,

@@ -25,6 +25,7 @@ import math
 from typing import Any
 
 from .._compat import attention_registry, attn_implementation, set_attn_implementation
+from .._model_unwrap import text_config
 
 __all__ = ["ULYSSES_PREFIX", "check_sequence_parallel_model", "enable_ulysses_attention", "inner_attention"]
 
@@ -174,11 +175,6 @@ def check_sequence_parallel_model(config, size: int) -> None:
         )
 
 
-def _text_config(model):
-    config = model.config
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
 def enable_ulysses_attention(model, group, size: int) -> str:
     """Wrap ``model``'s attention implementation in Ulysses over ``group`` (``size`` ranks); return its name.
 
@@ -190,7 +186,7 @@ def enable_ulysses_attention(model, group, size: int) -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    config = _text_config(model)
+    config = text_config(model)
     check_sequence_parallel_model(config, size)
     current = attn_implementation(config)
     inner = getattr(attention_registry().get(current), "inner_name", current)
@@ -213,7 +209,7 @@ def enable_ulysses_attention(model, group, size: int) -> str:
 
 
 def _set_implementation(model, name: str) -> None:
-    for config in {id(c): c for c in (model.config, _text_config(model))}.values():
+    for config in {id(c): c for c in (model.config, text_config(model))}.values():
         set_attn_implementation(config, name)
 
 
@@ -228,7 +224,7 @@ class inner_attention:  # noqa: N801  (used as a context manager, like torch.no_
         self.saved = None
 
     def __enter__(self):
-        name = attn_implementation(_text_config(self.model))
+        name = attn_implementation(text_config(self.model))
         inner = getattr(attention_registry().get(name), "inner_name", None)
         if inner is not None:
             self.saved = name

@@ -14,7 +14,7 @@ and the command line stay free of torch.
 from ._cost_model import CostFit, fit_attention_weight
 from ._dataset_lengths import example_lengths, lengths_from_dataset
 from ._epoch_plan import EpochPlan, check_overflow, plan_epoch
-from ._options import Balance, SamplerOptions, SamplerOverflow, check_sampler_option
+from ._options import SAMPLER_OVERFLOW, Balance, SamplerOptions, check_sampler_option
 
 __all__ = [
     "Balance",
@@ -22,7 +22,7 @@ __all__ = [
     "EpochPlan",
     "MultipackBatchSampler",
     "SamplerOptions",
-    "SamplerOverflow",
+    "SAMPLER_OVERFLOW",
     "check_overflow",
     "check_sampler_option",
     "example_lengths",

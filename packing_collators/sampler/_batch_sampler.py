@@ -9,9 +9,8 @@ then yielded as lists of dataset indices, for a collator that flattens each one:
     DataLoader(dataset, batch_sampler=MultipackBatchSampler(lengths, 16384),
                collate_fn=FlatteningCollator())
 
-Cost: planning is numpy plus one engine call per group; an epoch of 1,000,000 ``sft``
-examples at a 16k budget plans in 0.35-0.48 s on one CPU core and fills 99.996% of the
-budget (``benchmarks/cpu/bench_sampler.py``). The plan of the current epoch is cached,
+Cost: planning is numpy plus one engine call per group (timed against torch's and
+transformers' samplers in docs/benchmarks.md). The plan of the current epoch is cached,
 so ``len()``, iteration and ``stats()`` plan it once. Under ``torch.distributed``,
 construction adds one ``all_gather_object`` of a ~200-byte fingerprint, so every rank
 refuses a rank built from another dataset (``_rank_agreement.py``) instead of hanging.
@@ -29,9 +28,9 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from .._validation import validate_lengths, validate_positive_int
-from ..engine import Strategy
+from ..engine import Overflow, Strategy
 from ._epoch_plan import EpochPlan, check_overflow, plan_with_options
-from ._options import Balance, SamplerOptions, SamplerOverflow
+from ._options import Balance, SamplerOptions
 from ._rank_agreement import check_ranks_agree, fingerprint
 
 __all__ = ["MultipackBatchSampler"]
@@ -92,8 +91,8 @@ class MultipackBatchSampler(Sampler[list[int]]):
             from the epoch (counted in ``stats()["repeated_examples"]``); ``True`` drops the
             bins with the fewest tokens instead (counted in ``stats()["drop_last_examples"]``).
         group_size: pack the shuffled examples in groups of about this many (each group on
-            its own: more variety within a batch, slightly lower efficiency, about 0.1-0.15 s per
-            group at a 16k budget). ``None`` (default) packs the whole epoch as one group.
+            its own: more variety within a batch, slightly lower efficiency, one engine call
+            per group). ``None`` (default) packs the whole epoch as one group.
         balance: cost that decides which rank gets which bin: ``"cost"`` (default:
             ``tokens + attention_weight * sum(length**2)``), ``"tokens"``, ``"attention"``
             (sum of squared lengths) or ``"none"`` (bins in shuffled order).
@@ -174,7 +173,7 @@ class MultipackBatchSampler(Sampler[list[int]]):
         group_size: int | None = None,
         balance: Balance = "cost",
         attention_weight: float | None = None,
-        overflow: SamplerOverflow = "error",
+        overflow: Overflow = "error",
         check_ranks: bool = True,
         progress: bool | None = None,
     ) -> None:

@@ -17,8 +17,8 @@ varied sizes and example lengths and fit the weight instead::
 The three coefficients are kept non-negative: the fit is the best least-squares fit over
 every subset of the terms whose coefficients are all >= 0 (a term left out has coefficient 0),
 which is the exact non-negative optimum. A ``per_token`` of 0 gives ``attention_weight = inf``: time follows
-attention alone, so use ``balance="attention"``. ``benchmarks/gpu/rank_balance.py`` (at 77bb1bb; findings in docs/benchmarks.md) measured
-such batches on GPUs.
+attention alone, so use ``balance="attention"``. Fits from batches measured on GPUs: docs/sampler.md
+("Balancing ranks").
 
 Cost: one least-squares solve of an (n, 3) matrix, well under a millisecond for thousands of
 batches. Pure numpy; no torch here.

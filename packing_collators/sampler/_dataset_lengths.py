@@ -3,8 +3,7 @@
 A list column (``input_ids``) stores its rows as one flat value buffer plus offsets, so
 the lengths are ``offsets[1:] - offsets[:-1]``: ``pyarrow.compute.list_value_length``
 computes them without touching the tokens or building a Python object per row
-(100,000 rows in under a millisecond, about 700x faster than a Python loop over
-the rows; ``benchmarks/cpu/bench_sampler.py``). A dataset
+(against a Python loop over the rows: ``benchmarks/cpu/bench_sampler.py``). A dataset
 seen through ``select``/``shuffle``/``train_test_split`` (an indices mapping) gets its
 lengths in that order, without flattening the mapping. :func:`example_lengths` is the one
 reading of example lengths for any map-style dataset (``PackingTrainer`` calls it): the

@@ -31,11 +31,9 @@ of :func:`fit_attention_weight`, fitted from measured batches when this default 
 the default ``None`` is ``1 / max_tokens_per_batch``, so one example filling the whole budget
 costs twice what the same tokens in short examples cost.
 
-Cost in numbers (``benchmarks/cpu/bench_sampler.py``, results in ``benchmarks/results/sampler.md``):
-an epoch of 1,000,000 ``sft`` examples at a 16k budget is planned in 0.35-0.48 s on one CPU
-core (most of it the engine's packing; the same as listing a plain ``BatchSampler``'s
-batches), fills 99.996% of the budget, and 8 ranks' costs differ by 0.003%. Each extra
-group costs about 0.1-0.15 s at a 16k budget (the engine loops over length classes).
+Cost: numpy over the examples and one engine packing per group (the engine loops over length
+classes), most of the time the packing itself; timed, with the budget's fill and the ranks'
+imbalance, by ``benchmarks/cpu/bench_sampler.py`` (docs/benchmarks.md: the CPU table).
 An epoch of 4,000,000 usable examples or more shows a progress bar (``progress=None``;
 ``_progress.py`` says when bars are off): it moves per packed group, not per example.
 Pure numpy; no torch here.
@@ -51,45 +49,34 @@ import numpy as np
 from .._progress import progress_bar, show_progress
 from .._ranges import ranges
 from .._validation import check_not_too_long, validate_lengths, validate_positive_int
-from ..engine import RenamedKeys, Segments, Strategy, field_alias, pack_lengths
-from ._options import Balance, SamplerOptions, SamplerOverflow
+from ..engine import Overflow, Segments, Strategy, pack_lengths
+from ._options import Balance, SamplerOptions
 
-__all__ = ["EpochPlan", "EpochStats", "check_overflow", "plan_epoch", "plan_with_options"]
+__all__ = ["EpochPlan", "check_overflow", "plan_epoch", "plan_with_options"]
 
 _EMPTY = np.empty(0, np.int64)
-PROGRESS_MIN_EXAMPLES = 4_000_000  # about 1 s of planning on one free core, several on a busy one
-
-
-class EpochStats(RenamedKeys):
-    """:meth:`EpochPlan.stats`: ``drop_last_examples``/``drop_last_tokens`` were ``dropped_examples``/``dropped_tokens``.
-
-    The engine's vocabulary keeps ``dropped_*`` for examples over the budget
-    (here ``overflow_dropped_*``); the old keys still read, with a DeprecationWarning.
-    """
-
-    renamed = {"dropped_examples": "drop_last_examples", "dropped_tokens": "drop_last_tokens"}
+PROGRESS_MIN_EXAMPLES = 4_000_000  # where planning starts to take seconds
 
 
 @dataclass(frozen=True, eq=False)
 class EpochPlan(Segments):
     """The batches of one epoch for every rank: the engine's :class:`Segments`, one row per batch, step after step.
 
-    Batch ``b`` (step ``b // num_replicas``, rank ``b % num_replicas``) holds
-    ``indices[batch_offsets[b]:batch_offsets[b + 1]]`` (``example`` and ``row_offsets``
-    of the segments; every ``skip`` is 0: batches hold whole examples).
+    Batch ``b`` (step ``b // num_replicas``, rank ``b % num_replicas``) is row ``b``: it holds
+    the dataset indices ``example[row_offsets[b]:row_offsets[b + 1]]`` and ``row_tokens[b]``
+    tokens, at most ``capacity`` (the ``max_tokens_per_batch`` it was planned for); every
+    ``skip`` is 0: batches hold whole examples.
 
     Attributes (besides those of :class:`Segments`):
         num_replicas: ranks the epoch is split over.
-        batch_attention: int64 (num_batches,) sum of squared example lengths of each batch.
+        batch_attention: int64 (num_rows,) sum of squared example lengths of each batch.
         stats_base: the counts behind :meth:`stats` (examples, dropped, repeated, ...).
-        attention_weight: the cost model's weight of attention (``None``: ``1 / max_tokens_per_batch``).
-        max_tokens_per_batch, indices, batch_offsets, batch_tokens: ``capacity``, ``example``,
-            ``row_offsets`` and ``row_tokens`` under the sampler's names.
+        attention_weight: the cost model's weight of attention (``None``: ``1 / capacity``).
 
     >>> plan = plan_epoch([5, 2, 4, 1, 3, 6], 8, num_replicas=2, shuffle=False)
     >>> plan.batches(rank=0), plan.batches(rank=1)
     ([[1, 5], [2, 3]], [[0, 4], [0, 1]])
-    >>> plan.num_steps, plan.batch_tokens.tolist()
+    >>> plan.num_steps, plan.row_tokens.tolist()
     (2, [8, 8, 5, 7])
     """
 
@@ -98,16 +85,10 @@ class EpochPlan(Segments):
     stats_base: dict
     attention_weight: float | None = None
 
-    max_tokens_per_batch = field_alias("capacity", "The token budget of a batch (the rows' ``capacity``).")
-    indices = field_alias("example", "int64 (examples in batches,) dataset indices, batch after batch.")
-    batch_offsets = field_alias("row_offsets", "int64 (num_batches + 1,) where each batch starts in ``indices``.")
-    batch_tokens = field_alias("row_tokens", "int64 (num_batches,) tokens in each batch.")
-    num_batches = field_alias("num_rows", "Batches over all ranks (``num_steps * num_replicas``).")
-
     @property
     def num_steps(self) -> int:
         """Batches each rank gets (the same on every rank)."""
-        return self.num_batches // self.num_replicas
+        return self.num_rows // self.num_replicas
 
     def batch(self, step: int, rank: int) -> list[int]:
         """The dataset indices rank ``rank`` trains on at step ``step``."""
@@ -118,17 +99,17 @@ class EpochPlan(Segments):
         return [self.batch(step, rank) for step in range(self.num_steps)]
 
     def batch_cost(self) -> np.ndarray:
-        """float64 (num_batches,) each batch's cost: ``tokens + attention_weight * attention``."""
-        return bin_cost(self.batch_tokens, self.batch_attention, self.max_tokens_per_batch, self.attention_weight)
+        """float64 (num_rows,) each batch's cost: ``tokens + attention_weight * attention``."""
+        return bin_cost(self.row_tokens, self.batch_attention, self.capacity, self.attention_weight)
 
     def rank_costs(self) -> dict[str, np.ndarray]:
         """float64 (num_replicas,) total tokens, attention and cost of each rank's batches."""
-        tokens = self.batch_tokens.reshape(-1, self.num_replicas)
+        tokens = self.row_tokens.reshape(-1, self.num_replicas)
         attention = self.batch_attention.reshape(-1, self.num_replicas).astype(np.float64)
         cost = self.batch_cost().reshape(-1, self.num_replicas)
         return {"tokens": tokens.sum(0).astype(np.float64), "attention": attention.sum(0), "cost": cost.sum(0)}
 
-    def stats(self) -> EpochStats:
+    def stats(self) -> dict:
         """Statistics of the epoch as a plain dict (for logging or JSON).
 
         ``efficiency`` and ``lower_bound_batches`` are the engine's measures of these rows
@@ -139,7 +120,7 @@ class EpochPlan(Segments):
         the mean cost - 1. ``attention_weight`` is the cost model's weight (the default
         resolved to ``1 / max_tokens_per_batch``). ``overflow_dropped_*`` count the examples over
         the budget that ``overflow="drop"`` left out, ``drop_last_*`` those in the bins
-        ``drop_last=True`` dropped (``dropped_*``, their old name, still reads, deprecated).
+        ``drop_last=True`` dropped.
 
         >>> stats = plan_epoch([5, 2, 4, 1, 3, 6], 8, num_replicas=2, shuffle=False).stats()
         >>> stats["batches_per_epoch"], stats["padded_batches"], stats["repeated_examples"]
@@ -147,17 +128,17 @@ class EpochPlan(Segments):
         >>> round(stats["efficiency"], 4), round(stats["imbalance_tokens"], 4)
         (0.875, 0.0714)
         """
-        total = self.num_batches
+        total = self.num_rows
         costs = self.rank_costs()
-        stats = EpochStats(
-            max_tokens_per_batch=self.max_tokens_per_batch,
+        stats = dict(
+            max_tokens_per_batch=self.capacity,
             num_replicas=self.num_replicas,
             batches_per_epoch=self.num_steps,
             total_batches=total,
             tokens=self.total_tokens,
             lower_bound_batches=self.lower_bound_rows,
             efficiency=self.efficiency,
-            attention_weight=1 / self.max_tokens_per_batch if self.attention_weight is None else self.attention_weight,
+            attention_weight=1 / self.capacity if self.attention_weight is None else self.attention_weight,
         )
         stats.update(self.stats_base)
         for name in ("cost", "tokens", "attention"):
@@ -204,7 +185,7 @@ def _pack_groups(order: np.ndarray, lengths: np.ndarray, budget: int, strategy: 
     parts, counts = [], []
     for group in np.array_split(order, num_groups) if num_groups > 1 else [order]:
         result = pack_lengths(lengths[group], budget, strategy=strategy)
-        parts.append(group[result.indices])
+        parts.append(group[result.example])
         counts.append(np.diff(result.row_offsets))
         bar.update(len(group))
     return np.concatenate(parts), np.concatenate(counts)
@@ -217,7 +198,7 @@ def _repeat_bins(order: np.ndarray, lengths: np.ndarray, budget: int, count: int
     result = pack_lengths(lengths[prefix], budget, strategy="next_fit")
     rows = np.arange(count) % result.num_rows  # tiny epochs: cycle over what there is
     starts, ends = result.row_offsets[rows], result.row_offsets[rows + 1]
-    return prefix[result.indices[_ranges(starts, ends)]], ends - starts
+    return prefix[result.example[_ranges(starts, ends)]], ends - starts
 
 
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -323,7 +304,7 @@ def plan_epoch(
     balance: Balance = "cost",
     attention_weight: float | None = None,
     drop_last: bool = False,
-    overflow: SamplerOverflow = "error",
+    overflow: Overflow = "error",
     progress: bool | None = None,
 ) -> EpochPlan:
     """Plan one epoch of token-budget batches for ``num_replicas`` ranks (the module docstring says how).

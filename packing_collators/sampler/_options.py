@@ -11,8 +11,8 @@ reads that object::
                                                 plan_with_options(lengths, options, epoch=...)
 
 Each field has one check (:func:`check_sampler_option`), which ``PackingTrainer`` runs too
-on the options it hands the sampler (``packing_strategy``, ``attention_weight``, ``overflow``),
-so a bad value raises the same words wherever it is given, when it is given.
+on the options it hands the sampler (``strategy``, ``attention_weight``, ``overflow``: the
+sampler's names), so a bad value raises the same words wherever it is given, when it is given.
 
 Cost: a few comparisons per field at construction; nothing per epoch or per batch.
 No torch here.
@@ -26,12 +26,13 @@ from typing import Any, Literal
 
 from .._progress import validate_progress
 from .._validation import validate_attention_weight, validate_choice, validate_positive_int
-from ..engine import Strategy
+from ..engine import Overflow, Strategy
 
-__all__ = ["Balance", "SamplerOptions", "SamplerOverflow", "check_sampler_option"]
+__all__ = ["SAMPLER_OVERFLOW", "Balance", "SamplerOptions", "check_sampler_option"]
 
 Balance = Literal["cost", "tokens", "attention", "none"]
-SamplerOverflow = Literal["error", "drop"]
+SAMPLER_OVERFLOW: tuple[str, ...] = ("error", "drop")
+"""The ``Overflow`` values a sampler honours: it picks whole examples, so it cannot truncate or split one."""
 
 
 def _choice(literal) -> Callable[[str, Any], str]:
@@ -56,26 +57,26 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "group_size": _optional_positive_int,
     "balance": _choice(Balance),
     "attention_weight": lambda name, value: validate_attention_weight(value),
-    "overflow": _choice(SamplerOverflow),
+    "overflow": _choice(SAMPLER_OVERFLOW),
     "num_replicas": validate_positive_int,
     "progress": lambda name, value: validate_progress(value),
 }
 
 
-def check_sampler_option(field: str, value: Any, *, name: str | None = None) -> Any:
-    """``value`` of :class:`SamplerOptions`' ``field``, checked and normalised; the error calls it ``name``.
+def check_sampler_option(field: str, value: Any) -> Any:
+    """``value`` of :class:`SamplerOptions`' ``field``, checked and normalised, or the error naming it.
 
     The one check of each sampler setting: :class:`SamplerOptions` runs it on every field,
-    and ``PackingTrainer`` on the ones it takes, under its own argument names.
+    and ``PackingTrainer`` on the ones it hands the sampler.
 
     >>> check_sampler_option("seed", 3), check_sampler_option("shuffle", 0)
     (3, False)
-    >>> check_sampler_option("strategy", "best", name="packing_strategy")
+    >>> check_sampler_option("strategy", "best")
     Traceback (most recent call last):
     ...
-    ValueError: packing_strategy='best' is not supported; choose one of 'bfd', 'ffd', 'next_fit'.
+    ValueError: strategy='best' is not supported; choose one of 'bfd', 'ffd', 'next_fit'.
     """
-    return _CHECKS[field](field if name is None else name, value)
+    return _CHECKS[field](field, value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +118,7 @@ class SamplerOptions:
     group_size: int | None = None
     balance: Balance = "cost"
     attention_weight: float | None = None
-    overflow: SamplerOverflow = "error"
+    overflow: Overflow = "error"
     num_replicas: int = 1
     progress: bool | None = None
 

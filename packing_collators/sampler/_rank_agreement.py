@@ -13,7 +13,7 @@ of what decides the plan::
 and every rank raises the same ``ValueError``, naming the ranks that differ from rank 0.
 
 Cost: one ``all_gather_object`` of about 200 bytes per rank, at construction only (not per
-epoch or step), plus one blake2b pass over the lengths (about 20 ms per million examples).
+epoch or step), plus one blake2b pass over the lengths.
 """
 
 from __future__ import annotations

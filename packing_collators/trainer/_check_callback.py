@@ -5,7 +5,7 @@
 
 Both read the train dataloader's own dataset and collator (no sampler is touched, so the
 data order is unchanged) and run on every rank before the first step.
-Cost: one collated batch of 4 examples and the probe's few forwards (see _probe.py), once.
+Cost: one collated batch of 4 examples and the probe's few forwards (``checks/_probe.py``), once.
 """
 
 from __future__ import annotations
@@ -13,13 +13,16 @@ from __future__ import annotations
 import logging
 
 from .._compat import attn_implementation
-from ._attention_kind import attention_kind
-from ._collated_features import check_collated_features
-from ._fa4_attention import FA4_ATTENTION
-from ._model_unwrap import probe_module, text_config, unwrap_model
-from ._probe import probe_packing, refuse_failed_probe
-from ._support_checks import check_packing_support
-from ._token_range import check_training_data, refuse_no_batches
+from .._model_unwrap import probe_module, text_config, unwrap_model
+from ..attention import FA4_ATTENTION, attention_kind, warm_up_attention
+from ..checks import (
+    check_collated_features,
+    check_packing_support,
+    check_training_data,
+    probe_packing,
+    refuse_failed_probe,
+    refuse_no_batches,
+)
 
 try:
     from transformers import TrainerCallback
@@ -104,7 +107,7 @@ class _AttentionWarmUp(TrainerCallback):
 
     FA4 compiles a kernel per configuration, and the configuration follows the batch (its
     longest sequence, more than 256 sequences): left alone, a run stalls seconds at the
-    first batch of a new kind (measured on an H100: 7-9 s at step 25 of a 200M run). The
+    first batch of a new kind. The
     warm-up runs :func:`warm_up_attention` up to the longest example the sampler can batch,
     on every rank, before the first step. Other implementations need none.
     """
@@ -115,14 +118,12 @@ class _AttentionWarmUp(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         implementation = attn_implementation(text_config(model)) if model is not None else None
-        longest = self.trainer._train_longest
+        longest = self.trainer.longest_train_sequence
         if implementation not in ("flash_attention_4", FA4_ATTENTION) or not longest:
             return
         if getattr(self.trainer, "is_deepspeed_enabled", False):  # a backward outside the engine: see _deepspeed.py
             logger.info("PackingTrainer: under DeepSpeed FlashAttention-4 compiles its kernels in the first steps")
             return
-        from ._attention_choice import warm_up_attention
-
         self.seconds = warm_up_attention(probe_module(model), max_length=longest)
         logger.info(
             "PackingTrainer: FlashAttention-4 kernels compiled up to %d tokens in %.1f s", longest, self.seconds
@@ -134,17 +135,16 @@ def add_packing_callbacks(trainer, *, probe: bool, warm_up: bool, metrics: bool)
     from ._compile import compiled_model
     from ._metrics import PackingMetricsCallback
 
-    size = trainer.sequence_parallel_size
-    if size > 1:  # every rank checks before the mesh's first collective: no hang on refusal
-        from ._sequence_parallel import SequenceParallelCheckCallback, setup_sequence_parallel
+    mesh = trainer.sequence_parallel_mesh
+    if mesh is not None:
+        from ._sequence_parallel import SequenceParallelCheckCallback
 
-        trainer._sequence_parallel = setup_sequence_parallel(trainer, size)
-        trainer.add_callback(SequenceParallelCheckCallback(trainer._sequence_parallel, probe=probe))
+        trainer.add_callback(SequenceParallelCheckCallback(mesh, probe=probe))
     else:
         trainer.add_callback(PackingCheckCallback(probe=probe, model_for_probe=lambda: compiled_model(trainer)))
     if trainer.args.torch_compile:
         trainer.add_callback(trainer._compile)
-    if warm_up and size == 1:  # under Ulysses, FA4 compiles at first use
+    if warm_up and mesh is None:  # under Ulysses, FA4 compiles at first use
         trainer.add_callback(_AttentionWarmUp(trainer))
     if metrics:
         PackingMetricsCallback().attach(trainer)

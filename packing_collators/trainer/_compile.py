@@ -36,10 +36,13 @@ from dataclasses import dataclass
 from transformers import TrainerCallback
 
 from .._compat import dynamo_counters, trainer_step_inputs
+from .._model_unwrap import text_config
 
 __all__ = [
+    "CompilePlan",
     "CompileReport",
     "CompileWarmUp",
+    "compile_plan",
     "bucketed_collator",
     "compile_buckets",
     "compiled_model",
@@ -191,7 +194,7 @@ def plan_padding(sampler, buckets: tuple[int, ...]) -> float | None:
     from ..collate import bucket_padding_fraction
 
     plan = getattr(sampler, "plan", None)
-    tokens = getattr(plan(), "batch_tokens", None) if callable(plan) else None
+    tokens = getattr(plan(), "row_tokens", None) if callable(plan) else None
     return None if tokens is None else bucket_padding_fraction(tokens, buckets)
 
 
@@ -204,9 +207,38 @@ def compiled_model(trainer):
     return wrapped
 
 
+@dataclass(frozen=True)
+class CompilePlan:
+    """What a compiled run trains with: the collator padding to buckets, and the report it starts."""
+
+    collator: object
+    report: CompileReport
+
+
+def compile_plan(collator, sampler, budget: int) -> CompilePlan | None:
+    """The collator a compiled run trains with, padded to :func:`compile_buckets` of ``budget``, and its
+    report; None (with a warning) for a collator that pads to no buckets.
+
+    >>> from packing_collators import FlatteningCollator
+    >>> compile_plan(FlatteningCollator(), None, 1001).report.buckets
+    (1008,)
+    """
+    buckets = compile_buckets(budget)
+    bucketed = bucketed_collator(collator, buckets)
+    buckets = getattr(getattr(bucketed, "options", None), "pad_to_buckets", None)
+    if buckets is None:
+        logger.warning(
+            "PackingTrainer(torch_compile=True): the data collator (%s) does not pad to buckets, so each new "
+            "batch length may recompile. Use FlatteningCollator (optionally pad_to_buckets=...).",
+            type(collator).__name__,
+        )
+        return None
+    return CompilePlan(bucketed, CompileReport(buckets, plan_padding(sampler, buckets) or 0.0))
+
+
 class CompileWarmUp(TrainerCallback):
-    """PackingTrainer's compile hooks (a ``TrainerCallback``'s events): bucket the training collator,
-    compile every graph when training begins, count recompiles after.
+    """PackingTrainer's compile hooks (a ``TrainerCallback``'s events): compile every graph of the
+    :class:`CompilePlan` it is given when training begins, count recompiles after.
 
     ``report`` is the :class:`CompileReport` (None until a compiled run prepares its dataloader).
     """
@@ -217,34 +249,17 @@ class CompileWarmUp(TrainerCallback):
         self.collator = None
         self._before_warm_up = self._before_training = None
 
-    @property
-    def buckets(self) -> tuple[int, ...]:
-        """The row lengths training pads to (empty before a compiled run prepares its dataloader)."""
-        return self.report.buckets if self.report is not None else ()
-
-    def training_collator(self, collator, sampler, budget: int):
-        """The collator a compiled run trains with: padded to :func:`compile_buckets` of ``budget``."""
-        buckets = compile_buckets(budget)
-        bucketed = bucketed_collator(collator, buckets)
-        buckets = getattr(getattr(bucketed, "options", None), "pad_to_buckets", None)
-        if buckets is None:
-            logger.warning(
-                "PackingTrainer(torch_compile=True): the data collator (%s) does not pad to buckets, so each new "
-                "batch length may recompile. Use FlatteningCollator (optionally pad_to_buckets=...).",
-                type(collator).__name__,
-            )
-            return collator
-        self.collator = bucketed
-        self.report = CompileReport(buckets, plan_padding(sampler, buckets) or 0.0)
-        self._before_warm_up = graphs_compiled()  # the probe's graph counts too: it runs the compiled model
-        return bucketed
+    def prepare(self, plan: CompilePlan) -> None:
+        """Warm up ``plan``'s collator when training begins; graphs count from now on (the probe's too)."""
+        self.collator, self.report = plan.collator, plan.report
+        self._before_warm_up = graphs_compiled()  # the probe runs the compiled model: its graph counts
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.collator is None:
             return
         trainer = self.trainer
         model = trainer.model_wrapped
-        vocab = int(trainer.model.config.get_text_config().vocab_size)
+        vocab = int(text_config(trainer.model).vocab_size)
 
         def step(batch) -> None:
             inputs, items = trainer_step_inputs(trainer, batch, args.device)

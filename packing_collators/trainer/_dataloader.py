@@ -3,25 +3,56 @@
     dataset --lengths--> trainer.make_batch_sampler --> index lists for this rank
             --collator--> (compile buckets) (sequence shard) --> accelerate.prepare(DataLoader)
 
-accelerate's batch-sampler shard wrapper is made a pass-through: the sampler already gives
-this rank its share (sharding again would train each rank on 1/world of its batches).
+:func:`multipack_dataloader` returns what it made, a :class:`PackedLoader`: the prepared loader,
+its sampler and, for training, the token budget, the longest example a micro-batch holds and the
+compile plan. It writes nothing on the trainer; PackingTrainer hands those values to the memory
+check and to the callbacks that need them. accelerate's batch-sampler shard wrapper is made a
+pass-through: the sampler already gives this rank its share (sharding again would train each rank
+on 1/world of its batches).
 Cost: one pass over the lengths column per dataloader (the Arrow column for a ``datasets.Dataset``).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .._compat import collator_with_removed_columns, remove_unused_columns
+from ..checks import refuse_no_examples
 from ..sampler import example_lengths
-from ._token_range import refuse_no_examples
 
-__all__ = ["multipack_dataloader"]
+__all__ = ["PackedLoader", "multipack_dataloader", "report_dropped"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PackedLoader:
+    """What :func:`multipack_dataloader` made.
+
+    Attributes:
+        loader: the DataLoader, prepared by accelerate.
+        sampler: this rank's batch sampler (``trainer.make_batch_sampler``'s).
+        budget: training: the micro-batch token budget (None for evaluation or no examples).
+        longest: training: the longest example a micro-batch holds, ``min(longest example, budget)``.
+        compile_plan: training under ``torch_compile=True``: the bucketed collator and its report.
+    """
+
+    loader: Any
+    sampler: Any
+    budget: int | None = None
+    longest: int | None = None
+    compile_plan: Any = None
+
+    @property
+    def warm_up_length(self) -> int | None:
+        """The longest sequence a training micro-batch can hold: a compile bucket's padding segment counts."""
+        if self.longest is None or self.compile_plan is None:
+            return self.longest
+        return max([self.longest, *self.compile_plan.report.buckets])
 
 
 def report_dropped(sampler) -> None:
@@ -44,16 +75,46 @@ def _is_arrow(dataset) -> bool:
     return isinstance(dataset, datasets.Dataset)
 
 
+def _lengths(trainer, dataset, description: str, *, shuffle: bool):
+    """(the dataset with the forward's columns, example lengths): a map-style dataset only."""
+    from torch.utils.data import IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        raise ValueError(
+            f"PackingTrainer needs a map-style {description.lower()} dataset (it packs by example lengths); "
+            "got an IterableDataset. Use Trainer with FlatteningCollator for streaming data."
+        )
+    if _is_arrow(dataset):
+        dataset = remove_unused_columns(trainer, dataset, description)
+    lengths = example_lengths(dataset, trainer.length_column)
+    if shuffle:
+        refuse_no_examples(len(lengths))
+    return dataset, lengths
+
+
 def _sampler(trainer, lengths: np.ndarray, batch_size: int, shuffle: bool):
     """trainer.make_batch_sampler; an example over a sequence-parallel group's budget said as such."""
     try:
         return trainer.make_batch_sampler(lengths, batch_size, shuffle=shuffle)
     except ValueError as error:  # an example over the budget: under sequence parallelism, the group's
-        if trainer._sequence_parallel is None:
+        if trainer.sequence_parallel_mesh is None:
             raise
         from ._sequence_parallel import group_budget_error
 
         raise group_budget_error(error, trainer.sequence_parallel_size, trainer.max_tokens_per_batch) from error
+
+
+def _rank_collator(trainer, collator, dataset, description: str):
+    """The collator as this rank runs it: the forward's columns kept (non-Arrow data), and under
+    sequence parallelism every rank of a group collates the micro-batch and keeps its shard."""
+    if not _is_arrow(dataset):
+        collator = collator_with_removed_columns(trainer, collator, description)
+    mesh = trainer.sequence_parallel_mesh
+    if mesh is not None:
+        from ..parallel import SequenceShardCollator
+
+        collator = SequenceShardCollator(collator, rank=mesh.sp_rank, size=mesh.size)
+    return collator
 
 
 def _loader_options(args) -> dict[str, Any]:
@@ -65,43 +126,30 @@ def _loader_options(args) -> dict[str, Any]:
     return options
 
 
-def multipack_dataloader(trainer, dataset, description: str, batch_size: int, *, shuffle: bool):
-    """The (prepared DataLoader, batch sampler) of a train (``shuffle=True``) or eval dataset."""
-    from torch.utils.data import DataLoader, IterableDataset
+def _prepared(trainer, dataset, sampler, collator):
+    """The DataLoader through ``accelerator.prepare``, its batch-sampler shard wrapper a pass-through."""
+    from torch.utils.data import DataLoader
 
-    from ._trainer_budget import check_memory
-
-    if isinstance(dataset, IterableDataset):
-        raise ValueError(
-            f"PackingTrainer needs a map-style {description.lower()} dataset (it packs by example lengths); "
-            "got an IterableDataset. Use Trainer with FlatteningCollator for streaming data."
-        )
-    collator, is_arrow = trainer.data_collator, _is_arrow(dataset)
-    if is_arrow:
-        dataset = remove_unused_columns(trainer, dataset, description)
-    lengths = example_lengths(dataset, trainer.length_column)
-    if shuffle:
-        refuse_no_examples(len(lengths))
-    sampler = _sampler(trainer, lengths, batch_size, shuffle)
-    if shuffle and len(lengths):  # the longest example a training batch can hold: the attention warm-up's reach
-        budget = trainer.token_budget(lengths, batch_size)
-        trainer._train_longest = int(min(lengths.max(), budget))
-        check_memory(trainer, budget, trainer._train_longest)
-        if trainer.args.torch_compile:  # rows padded to a bucket: a padding segment may be as long as the bucket
-            collator = trainer._compile.training_collator(collator, sampler, budget)
-            trainer._train_longest = max([trainer._train_longest, *trainer._compile.buckets])
-    if not is_arrow:
-        collator = collator_with_removed_columns(trainer, collator, description)
-    if trainer._sequence_parallel is not None:  # every rank of a group collates the micro-batch and keeps its shard
-        from ..parallel import SequenceShardCollator
-
-        mesh = trainer._sequence_parallel
-        collator = SequenceShardCollator(collator, rank=mesh.sp_rank, size=mesh.size)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, **_loader_options(trainer.args))
     loader = trainer.accelerator.prepare(loader)
-    # The sampler already gives this rank its share; accelerate's shard wrapper would shard
-    # it again (each rank would train on 1/world of its batches). Make the wrapper a pass-through.
     wrapper = getattr(loader, "batch_sampler", None)
     if wrapper is not None and wrapper is not sampler and getattr(wrapper, "batch_sampler", None) is sampler:
         wrapper.num_processes, wrapper.process_index = 1, 0
-    return loader, sampler
+    return loader
+
+
+def multipack_dataloader(trainer, dataset, description: str, batch_size: int, *, shuffle: bool) -> PackedLoader:
+    """The :class:`PackedLoader` of a train (``shuffle=True``) or eval dataset."""
+    from ._compile import compile_plan
+
+    dataset, lengths = _lengths(trainer, dataset, description, shuffle=shuffle)
+    sampler = _sampler(trainer, lengths, batch_size, shuffle)
+    collator, budget, longest, plan = trainer.data_collator, None, None, None
+    if shuffle and len(lengths):
+        budget = trainer.token_budget(lengths, batch_size)
+        longest = int(min(lengths.max(), budget))
+        if trainer.args.torch_compile:  # rows padded to a bucket, every graph compiled before the first step
+            plan = compile_plan(collator, sampler, budget)
+            collator = plan.collator if plan is not None else collator
+    loader = _prepared(trainer, dataset, sampler, _rank_collator(trainer, collator, dataset, description))
+    return PackedLoader(loader, sampler, budget, longest, plan)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import inspect
 
-from ._model_unwrap import unwrap_model
+from .._model_unwrap import unwrap_model
 
 __all__ = ["check_liger_setup", "liger_forward"]
 

@@ -28,14 +28,9 @@ before training with the numbers and the fix; :func:`check_token_budget` runs th
 a budget the user chose and refuses it the same way (``PackingTrainer`` does so before the first
 step).
 
-Measured on an H100 80GB (``benchmarks/gpu/memory_budget.py``, ``benchmarks/results/memory_budget_h100``):
-with one pass per dry run, a 200M model (bf16, AdamW, examples of 8,192 tokens) got 81,536 tokens
-and trained at 90.0% of the card (15% more ran out of memory), but a 1B model with gradient
-checkpointing got 151,808 and ran out of memory at its second step (allocator fragmentation:
-with ``expandable_segments`` the same step peaked at 89.3%). With two passes the 1B budget is
-131,136 tokens: it trains at 78.0% of the card, and 15% more at 88.8%. A 4M-token example is
-refused in 0.2-0.4 s. Cost: two passes at ``longest``, ``2 * longest`` and the budget (up to four
-more when it shrinks), and the kernels they compile: 13 s for the 1B model at 8k.
+What it measures on a GPU, and how training at the budget fares: docs/trainer.md ("A token budget
+from the GPU's memory"). Cost: two passes at ``longest``, ``2 * longest`` and the budget (up to four
+more when it shrinks), and the kernels they compile.
 """
 
 from __future__ import annotations
@@ -43,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from .._model_unwrap import text_config
 from .._validation import validate_positive_int
 
 __all__ = ["TokenBudget", "check_token_budget", "fit_token_budget", "measure_token_budget", "plan_token_budget"]
@@ -134,9 +130,8 @@ def fit_token_budget(
     """The budget from ``measure(tokens)`` (peak bytes of a step of that many tokens; None: out of memory).
 
     It measures ``longest`` and ``2 * longest`` tokens, draws the line, then measures the planned
-    budget itself: where the real peak lies above the line (measured on an H100: a 1B model with
-    gradient checkpointing ran out of memory at a budget drawn from 8k and 16k tokens), the line is
-    redrawn through the new point and the budget shrinks, up to ``checks`` times, until a measured
+    budget itself: where the real peak lies above the line (gradient checkpointing's recompute,
+    the allocator), the line is redrawn through the new point and the budget shrinks, up to ``checks`` times, until a measured
     step fits. An out-of-memory step counts as the whole card.
 
     >>> curve = lambda tokens: int(2e9 + 1e5 * tokens + 2e-2 * tokens**2)  # above any line through small sizes
@@ -189,9 +184,7 @@ def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0,
     trainable parameter gets ``states_per_parameter`` tensors of its shape (AdamW's states,
     created at the first step while the gradients still exist), then the gradients are freed.
     The second pass meets the allocator's blocks as the first left them, so a budget that
-    fits one pass on a fresh allocator but not a real second step (measured on an H100: a 1B
-    model with gradient checkpointing at 151,808 tokens, peak 70.7 GiB of 79.2, ran out of
-    memory at its second step without ``expandable_segments``) is caught here. The states'
+    fits one pass on a fresh allocator but not a real second step is caught here. The states'
     bytes are left out of the returned peak: the caller adds them from the parameter count.
     ``autocast_dtype`` runs the forwards under autocast, as the Trainer does with ``bf16=True``
     (float32 weights, bf16 activations: what a flash kernel needs, and what training holds).
@@ -201,7 +194,7 @@ def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0,
     from ..collate import FlatteningCollator
 
     parameter = next(model.parameters())
-    vocab = int(model.config.get_text_config().vocab_size)
+    vocab = int(text_config(model).vocab_size)
     lengths = [longest] * (tokens // longest) + ([tokens % longest] if tokens % longest else [])
     generator = torch.Generator().manual_seed(0)
     batch = FlatteningCollator()([{"input_ids": torch.randint(0, vocab, (n,), generator=generator)} for n in lengths])

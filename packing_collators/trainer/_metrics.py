@@ -170,7 +170,7 @@ class PackingMetricsCallback(TrainerCallback):
         slots, pad, examples = _batch_counts(inputs)
         # under sequence parallelism a group's ranks hold shards of one micro-batch: its tokens are summed,
         # its examples (the global cu_seq_lens) and the micro-batch itself counted once, by the first shard
-        mesh = getattr(self._trainer, "_sequence_parallel", None)
+        mesh = getattr(self._trainer, "sequence_parallel_mesh", None)
         once = 1 if mesh is None or mesh.sp_rank == 0 else 0
         self._window = [
             self._window[0] + slots,

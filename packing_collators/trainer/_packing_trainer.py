@@ -18,7 +18,7 @@ Everything else is the stock Trainer: gradient accumulation with ``num_items_in_
 (a token-weighted loss, as with padding), LR schedule from ``len(train_dataloader)``
 (the sampler's exact count for this rank), ``set_epoch`` each epoch, mid-epoch resume
 (the Trainer skips the batches already trained; the sampler is deterministic per epoch).
-Cost: one pass over the lengths column per epoch to plan it (~0.3 s per million examples).
+Cost: one pass over the lengths column per epoch to plan it (docs/benchmarks.md: planning an epoch).
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ import numpy as np
 
 from .._compat import positional_collator, train_batch_size, trainer_hooks
 from .._validation import validate_choice, validate_positive_int
+from ..attention import AUTO_ATTENTION, choose_attention
 from ..collate import FlatteningCollator
-from ..engine import Strategy
-from ..sampler import SamplerOverflow, check_sampler_option
-from ._attention_choice import AUTO_ATTENTION, choose_attention
+from ..engine import Overflow, Strategy
+from ..sampler import check_sampler_option
 from ._check_callback import PackingCheckCallback, add_packing_callbacks
 from ._compile import CompileWarmUp
-from ._dataloader import multipack_dataloader, report_dropped
+from ._dataloader import PackedLoader, multipack_dataloader, report_dropped
 from ._deepspeed import check_deepspeed_setup
 from ._liger import check_liger_setup
 from ._sequence_loss import LossNormalization, check_sequence_setup, global_sequence_count, sequence_compute_loss
-from ._trainer_budget import measured_budget, memory_model
+from ._trainer_budget import TokenBudgets, memory_model
 
 try:
     from transformers import Trainer
@@ -80,7 +80,7 @@ class PackingTrainer(Trainer):
             (:func:`check_token_budget`: two forward + backward passes on examples of the
             longest length the budget holds, AdamW's states counted) and refuse a budget that
             runs out of memory or passes 90% of the card, with the numbers (default True).
-        packing_strategy: the sampler's bin-packing strategy (``"bfd"``, ``"ffd"``, ``"next_fit"``).
+        strategy: the sampler's bin-packing strategy (``"bfd"``, ``"ffd"``, ``"next_fit"``).
         attention_weight: the weight of attention in the sampler's rank-balancing cost
             (``None``: ``1 / max_tokens_per_batch``; a value from :func:`fit_attention_weight`
             when ranks still wait on each other; see ``MultipackBatchSampler``).
@@ -139,11 +139,11 @@ class PackingTrainer(Trainer):
         *args: Any,
         max_tokens_per_batch: int | Literal["auto"] | None = None,
         memory_check: bool = True,
-        packing_strategy: Strategy = "bfd",
+        strategy: Strategy = "bfd",
         attention_weight: float | None = None,
         length_column: str = "input_ids",
         eval_packing: EvalPacking = "off",
-        overflow: SamplerOverflow = "error",
+        overflow: Overflow = "error",
         packing_probe: bool = True,
         attn_implementation: str | None = AUTO_ATTENTION,
         packing_metrics: bool = True,
@@ -152,7 +152,7 @@ class PackingTrainer(Trainer):
         sequence_parallel_size: int = 1,
         **kwargs: Any,
     ) -> None:
-        self.packing_strategy = check_sampler_option("strategy", packing_strategy, name="packing_strategy")
+        self.strategy = check_sampler_option("strategy", strategy)
         self.attention_weight = check_sampler_option("attention_weight", attention_weight)
         self.overflow = check_sampler_option("overflow", overflow)
         validate_choice("loss_normalization", loss_normalization, LossNormalization)
@@ -166,24 +166,42 @@ class PackingTrainer(Trainer):
             )
         self.max_tokens_per_batch = max_tokens_per_batch
         self.memory_check = memory_check
-        self._auto_budget: int | None = None  # max_tokens_per_batch="auto", once measured
-        self._checked_budgets: set[tuple[int, int]] = set()  # (budget, longest) that passed the memory check
+        self._budgets = TokenBudgets(self)  # "auto" measured once, the budgets memory_check passed
         self.length_column = length_column
         self.eval_packing = eval_packing
         self.loss_normalization = loss_normalization
-        self._train_batch_sampler = None
-        self._train_longest = None
+        self._train_loader: PackedLoader | None = None  # what the train dataloader's builder made
         self._eval_token_loss = None  # (sum of token losses, target tokens) of the evaluation under way
         self.sequence_parallel_size = validate_positive_int("sequence_parallel_size", sequence_parallel_size)
-        self._sequence_parallel = None  # the SequenceParallelMesh when sequence_parallel_size > 1
+        self._sequence_parallel = None
         if not positional_collator(args) and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = FlatteningCollator()
         super().__init__(*args, **kwargs)
         check_deepspeed_setup(self)
         check_sequence_setup(self)
         self.attn_implementation = choose_attention(self.model, attn_implementation) if self.model is not None else None
+        if self.sequence_parallel_size > 1:  # every rank checks before the mesh's first collective: no hang on refusal
+            from ._sequence_parallel import setup_sequence_parallel
+
+            self._sequence_parallel = setup_sequence_parallel(self, self.sequence_parallel_size)
         self._compile = CompileWarmUp(self)  # torch_compile=True: buckets, warm-up, recompiles (_compile.py)
         add_packing_callbacks(self, probe=packing_probe, warm_up=attention_warm_up, metrics=packing_metrics)
+
+    @property
+    def sequence_parallel_mesh(self):
+        """The :class:`SequenceParallelMesh` under ``sequence_parallel_size > 1`` (built at construction); else None."""
+        return self._sequence_parallel
+
+    @property
+    def longest_train_sequence(self) -> int | None:
+        """The longest sequence a training micro-batch holds (an example, or a compile bucket's padding
+        segment), once the train dataloader is built; None before (FA4's warm-up compiles up to it)."""
+        return self._train_loader.warm_up_length if self._train_loader is not None else None
+
+    @property
+    def _train_batch_sampler(self):
+        """The train dataloader's batch sampler (set_epoch on resume; the metrics' budget); None before."""
+        return self._train_loader.sampler if self._train_loader is not None else None
 
     @property
     def compile_report(self):
@@ -199,7 +217,7 @@ class PackingTrainer(Trainer):
         """
         n = self.sequence_parallel_size
         if self.max_tokens_per_batch == AUTO_BUDGET:
-            return n * measured_budget(self, -(-int(lengths.max()) // n) if len(lengths) else 1)
+            return n * self._budgets.measured(-(-int(lengths.max()) // n) if len(lengths) else 1)
         if self.max_tokens_per_batch is not None:
             return n * self.max_tokens_per_batch
         if not len(lengths):
@@ -221,12 +239,12 @@ class PackingTrainer(Trainer):
         from ..sampler import MultipackBatchSampler
 
         args = self.args
-        mesh = self._sequence_parallel  # one micro-batch per group: dp_size replicas, this group's index
+        mesh = self.sequence_parallel_mesh  # one micro-batch per group: dp_size replicas, this group's index
         replicas, rank = (mesh.dp_size, mesh.dp_rank) if mesh is not None else (args.world_size, args.process_index)
         return MultipackBatchSampler(
             lengths,
             self.token_budget(lengths, batch_size),
-            strategy=self.packing_strategy,
+            strategy=self.strategy,
             attention_weight=self.attention_weight,
             shuffle=shuffle,
             seed=args.data_seed if args.data_seed is not None else args.seed,
@@ -241,18 +259,21 @@ class PackingTrainer(Trainer):
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
         check_liger_setup(self)  # train() has applied use_liger_kernel by now
-        loader, sampler = self._multipack_dataloader(
-            self.train_dataset, "Training", train_batch_size(self), shuffle=True
-        )
+        built = multipack_dataloader(self, self.train_dataset, "Training", train_batch_size(self), shuffle=True)
+        sampler = built.sampler
         if not callable(getattr(sampler, "set_epoch", None)):
             raise TypeError(
                 f"{type(self).__name__}.make_batch_sampler returned a {type(sampler).__name__} without "
                 "set_epoch(epoch); a training sampler needs one (called every epoch and on resume, so each "
                 "epoch gets its own plan). Give it a set_epoch method, or subclass MultipackBatchSampler."
             )
-        self._train_batch_sampler = sampler
+        if built.budget is not None:
+            self._budgets.check(built.budget, built.longest)
+        if built.compile_plan is not None:
+            self._compile.prepare(built.compile_plan)
+        self._train_loader = built
         report_dropped(sampler)
-        return loader
+        return built.loader
 
     def get_eval_dataloader(self, eval_dataset=None):
         if self.eval_packing == "off":
@@ -263,11 +284,7 @@ class PackingTrainer(Trainer):
             eval_dataset = self.eval_dataset[eval_dataset]
         elif eval_dataset is None:
             eval_dataset = self.eval_dataset
-        loader, _ = self._multipack_dataloader(eval_dataset, "Evaluation", self.args.eval_batch_size, shuffle=False)
-        return loader
-
-    def _multipack_dataloader(self, dataset, description: str, batch_size: int, *, shuffle: bool):
-        return multipack_dataloader(self, dataset, description, batch_size, shuffle=shuffle)
+        return multipack_dataloader(self, eval_dataset, "Evaluation", self.args.eval_batch_size, shuffle=False).loader
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The stock step's micro-batches; under ``loss_normalization="sequence"`` their example count."""
@@ -296,7 +313,7 @@ class PackingTrainer(Trainer):
         weights by the batch's targets (a count gathered over ranks there would scale it by the world size)."""
         if not self.model.training:
             return None
-        if self._sequence_parallel is None:
+        if self.sequence_parallel_mesh is None:
             return NotImplemented  # the stock count
         from ._sequence_parallel import global_target_count
 

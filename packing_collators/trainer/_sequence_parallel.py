@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import logging
 
+from .._model_unwrap import probe_module, text_config
+from ..checks import check_collated_features, check_packing_support, refuse_failed_probe
+
 __all__ = ["SequenceParallelCheckCallback", "global_target_count", "group_budget_error", "setup_sequence_parallel"]
 
 logger = logging.getLogger(__name__)
@@ -60,8 +63,6 @@ def setup_sequence_parallel(trainer, size: int):
         enable_ulysses_attention,
         sequence_parallel_mesh,
     )
-    from ._model_unwrap import probe_module, text_config
-
     model = probe_module(trainer.model)
     check_sequence_parallel_model(text_config(model), size)  # the model's own limits first, then the launch
     check_sequence_parallel_size(size, trainer.args.world_size)
@@ -109,10 +110,6 @@ class SequenceParallelCheckCallback(_callback_base()):
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         from ..parallel import inner_attention, probe_sequence_parallel
         from ._check_callback import training_autocast
-        from ._collated_features import check_collated_features
-        from ._model_unwrap import probe_module
-        from ._probe import refuse_failed_probe
-        from ._support_checks import check_packing_support
 
         if model is None or train_dataloader is None:
             return

@@ -1,7 +1,7 @@
 """PackingTrainer's token budget against the GPU: ``max_tokens_per_batch="auto"`` and ``memory_check``.
 
-    "auto"        measure_token_budget(model, longest) on each rank  -> the smallest over ranks
-    memory_check  check_token_budget(model, budget, longest) on each rank -> refused on every rank
+    "auto"        TokenBudgets.measured: measure_token_budget(model, longest) on each rank -> the smallest over ranks
+    memory_check  TokenBudgets.check: check_token_budget(model, budget, longest) on each rank -> refused on every rank
 
 Only a model whole on one CUDA device is measured (not a CPU model, not FSDP/DeepSpeed
 shards, not a model split over devices). A refusal on one rank is raised on every rank,
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 
-from ._model_unwrap import probe_module
+from .._model_unwrap import probe_module
 
-__all__ = ["check_memory", "measured_budget", "memory_model"]
+__all__ = ["TokenBudgets", "memory_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,66 +76,83 @@ def _autocast_dtype(args):
     return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
 
 
-def measured_budget(trainer, longest: int) -> int:
-    """``max_tokens_per_batch="auto"``: measure_token_budget for ``longest``, the smallest over ranks.
+class TokenBudgets:
+    """PackingTrainer's token budgets against its GPU: ``"auto"`` measured once, and the (budget, longest)
+    pairs ``memory_check`` passed, kept here (not on the trainer) so each is measured or checked once.
 
-    Measured once, by the first dataloader that asks (training, or an evaluation before
-    it), and kept: evaluation during training must not measure a training step beside the
-    optimizer's real states.
+    ``trainer`` gives the model (``trainer._memory_model()``), ``args``, ``memory_check`` and
+    ``sequence_parallel_size``.
     """
-    if trainer._auto_budget is None:
-        model = trainer._memory_model()
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        self.auto: int | None = None  # max_tokens_per_batch="auto", once measured
+        self.checked: set[tuple[int, int]] = set()  # (budget, longest) that passed the memory check
+
+    def measured(self, longest: int) -> int:
+        """``max_tokens_per_batch="auto"``: measure_token_budget for ``longest``, the smallest over ranks.
+
+        Measured once, by the first dataloader that asks (training, or an evaluation before
+        it), and kept: evaluation during training must not measure a training step beside the
+        optimizer's real states.
+        """
+        if self.auto is not None:
+            return self.auto
+        model = self.trainer._memory_model()
         if model is None:
             raise ValueError(
                 "max_tokens_per_batch='auto' measures the model's memory on its GPU, but the model is not whole "
                 "on one CUDA device (on a CPU, sharded by FSDP/DeepSpeed, or split over devices). Pass a number "
                 "of tokens instead."
             )
+        from ..parallel import inner_attention
         from ._memory_budget import measure_token_budget
 
-        def measure() -> int:
-            from ..parallel import inner_attention
+        autocast_dtype = _autocast_dtype(self.trainer.args)
 
+        def measure() -> int:
             with inner_attention(model):  # one rank's share, measured without the group's collectives
-                budget = measure_token_budget(model, longest=longest, autocast_dtype=_autocast_dtype(trainer.args))
+                budget = measure_token_budget(model, longest=longest, autocast_dtype=autocast_dtype)
             logger.info("PackingTrainer: max_tokens_per_batch='auto' on this rank: %s", budget.summary())
             return budget.max_tokens_per_batch
 
-        trainer._auto_budget = _agreed_over_ranks(
+        self.auto = _agreed_over_ranks(
             measure,
             model,
             elsewhere=f"max_tokens_per_batch='auto': another rank could not fit one example of {longest} tokens "
             "on its GPU (its error says why).",
         )
-        trainer._checked_budgets.add((trainer._auto_budget, longest))  # measured: no need to check it again
-    return trainer._auto_budget
+        self.checked.add((self.auto, longest))  # measured: no need to check it again
+        return self.auto
 
+    def check(self, budget: int, longest: int) -> None:
+        """``memory_check``: refuse a training budget that does not fit this GPU, before the first step."""
+        trainer = self.trainer
+        model = trainer._memory_model() if trainer.memory_check else None
+        n = trainer.sequence_parallel_size  # a rank holds 1/n of the group's row: checked as such, without Ulysses
+        budget, longest = budget // n, -(-longest // n)
+        if model is None or (budget, longest) in self.checked:
+            return
+        from ..parallel import inner_attention
+        from ._memory_budget import check_token_budget
 
-def check_memory(trainer, budget: int, longest: int) -> None:
-    """``memory_check``: refuse a training budget that does not fit this GPU, before the first step."""
-    model = trainer._memory_model() if trainer.memory_check else None
-    n = trainer.sequence_parallel_size  # a rank holds 1/n of the group's row: checked as such, without Ulysses
-    budget, longest = budget // n, -(-longest // n)
-    if model is None or (budget, longest) in trainer._checked_budgets:
-        return
-    from ..parallel import inner_attention
-    from ._memory_budget import check_token_budget
+        autocast_dtype = _autocast_dtype(trainer.args)
 
-    def check() -> int:
-        with inner_attention(model):
-            share = check_token_budget(model, budget, longest=longest, autocast_dtype=_autocast_dtype(trainer.args))
-        logger.info(
-            "PackingTrainer: a step of %d tokens (examples of %d) peaks at %.1f%% of the GPU's memory",
-            budget,
-            longest,
-            100 * share,
+        def check() -> int:
+            with inner_attention(model):
+                share = check_token_budget(model, budget, longest=longest, autocast_dtype=autocast_dtype)
+            logger.info(
+                "PackingTrainer: a step of %d tokens (examples of %d) peaks at %.1f%% of the GPU's memory",
+                budget,
+                longest,
+                100 * share,
+            )
+            return budget
+
+        _agreed_over_ranks(
+            check,
+            model,
+            elsewhere=f"max_tokens_per_batch={budget} does not fit another rank's GPU (its error says why).",
+            hint=" PackingTrainer(memory_check=False) skips this check.",
         )
-        return budget
-
-    _agreed_over_ranks(
-        check,
-        model,
-        elsewhere=f"max_tokens_per_batch={budget} does not fit another rank's GPU (its error says why).",
-        hint=" PackingTrainer(memory_check=False) skips this check.",
-    )
-    trainer._checked_budgets.add((budget, longest))
+        self.checked.add((budget, longest))

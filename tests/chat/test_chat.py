@@ -246,7 +246,7 @@ def test_a_new_library_version_does_not_reuse_an_old_tokenization_cache(tokenize
     # must not be served from the old release's cache
     from datasets.fingerprint import Hasher
 
-    import packing_collators
+    from packing_collators import _version
     from packing_collators.chat._options import ChatOptions
     from packing_collators.chat._tokenize import _ChatBatch
 
@@ -255,7 +255,7 @@ def test_a_new_library_version_does_not_reuse_an_old_tokenization_cache(tokenize
 
     assert key() == key()
     before = key()
-    monkeypatch.setattr(packing_collators, "__version__", "999.0")
+    monkeypatch.setattr(_version, "__version__", "999.0")
     assert key() != before
 
 

@@ -12,10 +12,10 @@ from datasets import Dataset, DatasetDict
 
 from packing_collators.cli._input_data import (
     choose_column,
-    example_lengths,
     load_tokenizer,
     open_dataset,
     packable_columns,
+    read_lengths,
     token_ids,
 )
 
@@ -72,9 +72,9 @@ def test_every_local_form_opens(tmp_path):
     arrow_file = next((tmp_path / "disk").glob("*.arrow"))
     for name in ("d.parquet", "d.jsonl", "d.json", "disk", "dict", "files", arrow_file.name):
         path = arrow_file if name == arrow_file.name else tmp_path / name
-        assert example_lengths(open_dataset(str(path)))[0].tolist() == [3, 1, 2, 0], name
+        assert read_lengths(open_dataset(str(path)))[0].tolist() == [3, 1, 2, 0], name
     for name in ("lengths.parquet", "d.csv"):
-        assert example_lengths(open_dataset(str(tmp_path / name)), column="length")[0].tolist() == [3, 1, 2, 0]
+        assert read_lengths(open_dataset(str(tmp_path / name)), column="length")[0].tolist() == [3, 1, 2, 0]
     assert len(open_dataset(str(tmp_path / "dict"), split="test")) == 1
 
 
@@ -127,10 +127,10 @@ def test_text_and_messages_are_tokenized(tokenizer):
     sample = texts(50)
     conversations = [[{"role": "user", "content": t}, {"role": "assistant", "content": "ok"}] for t in sample]
     data = Dataset.from_dict({"text": sample, "messages": conversations})
-    lengths, column, kind = example_lengths(data, column="text", tokenizer=tokenizer)
+    lengths, column, kind = read_lengths(data, column="text", tokenizer=tokenizer)
     assert (column, kind) == ("text", "text")
     assert lengths.tolist() == [len(ids) for ids in tokenizer(sample)["input_ids"]]
-    lengths, _, kind = example_lengths(data, tokenizer=tokenizer)
+    lengths, _, kind = read_lengths(data, tokenizer=tokenizer)
     expected = [len(tokenizer.apply_chat_template(c, tokenize=True, return_dict=False)) for c in conversations]
     assert kind == "messages" and lengths.tolist() == expected
     packed = token_ids(data.remove_columns("messages"), tokenizer=tokenizer)
@@ -140,20 +140,20 @@ def test_text_and_messages_are_tokenized(tokenizer):
 
 def test_tokenizing_in_processes_gives_the_same_lengths(tokenizer):
     data = Dataset.from_dict({"text": texts(400, seed=1)})
-    one = example_lengths(data, tokenizer=tokenizer, num_proc=1)[0]
-    two = example_lengths(data, tokenizer=tokenizer, num_proc=2)[0]
+    one = read_lengths(data, tokenizer=tokenizer, num_proc=1)[0]
+    two = read_lengths(data, tokenizer=tokenizer, num_proc=2)[0]
     assert one.tolist() == two.tolist() and one.sum() > 400
 
 
 def test_tokenizer_errors(tmp_path, tokenizer):
     data = Dataset.from_dict({"text": ["a b"], "messages": [[{"role": "user", "content": "a"}]]})
     with pytest.raises(ValueError, match="Column 'text' holds text; pass --tokenizer NAME_OR_PATH to count its tokens"):
-        example_lengths(data, column="text")
+        read_lengths(data, column="text")
     plain = load_tokenizer(make_tokenizer(tmp_path / "plain", chat_template=None))
     with pytest.raises(
         ValueError, match="Column 'messages' holds chat messages, but the tokenizer has no chat template"
     ):
-        example_lengths(data, tokenizer=plain)
+        read_lengths(data, tokenizer=plain)
     with pytest.raises(FileNotFoundError, match="--tokenizer '.*no-tokenizer-here' does not exist: no such folder"):
         load_tokenizer(str(tmp_path / "no-tokenizer-here"))
     (tmp_path / "empty").mkdir()

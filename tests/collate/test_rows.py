@@ -16,6 +16,7 @@ def test_seed_doc_example_exactly():
         [torch.tensor([1, 2, 3]), torch.tensor([4, 5]), torch.tensor([6, 7, 8, 9]), torch.tensor([10, 11, 12])],
         max_length=8,
         pad_token_id=0,
+        strategy="next_fit",
     )
     assert rows.dtype == torch.long
     assert rows.tolist() == [[1, 2, 3, 4, 5, 0, 0, 0], [6, 7, 8, 9, 10, 11, 12, 0]]
@@ -49,7 +50,7 @@ def test_input_kinds_give_the_same_rows():
 
 def test_empty_and_overflow_are_reported_by_count():
     with pytest.warns(UserWarning, match=r"truncated 1 sequence\(s\) to 4 tokens \(2 tokens cut\).*skipped 1 empty"):
-        rows = pack_sequences([[1, 2, 3, 4, 5, 6], [], [7]], 4, 0, overflow="truncate")
+        rows = pack_sequences([[1, 2, 3, 4, 5, 6], [], [7]], 4, 0, overflow="truncate", strategy="next_fit")
     assert rows.tolist() == [[1, 2, 3, 4], [7, 0, 0, 0]]
     with pytest.warns(UserWarning, match=r"dropped 1 sequence\(s\) longer than 4 \(6 tokens\)"):
         rows = pack_sequences([[1, 2, 3, 4, 5, 6], [7]], 4, 0, overflow="drop")
@@ -126,11 +127,11 @@ def test_concatenate_and_pack_refuses_mismatches_before_warning_about_losses():
 
 def test_plain_outputs_are_unchanged_by_the_new_option():
     sequences = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
-    rows = pack_sequences(sequences, 6, 0)
+    rows = pack_sequences(sequences, 6, 0, strategy="next_fit")
     assert isinstance(rows, torch.Tensor) and rows.tolist() == [[1, 2, 3, 4, 5, 0], [6, 7, 8, 9, 10, 0]]
-    rows, bounds = pack_sequences(sequences, 6, 0, return_boundaries=True)
+    rows, bounds = pack_sequences(sequences, 6, 0, return_boundaries=True, strategy="next_fit")
     assert bounds == [[(0, 3), (3, 5)], [(0, 4), (4, 5)]]
-    packed = concatenate_and_pack(sequences, sequences, [[1] * len(s) for s in sequences], 6, 0)
+    packed = concatenate_and_pack(sequences, sequences, [[1] * len(s) for s in sequences], 6, 0, strategy="next_fit")
     assert len(packed) == 3
     assert [t.tolist() for t in packed] == [
         [[1, 2, 3, 4, 5, 0], [6, 7, 8, 9, 10, 0]],
@@ -141,13 +142,15 @@ def test_plain_outputs_are_unchanged_by_the_new_option():
 
 def test_position_ids_restart_per_sequence_and_for_the_padding():
     sequences = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
-    rows, positions = pack_sequences(sequences, 6, 0, return_position_ids=True)
+    rows, positions = pack_sequences(sequences, 6, 0, return_position_ids=True, strategy="next_fit")
     assert rows.tolist() == [[1, 2, 3, 4, 5, 0], [6, 7, 8, 9, 10, 0]]
     assert positions.dtype == torch.int64 and positions.tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 0]]
-    rows, bounds, positions = pack_sequences(sequences, 6, 0, return_boundaries=True, return_position_ids=True)
+    rows, bounds, positions = pack_sequences(
+        sequences, 6, 0, return_boundaries=True, return_position_ids=True, strategy="next_fit"
+    )
     assert bounds == [[(0, 3), (3, 5)], [(0, 4), (4, 5)]] and positions.shape == (2, 6)
     *packed, positions = concatenate_and_pack(
-        sequences, sequences, [[1] * len(s) for s in sequences], 6, 0, return_position_ids=True
+        sequences, sequences, [[1] * len(s) for s in sequences], 6, 0, return_position_ids=True, strategy="next_fit"
     )
     assert len(packed) == 3 and positions.tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 0]]
 

@@ -17,12 +17,12 @@ def test_every_index_in_exactly_one_row_and_no_row_over_capacity(strategy, seed)
     capacity = int(rng.integers(1, 300))
     lengths = rng.integers(0, capacity + 1, size=int(rng.integers(0, 500)))
     result = pack_lengths(lengths, capacity, strategy=strategy)
-    placed = np.sort(np.r_[result.indices, result.empty_indices])
+    placed = np.sort(np.r_[result.example, result.empty_indices])
     assert placed.tolist() == list(range(len(lengths)))
     assert (result.row_tokens <= capacity).all()
     assert (result.row_tokens > 0).all()
     assert result.total_tokens == lengths.sum() == result.input_tokens
-    assert result.seq_lengths.tolist() == lengths[result.indices].tolist()
+    assert result.length.tolist() == lengths[result.example].tolist()
     assert result.empty_indices.tolist() == np.flatnonzero(lengths == 0).tolist()
 
 
@@ -45,8 +45,8 @@ def test_tokens_in_equal_tokens_out_plus_reported_losses(strategy, overflow, see
     else:
         assert result.dropped_indices.tolist() == too_long.tolist()
         assert result.dropped_tokens == lengths[too_long].sum()
-        assert not set(result.indices.tolist()) & set(too_long.tolist())
-    accounted = np.sort(np.r_[result.indices, result.dropped_indices, result.empty_indices])
+        assert not set(result.example.tolist()) & set(too_long.tolist())
+    accounted = np.sort(np.r_[result.example, result.dropped_indices, result.empty_indices])
     assert accounted.tolist() == list(range(len(lengths)))
 
 
@@ -74,7 +74,7 @@ def test_bfd_is_near_the_lower_bound_on_sft_lengths(standard_lengths):
 def test_next_fit_keeps_order():
     result = pack_lengths([3, 2, 4, 3, 8, 1], 8, strategy="next_fit")
     assert result.rows == [[0, 1], [2, 3], [4], [5]]
-    assert result.indices.tolist() == list(range(6))
+    assert result.example.tolist() == list(range(6))
 
 
 def test_literal_statistics():
@@ -102,7 +102,7 @@ def test_only_empty_examples():
 def test_truncated_example_gets_a_full_row():
     result = pack_lengths([20, 3], 8, overflow="truncate")
     assert result.rows == [[0], [1]]
-    assert result.seq_lengths.tolist() == [8, 3]
+    assert result.length.tolist() == [8, 3]
     assert (result.num_truncated, result.truncated_tokens) == (1, 12)
 
 

@@ -1,8 +1,7 @@
-"""One packing representation (engine Segments) and one statistics vocabulary, with the old names deprecated."""
+"""One packing representation (engine Segments) and one statistics vocabulary, one name each."""
 
 import ast
 import pathlib
-import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -11,7 +10,7 @@ import pytest
 import packing_collators
 from packing_collators import MultipackBatchSampler, PackStats, pack_lengths
 from packing_collators.collate import FlatteningCollator
-from packing_collators.engine import Segments, StatsDict
+from packing_collators.engine import Segments
 from packing_collators.offline import read_examples
 from packing_collators.offline._row_plan import RowPlan, bin_plan, wrapped_plan
 from packing_collators.sampler import EpochPlan, example_lengths, plan_epoch
@@ -19,7 +18,7 @@ from packing_collators.sampler import EpochPlan, example_lengths, plan_epoch
 ENGINE = pathlib.Path(packing_collators.__file__).parent / "engine"
 
 
-def test_the_three_layouts_are_segments_with_their_old_names():
+def test_the_three_layouts_are_segments():
     lengths = np.array([5, 2, 4, 1, 3, 6])
     result = pack_lengths(lengths, 8)
     plan = bin_plan(result)
@@ -28,12 +27,12 @@ def test_the_three_layouts_are_segments_with_their_old_names():
         assert isinstance(packing, Segments)
         assert packing.row_tokens.sum() == packing.total_tokens == lengths[packing.example].sum()
         assert Segments.rows.fget(packing) == [packing.example[a:b].tolist() for a, b in zip(packing.row_offsets, packing.row_offsets[1:])]
-    assert result.indices is result.example and result.seq_lengths is result.length and not result.skip.any()
-    assert plan.order is plan.example and plan.segment_lengths is plan.length and plan.row_segments is plan.row_offsets
-    assert epoch.indices is epoch.example and epoch.batch_offsets is epoch.row_offsets
+    assert not result.skip.any() and not epoch.skip.any()
     assert result.total_tokens == plan.total_tokens == lengths.sum()
-    assert epoch.max_tokens_per_batch == epoch.capacity == 8
-    assert epoch.batch_tokens.tolist() == [8, 8, 5, 7] == (np.add.reduceat(lengths[epoch.indices], epoch.row_offsets[:-1])).tolist()
+    assert epoch.capacity == 8
+    assert epoch.row_tokens.tolist() == [8, 8, 5, 7] == (np.add.reduceat(lengths[epoch.example], epoch.row_offsets[:-1])).tolist()
+    for name in ("indices", "seq_lengths", "order", "segment_lengths", "row_segments", "batch_tokens", "num_batches"):
+        assert not any(hasattr(packing, name) for packing in (result, plan, epoch)), name  # one name each
     assert isinstance(epoch, EpochPlan) and isinstance(plan, RowPlan)
 
 
@@ -54,8 +53,8 @@ def test_packing_result_keeps_its_constructor_keywords():
     rebuilt = type(result)(
         capacity=8,
         strategy="bfd",
-        indices=result.indices,
-        seq_lengths=result.seq_lengths,
+        example=result.example,
+        length=result.length,
         row_offsets=result.row_offsets,
         input_tokens=14,
         truncated_indices=result.truncated_indices,
@@ -68,32 +67,19 @@ def test_packing_result_keeps_its_constructor_keywords():
 def test_packing_result_stats_speak_the_packstats_vocabulary():
     result = pack_lengths([9, 0, 3, 2, 12], 8, overflow="drop")
     stats = result.stats()
-    assert isinstance(stats, StatsDict)
+    assert type(stats) is dict
     assert stats == PackStats.from_result(result).as_dict() == result.pack_stats().as_dict()
     assert (stats["packed_examples"], stats["dropped_examples"], stats["empty_examples"]) == (2, 2, 1)
     assert stats["rows_over_lower_bound"] == 0.0 and "examples_packed" not in stats
 
 
-def test_old_stats_keys_still_read_with_a_deprecation_warning():
-    stats = pack_lengths([5, 2, 4], 8).stats()
-    with pytest.warns(DeprecationWarning, match=r"'examples_packed'\] is deprecated.*'packed_examples'"):
-        assert stats["examples_packed"] == 3
-    with pytest.warns(DeprecationWarning):
-        assert stats.get("examples_packed") == 3
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert stats.get("nothing", 7) == 7
-    with pytest.raises(KeyError):
-        stats["nothing"]
+def test_bins_left_out_by_drop_last_are_counted_under_their_own_keys():
     lengths = np.arange(1, 41)
     epoch = plan_epoch(lengths, 50, num_replicas=4, drop_last=True, seed=1).stats()
     sampler = MultipackBatchSampler(lengths, 50, num_replicas=4, rank=0, drop_last=True, seed=1).stats()
     for stats in (epoch, sampler):
-        assert stats["drop_last_examples"] > 0 and "dropped_examples" not in stats
-        with pytest.warns(DeprecationWarning, match=r"'dropped_examples'\] is deprecated.*'drop_last_examples'"):
-            assert stats["dropped_examples"] == stats["drop_last_examples"]
-        with pytest.warns(DeprecationWarning, match=r"'dropped_tokens'"):
-            assert stats["dropped_tokens"] == stats["drop_last_tokens"] > 0
+        assert type(stats) is dict and stats["drop_last_examples"] > 0 and stats["drop_last_tokens"] > 0
+        assert "dropped_examples" not in stats  # the engine's key, for examples over the budget
     assert sampler["epoch"] == 0
 
 

@@ -198,7 +198,7 @@ def test_a_num_proc_worker_that_dies_is_an_error_not_a_hang(saved, monkeypatch):
 def test_another_library_version_packs_again(saved, monkeypatch):
     """Nothing else in the fingerprint would change if a new release packed differently."""
     first = pack_dataset(saved, 100, overflow="drop", keep_columns=["id"])
-    monkeypatch.setattr("packing_collators.__version__", "999.0")
+    monkeypatch.setattr("packing_collators._version.__version__", "999.0")
     upgraded = pack_dataset(saved, 100, overflow="drop", keep_columns=["id"])
     assert upgraded._fingerprint != first._fingerprint and names(upgraded) != names(first)
 

@@ -15,7 +15,7 @@ def measured_batches(standard_lengths, n: int = 200, budget: int = 32768, seed: 
     """Tokens and attention of real planned batches (long-context lengths), some cut short."""
     lengths = standard_lengths("reasoning", 4000, seed=seed)
     plan = plan_epoch(lengths, budget, seed=seed)
-    tokens, attention = plan.batch_tokens[:n], plan.batch_attention[:n]
+    tokens, attention = plan.row_tokens[:n], plan.batch_attention[:n]
     rng = np.random.default_rng(seed)
     short = rng.random(len(tokens)) < 0.3  # a few partial batches, as the last ones of an epoch
     return np.where(short, tokens // 3, tokens), np.where(short, attention // 9, attention)

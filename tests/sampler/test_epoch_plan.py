@@ -19,12 +19,12 @@ def check_plan(plan, lengths: np.ndarray, budget: int, *, drop_last: bool) -> No
     counts = Counter(i for batch in batches for i in batch)
     usable = set(np.flatnonzero((lengths > 0) & (lengths <= budget)).tolist())
     stats = plan.stats()
-    assert plan.num_batches % plan.num_replicas == 0
+    assert plan.num_rows % plan.num_replicas == 0
     assert all(batches), "no empty batch"
     assert all(len(set(batch)) == len(batch) for batch in batches), "no example twice in one batch"
     tokens = [int(lengths[batch].sum()) for batch in batches]
     assert max(tokens, default=0) <= budget
-    assert tokens == plan.batch_tokens.tolist()
+    assert tokens == plan.row_tokens.tolist()
     assert [int((lengths[b] ** 2).sum()) for b in batches] == plan.batch_attention.tolist()
     assert set(counts) <= usable
     if drop_last:
@@ -60,7 +60,7 @@ def test_random_plans_hold_the_invariants(seed):
     plan = plan_epoch(lengths, budget, **options)
     check_plan(plan, lengths, budget, drop_last=options["drop_last"])
     again = plan_epoch(lengths, budget, **options)
-    assert np.array_equal(plan.indices, again.indices) and np.array_equal(plan.batch_offsets, again.batch_offsets)
+    assert np.array_equal(plan.example, again.example) and np.array_equal(plan.row_offsets, again.row_offsets)
 
 
 @pytest.mark.parametrize("num_replicas", [1, 2, 3, 8])
@@ -77,7 +77,7 @@ def test_the_epoch_and_seed_change_the_order_and_nothing_else(standard_lengths):
     orders = [all_batches(p) for p in plans]
     assert orders[0] != orders[1] and orders[0] != orders[2] and orders[1] != orders[2]
     for plan in plans:
-        assert sorted(set(plan.indices.tolist())) == list(range(2000))
+        assert sorted(set(plan.example.tolist())) == list(range(2000))
 
 
 def test_no_shuffle_is_the_dataset_order_for_next_fit():
@@ -104,27 +104,27 @@ def test_padding_a_tiny_epoch_cycles_over_its_bins():
 def test_drop_last_drops_the_bins_with_fewest_tokens():
     plan = plan_epoch([8, 7, 2], 8, num_replicas=2, drop_last=True)
     stats = plan.stats()
-    assert sorted(plan.indices.tolist()) == [0, 1]
+    assert sorted(plan.example.tolist()) == [0, 1]
     assert (stats["drop_last_examples"], stats["drop_last_tokens"], stats["batches_per_epoch"]) == (1, 2, 1)
 
 
 def test_drop_last_with_fewer_bins_than_ranks_drops_everything_and_says_so():
     plan = plan_epoch([4, 4], 4, num_replicas=3, drop_last=True)
-    assert plan.num_batches == 0 and plan.stats()["drop_last_examples"] == 2
+    assert plan.num_rows == 0 and plan.stats()["drop_last_examples"] == 2
     assert plan.stats()["efficiency"] == 1.0
 
 
 def test_empty_and_overflowing_examples_are_counted_not_batched():
     plan = plan_epoch([0, 5, 12, 3, 0, 20], 10, overflow="drop")
     stats = plan.stats()
-    assert sorted(plan.indices.tolist()) == [1, 3]
+    assert sorted(plan.example.tolist()) == [1, 3]
     assert stats["empty_examples"] == 2
     assert (stats["overflow_dropped_examples"], stats["overflow_dropped_tokens"]) == (2, 32)
 
 
 def test_no_examples_gives_no_batches():
     plan = plan_epoch([], 10, num_replicas=3)
-    assert plan.num_batches == 0 and plan.batches(rank=2) == []
+    assert plan.num_rows == 0 and plan.batches(rank=2) == []
     assert plan.stats()["imbalance"] == 0.0
 
 
@@ -166,7 +166,7 @@ def test_balancing_by_cost_evens_out_the_ranks(standard_lengths):
 def test_the_steps_of_a_balanced_plan_hold_bins_of_similar_cost(standard_lengths):
     lengths = standard_lengths("sft", 5000, high=4096)
     plan = plan_epoch(lengths, 8192, num_replicas=4, shuffle=False)
-    cost = (plan.batch_tokens + plan.batch_attention / 8192).reshape(-1, 4)
+    cost = (plan.row_tokens + plan.batch_attention / 8192).reshape(-1, 4)
     assert np.all(np.diff(cost.max(1)) <= 1e-9), "unshuffled steps run from the costliest down"
     assert np.all(cost.min(1)[:-1] >= cost.max(1)[1:] - 1e-9), "each step's bins are next to each other by cost"
 
@@ -200,7 +200,7 @@ def test_the_default_attention_weight_is_one_over_the_budget(standard_lengths):
 def test_the_attention_weight_is_the_cost_model_of_the_plan_and_its_stats(standard_lengths):
     lengths = standard_lengths("long_tail", 3000)
     plan = plan_epoch(lengths, 16384, num_replicas=2, attention_weight=1e-3)
-    cost = plan.batch_tokens + 1e-3 * plan.batch_attention.astype(float)
+    cost = plan.row_tokens + 1e-3 * plan.batch_attention.astype(float)
     assert np.allclose(plan.rank_costs()["cost"], cost.reshape(-1, 2).sum(0))
     steps = cost.reshape(-1, 2)
     assert plan.stats()["step_imbalance"] == pytest.approx(steps.max(1).sum() / steps.mean(1).sum() - 1)

@@ -105,7 +105,7 @@ def test_the_trainer_checks_its_sampler_options_with_the_sampler_s_checks(monkey
     from packing_collators import PackingTrainer
 
     for trainer_option, field, value in [
-        ("packing_strategy", "strategy", "best"),
+        ("strategy", "strategy", "best"),
         ("overflow", "overflow", "truncate"),
         ("attention_weight", "attention_weight", -1),
     ]:
@@ -113,14 +113,14 @@ def test_the_trainer_checks_its_sampler_options_with_the_sampler_s_checks(monkey
             PackingTrainer(**{trainer_option: value})
         with pytest.raises(ValueError) as from_sampler:
             MultipackBatchSampler([3], 8, **{field: value})
-        # the same words; the trainer names its own argument (packing_strategy, not strategy)
-        assert str(from_trainer.value) == str(from_sampler.value).replace(f"{field}=", f"{trainer_option}=", 1)
+        # the same words: the trainer takes the sampler's options under the sampler's names
+        assert str(from_trainer.value) == str(from_sampler.value)
     calls = count_checks(monkeypatch)
     trainer = PackingTrainer(
-        model=tiny_model("llama"), args=training_args(tmp_path), packing_strategy="ffd", overflow="drop",
+        model=tiny_model("llama"), args=training_args(tmp_path), strategy="ffd", overflow="drop",
         attention_weight=1,
     )  # fmt: skip
     assert calls == Counter({"strategy": 1, "overflow": 1, "attention_weight": 1})
-    assert (trainer.packing_strategy, trainer.overflow, trainer.attention_weight) == ("ffd", "drop", 1.0)
-    with pytest.raises(ValueError, match=r"^packing_strategy='best' is not supported; choose one of 'bfd'"):
-        check_sampler_option("strategy", "best", name="packing_strategy")
+    assert (trainer.strategy, trainer.overflow, trainer.attention_weight) == ("ffd", "drop", 1.0)
+    with pytest.raises(ValueError, match=r"^strategy='best' is not supported; choose one of 'bfd'"):
+        check_sampler_option("strategy", "best")

@@ -13,12 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _tiny_models import random_examples, reference_fa4_interface, tiny_model
-from test_fa4_attention import fake_fa4
+from _tiny_models import fake_fa4, random_examples, reference_fa4_interface, tiny_model
 
 from packing_collators import FlatteningCollator, register_fa4_attention, register_varlen_attention
+from packing_collators.attention import _fa4, _fa4_ops, _varlen
 from packing_collators.collate import bucket_length, bucket_padding_fraction, length_buckets
-from packing_collators.trainer import _attention_ops, _fa4_attention, _varlen_attention
 from packing_collators.trainer._compile import graphs_compiled, warm_up_compiled
 
 BACKEND = "aot_eager"
@@ -35,8 +34,8 @@ def _fresh_dynamo():
 def fa4_reference(monkeypatch):
     """packing_fa4 on CPU: the custom ops call the reference interface, eager calls the reference kernel."""
     register_fa4_attention()
-    monkeypatch.setattr(_attention_ops, "_interface", reference_fa4_interface)
-    monkeypatch.setattr(_fa4_attention, "_kernel", lambda query: fake_fa4)
+    monkeypatch.setattr(_fa4_ops, "_interface", reference_fa4_interface)
+    monkeypatch.setattr(_fa4, "_kernel", lambda query: fake_fa4)
 
 
 def _reference_window(window_size):
@@ -73,7 +72,7 @@ def varlen_reference(monkeypatch, _torch_varlen_on_cpu):
     from torch.nn.attention.varlen import varlen_attn
 
     register_varlen_attention()
-    monkeypatch.setattr(_varlen_attention, "_load_varlen_attn", lambda query: varlen_attn)
+    monkeypatch.setattr(_varlen, "_load_varlen_attn", lambda query: varlen_attn)
 
 
 def _op_inputs(lengths=(5, 3, 8), heads=4, kv_heads=2, dim=8, dtype=torch.float32):
@@ -87,7 +86,7 @@ def _op_inputs(lengths=(5, 3, 8), heads=4, kv_heads=2, dim=8, dtype=torch.float3
 
 def test_fa4_custom_ops_are_registered_on_registration():
     register_fa4_attention()
-    for name in _attention_ops.ATTENTION_OPS:
+    for name in _fa4_ops.ATTENTION_OPS:
         namespace, op = name.split("::")
         assert getattr(getattr(torch.ops, namespace), op).default.name() == name
 
@@ -122,7 +121,7 @@ def test_fa4_op_fake_tensors_give_the_kernels_shapes():
 def test_fa4_op_matches_the_eager_backend_and_its_gradients(fa4_reference):
     q, k, v, cu, longest = _op_inputs()
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    out = _attention_ops.fa4_varlen(*leaves, cu, cu, longest, longest, scale=None, causal=True, window=(-1, -1),
+    out = _fa4_ops.fa4_varlen(*leaves, cu, cu, longest, longest, scale=None, causal=True, window=(-1, -1),
                                     softcap=0.0)  # fmt: skip
     out.square().sum().backward()
     reference = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -281,7 +280,7 @@ def test_trainer_compiles_before_the_first_step_and_trains_as_eager(fa4_referenc
     report = trainer.compile_report
     assert report.buckets == (96,)  # the budget, rounded up to a multiple of 8
     assert 1 <= report.graphs <= 3 and report.recompiles == 0 and report.seconds > 0
-    plan = trainer._train_batch_sampler.plan().batch_tokens
+    plan = trainer._train_batch_sampler.plan().row_tokens
     assert report.padding_fraction == bucket_padding_fraction(plan, (96,)) > 0
     assert probed == ["OptimizedModule"]  # the probe ran the compiled model, as training runs it
     _, eager = _train(tmp_path, compiled=False)

@@ -66,11 +66,11 @@ def test_no_deepspeed_no_config():
 
 def test_the_flash_attention_4_warm_up_is_skipped_under_deepspeed(monkeypatch, tmp_path):
     # the warm-up's backward runs outside DeepSpeed's engine, whose gradient hooks would keep its gradients
-    from packing_collators.trainer import _attention_choice
+    from packing_collators.trainer import _check_callback
     from packing_collators.trainer._check_callback import _AttentionWarmUp
 
     calls = []
-    monkeypatch.setattr(_attention_choice, "warm_up_attention", lambda model, max_length: calls.append(max_length) or 0.5)
+    monkeypatch.setattr(_check_callback, "warm_up_attention", lambda model, max_length: calls.append(max_length) or 0.5)
     trainer = PackingTrainer(
         model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=random_examples([5, 20, 9, 3]),
         max_tokens_per_batch=32, attn_implementation=None,

@@ -269,8 +269,8 @@ def test_safety_checks_run_before_the_first_step(tmp_path):
 
 
 def test_option_validation_and_streaming_refusal(tmp_path):
-    with pytest.raises(ValueError, match="packing_strategy='best' is not supported"):
-        PackingTrainer(packing_strategy="best")
+    with pytest.raises(ValueError, match="strategy='best' is not supported"):
+        PackingTrainer(strategy="best")
     with pytest.raises(ValueError, match="eval_packing='on' is not supported"):
         PackingTrainer(eval_packing="on")
     streaming = dataset().to_iterable_dataset()
@@ -406,12 +406,12 @@ def test_the_probe_runs_when_training_begins_and_can_be_turned_off(tmp_path):
 def test_flash_attention_4_is_warmed_up_to_the_longest_batchable_example_before_the_first_step(monkeypatch, tmp_path):
     # FA4 compiles a kernel per batch configuration; measured on an H100, a 200M PackingTrainer run
     # without a warm-up stalled 7-9 s at step 25 (its first batch of over 256 sequences)
-    from packing_collators.trainer import _attention_choice
+    from packing_collators.trainer import _check_callback
     from packing_collators.trainer._check_callback import _AttentionWarmUp
 
     calls = []
     monkeypatch.setattr(
-        _attention_choice, "warm_up_attention", lambda model, max_length: calls.append(max_length) or 0.5
+        _check_callback, "warm_up_attention", lambda model, max_length: calls.append(max_length) or 0.5
     )
     trainer = PackingTrainer(
         model=tiny_model("llama"),
@@ -491,7 +491,7 @@ def test_a_token_id_past_the_embedding_is_refused_naming_the_example(tmp_path, s
 
 
 def test_ids_within_the_embedding_train_and_a_torch_dataset_is_checked_too(tmp_path):
-    from packing_collators.trainer._token_range import check_training_data
+    from packing_collators.checks import check_training_data
 
     model = tiny_model("llama")
     examples = random_examples([4, 6, 3], seed=1)

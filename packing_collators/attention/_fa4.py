@@ -1,0 +1,153 @@
+"""``packing_fa4``: FlashAttention-4's varlen kernel called straight from a packed batch.
+
+transformers' own ``flash_attention_4`` runs the same kernel, but each call first goes through
+its generic flash-attention layer (PEFT dtype checks, kwargs mapping, a packed-sequence test on
+``position_ids`` that launches six small kernels per layer on transformers 5.17). On a model
+small enough to be launch-bound (200M parameters at 16k tokens per step), that host time is GPU
+idle time. This backend reads ``cu_seq_lens_q/k`` and ``max_length_q/k`` from the batch and
+calls ``flash_attn.cute.flash_attn_varlen_func`` with nothing in between::
+
+    register_fa4_attention()
+    model.set_attn_implementation("packing_fa4")
+
+Same kernel, same arguments as transformers passes (causal, softmax scale, sliding window as
+``(w - 1, 0)`` causal or ``(w - 1, w - 1)`` bidirectional, logit softcapping, attention sinks as
+``learnable_sink``, ``deterministic`` / ``FLASH_ATTENTION_DETERMINISTIC``), with q/k/v cast to
+autocast's half dtype as transformers does; what it cannot do (dropout, float32 activations,
+padded batches, decoding with a cache) is refused with an error naming the alternative.
+
+Under ``torch.compile`` the same call goes through the custom op ``packing_collators::fa4_varlen_fwd``
+(``_fa4_ops``: a fake implementation for tracing, FA4's own backward as autograd), so the
+graph does not break at every layer; eager calls are unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ._inputs import PackedInputs, packed_inputs
+
+__all__ = ["FA4_ATTENTION", "fa4_attention_forward", "register_fa4_attention"]
+
+FA4_ATTENTION = "packing_fa4"
+"""The ``attn_implementation`` name :func:`register_fa4_attention` registers."""
+
+_KERNEL: list = []  # flash_attn.cute.flash_attn_varlen_func, imported on first use
+
+
+def register_fa4_attention() -> str:
+    """Register :func:`fa4_attention_forward` with transformers as ``packing_fa4`` (idempotent).
+
+    Also registers transformers' flash-attention mask function for it, so that no dense mask
+    is built, and the custom ops a compiled model calls FA4 through (``_fa4_ops``).
+    Returns the name to pass as ``attn_implementation``. Needs flash-attn-4 only when the
+    model runs.
+
+    >>> register_fa4_attention()
+    'packing_fa4'
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    from . import _fa4_ops  # noqa: F401  (registers the custom ops torch.compile traces FA4 through)
+
+    AttentionInterface.register(FA4_ATTENTION, fa4_attention_forward)
+    AttentionMaskInterface.register(FA4_ATTENTION, flash_attention_mask)
+    return FA4_ATTENTION
+
+
+def _kernel(query):
+    """FA4's varlen function, or an error saying why it cannot run on ``query``.
+
+    >>> import torch
+    >>> _kernel(torch.zeros(2, 1, 4))
+    Traceback (most recent call last):
+    ...
+    ValueError: attn_implementation='packing_fa4' needs bf16 or fp16 activations, got torch.float32. Load the model with dtype=torch.bfloat16, or train under autocast (Trainer bf16=True / fp16=True).
+    """
+    _check_dtype(query)
+    if not _KERNEL:
+        try:
+            from flash_attn.cute import flash_attn_varlen_func
+        except ImportError:
+            raise ImportError(
+                f"attn_implementation={FA4_ATTENTION!r} needs FlashAttention-4 (pip install "
+                "'packing-collators[fa4]' on a Hopper or Blackwell GPU). Use 'packing_varlen' elsewhere."
+            ) from None
+        _KERNEL.append(flash_attn_varlen_func)
+    return _KERNEL[0]
+
+
+def _check_dtype(query) -> None:
+    import torch
+
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        _refuse(
+            f"needs bf16 or fp16 activations, got {query.dtype}",
+            "Load the model with dtype=torch.bfloat16, or train under autocast (Trainer bf16=True / fp16=True).",
+        )
+
+
+def _refuse(what: str, fix: str) -> None:
+    raise ValueError(f"attn_implementation={FA4_ATTENTION!r} {what}. {fix}")
+
+
+def _deterministic(requested: bool | None) -> bool:
+    """transformers' rule: the layer's ``deterministic`` kwarg, else ``FLASH_ATTENTION_DETERMINISTIC=1``
+    (which ``Trainer(full_determinism=True)`` sets): FA4's deterministic backward."""
+    return bool(requested) if requested is not None else os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
+
+
+def fa4_attention_forward(module: Any, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs):
+    """Attention over a packed batch with FA4's varlen kernel (a transformers attention function).
+
+    Args as transformers passes them: query (b, heads, s, head_dim), key/value (b, kv_heads,
+    s, head_dim), the ``b * s`` tokens one flat sequence split by ``cu_seq_lens_q/k``;
+    ``max_length_q/k`` Python ints. float32 q/k/v under autocast are cast to its half dtype.
+    Returns ``(output, None)``, output (b, s, heads, head_dim).
+
+    >>> import torch
+    >>> q = k = v = torch.zeros(1, 2, 3, 4)
+    >>> fa4_attention_forward(None, q, k, v, None)
+    Traceback (most recent call last):
+    ...
+    ValueError: attn_implementation='packing_fa4' needs cu_seq_lens_q/k and max_length_q/k in the batch (model(**batch) passes them to every attention layer); this batch has none. Collate with FlatteningCollator(), or use attn_implementation='sdpa' for padded batches.
+    """
+    import torch
+
+    if attention_mask is not None:
+        _refuse("got an attention_mask: it runs flattened batches only", "Collate with FlatteningCollator().")
+    if dropout:
+        _refuse(
+            f"has no attention dropout (got dropout={dropout})",
+            "Set model.config.attention_dropout = 0.0, or use 'flash_attention_2'.",
+        )
+    x = packed_inputs(module, query, key, value, kwargs, name=FA4_ATTENTION)
+    batch, heads, length, _ = x.query.shape
+    sink, deterministic = kwargs.get("s_aux"), _deterministic(kwargs.get("deterministic"))
+    if torch.compiler.is_compiling():  # traced: FA4 as one custom-op node of the graph (_fa4_ops)
+        out = _compiled_call(x, scaling, kwargs.get("softcap") or 0.0, sink, deterministic)
+    else:
+        left, right = x.window
+        kernel = _kernel(x.query)
+        out = kernel(
+            *x.flat(), cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k, max_seqlen_q=x.max_q, max_seqlen_k=x.max_k,
+            softmax_scale=scaling, causal=x.causal, window_size=(None, None) if left < 0 else (left, right),
+            learnable_sink=sink, softcap=kwargs.get("softcap") or 0.0, deterministic=deterministic,
+        )  # fmt: skip  (no window: (None, None), as transformers passes it)
+        out = out[0] if isinstance(out, tuple) else out
+    return out.view(batch, length, heads, out.shape[-1]), None
+
+
+def _compiled_call(x: PackedInputs, scaling, softcap: float, sink, deterministic: bool):
+    """The same call as the eager path's, through :func:`fa4_varlen` (what Dynamo traces)."""
+    from ._fa4_ops import fa4_varlen
+
+    _check_dtype(x.query)  # the eager path's refusal, at trace time
+    left, right = x.window
+    window = (left, right) if left >= 0 else (-1, -1)
+    return fa4_varlen(
+        *x.flat(), x.cu_q, x.cu_k, x.max_q, x.max_k, scale=scaling, causal=x.causal, window=window,
+        softcap=softcap, sink=sink, deterministic=deterministic,
+    )  # fmt: skip

@@ -1,0 +1,119 @@
+"""The package's shape: folders whose imports run one way, and sizes a reader can hold.
+
+    a folder (or top-level module) imports only those below it: no cycle between folders,
+        function-level imports included, and no folder imports the package root (its facade)
+    a folder holds at most 3,000 lines, a module at most 450
+    a function (or method) holds at most 60 lines of code: no docstring, comment or blank line
+
+The import graph is read with ``ast`` from the source (nothing is imported), so an import
+hidden inside a function counts like one at the top of a module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "packing_collators"
+MODULES = sorted(PACKAGE.rglob("*.py"))
+MAX_FOLDER_LINES, MAX_MODULE_LINES, MAX_FUNCTION_LINES = 3000, 450, 60
+
+
+def folder(path: Path) -> list[str]:
+    return list(path.relative_to(PACKAGE).parts[:-1])
+
+
+def unit(path: Path) -> str:
+    """The folder a module belongs to, or the top-level module's own name (``_compat``)."""
+    parts = path.relative_to(PACKAGE).parts
+    return parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
+
+
+def imported_units(source: str, package: list[str]) -> set[str]:
+    """The package's folders and top-level modules that ``source`` (a module of folder ``package``)
+    imports, at any depth of its code ("": the package root)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            target = base + (node.module.split(".") if node.module else [])
+            found.add(target[0] if target else "")  # "": the package root itself
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "packing_collators":
+            found.add((node.module.split(".") + [""])[1])
+        elif isinstance(node, ast.Import):
+            found |= {(a.name.split(".") + [""])[1] for a in node.names if a.name.split(".")[0] == "packing_collators"}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in MODULES:
+        if path.parent == PACKAGE and path.name in ("__init__.py", "__main__.py"):
+            continue  # the facade and the entry point sit above everything
+        graph.setdefault(unit(path), set()).update(imported_units(path.read_text(), folder(path)) - {unit(path)})
+    return graph
+
+
+def test_no_folder_imports_the_package_root():
+    importers = [
+        str(p.relative_to(PACKAGE)) for p in MODULES if p.parent != PACKAGE and "" in imported_units(p.read_text(), folder(p))
+    ]
+    assert not importers, f"import from the module that defines the name, not the package root: {importers}"
+
+
+def test_imports_between_folders_run_one_way():
+    graph = import_graph()
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            cycle = path[path.index(node) :] + [node]
+            pytest.fail("import cycle between folders: " + " -> ".join(cycle))
+        if node in done:
+            return
+        for target in sorted(graph.get(node, ())):
+            visit(target, path + [node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
+
+
+def test_the_graph_sees_function_level_and_absolute_imports():
+    source = "import numpy\nfrom ._shard import a\n\ndef f():\n    from ..trainer import x\n    import packing_collators.checks\n"
+    assert imported_units(source, ["parallel"]) == {"parallel", "trainer", "checks"}
+    assert imported_units("from .. import __version__\n", ["offline"]) == {""}
+
+
+def test_folders_and_modules_stay_small():
+    folders: dict[str, int] = {}
+    for path in MODULES:
+        lines = len(path.read_text().splitlines())
+        assert lines <= MAX_MODULE_LINES, f"{path.relative_to(PACKAGE)} has {lines} lines (at most {MAX_MODULE_LINES})"
+        if path.parent != PACKAGE:
+            folders[unit(path)] = folders.get(unit(path), 0) + lines
+    over = {name: lines for name, lines in folders.items() if lines > MAX_FOLDER_LINES}
+    assert not over, f"folders over {MAX_FOLDER_LINES} lines: {over}"
+
+
+def code_lines(function: ast.AST, source: list[str]) -> int:
+    """Lines of ``function`` that hold code: not blank, not a comment, not its docstring."""
+    skip = set()
+    body = function.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        skip = set(range(body[0].lineno, body[0].end_lineno + 1))
+    lines = range(function.lineno, function.end_lineno + 1)
+    return sum(1 for n in lines if n not in skip and source[n - 1].strip() and not source[n - 1].strip().startswith("#"))
+
+
+def test_functions_stay_short():
+    long = []
+    for path in MODULES:
+        text = path.read_text()
+        source = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and code_lines(node, source) > MAX_FUNCTION_LINES:
+                long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({code_lines(node, source)} lines)")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines of code: {long}"
