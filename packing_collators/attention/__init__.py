@@ -1,7 +1,7 @@
 """Attention backends for packed batches: how each keeps examples apart, and the fastest one here.
 
 _kind.py     attention_kind: how an implementation keeps examples apart ("cu_seq_lens", "position_ids");
-             check_backend_limits: what this library's backends lack; is_recurrent
+             check_backend_limits: what this library's backends lack
 _inputs.py   what both backends read from the batch: flat (1, T) tensors, causality, window, autocast
 _varlen.py   packing_varlen, a backend on torch.nn.attention.varlen (PyTorch's Flash kernel)
 _fa4.py      packing_fa4, FlashAttention-4's varlen kernel called straight from the batch
@@ -14,7 +14,7 @@ Imports nothing of the package's other folders but ``collate`` (the warm-up's ba
 
 from ._choice import AUTO_ATTENTION, choose_attention, packed_attention_candidates, warm_up_attention
 from ._fa4 import FA4_ATTENTION, fa4_attention_forward, register_fa4_attention
-from ._kind import FLASH_IMPLEMENTATIONS, attention_kind, check_backend_limits, is_recurrent, own_backend
+from ._kind import FLASH_IMPLEMENTATIONS, attention_kind, check_backend_limits, own_backend
 from ._varlen import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "check_backend_limits",
     "choose_attention",
     "fa4_attention_forward",
-    "is_recurrent",
     "own_backend",
     "packed_attention_candidates",
     "register_fa4_attention",

@@ -1,5 +1,4 @@
-"""How an attention implementation keeps packed examples apart, what this library's backends lack,
-and which models are recurrent.
+"""How an attention implementation keeps packed examples apart, and what this library's backends lack.
 
     flash_attention_2/3/4, packing_varlen, packing_fa4   "cu_seq_lens"   (read from the batch)
     sdpa, eager, flex_attention                          "position_ids"  (transformers' packed mask)
@@ -14,30 +13,10 @@ from __future__ import annotations
 
 from .._compat import attention_registry
 
-__all__ = ["FLASH_IMPLEMENTATIONS", "attention_kind", "check_backend_limits", "is_recurrent", "own_backend"]
+__all__ = ["FLASH_IMPLEMENTATIONS", "attention_kind", "check_backend_limits", "own_backend"]
 
 FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
 _MASKED = ("sdpa", "eager", "flex_attention")
-_RECURRENT_MODEL_TYPES = frozenset(
-    {
-        "mamba",
-        "mamba2",
-        "falcon_mamba",
-        "bamba",
-        "jamba",
-        "zamba",
-        "zamba2",
-        "falcon_h1",
-        "nemotron_h",
-        "granitemoehybrid",
-        "rwkv",
-        "recurrent_gemma",
-        "lfm2",
-        "qwen3_next",
-        "olmo_hybrid",
-    }
-)
-_RECURRENT_LAYER_WORDS = ("mamba", "linear", "recurrent", "conv", "ssm", "rwkv", "delta")
 
 
 def attention_kind(implementation: str | None) -> str:
@@ -93,10 +72,3 @@ def check_backend_limits(config, implementation: str | None, name: str) -> None:
             f"{name} has attention_dropout={config.attention_dropout}, which {implementation!r} lacks. "
             "Set model.config.attention_dropout = 0.0, or use attn_implementation='flash_attention_2'."
         )
-
-
-def is_recurrent(config) -> bool:
-    if getattr(config, "model_type", None) in _RECURRENT_MODEL_TYPES:
-        return True
-    layer_types = getattr(config, "layer_types", None) or ()
-    return any(isinstance(t, str) and any(w in t for w in _RECURRENT_LAYER_WORDS) for t in layer_types)

@@ -3,7 +3,7 @@
     [S1 S1 S1 S2 S2 S3 S3 S3]  position_ids [0 1 2 0 1 0 1 2]  cu_seq_lens_q [0 3 5 8]
 
 must restart positions where cu_seq_lens says, carry no attention_mask beside a packed
-layout, be one row under flash attention, and carry ``seq_idx`` for recurrent layers.
+layout, and be one row under flash attention.
 Cost: a few numpy ops over the batch's position_ids.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..attention import attention_kind, is_recurrent, own_backend
+from ..attention import attention_kind, own_backend
 
 __all__ = ["check_batch"]
 
@@ -98,9 +98,4 @@ def check_batch(batch: Mapping[str, Any], implementation: str, config) -> None:
         raise ValueError(
             f"attn_implementation={implementation!r} needs cu_seq_lens_q/k and max_length_q/k in the batch; "
             "collate with FlatteningCollator."
-        )
-    if is_recurrent(config) and batch.get("seq_idx") is None:
-        raise ValueError(
-            "This model has recurrent (Mamba-style / linear-attention) layers, which carry state across the whole "
-            "row unless the batch has seq_idx. Collate with FlatteningCollator(return_seq_idx=True)."
         )

@@ -1,8 +1,9 @@
 """The static checks on a model before it trains packed: forward signature, cache, rope, attention.
 
     forward(position_ids, **kwargs)   positions restart per example; cu_seq_lens reach attention
+    enable_packing(model)             layers that carry state along the sequence (Gated DeltaNet, Mamba,
+                                      short convolutions) and multimodal rope need it to keep examples apart
     config.use_cache = False          a cache switches transformers' packed-mask detection off
-    no multimodal rope                (3, b, s) positions cannot be flattened
     attention that keeps examples apart, and what packing_varlen/packing_fa4 lack
 
 Cost: signature and config inspection, once before training.
@@ -11,12 +12,14 @@ Cost: signature and config inspection, once before training.
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from .._compat import attn_implementation
 from .._model_unwrap import text_config, unwrap_model
 from ..attention import FLASH_IMPLEMENTATIONS, attention_kind, check_backend_limits
+from ..models import find_stateful_layers, multimodal_model, packing_layers
 
 __all__ = ["check_model"]
 
@@ -37,13 +40,7 @@ def check_model(model) -> tuple[str, Any]:
             "its attention layers (and the Trainer cannot pass num_items_in_batch for token-weighted loss). "
             "Use a transformers model whose forward accepts **kwargs, or pad."
         )
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if isinstance(rope, Mapping) and ("mrope_section" in rope or "mrope_interleaved" in rope):
-        raise ValueError(
-            f"{name} uses multimodal rope (mrope_section={rope.get('mrope_section')}), whose position_ids are "
-            "(3, b, s) and built by the model from image/video grids; flattened batches carry (1, T) positions. "
-            "Packing this model is not supported: pad its batches."
-        )
+    _check_prepared(model, config, name)
     if getattr(config, "use_cache", False):
         raise ValueError(
             f"{name}: model.config.use_cache is True. During training that builds a KV cache, and with a cache "
@@ -60,3 +57,33 @@ def check_model(model) -> tuple[str, Any]:
         )
     check_backend_limits(config, implementation, name)  # packing_varlen, packing_fa4: what their kernels lack
     return implementation, config
+
+
+def _check_prepared(model, config, name: str) -> None:
+    """Refuse a model whose layers carry state along the sequence, or whose rotary positions come from image
+    grids, unless ``enable_packing`` prepared it; and a multimodal rope no module of the model computes."""
+    if packing_layers(model) is None:
+        stateful = Counter(type(layer).__name__ for _, layer in find_stateful_layers(model))
+        if stateful:
+            kinds = ", ".join(f"{kind} x{count}" for kind, count in stateful.items())
+            raise ValueError(
+                f"{name} has layers that carry state along the sequence ({kinds}): in a packed row each example "
+                "would start from the state the examples before it left. Call packing_collators.enable_packing(model) "
+                "before training (PackingTrainer does): it runs them per example, or on flash-linear-attention's "
+                "varlen kernels."
+            )
+        if multimodal_model(model) is not None:
+            raise ValueError(
+                f"{name} numbers positions from image and video grids (multimodal rope, get_rope_index), over the "
+                "whole row: a packed row would number each example on from the one before. Call "
+                "packing_collators.enable_packing(model) before training (PackingTrainer does): it computes each "
+                "example's positions on its own."
+            )
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if isinstance(rope, Mapping) and "mrope_section" in rope and multimodal_model(model) is None:
+        if hasattr(getattr(model, "config", None), "vision_config"):
+            raise ValueError(
+                f"{name} uses multimodal rope (mrope_section={rope.get('mrope_section')}) but has no get_rope_index "
+                "this library can call per example, so a packed row's image positions cannot be made right. "
+                "Pad its batches."
+            )

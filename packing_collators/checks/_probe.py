@@ -41,6 +41,7 @@ import numpy as np
 from .._compat import attn_implementation
 from .._model_unwrap import text_config
 from ..attention import attention_kind
+from ..models import packing_layers
 from ._probe_parts import PROBE_LENGTHS, model_inputs, output_logits, probe_dtype, synthetic_tokens, tolerance
 
 __all__ = ["ProbeReport", "probe_packing", "refuse_failed_probe"]
@@ -59,6 +60,7 @@ class ProbeReport:
         leak: max |logit| change of the other examples when one example's tokens change (must be 0).
         culprit: the first module whose output moved in the leak run, when the leak test failed.
         seconds: wall time of the probe.
+        prepared: whether ``enable_packing`` prepared the model (a leak then names a layer kind it does not know).
     """
 
     model: str
@@ -71,6 +73,7 @@ class ProbeReport:
     leak: float
     culprit: str | None
     seconds: float
+    prepared: bool = False
 
     @property
     def passed(self) -> bool:
@@ -317,6 +320,7 @@ def probe_packing(
         leak=leak,
         culprit=culprit,
         seconds=time.perf_counter() - started,
+        prepared=packing_layers(model) is not None,
     )
 
 
@@ -335,7 +339,13 @@ def refuse_failed_probe(report: ProbeReport, kind: str) -> None:
             f"Changing one example's tokens moved the other examples' logits by {report.leak:.3g}: the examples "
             f"attend to each other{where}. "
         )
-        if kind == "cu_seq_lens":
+        if report.prepared:
+            text += (
+                "enable_packing(model) prepared this model, and that layer still mixes the examples: it carries "
+                "state in a way enable_packing does not recognise (a layer kind it does not know). Train this "
+                "model padded."
+            )
+        elif kind == "cu_seq_lens":
             text += (
                 f"{report.implementation!r} keeps examples apart only with cu_seq_lens_q/k in a one-row batch; "
                 "several rows without them (e.g. PrePackedCollator(mode='pad')) mix the examples of a row. "

@@ -9,7 +9,8 @@ attention implementation:
                                             position_ids, and only when there is neither an
                                             attention_mask nor a KV cache
 
-and recurrent layers (Mamba-style, linear attention) need ``seq_idx`` too. Each
+and layers that carry state along the sequence (Gated DeltaNet, Mamba, short
+convolutions) or number positions from image grids need ``enable_packing(model)``. Each
 rule below was a silent wrong loss in practice, e.g. ``config.use_cache=True``
 (the default of most checkpoints) makes transformers build a cache during
 training, which switches the packed-sequence mask off for sdpa/eager/flex.
@@ -24,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._model_unwrap import probe_module, unwrap_model
-from ..attention import attention_kind, is_recurrent
+from ..attention import attention_kind
 from ._batch_checks import check_batch
 from ._model_checks import check_model
 from ._probe import probe_packing, refuse_failed_probe
@@ -40,11 +41,12 @@ def check_packing_support(
     """Raise a ValueError saying what to change if ``model`` (and ``batch``) cannot train packed safely.
 
     Static checks first (fast, with the clearest messages): the model's forward takes
-    ``position_ids`` and ``**kwargs``, ``use_cache`` is off, no multimodal rope, the kernel
-    limits of ``packing_varlen``; and, when a collated ``batch`` is given, every row of it:
-    no ``attention_mask`` beside a packed layout, ``position_ids`` that restart where
+    ``position_ids`` and ``**kwargs``, a model with stateful layers (hybrids) or multimodal
+    rope was prepared by :func:`enable_packing`, ``use_cache`` is off, the kernel limits of
+    ``packing_varlen``; and, when a collated ``batch`` is given, every row of it: no
+    ``attention_mask`` beside a packed layout, ``position_ids`` that restart where
     ``cu_seq_lens`` says, no multi-row packed batch under flash attention (which needs one
-    row), ``seq_idx`` for recurrent layers. Then, with ``probe=True`` (default), the live
+    row). Then, with ``probe=True`` (default), the live
     equivalence probe (:func:`probe_packing`): synthetic examples collated by ``collator``
     (default :class:`FlatteningCollator`), run packed and alone on the model as it is
     (attention implementation, dtype, device); a model whose packed outputs differ, or
@@ -66,14 +68,7 @@ def check_packing_support(
     implementation, config = check_model(model)
     if batch is not None:
         check_batch(batch, implementation, config)
-    elif is_recurrent(config):
-        raise ValueError(
-            f"{type(unwrap_model(model)).__name__} has recurrent (Mamba-style / linear-attention) layers, which need "
-            "seq_idx in every packed batch; pass a collated batch: check_packing_support(model, batch) "
-            "(FlatteningCollator(return_seq_idx=True) makes one)."
-        )
     if probe:
-
         report = probe_packing(probe_module(model), collator, autocast=autocast)
         logger.info("%s", report.summary())
         refuse_failed_probe(report, attention_kind(implementation))

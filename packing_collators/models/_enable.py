@@ -62,7 +62,7 @@ class PackingLayers:
 
 def packing_layers(model) -> PackingLayers | None:
     """What ``enable_packing`` did to ``model`` (or the model inside it), None if it was not called."""
-    from ..trainer._model_unwrap import unwrap_model
+    from .._model_unwrap import unwrap_model
 
     return getattr(unwrap_model(model), _STATE, None)
 
@@ -164,7 +164,7 @@ def _path(layer, kernels, why_not: str) -> tuple[str, str | None]:
 
 def _rebuild_attention_masks(model, state: PackingLayers, stateful: set[int]) -> None:
     """Causal attention layers get the packed batch's mask under sdpa/eager/flex (see _packed_mask)."""
-    from ..trainer._model_unwrap import text_config
+    from .._model_unwrap import text_config
 
     config = text_config(model)
     count = 0
@@ -214,7 +214,7 @@ def enable_packing(model):
 
 def prepare_model(model, find_kernels):
     """``enable_packing`` with the Gated DeltaNet kernels from ``find_kernels() -> (kernels | None, why not)``."""
-    from ..trainer._model_unwrap import unwrap_model
+    from .._model_unwrap import unwrap_model
 
     inner = unwrap_model(model)
     state = getattr(inner, _STATE, None)

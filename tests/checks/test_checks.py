@@ -6,7 +6,7 @@ import pytest
 import torch
 from _tiny_models import padded_batch, random_examples, tiny_model
 
-from packing_collators import FlatteningCollator, check_packing_support, register_varlen_attention
+from packing_collators import FlatteningCollator, check_packing_support, enable_packing, register_varlen_attention
 from packing_collators.attention import attention_kind
 
 
@@ -26,6 +26,27 @@ class _Model(torch.nn.Module):
 
     def forward(self, input_ids, position_ids=None, labels=None, **kwargs):
         raise NotImplementedError
+
+
+class _Hybrid(_Model):
+    """A stub with a layer that carries state along the sequence (a depthwise short convolution)."""
+
+    def __init__(self, **config):
+        super().__init__(**config)
+        self.mixer = torch.nn.Module()
+        self.mixer.conv1d = torch.nn.Conv1d(8, 8, kernel_size=4, groups=8, padding=3)
+
+
+class _Multimodal(_Model):
+    """A stub whose positions come from image grids (a module with get_rope_index), or not (``rope_index=False``)."""
+
+    def __init__(self, rope_index: bool = True, **config):
+        super().__init__(rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24]}, **config)
+        self.config.vision_config = _Config()
+        self.model = torch.nn.Module()
+        self.model.config = self.config
+        if rope_index:
+            self.model.get_rope_index = lambda *args, **kwargs: None
 
 
 class _NoPositions(_Model):
@@ -58,9 +79,9 @@ def test_a_good_model_and_batch_pass(flat):
         (_NoKwargs(), "forward takes no \\*\\*kwargs"),
         (_Model(use_cache=True), "use_cache is True"),
         (_Model(_attn_implementation="my_kernel"), "'my_kernel', which is not known to honour packed boundaries"),
-        (_Model(rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24]}), "multimodal rope"),
-        (_Model(rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}), "multimodal rope"),
-        (_Model(model_type="mamba2"), "recurrent .* pass a collated batch"),
+        (_Multimodal(), r"numbers positions from image and video grids .*enable_packing\(model\)"),
+        (_Multimodal(rope_index=False), r"multimodal rope \(mrope_section=\[16, 24, 24\]\) but has no get_rope_index"),
+        (_Hybrid(), r"carry state along the sequence \(Module x1\).*enable_packing\(model\)"),
     ],
 )
 def test_model_refusals(model, match):
@@ -106,13 +127,14 @@ def test_varlen_needs_cu_seq_lens_in_the_batch(flat):
     )
 
 
-@pytest.mark.parametrize("config", [{"model_type": "bamba"}, {"layer_types": ["linear_attention", "full_attention"]}])
-def test_recurrent_layers_need_seq_idx(config):
-    model = _Model(**config)
+def test_stateful_layers_need_enable_packing_whatever_the_batch():
     examples = random_examples([4, 6, 3])
-    with pytest.raises(ValueError, match="return_seq_idx=True"):
-        check_packing_support(model, FlatteningCollator()(examples))
-    assert check_packing_support(model, FlatteningCollator(return_seq_idx=True)(examples), probe=False) == "sdpa"
+    for batch in (FlatteningCollator()(examples), FlatteningCollator(return_seq_idx=True)(examples)):
+        with pytest.raises(ValueError, match=r"enable_packing\(model\) before training"):
+            check_packing_support(_Hybrid(), batch, probe=False)
+    model = _Hybrid()
+    enable_packing(model)
+    assert check_packing_support(model, FlatteningCollator()(examples), probe=False) == "sdpa"
 
 
 def test_wrappers_are_unwrapped(flat):
