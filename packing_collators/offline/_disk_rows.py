@@ -18,21 +18,24 @@ after chunk would read it from disk once per chunk, so it is read once, in order
     pass 2 (gather)   read one chunk's region of the temp file, put its segments in row order,
                       write its rows (one record batch) to the output file
 
-Memory: a chunk of rows (about 16M tokens; the one pass builds two at once, in threads) plus
-O(segments) for the plan; the one pass also maps the input's pages (file-backed and clean: they
-count in the RSS, and the kernel can drop them), the two passes one window (released after use).
-Disk: the one pass writes each row once; the two passes also write (and read back) one temp
-file per token column, deleted at the end. Cost: 3,000,000 ``sft`` examples (888M tokens,
-6.6 GB) on 2 shared cores, from the page cache: one pass 31-34 s, two passes 48-57 s
-(``benchmarks/results/pack_at_scale_3m.md``); a writer thread lets the kernel copy one chunk
-out while the next ones are built. No Python loop over examples or tokens.
+Memory (anonymous): about three chunks of rows (``CHUNK_TOKENS_ON_DISK``, 2M tokens: two
+being built in threads, one being written) and a read buffer per builder, plus the plan
+(O(segments)); what planning and the chunks freed is given back (:func:`release_freed_memory`).
+The one pass also maps the input's pages (file-backed and clean: they count in the RSS, not in
+the anonymous memory, and the kernel can drop them); the two passes read one window at a time,
+released after use. Disk: the one pass writes each row once; the two passes also write (and
+read back) one temp file per token column, deleted at the end. Measured against TRL:
+``benchmarks/results/pack_at_scale_3m.md``. A writer thread lets the kernel copy one chunk out
+while the next ones are built. No Python loop over examples or tokens.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import os
+import queue
 import tempfile
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -45,10 +48,16 @@ from ._arrow_rows import chunk_bounds, gather_runs, rows_batch
 from ._columns import ExampleColumns
 from ._row_plan import RowPlan
 
-__all__ = ["MEMORY_SHARE", "scatter_positions", "write_batches", "write_rows"]
+__all__ = ["MEMORY_SHARE", "release_freed_memory", "scatter_positions", "write_batches", "write_rows"]
 
 MEMORY_SHARE = 0.5
 """One pass when the input's token bytes are at most this share of the available memory (they stay in the page cache)."""
+
+CHUNK_TOKENS_ON_DISK = 1 << 21
+"""Tokens per chunk of rows written to a file (one record batch); about three chunks are in memory at once."""
+
+BUILDERS = 2
+"""Threads building chunks in the one pass (numpy and Arrow release the GIL; a third thread writes)."""
 
 
 def scatter_positions(plan: RowPlan, bounds: list[tuple[int, int]], num_examples: int) -> np.ndarray:
@@ -148,7 +157,7 @@ def _scatter(files: ArrowFiles, plan: RowPlan, positions: np.ndarray, temps: dic
         token_starts = np.r_[0, np.cumsum(lengths)]
         data = {}
         for name in temps:
-            starts = files.positions[name][plan.order[segments]] + plan.skip[segments]
+            starts = files.starts(name, plan.order[segments]) + plan.skip[segments]
             data[name] = gather_runs(files.view(window.file, name), starts, lengths)  # fresh arrays: no reuse
         files.release(window.file)
         writer.submit(_pwrite_runs, temps, data, runs, token_starts, dest)
@@ -158,7 +167,7 @@ def _scatter(files: ArrowFiles, plan: RowPlan, positions: np.ndarray, temps: dic
 
 def _gather(files, plan, positions, temps, columns, label_pad_id, buffers, bar) -> Iterator[pa.RecordBatch]:
     """Pass 2: each chunk's rows, its tokens read back from the temp files."""
-    for chunk_index, (first, last) in enumerate(chunk_bounds(plan)):
+    for chunk_index, (first, last) in enumerate(chunk_bounds(plan, CHUNK_TOKENS_ON_DISK)):
         part = plan.rows(first, last)
         s0, s1, base = int(plan.row_segments[first]), int(plan.row_segments[last]), int(plan.row_starts[first])
         starts = positions[s0:s1] - base
@@ -209,34 +218,57 @@ def write_batches(batches: Iterable[pa.RecordBatch], path: str, writer: _Writer 
         raise
 
 
-def _chunk_rows(files: ArrowFiles, plan: RowPlan, columns: ExampleColumns, label_pad_id: int) -> pa.RecordBatch:
-    """One chunk's rows, its segments read straight from the input's memory map (file by file, front to back)."""
+def _chunk_rows(
+    files: ArrowFiles, plan: RowPlan, columns: ExampleColumns, label_pad_id: int, buffers: queue.SimpleQueue
+) -> pa.RecordBatch:
+    """One chunk's rows, its segments read straight from the input's memory map (file by file, front to back).
+
+    Each file's segments are copied into a read buffer (``buffers`` holds one per builder thread,
+    reused chunk after chunk), then put in row order: the rows' arrays are the only fresh memory.
+    """
     by_example = np.argsort(plan.order, kind="stable")
     examples, lengths = plan.order[by_example], plan.segment_lengths[by_example]
-    edges = np.searchsorted(files.file_of[examples], np.arange(len(files.paths) + 1)).tolist()
+    edges = np.searchsorted(examples, files.file_first).tolist()
+    token_edges = np.r_[0, np.cumsum(lengths)]
     starts = np.empty(len(lengths), np.int64)  # where each segment is in the input-order gather
-    starts[by_example] = np.cumsum(lengths) - lengths
-    tokens = {}
-    for name in columns.tokens:
-        starts_in_files = files.positions[name][examples] + plan.skip[by_example]
-        pieces = [
-            gather_runs(files.view(f, name), starts_in_files[a:b], lengths[a:b])
-            for f, (a, b) in enumerate(zip(edges[:-1], edges[1:]))
-            if b > a
-        ]
-        flat = pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.empty(0, files.dtype(name))
-        tokens[name] = gather_runs(flat, starts, plan.segment_lengths)
+    starts[by_example] = token_edges[:-1]
+    skip = plan.skip[by_example]
+    read = buffers.get()
+    try:
+        tokens = {}
+        for name in columns.tokens:
+            starts_in_files = files.starts(name, examples) + skip
+            parts = [(f, a, b) for f, (a, b) in enumerate(zip(edges[:-1], edges[1:])) if b > a]
+            if len(parts) == 1:  # one file: its gather is the input-order array
+                f, a, b = parts[0]
+                flat = gather_runs(files.view(f, name), starts_in_files[a:b], lengths[a:b])
+            else:
+                dtype = files.dtype(name)
+                flat = read.get("tokens", plan.total_tokens * dtype.itemsize, np.uint8).view(dtype)
+                for f, a, b in parts:
+                    flat[token_edges[a] : token_edges[b]] = gather_runs(
+                        files.view(f, name), starts_in_files[a:b], lengths[a:b]
+                    )
+            tokens[name] = gather_runs(flat, starts, plan.segment_lengths)
+    finally:
+        buffers.put(read)
     kept = {name: files.take(name, plan.order) for name in columns.keep}
-    return rows_batch(plan, tokens, columns, label_pad_id, kept)
+    # from Arrow's pool, as the token columns: a numpy array this size would come from glibc's heap once
+    # planning has raised its mmap threshold, and stay there, fragmented, after the chunk is written
+    positions_out = np.frombuffer(pa.allocate_buffer(4 * plan.total_tokens), np.int32)
+    return rows_batch(plan, tokens, columns, label_pad_id, kept, positions_out=positions_out)
 
 
 def _one_pass(files, plan, columns, label_pad_id, pool: ThreadPoolExecutor, bar) -> Iterator[pa.RecordBatch]:
-    """Each chunk's rows, built in ``pool`` one chunk ahead of the one yielded, in order; each row written once."""
+    """Each chunk's rows, built in ``pool`` (two threads) one chunk ahead of the one yielded, in order."""
     pending: collections.deque = collections.deque()
-    bounds = chunk_bounds(plan)
+    bounds = chunk_bounds(plan, CHUNK_TOKENS_ON_DISK)
+    buffers: queue.SimpleQueue = queue.SimpleQueue()
+    for _ in range(BUILDERS):
+        buffers.put(_Buffers())
     for index, (first, last) in enumerate(bounds):
         part = plan.rows(first, last)
-        pending.append((pool.submit(_chunk_rows, files, part, columns, label_pad_id), part.total_tokens))
+        pending.append((pool.submit(_chunk_rows, files, part, columns, label_pad_id, buffers), part.total_tokens))
         while pending and (len(pending) > 1 or index == len(bounds) - 1):
             future, tokens = pending.popleft()
             yield future.result()
@@ -256,6 +288,22 @@ def _available_memory() -> int:
     return 0
 
 
+def release_freed_memory() -> None:
+    """Give freed heap pages back to the system: Arrow's pool's, and glibc's (``malloc_trim``).
+
+    glibc keeps freed blocks smaller than its mmap threshold in the heap, and that threshold rises
+    to the largest block freed so far (up to 32 MB), so the planner's O(examples) temporaries stay
+    resident after planning (140 MB of 316 MB anonymous memory for 3M examples). Without glibc
+    (musl, macOS, Windows) only Arrow's pool is asked.
+    """
+    pa.default_memory_pool().release_unused()
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError, TypeError):  # no glibc; Windows has no CDLL(None)
+        return
+    trim(0)
+
+
 def write_rows(
     files: ArrowFiles,
     plan: RowPlan,
@@ -270,17 +318,19 @@ def write_rows(
     from tqdm.auto import tqdm
 
     token_bytes = plan.total_tokens * sum(files.dtype(name).itemsize for name in columns.tokens)
+    release_freed_memory()  # what planning freed
     with contextlib.ExitStack() as stack:
+        stack.callback(release_freed_memory)  # the chunks' buffers
         bar = stack.enter_context(
             tqdm(total=2 * plan.total_tokens, desc=desc, unit="tok", unit_scale=True, disable=not progress)
         )
         writer = _Writer(stack.enter_context(ThreadPoolExecutor(max_workers=1)))
         if token_bytes <= MEMORY_SHARE * _available_memory():
-            builders = stack.enter_context(ThreadPoolExecutor(max_workers=2))
+            builders = stack.enter_context(ThreadPoolExecutor(max_workers=BUILDERS))
             write_batches(_one_pass(files, plan, columns, label_pad_id, builders, bar), path, writer)
             return
-        bounds = chunk_bounds(plan)
-        positions = scatter_positions(plan, bounds, len(files.lengths))
+        bounds = chunk_bounds(plan, CHUNK_TOKENS_ON_DISK)
+        positions = scatter_positions(plan, bounds, int(files.file_first[-1]))
         directory = os.path.dirname(os.path.abspath(path))
         temps = {name: stack.enter_context(tempfile.TemporaryFile(dir=directory)) for name in columns.tokens}
         _scatter(files, plan, positions, temps, writer, bar)
