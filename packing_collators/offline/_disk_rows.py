@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import logging
 import os
 import queue
 import tempfile
@@ -49,6 +50,8 @@ from ._columns import ExampleColumns
 from ._row_plan import RowPlan
 
 __all__ = ["MEMORY_SHARE", "release_freed_memory", "scatter_positions", "write_batches", "write_rows"]
+
+logger = logging.getLogger(__name__)
 
 MEMORY_SHARE = 0.5
 """One pass when the input's token bytes are at most this share of the available memory (they stay in the page cache)."""
@@ -325,7 +328,14 @@ def write_rows(
             tqdm(total=2 * plan.total_tokens, desc=desc, unit="tok", unit_scale=True, disable=not progress)
         )
         writer = _Writer(stack.enter_context(ThreadPoolExecutor(max_workers=1)))
-        if token_bytes <= MEMORY_SHARE * _available_memory():
+        available = _available_memory()
+        one_pass = token_bytes <= MEMORY_SHARE * available
+        logger.info(
+            "pack_dataset: writing %d rows (%.2f GB of tokens, %.2f GB available) %s",
+            plan.num_rows, token_bytes / 1e9, available / 1e9,
+            "in one pass from the mapped input" if one_pass else "in two passes through temp files",
+        )  # fmt: skip
+        if one_pass:
             builders = stack.enter_context(ThreadPoolExecutor(max_workers=BUILDERS))
             write_batches(_one_pass(files, plan, columns, label_pad_id, builders, bar), path, writer)
             return

@@ -121,7 +121,8 @@ def test_large_list_columns_are_read_through_their_64_bit_offsets(tmp_path):
     data.save_to_disk(str(tmp_path / "d"), num_shards=3)
     saved = load_from_disk(str(tmp_path / "d"))
     assert saved.cache_files and isinstance(_arrow_files.dataset_arrow_files(saved), tuple)
-    assert pack_dataset(saved, 64, overflow="split")[:] == pack_dataset(saved, 64, overflow="split", keep_in_memory=True)[:]
+    on_disk, in_memory = (pack_dataset(saved, 64, overflow="split", keep_in_memory=m) for m in (False, True))
+    assert on_disk.cache_files and on_disk[:] == in_memory[:]
 
 
 def test_errors_on_disk_name_the_example_in_the_whole_dataset(tmp_path):
