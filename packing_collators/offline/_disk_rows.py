@@ -47,6 +47,7 @@ import pyarrow as pa
 from ._arrow_files import ArrowFiles
 from ._arrow_rows import chunk_bounds, gather_runs, rows_batch
 from ._columns import ExampleColumns
+from ._partial_files import locked_partial
 from ._row_plan import RowPlan
 
 __all__ = ["MEMORY_SHARE", "release_freed_memory", "scatter_positions", "write_batches", "write_rows"]
@@ -194,12 +195,11 @@ def _gather(files, plan, positions, temps, columns, label_pad_id, buffers, bar) 
 def write_batches(batches: Iterable[pa.RecordBatch], path: str, writer: _Writer | None = None) -> None:
     """Record batches into an Arrow stream file at ``path`` (written beside it, then renamed: never half a file).
 
-    With ``writer``, each batch is written in its thread while the next one is built.
+    With ``writer``, each batch is written in its thread while the next one is built. The partial
+    file is locked while it is written (``_partial_files``), so a later build removes it only if
+    this process dies before renaming it.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, partial = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".incomplete")
-    os.close(handle)
-    try:
+    with locked_partial(path) as partial:
         stream = None
         with pa.OSFile(partial, "wb") as sink:
             for batch in batches:
@@ -213,12 +213,8 @@ def write_batches(batches: Iterable[pa.RecordBatch], path: str, writer: _Writer 
             stream.close()
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(partial, 0o666 & ~umask)  # as Dataset.map leaves its cache files (mkstemp made it 0o600)
+        os.chmod(partial, 0o666 & ~umask)  # as Dataset.map leaves its cache files (it was made 0o600)
         os.replace(partial, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-        raise
 
 
 def _chunk_rows(
