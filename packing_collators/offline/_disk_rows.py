@@ -316,12 +316,13 @@ def write_rows(
     """The rows of ``plan`` over ``files``, written to ``path`` once (or in two passes: see the module docstring)."""
     from tqdm.auto import tqdm
 
-    token_bytes = plan.total_tokens * sum(files.dtype(name).itemsize for name in columns.tokens)
+    total_tokens = int(plan.segment_lengths.sum())  # plan.total_tokens caches 8 bytes per segment (a chunk's: few)
+    token_bytes = total_tokens * sum(files.dtype(name).itemsize for name in columns.tokens)
     release_freed_memory()  # what planning freed
     with contextlib.ExitStack() as stack:
         stack.callback(release_freed_memory)  # the chunks' buffers
         bar = stack.enter_context(
-            tqdm(total=2 * plan.total_tokens, desc=desc, unit="tok", unit_scale=True, disable=not progress)
+            tqdm(total=2 * total_tokens, desc=desc, unit="tok", unit_scale=True, disable=not progress)
         )
         writer = _Writer(stack.enter_context(ThreadPoolExecutor(max_workers=1)))
         available = _available_memory()
