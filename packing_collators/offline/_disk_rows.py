@@ -36,7 +36,6 @@ import contextlib
 import ctypes
 import logging
 import os
-import queue
 import tempfile
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -176,18 +175,16 @@ def _gather(files, plan, positions, temps, columns, label_pad_id, buffers, bar) 
         s0, s1, base = int(plan.row_segments[first]), int(plan.row_segments[last]), int(plan.row_starts[first])
         starts = positions[s0:s1] - base
         tokens = {}
+        turn = chunk_index % 2  # two sets of row buffers in turn: the previous chunk's may still be being written
         for name, temp in temps.items():
-            chunk = _pread_all(
-                temp,
-                buffers.get(name, part.total_tokens, files.dtype(name)),
-                base * files.dtype(name).itemsize,
-            )
-            tokens[name] = gather_runs(chunk, starts, part.segment_lengths)
+            dtype = files.dtype(name)
+            chunk = _pread_all(temp, buffers.get(name, part.total_tokens, dtype), base * dtype.itemsize)
+            out = buffers.get(f"{name}/{turn}", part.total_tokens, dtype)
+            tokens[name] = _copy_runs([chunk], None, starts, part.segment_lengths, out)
         kept = {name: files.take(name, part.order) for name in columns.keep}
         if columns.keep:
             files.release()
-        # two buffers in turn: the previous chunk's may still be being written
-        positions_out = buffers.get(f"position_ids/{chunk_index % 2}", part.total_tokens, np.int32)
+        positions_out = buffers.get(f"position_ids/{turn}", part.total_tokens, np.int32)
         yield rows_batch(part, tokens, columns, label_pad_id, kept, positions_out=positions_out)
         bar.update(part.total_tokens)
 
@@ -217,60 +214,59 @@ def write_batches(batches: Iterable[pa.RecordBatch], path: str, writer: _Writer 
         os.replace(partial, path)
 
 
-def _chunk_rows(
-    files: ArrowFiles, plan: RowPlan, columns: ExampleColumns, label_pad_id: int, buffers: queue.SimpleQueue
-) -> pa.RecordBatch:
-    """One chunk's rows, its segments read straight from the input's memory map (file by file, front to back).
+def _copy_runs(views: list[np.ndarray], file_of, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray):
+    """``views[file_of[i]][starts[i] : starts[i] + lengths[i]]`` end to end, into ``out`` (its length: their total).
 
-    Each file's segments are copied into a read buffer (``buffers`` holds one per builder thread,
-    reused chunk after chunk), then put in row order: the rows' arrays are the only fresh memory.
+    One memcpy per run into a buffer that is reused, where a gather into fresh memory would fault
+    its pages in again for every chunk (``file_of`` None: every run is in ``views[0]``).
     """
-    by_example = np.argsort(plan.order, kind="stable")
-    examples, lengths = plan.order[by_example], plan.segment_lengths[by_example]
-    edges = np.searchsorted(examples, files.file_first).tolist()
-    token_edges = np.r_[0, np.cumsum(lengths)]
-    starts = np.empty(len(lengths), np.int64)  # where each segment is in the input-order gather
-    starts[by_example] = token_edges[:-1]
-    skip = plan.skip[by_example]
-    read = buffers.get()
-    try:
-        tokens = {}
-        for name in columns.tokens:
-            starts_in_files = files.starts(name, examples) + skip
-            parts = [(f, a, b) for f, (a, b) in enumerate(zip(edges[:-1], edges[1:])) if b > a]
-            if len(parts) == 1:  # one file: its gather is the input-order array
-                f, a, b = parts[0]
-                flat = gather_runs(files.view(f, name), starts_in_files[a:b], lengths[a:b])
-            else:
-                dtype = files.dtype(name)
-                flat = read.get("tokens", plan.total_tokens * dtype.itemsize, np.uint8).view(dtype)
-                for f, a, b in parts:
-                    flat[token_edges[a] : token_edges[b]] = gather_runs(
-                        files.view(f, name), starts_in_files[a:b], lengths[a:b]
-                    )
-            tokens[name] = gather_runs(flat, starts, plan.segment_lengths)
-    finally:
-        buffers.put(read)
+    ends = (starts + lengths).tolist()
+    if file_of is None:
+        view = views[0]
+        pieces = [view[s:e] for s, e in zip(starts.tolist(), ends)]
+    else:
+        pieces = [views[f][s:e] for f, s, e in zip(file_of.tolist(), starts.tolist(), ends)]
+    return np.concatenate(pieces, out=out) if pieces else out
+
+
+def _chunk_rows(
+    files: ArrowFiles, plan: RowPlan, columns: ExampleColumns, label_pad_id: int, buffers: _Buffers
+) -> pa.RecordBatch:
+    """One chunk's rows, each segment copied from the input's memory map straight to its place in ``buffers``."""
+    file_of = np.searchsorted(files.file_first, plan.order, side="right") - 1
+    tokens = {}
+    for name in columns.tokens:
+        views = [files.view(f, name) for f in range(len(files.paths))]
+        starts = files.starts(name, plan.order) + plan.skip
+        out = buffers.get(name, plan.total_tokens, files.dtype(name))
+        tokens[name] = _copy_runs(views, file_of, starts, plan.segment_lengths, out)
     kept = {name: files.take(name, plan.order) for name in columns.keep}
-    # from Arrow's pool, as the token columns: a numpy array this size would come from glibc's heap once
-    # planning has raised its mmap threshold, and stay there, fragmented, after the chunk is written
-    positions_out = np.frombuffer(pa.allocate_buffer(4 * plan.total_tokens), np.int32)
+    positions_out = buffers.get("position_ids", plan.total_tokens, np.int32)
     return rows_batch(plan, tokens, columns, label_pad_id, kept, positions_out=positions_out)
 
 
 def _one_pass(files, plan, columns, label_pad_id, pool: ThreadPoolExecutor, bar) -> Iterator[pa.RecordBatch]:
-    """Each chunk's rows, built in ``pool`` (two threads) one chunk ahead of the one yielded, in order."""
+    """Each chunk's rows, built in ``pool`` one chunk ahead of the one yielded, in order.
+
+    A chunk's columns live in one of ``BUILDERS + 1`` sets of buffers, reused: a set is free again
+    once its chunk is written, which it is when the consumer asks for the chunk after it
+    (:func:`write_batches` hands each batch to its writer after the previous one is written).
+    """
+    free = collections.deque(_Buffers() for _ in range(BUILDERS + 1))
     pending: collections.deque = collections.deque()
+    written = None  # the buffers of the chunk given to the writer last
     bounds = chunk_bounds(plan, CHUNK_TOKENS_ON_DISK)
-    buffers: queue.SimpleQueue = queue.SimpleQueue()
-    for _ in range(BUILDERS):
-        buffers.put(_Buffers())
     for index, (first, last) in enumerate(bounds):
         part = plan.rows(first, last)
-        pending.append((pool.submit(_chunk_rows, files, part, columns, label_pad_id, buffers), part.total_tokens))
+        buffers = free.popleft()
+        future = pool.submit(_chunk_rows, files, part, columns, label_pad_id, buffers)
+        pending.append((future, buffers, part.total_tokens))
         while pending and (len(pending) > 1 or index == len(bounds) - 1):
-            future, tokens = pending.popleft()
+            future, buffers, tokens = pending.popleft()
             yield future.result()
+            if written is not None:  # asked for the next chunk: the one before this is written
+                free.append(written)
+            written = buffers
             bar.update(2 * tokens)
     files.release()
 
