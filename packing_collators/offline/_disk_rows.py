@@ -4,8 +4,8 @@ The rows come out shuffled, so one output chunk's tokens are scattered over the 
 When the input's token columns fit in the available memory (``MEMORY_SHARE`` of ``MemAvailable``,
 so they stay in the page cache), each chunk is gathered straight from the input's memory map::
 
-    one pass   for each chunk of rows: its segments, read from the input in file order
-               (one memcpy per segment), put in row order (one more, in memory), written
+    one pass   for each chunk of rows: each segment copied from the input's map straight to
+               its place in row order (one memcpy), into reused buffers, written
                    input   [e0 e1 e2 e3 | e4 e5 e6 e7 | ...]     mapped, pages kept until the end
                    out     [chunk 0 rows | chunk 1 rows | ...]   each row written once
 
@@ -18,15 +18,16 @@ after chunk would read it from disk once per chunk, so it is read once, in order
     pass 2 (gather)   read one chunk's region of the temp file, put its segments in row order,
                       write its rows (one record batch) to the output file
 
-Memory (anonymous): about three chunks of rows (``CHUNK_TOKENS_ON_DISK``, 2M tokens: two
-being built in threads, one being written) and a read buffer per builder, plus the plan
-(O(segments)); what planning and the chunks freed is given back (:func:`release_freed_memory`).
+Memory (anonymous): three chunks of rows (``CHUNK_TOKENS_ON_DISK``, 2M tokens: two being built
+in threads, one being written; the one pass reuses their buffers), plus the plan (O(segments));
+what planning freed is given back (:func:`release_freed_memory`).
 The one pass also maps the input's pages (file-backed and clean: they count in the RSS, not in
 the anonymous memory, and the kernel can drop them); the two passes read one window at a time,
 released after use. Disk: the one pass writes each row once; the two passes also write (and
 read back) one temp file per token column, deleted at the end. Measured against TRL:
 ``benchmarks/results/pack_at_scale_3m.md``. A writer thread lets the kernel copy one chunk out
-while the next ones are built. No Python loop over examples or tokens.
+while the next ones are built. No Python loop over tokens; the one pass makes a numpy view per
+segment for ``np.concatenate`` (about 0.3 us each), the two passes none.
 """
 
 from __future__ import annotations
@@ -175,16 +176,15 @@ def _gather(files, plan, positions, temps, columns, label_pad_id, buffers, bar) 
         s0, s1, base = int(plan.row_segments[first]), int(plan.row_segments[last]), int(plan.row_starts[first])
         starts = positions[s0:s1] - base
         tokens = {}
-        turn = chunk_index % 2  # two sets of row buffers in turn: the previous chunk's may still be being written
         for name, temp in temps.items():
             dtype = files.dtype(name)
             chunk = _pread_all(temp, buffers.get(name, part.total_tokens, dtype), base * dtype.itemsize)
-            out = buffers.get(f"{name}/{turn}", part.total_tokens, dtype)
-            tokens[name] = _copy_runs([chunk], None, starts, part.segment_lengths, out)
+            tokens[name] = gather_runs(chunk, starts, part.segment_lengths)  # fresh: the buffer is read into again
         kept = {name: files.take(name, part.order) for name in columns.keep}
         if columns.keep:
             files.release()
-        positions_out = buffers.get(f"position_ids/{turn}", part.total_tokens, np.int32)
+        # two buffers in turn: the previous chunk's may still be being written
+        positions_out = buffers.get(f"position_ids/{chunk_index % 2}", part.total_tokens, np.int32)
         yield rows_batch(part, tokens, columns, label_pad_id, kept, positions_out=positions_out)
         bar.update(part.total_tokens)
 
@@ -218,14 +218,10 @@ def _copy_runs(views: list[np.ndarray], file_of, starts: np.ndarray, lengths: np
     """``views[file_of[i]][starts[i] : starts[i] + lengths[i]]`` end to end, into ``out`` (its length: their total).
 
     One memcpy per run into a buffer that is reused, where a gather into fresh memory would fault
-    its pages in again for every chunk (``file_of`` None: every run is in ``views[0]``).
+    its pages in again for every chunk.
     """
     ends = (starts + lengths).tolist()
-    if file_of is None:
-        view = views[0]
-        pieces = [view[s:e] for s, e in zip(starts.tolist(), ends)]
-    else:
-        pieces = [views[f][s:e] for f, s, e in zip(file_of.tolist(), starts.tolist(), ends)]
+    pieces = [views[f][s:e] for f, s, e in zip(file_of.tolist(), starts.tolist(), ends)]
     return np.concatenate(pieces, out=out) if pieces else out
 
 
