@@ -2,7 +2,7 @@
 
     python benchmarks/cpu/bench_offline.py in-memory --out benchmarks/results/pack_dataset   # a few minutes
     python benchmarks/cpu/bench_offline.py in-memory --examples 20000 --repeats 2 --stream-sizes 10000,50000
-    python benchmarks/cpu/bench_offline.py at-scale          # 1M x3 and 3M x2 (about 15 min, 2 cores)
+    python benchmarks/cpu/bench_offline.py at-scale          # 1M x3 and 3M x2 (about 10 min, 2 cores): results/pack_at_scale_3m
     python benchmarks/cpu/bench_offline.py at-scale --examples 100000 --repeats 1 --out ''   # a quick check
     python benchmarks/cpu/bench_offline.py streaming         # 100k, 300k, 1M examples, 3 repeats; --sizes 20000 --no-write
 
@@ -511,7 +511,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     scale.add_argument("--num-proc", type=int, default=None, help="pack_dataset's num_proc (default: one process)")
     scale.add_argument("--workdir", default=None, help="where the data goes (default: a temporary folder)")
     scale.add_argument("--keep-data", action="store_true")
-    scale.add_argument("--out", default="pack_at_scale", help="results/<out>.md and .json ('' to skip)")
+    scale.add_argument("--out", default="pack_at_scale_3m", help="results/<out>.md and .json ('' to skip)")
     streaming = modes.add_parser("streaming", help="wrapped and bfd on a growing generator: peak RSS and speed")
     streaming.add_argument("--sizes", default="100000,300000,1000000", help="comma-separated example counts")
     streaming.add_argument("--strategies", default="wrapped,bfd,source", help="'source' reads the generator only")
