@@ -32,7 +32,7 @@ bench: $(VENV)/.installed-dev-bench
 	$(PY) benchmarks/cpu/bench_engine.py
 	$(PY) benchmarks/cpu/bench_collator.py
 	$(PY) benchmarks/cpu/bench_offline.py in-memory --out benchmarks/results/pack_dataset
-	$(PY) benchmarks/cpu/bench_offline.py at-scale   # 1M and 3M examples: 6.6 GiB of input at 3M plus both caches; TRL peaks at 7.3 GiB RAM
+	$(PY) benchmarks/cpu/bench_offline.py at-scale   # 1M and 3M examples: 6.6 GiB of input at 3M plus both caches on disk
 	$(PY) benchmarks/cpu/bench_offline.py streaming
 	$(PY) benchmarks/cpu/bench_sampler.py
 	$(PY) benchmarks/cpu/bench_cli_analyze.py

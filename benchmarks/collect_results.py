@@ -18,7 +18,7 @@ ORDER = [
     "engine",
     "collator",
     "pack_dataset",
-    "pack_at_scale",
+    "pack_at_scale_3m",
     "streaming",
     "sampler",
     "cli_analyze",

@@ -112,24 +112,49 @@ def child_stream(job: dict) -> dict:
     }
 
 
+def rss_anon_mib(pid: int | str = "self") -> float | None:
+    """A process's anonymous resident memory now (``RssAnon``: not its mapped files), or None without /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
 def child_pack(job: dict) -> dict:
-    """One at-scale packing in this (fresh) process: load_from_disk, then the packer; what it took."""
+    """One at-scale packing in this (fresh) process: load_from_disk, then the packer; what it took.
+
+    The packer is imported before the clock starts (TRL imports torch: seconds, and a fifth of its
+    anonymous memory); ``anon_before_mib`` is this process's anonymous memory just before the call.
+    """
+    import logging
     import resource
 
     import datasets
 
     datasets.disable_progress_bars()
-    dataset = datasets.load_from_disk(job["data"])
     start = time.perf_counter()
     if job["packer"] == "trl":
         from trl import pack_dataset as trl_pack
-
+    else:
+        from packing_collators import pack_dataset
+    import_seconds = time.perf_counter() - start
+    messages: list[str] = []  # which path pack_dataset took (one pass, or two through temp files)
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logging.getLogger("packing_collators.offline._disk_rows").addHandler(handler)
+    logging.getLogger("packing_collators.offline._disk_rows").setLevel(logging.INFO)
+    dataset = datasets.load_from_disk(job["data"])
+    anon_before = rss_anon_mib()
+    start = time.perf_counter()
+    if job["packer"] == "trl":
         packed = trl_pack(
             dataset, job["max_length"], strategy=job["strategy"], map_kwargs={"load_from_cache_file": False}
         )
     else:
-        from packing_collators import pack_dataset
-
         overflow = "split" if job["strategy"] == "bfd_split" else "error"
         packed = pack_dataset(dataset, job["max_length"], overflow=overflow, num_proc=job["num_proc"])
     seconds = time.perf_counter() - start
@@ -137,12 +162,15 @@ def child_pack(job: dict) -> dict:
     tokens, segments = count_of(packed, "input_ids"), count_of(packed, "seq_lengths")
     return {
         "seconds": seconds,
+        "import_seconds": import_seconds,
         "peak_rss_mib": peak,
+        "anon_before_mib": anon_before,
         "rows": len(packed),
         "tokens": tokens,
         "segments": segments,
         "efficiency": tokens / (len(packed) * job["max_length"]),
         "cache_files": len(packed.cache_files),
+        "log": messages,
     }
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/cpu/bench_offline.py in-memory --out benchmarks/results/pack_dataset   # a few minutes
     python benchmarks/cpu/bench_offline.py in-memory --examples 20000 --repeats 2 --stream-sizes 10000,50000
-    python benchmarks/cpu/bench_offline.py at-scale          # 1M x3 and 3M x1 (about 40 min, 2 cores)
+    python benchmarks/cpu/bench_offline.py at-scale          # 1M x3 and 3M x2 (about 10 min, 2 cores): results/pack_at_scale_3m
     python benchmarks/cpu/bench_offline.py at-scale --examples 100000 --repeats 1 --out ''   # a quick check
     python benchmarks/cpu/bench_offline.py streaming         # 100k, 300k, 1M examples, 3 repeats; --sizes 20000 --no-write
 
@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,53 @@ def spawn(kind: str, **job) -> dict:
     return json.loads(
         subprocess.run(line, check=True, capture_output=True, text=True, cwd=REPO).stdout.splitlines()[-1]
     )
+
+
+SAMPLE_SECONDS = 0.02
+
+
+def _status_mib(pid: int) -> dict[str, float]:
+    """RssAnon and VmRSS of process ``pid`` (MiB), from /proc; empty where there is none."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return {k: int(v.split()[0]) / 1024 for k, v in (line.split(":", 1) for line in status) if k in _FIELDS}
+    except (OSError, ValueError):
+        return {}
+
+
+_FIELDS = ("RssAnon", "VmRSS")
+
+
+def spawn_sampled(kind: str, **job) -> dict:
+    """:func:`spawn`, with the child's anonymous (RssAnon) and total (VmRSS) memory read from here every 20 ms.
+
+    Adds ``anon_peak_mib`` and ``rss_peak_sampled_mib`` (None without /proc), the sample count
+    and the load average before and after. The child's own ``peak_rss_mib`` (VmHWM) is the
+    exact total peak; nothing counts the anonymous peak for us, hence the sampling.
+    """
+    line = [sys.executable, __file__, "--child", json.dumps({"kind": kind, **job})]
+    load_before = os.getloadavg()
+    peaks = {name: None for name in _FIELDS}
+    samples = 0
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(line, stdout=out, stderr=err, text=True, cwd=REPO)
+        while child.poll() is None:
+            for name, value in _status_mib(child.pid).items():
+                peaks[name] = max(value, peaks[name] or 0.0)
+            samples += 1
+            time.sleep(SAMPLE_SECONDS)
+        out.seek(0), err.seek(0)
+        if child.returncode:
+            raise subprocess.CalledProcessError(child.returncode, line, out.read(), err.read())
+        result = json.loads(out.read().splitlines()[-1])
+    return {
+        **result,
+        "anon_peak_mib": peaks["RssAnon"],
+        "rss_peak_sampled_mib": peaks["VmRSS"],
+        "samples": samples,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
 
 
 def job_of(args, **extra) -> dict:
@@ -165,7 +213,7 @@ def run_in_memory(args) -> None:
 
 # ----------------------------------------------------------------------------- at-scale
 def run_pack(packer: str, data: Path, args, strategy: str = "bfd", max_length: int | None = None) -> dict:
-    result = spawn(
+    result = spawn_sampled(
         "pack",
         packer=packer,
         data=str(data),
@@ -173,9 +221,12 @@ def run_pack(packer: str, data: Path, args, strategy: str = "bfd", max_length: i
         num_proc=args.num_proc,
         max_length=max_length or args.max_length,
     )
+    anon = result["anon_peak_mib"]
     print(
-        f"  {packer:<18} {strategy:<9} {result['seconds']:8.1f} s  peak RSS {result['peak_rss_mib']:8.0f} MiB  "
-        f"rows {result['rows']:,}  efficiency {result['efficiency']:.4%}",
+        f"  {packer:<18} {strategy:<9} {result['seconds']:8.1f} s  anonymous peak "
+        f"{'-' if anon is None else f'{anon:,.0f}'} MiB  total peak {result['peak_rss_mib']:8,.0f} MiB  "
+        f"rows {result['rows']:,}  efficiency {result['efficiency']:.4%}  load {result['loadavg_before'][0]:.1f}"
+        f"{'  ' + '; '.join(result['log']) if result['log'] else ''}",
         flush=True,
     )
     return result
@@ -188,19 +239,24 @@ def clear_caches(data: Path) -> None:
     os.sync()
 
 
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
 def measure_size(n: int, repeats: int, work: Path, args) -> dict:
     data = work / f"sft_{n}"
     print(f"{n:,} examples: building {data}", flush=True)
     info = spawn("build", n=n, data=str(data))
     runs = {"packing_collators": [], "packing_collators cache hit": [], "trl": []}
+    sequence = []  # the runs' names in the order they ran
     for repeat in range(repeats):
         for packer in ("ours", "trl") if repeat % 2 == 0 else ("trl", "ours"):
             clear_caches(data)
-            if packer == "trl":
-                runs["trl"].append(run_pack("trl", data, args))
-                continue
-            runs["packing_collators"].append(run_pack("packing_collators", data, args))
-            runs["packing_collators cache hit"].append(run_pack("packing_collators", data, args))
+            names = ["trl"] if packer == "trl" else ["packing_collators", "packing_collators cache hit"]
+            for name in names:
+                runs[name].append(run_pack(name.split()[0], data, args))
+                sequence.append(name)
     split = {}
     if n == args.split_examples:
         for packer in ("packing_collators", "trl"):
@@ -209,46 +265,105 @@ def measure_size(n: int, repeats: int, work: Path, args) -> dict:
     clear_caches(data)
     if not args.keep_data:
         shutil.rmtree(data)
-    med = {
-        name: {key: statistics.median(r[key] for r in rs) for key in ("seconds", "peak_rss_mib")}
-        for name, rs in runs.items()
-    }
+    keys = ("seconds", "peak_rss_mib", "anon_peak_mib", "anon_before_mib")
+    med = {name: {key: _median(r[key] for r in rs) for key in keys} for name, rs in runs.items()}
     speedup = med["trl"]["seconds"] / med["packing_collators"]["seconds"]
-    return {**info, "repeats": repeats, "runs": runs, "median": med, "speedup_vs_trl": speedup, "split": split}
+    return {
+        **info, "repeats": repeats, "runs": runs, "sequence": sequence, "median": med, "speedup_vs_trl": speedup,
+        "split": split,
+    }  # fmt: skip
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _every_run(results: list[dict]):
+    """(examples, packer, run) of every pack, in the order they ran (timed packs, cache hits, split)."""
+    for r in results:
+        seen = dict.fromkeys(r["runs"], 0)
+        for name in r["sequence"]:
+            yield r["examples"], name, r["runs"][name][seen[name]]
+            seen[name] += 1
+        for name, run in r["split"].items():
+            yield r["examples"], f"{name} split", run
+
+
+def _path(run: dict) -> str:
+    """How pack_dataset wrote its rows (its log): in one pass from the mapped input, or in two through temp files."""
+    log = " ".join(run.get("log", []))
+    return "one pass" if "one pass" in log else "two passes" if "two passes" in log else ""
+
+
+def _growth(results: list[dict]) -> list[str]:
+    """How each packer's anonymous peak grows with the examples: bytes per example between the two ends."""
+    small, large = min(results, key=lambda r: r["examples"]), max(results, key=lambda r: r["examples"])
+    if small is large:
+        return []
+    lines = [
+        "",
+        f"## Growth of the anonymous peak, {small['examples']:,} -> {large['examples']:,} examples",
+        "",
+        "The slope between the two sizes is the memory per example (the plan, the lengths); what is left "
+        "at zero examples is the process before the call (Python, pyarrow, datasets, the packer's imports) "
+        "plus the rows in flight.",
+        "",
+        "| packer | anonymous peak (MiB) | bytes per example | at 0 examples (MiB) | anonymous before the call (MiB) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name in ("packing_collators", "trl"):
+        low, high = small["median"][name]["anon_peak_mib"], large["median"][name]["anon_peak_mib"]
+        if low is None or high is None:
+            continue
+        slope = (high - low) * 2**20 / (large["examples"] - small["examples"])
+        lines.append(
+            f"| {name} | {low:,.0f} -> {high:,.0f} | {slope:,.0f} | {low - slope * small['examples'] / 2**20:,.0f} "
+            f"| {_mib(large['median'][name]['anon_before_mib'])} |"
+        )
+    return lines
 
 
 def markdown_at_scale(results: list[dict], args) -> str:
+    loads = [load[0] for _, _, run in _every_run(results) for load in (run["loadavg_before"], run["loadavg_after"])]
     lines = [
         "# Offline packing at scale: pack_dataset (on disk) vs TRL pack_dataset",
         "",
         f"Command: `{command()}`",
         "",
-        f"Machine: {machine()}, 2 cores, 24 GiB RAM, no swap. Data: `sft` examples, `input_ids` + `labels` int32, "
-        f"saved in `save_to_disk`'s layout, then `load_from_disk` in a fresh process per run; capacity {args.max_length}; "
-        "peak RSS = `ru_maxrss` of that process (mapped file pages included). Medians over the repeats, "
-        "packers alternating.",
+        f"Machine: {machine()}, 2 cores, 24 GiB RAM, no swap, shared with other work: load average (1 minute) "
+        f"{min(loads):.1f} to {max(loads):.1f} during the runs. Data: `sft` examples, `input_ids` + `labels` int32, "
+        f"saved in `save_to_disk`'s layout; each run is a fresh process that imports the packer, calls "
+        f"`load_from_disk`, then packs at capacity {args.max_length} (the seconds are that call's). Memory of that "
+        "process: the **anonymous peak** is the largest `RssAnon` (heap and arrays: what the packer holds), read "
+        "from `/proc/<pid>/status` every 20 ms; the **total peak** is `VmHWM`, the RSS including mapped file "
+        "pages (the memory-mapped input and output: clean, file-backed pages the kernel can drop). Medians over "
+        "the repeats, packers alternating; compare the ratio, not the seconds.",
         "",
-        "| examples | tokens | on disk (GiB) | repeats | ours (s) | TRL bfd (s) | speedup | ours peak RSS (MiB) "
-        "| TRL peak RSS (MiB) | cache hit (s) | ours efficiency | TRL efficiency |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| examples | tokens | on disk (GiB) | repeats | ours (s) | TRL bfd (s) | speedup "
+        "| anonymous peak ours / TRL (MiB) | total peak ours / TRL (MiB) | cache hit (s) | efficiency ours / TRL |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         m = r["median"]
+        ours, trl = m["packing_collators"], m["trl"]
         lines.append(
             f"| {r['examples']:,} | {r['tokens']:,} | {r['bytes_on_disk'] / 2**30:.2f} | {r['repeats']} "
-            f"| {m['packing_collators']['seconds']:.1f} | {m['trl']['seconds']:.1f} | {r['speedup_vs_trl']:.2f}x "
-            f"| {m['packing_collators']['peak_rss_mib']:,.0f} | {m['trl']['peak_rss_mib']:,.0f} "
+            f"| {ours['seconds']:.1f} | {trl['seconds']:.1f} | {r['speedup_vs_trl']:.2f}x "
+            f"| {_mib(ours['anon_peak_mib'])} / {_mib(trl['anon_peak_mib'])} "
+            f"| {ours['peak_rss_mib']:,.0f} / {trl['peak_rss_mib']:,.0f} "
             f"| {m['packing_collators cache hit']['seconds']:.2f} "
-            f"| {r['runs']['packing_collators'][0]['efficiency']:.4%} | {r['runs']['trl'][0]['efficiency']:.4%} |"
+            f"| {r['runs']['packing_collators'][0]['efficiency']:.4%} / {r['runs']['trl'][0]['efficiency']:.4%} |"
         )
+    lines += _growth(results)
     for r in (r for r in results if r["split"]):
         lines += [
             "",
             f"## overflow='split' vs TRL strategy='bfd_split' ({r['examples']:,} examples, capacity "
             f"{args.split_max_length}, {r['tokens']:,} tokens in)",
             "",
-            "| packer | tokens out | pieces (segments) | rows | efficiency | seconds | peak RSS (MiB) |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| packer | tokens out | pieces (segments) | rows | efficiency | seconds | anonymous peak (MiB) "
+            "| total peak (MiB) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, s in (
             ("packing_collators overflow='split'", r["split"]["packing_collators"]),
@@ -256,8 +371,26 @@ def markdown_at_scale(results: list[dict], args) -> str:
         ):
             lines.append(
                 f"| {name} | {s['tokens']:,} | {s['segments']:,} | {s['rows']:,} | {s['efficiency']:.4%} "
-                f"| {s['seconds']:.1f} | {s['peak_rss_mib']:,.0f} |"
+                f"| {s['seconds']:.1f} | {_mib(s['anon_peak_mib'])} | {s['peak_rss_mib']:,.0f} |"
             )
+    lines += [
+        "",
+        "## Every run",
+        "",
+        "In the order they ran (the packers alternate; each of ours is followed by a second call that loads its cache). "
+        "Rows written: pack_dataset's log says whether the input's token columns fit in half the available memory "
+        "(one pass from the mapped input) or not (two passes through temp files).",
+        "",
+        "| examples | packer | seconds | anonymous peak (MiB) | anonymous before the call (MiB) | total peak (MiB) "
+        "| load average before / after | rows written |",
+        "|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for examples, name, run in _every_run(results):
+        lines.append(
+            f"| {examples:,} | {name} | {run['seconds']:.2f} | {_mib(run['anon_peak_mib'])} "
+            f"| {_mib(run['anon_before_mib'])} | {run['peak_rss_mib']:,.0f} "
+            f"| {run['loadavg_before'][0]:.1f} / {run['loadavg_after'][0]:.1f} | {_path(run)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -372,13 +505,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     scale = modes.add_parser("at-scale", help="load_from_disk then pack, fresh processes, vs TRL; 1M and 3M examples")
     scale.add_argument("--examples", default="1000000,3000000", help="sizes, comma-separated")
-    scale.add_argument("--repeats", default="3,1", help="repeats per size, comma-separated (last one repeats)")
+    scale.add_argument("--repeats", default="3,2", help="repeats per size, comma-separated (last one repeats)")
     scale.add_argument("--split-max-length", type=int, default=512, help="capacity of the split comparison")
     scale.add_argument("--split-examples", type=int, default=1_000_000, help="the size the split comparison runs at")
     scale.add_argument("--num-proc", type=int, default=None, help="pack_dataset's num_proc (default: one process)")
     scale.add_argument("--workdir", default=None, help="where the data goes (default: a temporary folder)")
     scale.add_argument("--keep-data", action="store_true")
-    scale.add_argument("--out", default="pack_at_scale", help="results/<out>.md and .json ('' to skip)")
+    scale.add_argument("--out", default="pack_at_scale_3m", help="results/<out>.md and .json ('' to skip)")
     streaming = modes.add_parser("streaming", help="wrapped and bfd on a growing generator: peak RSS and speed")
     streaming.add_argument("--sizes", default="100000,300000,1000000", help="comma-separated example counts")
     streaming.add_argument("--strategies", default="wrapped,bfd,source", help="'source' reads the generator only")

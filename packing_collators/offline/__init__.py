@@ -8,6 +8,7 @@
     _arrow_files.py   a Dataset's own Arrow files, memory-mapped here and released window by window
     _disk_rows.py     the rows written to a file once (two passes for an input larger than memory)
     _cache_files.py   cache files named by fingerprint (as Dataset.map's), the stats beside them, reuse
+    _partial_files.py half-written files locked by their writer; a dead writer's removed by the next build
     _pack_dataset.py  pack_dataset for a Dataset / DatasetDict, and pack_table
     _streaming.py     pack_dataset for an IterableDataset or any stream, buffer by buffer:
     _stream_source.py   the stream read as Arrow tables, rows given back as dicts

@@ -10,10 +10,11 @@ are dropped (``MADV_DONTNEED``; file-backed and read-only, so nothing is lost) o
                                                              window 1: examples [55k, 110k)
     data-00001-of-00003.arrow   [batch 0 | ... ]             window 2: ...
 
-For each per-token column it keeps, per example, where its first token is in its file (as an
-element index of a numpy view of the file), so a window's tokens are gathered with one copy
-per example. Cost: one pass over the offsets (8 bytes per example per column kept) and one over the
-``attention_mask`` values (the padding check), each window released after use. The files are
+Where an example's first token is in its file (an element index of a numpy view of the file)
+is read from the file's own list offsets when a chunk asks (:meth:`ArrowFiles.starts`), through
+a few numbers per record batch, so tokens are gathered with one copy per example. Memory:
+each example's length (8 bytes), nothing else per example. Cost: one pass over the offsets
+and one over the ``attention_mask`` values (the padding check), each window released after use. The files are
 used only where they are the dataset exactly: no indices mapping, every block a whole file,
 and only column removals, selections and renames replayed on top (:func:`dataset_arrow_files`).
 """
@@ -31,7 +32,7 @@ from ._columns import ExampleColumns, read_examples
 
 __all__ = ["ArrowFiles", "Window", "dataset_arrow_files"]
 
-WINDOW_TOKENS = 1 << 24
+WINDOW_TOKENS = 1 << 22
 
 # Replays that only drop, pick or rename columns: the file's columns are still the dataset's.
 _COLUMN_REPLAYS = {"remove_column", "drop", "select", "rename_columns", "replace_schema_metadata", "combine_chunks"}
@@ -94,10 +95,11 @@ class ArrowFiles:
 
     Attributes:
         lengths: int64 (n,) tokens per example.
-        positions: per token column, int64 (n,) where each example's first token is in its file's
-            numpy view (:meth:`view`).
-        file_of: int32 (n,) the file each example is in.
+        file_first: int64 (files + 1,) the first example of each file, then ``n``.
         windows: consecutive example ranges of about ``WINDOW_TOKENS`` tokens within one file.
+
+    Where an example's tokens are (:meth:`starts`) is read from the files' own list offsets
+    when asked, through per-batch bases (a few numbers per record batch): no per-example array.
     """
 
     def __init__(self, paths: list[str], file_column: dict[str, str], columns: ExampleColumns, *, check: bool = True):
@@ -117,41 +119,72 @@ class ArrowFiles:
         return pa.Table.from_arrays([batch.column(self.file_column[name]) for name in names], names=names)
 
     def _read_offsets(self, check: bool) -> None:
-        lengths, positions, file_of, windows = [], {name: [] for name in self.columns.tokens}, [], []
-        seen = 0
+        """Lengths (one preallocated array: no per-batch pieces left behind in the heap) and per-batch bases."""
+        counts = [batch.num_rows for batches in self._batches for batch in batches]
+        self.lengths = np.empty(sum(counts), np.int64)
+        self._batch_first = np.r_[0, np.cumsum(counts, dtype=np.int64)]
+        self._batch_file = np.repeat(np.arange(len(self._batches)), [len(batches) for batches in self._batches])
+        # per token column and batch: the element index (in the file's view of the values' dtype) of the
+        # values' first element, and the element index (in a view of the offsets' dtype) of the first offset
+        self._values_at = {name: np.empty(len(counts), np.int64) for name in self.columns.tokens}
+        self._offsets_at = {name: np.empty(len(counts), np.int64) for name in self.columns.tokens}
+        self._offsets_dtype: dict[str, np.dtype] = {}
+        windows, file_first, b = [], [0], 0
         for f, (batches, mapped) in enumerate(zip(self._batches, self._maps)):
-            base, first, tokens = pa.py_buffer(mapped).address, seen, 0
+            base, first, tokens = pa.py_buffer(mapped).address, int(self._batch_first[b]), 0
             for batch in batches:
+                seen = int(self._batch_first[b])
                 table = self._batch_table(batch)
                 if check:  # numbered in the whole dataset; the count is of the examples read so far
                     _, batch_lengths = read_examples(table, self.columns, first_index=seen, stream=True)
                 for name in self.columns.tokens:
                     column = table.column(name).chunk(0)
-                    offsets = column.offsets.to_numpy().astype(np.int64)
+                    self._offsets_at[name][b] = self._element_index(column.buffers()[1], base, column.offsets.type)
+                    self._offsets_at[name][b] += column.offset
+                    self._offsets_dtype[name] = np.dtype(column.offsets.type.to_pandas_dtype())
                     values = column.values
-                    itemsize = values.type.byte_width
-                    start, remainder = divmod(values.buffers()[1].address - base, itemsize)
-                    assert remainder == 0, "Arrow IPC buffers are 8-byte aligned"
-                    positions[name].append(start + values.offset + offsets[:-1])
+                    self._values_at[name][b] = self._element_index(values.buffers()[1], base, values.type)
+                    self._values_at[name][b] += values.offset
                     if name == "input_ids" and not check:
-                        batch_lengths = np.diff(offsets)
-                lengths.append(batch_lengths)
-                file_of.append(np.full(len(batch_lengths), f, np.int32))
-                seen += len(batch_lengths)
+                        batch_lengths = np.diff(column.offsets.to_numpy())
+                self.lengths[seen : seen + len(batch)] = batch_lengths
+                b += 1
                 tokens += int(batch_lengths.sum())
                 if tokens >= WINDOW_TOKENS:
-                    windows.append(Window(f, first, seen))
-                    first, tokens = seen, 0
+                    windows.append(Window(f, first, seen + len(batch)))
+                    first, tokens = seen + len(batch), 0
                     self.release(f)  # the padding check read the mask's values
-            if seen > first:
-                windows.append(Window(f, first, seen))
+            last = int(self._batch_first[b])
+            if last > first:
+                windows.append(Window(f, first, last))
+            file_first.append(last)
             self.release(f)
-        self.lengths = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
-        self.positions = {
-            name: np.concatenate(parts) if parts else np.empty(0, np.int64) for name, parts in positions.items()
-        }
-        self.file_of = np.concatenate(file_of) if file_of else np.empty(0, np.int32)
+        self.file_first = np.array(file_first, np.int64)
         self.windows = windows
+
+    @staticmethod
+    def _element_index(buffer: pa.Buffer, base: int, dtype: pa.DataType) -> int:
+        start, remainder = divmod(buffer.address - base, dtype.byte_width)
+        assert remainder == 0, "Arrow IPC buffers are 8-byte aligned"
+        return start
+
+    def starts(self, name: str, examples: np.ndarray) -> np.ndarray:
+        """int64: where each example's first token of column ``name`` is in its file's :meth:`view`.
+
+        Reads the examples' list offsets from the mapped files (touching their pages: :meth:`release` after).
+        """
+        examples = np.asarray(examples, np.int64)
+        batch = np.searchsorted(self._batch_first, examples, side="right") - 1
+        index = self._offsets_at[name][batch] + (examples - self._batch_first[batch])
+        starts = self._values_at[name][batch]
+        file = self._batch_file[batch]
+        for f in np.unique(file).tolist():
+            mapped = self._maps[f]
+            dtype = self._offsets_dtype[name]
+            offsets = np.frombuffer(mapped, dtype=dtype, count=len(mapped) // dtype.itemsize)
+            mine = file == f if len(self._maps) > 1 else slice(None)
+            starts[mine] += offsets[index[mine]]
+        return starts
 
     def dtype(self, name: str) -> np.dtype:
         """The numpy dtype of token column ``name``'s values."""

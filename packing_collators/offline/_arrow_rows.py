@@ -46,12 +46,15 @@ def gather_runs(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> 
     """``values[starts[i] : starts[i] + lengths[i]]`` end to end: one memcpy per run, in Arrow.
 
     A list-view over ``values`` flattened: no per-token index (faster than ``np.take``);
-    the result is the fresh Arrow buffer itself, writable.
+    the result is fresh (never a view of ``values``, which may be a buffer reused later) and writable.
 
     >>> gather_runs(np.arange(100, 120), np.array([10, 3, 7]), np.array([2, 3, 1])).tolist()
     [110, 111, 103, 104, 105, 107]
     >>> gather_runs(np.array([True, False, True]), np.array([1, 0]), np.array([2, 1])).tolist()
     [False, True, True]
+    >>> values = np.arange(5)
+    >>> np.may_share_memory(gather_runs(values, np.array([0, 2]), np.array([2, 3])), values)  # runs end to end
+    False
     """
     if values.dtype == np.bool_:  # Arrow packs booleans into bits: copy them as bytes
         return gather_runs(values.view(np.uint8), starts, lengths).view(np.bool_)
@@ -59,7 +62,9 @@ def gather_runs(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> 
         pa.array(starts, pa.int64()), pa.array(lengths, pa.int64()), pa.array(values)
     )
     flat = runs.flatten()
-    return np.frombuffer(flat.buffers()[1], values.dtype, len(flat), flat.offset * values.itemsize)
+    gathered = np.frombuffer(flat.buffers()[1], values.dtype, len(flat), flat.offset * values.itemsize)
+    # runs end to end in order come back as a slice of ``values`` itself: copied, so the result is always fresh
+    return gathered.copy() if np.may_share_memory(gathered, values) else gathered
 
 
 def _position_ids(lengths: np.ndarray, out: np.ndarray | None) -> np.ndarray:
@@ -151,14 +156,14 @@ def _flat_values(column: pa.ChunkedArray) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False)
 
 
-def chunk_bounds(plan: RowPlan, chunk_tokens: int = CHUNK_TOKENS) -> list[tuple[int, int]]:
-    """Row ranges ``[first, last)`` of about ``chunk_tokens`` tokens each (at least one range).
+def chunk_bounds(plan: RowPlan, chunk_tokens: int | None = None) -> list[tuple[int, int]]:
+    """Row ranges ``[first, last)`` of about ``chunk_tokens`` (default ``CHUNK_TOKENS``) tokens each (at least one range).
 
     >>> from packing_collators.offline._row_plan import wrapped_plan
     >>> chunk_bounds(wrapped_plan(np.array([9, 9]), 4, order=np.arange(2)), chunk_tokens=8)
     [(0, 2), (2, 4), (4, 5)]
     """
-    rows_per_chunk = max(1, chunk_tokens // plan.capacity)
+    rows_per_chunk = max(1, (chunk_tokens or CHUNK_TOKENS) // plan.capacity)
     edges = list(range(0, plan.num_rows, rows_per_chunk)) + [plan.num_rows]
     return list(zip(edges[:-1], edges[1:])) or [(0, 0)]
 

@@ -12,6 +12,8 @@ The fingerprint hashes the source's fingerprint, every option that decides the r
 finds the JSON and loads the files (under a second at any size) instead of packing again.
 The JSON records the fingerprint too, and a build removes it first: a ``cache_file_name``
 written with other options or input, or a build stopped halfway, is packed again, never loaded.
+Each file is written as ``<name>.<random>.incomplete``, locked by its writer, then renamed; a
+build first removes those of the folder whose writer died (``_partial_files``).
 Building: the dataset's Arrow files are read directly (``_arrow_files``) and each row written
 once (``_disk_rows``; in two passes through temp files when the input is larger than memory),
 in memory bounded by a chunk plus O(examples); a dataset that is not
@@ -40,6 +42,7 @@ from ._arrow_rows import TableTokens, row_batches
 from ._columns import ExampleColumns, example_columns, read_examples
 from ._disk_rows import write_batches, write_rows
 from ._options import PackOptions
+from ._partial_files import remove_dead_partials
 from ._planning import plan_rows
 from ._row_plan import RowPlan, shard_bounds
 
@@ -144,7 +147,7 @@ def _write(dataset, options: PackOptions, path: str, progress, desc: str) -> tup
         return [path], stats
     source = ArrowFiles(*files, columns)
     plan, stats = plan_rows(source.lengths, options)
-    show = progress(plan.total_tokens)
+    show = progress(int(plan.segment_lengths.sum()))  # not plan.total_tokens: it caches 8 bytes per segment
     if options.num_proc and options.num_proc > 1 and plan.num_rows >= options.num_proc:
         return _write_in_processes(source, plan, columns, options, path, show), stats
     write_rows(source, plan, columns, path, label_pad_id=options.label_pad_id, progress=show, desc=desc)
@@ -162,6 +165,7 @@ def pack_to_cache(dataset, options: PackOptions, *, path: str | None, load_from_
     # first: a build stopped halfway must not leave old stats listing its new rows
     with contextlib.suppress(FileNotFoundError):
         os.remove(stats_path)
+    remove_dead_partials(os.path.dirname(os.path.abspath(path)))  # what killed builds left (never a live one's)
     outs, stats = _write(dataset, options, path, progress, desc)
     record = {
         "fingerprint": fingerprint,

@@ -4,8 +4,8 @@ The rows come out shuffled, so one output chunk's tokens are scattered over the 
 When the input's token columns fit in the available memory (``MEMORY_SHARE`` of ``MemAvailable``,
 so they stay in the page cache), each chunk is gathered straight from the input's memory map::
 
-    one pass   for each chunk of rows: its segments, read from the input in file order
-               (one memcpy per segment), put in row order (one more, in memory), written
+    one pass   for each chunk of rows: each segment copied from the input's map straight to
+               its place in row order (one memcpy), into reused buffers, written
                    input   [e0 e1 e2 e3 | e4 e5 e6 e7 | ...]     mapped, pages kept until the end
                    out     [chunk 0 rows | chunk 1 rows | ...]   each row written once
 
@@ -18,19 +18,24 @@ after chunk would read it from disk once per chunk, so it is read once, in order
     pass 2 (gather)   read one chunk's region of the temp file, put its segments in row order,
                       write its rows (one record batch) to the output file
 
-Memory: a chunk of rows (about 16M tokens; the one pass builds two at once, in threads) plus
-O(segments) for the plan; the one pass also maps the input's pages (file-backed and clean: they
-count in the RSS, and the kernel can drop them), the two passes one window (released after use).
-Disk: the one pass writes each row once; the two passes also write (and read back) one temp
-file per token column, deleted at the end. Cost: measured in ``benchmarks/results/pack_at_scale_3m.md``
-(3,000,000 ``sft`` examples); a writer thread lets the kernel copy one chunk out while the next
-ones are built. No Python loop over examples or tokens.
+Memory (anonymous): three chunks of rows (``CHUNK_TOKENS_ON_DISK``, 2M tokens: two being built
+in threads, one being written; the one pass reuses their buffers), plus the plan (O(segments));
+what planning freed is given back (:func:`release_freed_memory`).
+The one pass also maps the input's pages (file-backed and clean: they count in the RSS, not in
+the anonymous memory, and the kernel can drop them); the two passes read one window at a time,
+released after use. Disk: the one pass writes each row once; the two passes also write (and
+read back) one temp file per token column, deleted at the end. Measured against TRL:
+``benchmarks/results/pack_at_scale_3m.md``. A writer thread lets the kernel copy one chunk out
+while the next ones are built. No Python loop over tokens; the one pass makes a numpy view per
+segment for ``np.concatenate`` (about 0.3 us each), the two passes none.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
+import logging
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -42,12 +47,21 @@ import pyarrow as pa
 from ._arrow_files import ArrowFiles
 from ._arrow_rows import chunk_bounds, gather_runs, rows_batch
 from ._columns import ExampleColumns
+from ._partial_files import locked_partial
 from ._row_plan import RowPlan
 
-__all__ = ["MEMORY_SHARE", "scatter_positions", "write_batches", "write_rows"]
+__all__ = ["MEMORY_SHARE", "release_freed_memory", "scatter_positions", "write_batches", "write_rows"]
+
+logger = logging.getLogger(__name__)
 
 MEMORY_SHARE = 0.5
 """One pass when the input's token bytes are at most this share of the available memory (they stay in the page cache)."""
+
+CHUNK_TOKENS_ON_DISK = 1 << 21
+"""Tokens per chunk of rows written to a file (one record batch); about three chunks are in memory at once."""
+
+BUILDERS = 2
+"""Threads building chunks in the one pass (numpy and Arrow release the GIL; a third thread writes)."""
 
 
 def scatter_positions(plan: RowPlan, bounds: list[tuple[int, int]], num_examples: int) -> np.ndarray:
@@ -147,7 +161,7 @@ def _scatter(files: ArrowFiles, plan: RowPlan, positions: np.ndarray, temps: dic
         token_starts = np.r_[0, np.cumsum(lengths)]
         data = {}
         for name in temps:
-            starts = files.positions[name][plan.example[segments]] + plan.skip[segments]
+            starts = files.starts(name, plan.example[segments]) + plan.skip[segments]
             data[name] = gather_runs(files.view(window.file, name), starts, lengths)  # fresh arrays: no reuse
         files.release(window.file)
         writer.submit(_pwrite_runs, temps, data, runs, token_starts, dest)
@@ -157,18 +171,15 @@ def _scatter(files: ArrowFiles, plan: RowPlan, positions: np.ndarray, temps: dic
 
 def _gather(files, plan, positions, temps, columns, label_pad_id, buffers, bar) -> Iterator[pa.RecordBatch]:
     """Pass 2: each chunk's rows, its tokens read back from the temp files."""
-    for chunk_index, (first, last) in enumerate(chunk_bounds(plan)):
+    for chunk_index, (first, last) in enumerate(chunk_bounds(plan, CHUNK_TOKENS_ON_DISK)):
         part = plan.rows(first, last)
         s0, s1, base = int(plan.row_offsets[first]), int(plan.row_offsets[last]), int(plan.row_starts[first])
         starts = positions[s0:s1] - base
         tokens = {}
         for name, temp in temps.items():
-            chunk = _pread_all(
-                temp,
-                buffers.get(name, part.total_tokens, files.dtype(name)),
-                base * files.dtype(name).itemsize,
-            )
-            tokens[name] = gather_runs(chunk, starts, part.length)
+            dtype = files.dtype(name)
+            chunk = _pread_all(temp, buffers.get(name, part.total_tokens, dtype), base * dtype.itemsize)
+            tokens[name] = gather_runs(chunk, starts, part.length)  # fresh: the buffer is read into again
         kept = {name: files.take(name, part.example) for name in columns.keep}
         if columns.keep:
             files.release()
@@ -181,12 +192,11 @@ def _gather(files, plan, positions, temps, columns, label_pad_id, buffers, bar) 
 def write_batches(batches: Iterable[pa.RecordBatch], path: str, writer: _Writer | None = None) -> None:
     """Record batches into an Arrow stream file at ``path`` (written beside it, then renamed: never half a file).
 
-    With ``writer``, each batch is written in its thread while the next one is built.
+    With ``writer``, each batch is written in its thread while the next one is built. The partial
+    file is locked while it is written (``_partial_files``), so a later build removes it only if
+    this process dies before renaming it.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, partial = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".incomplete")
-    os.close(handle)
-    try:
+    with locked_partial(path) as partial:
         stream = None
         with pa.OSFile(partial, "wb") as sink:
             for batch in batches:
@@ -200,45 +210,59 @@ def write_batches(batches: Iterable[pa.RecordBatch], path: str, writer: _Writer 
             stream.close()
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(partial, 0o666 & ~umask)  # as Dataset.map leaves its cache files (mkstemp made it 0o600)
+        os.chmod(partial, 0o666 & ~umask)  # as Dataset.map leaves its cache files (it was made 0o600)
         os.replace(partial, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-        raise
 
 
-def _chunk_rows(files: ArrowFiles, plan: RowPlan, columns: ExampleColumns, label_pad_id: int) -> pa.RecordBatch:
-    """One chunk's rows, its segments read straight from the input's memory map (file by file, front to back)."""
-    by_example = np.argsort(plan.example, kind="stable")
-    examples, lengths = plan.example[by_example], plan.length[by_example]
-    edges = np.searchsorted(files.file_of[examples], np.arange(len(files.paths) + 1)).tolist()
-    starts = np.empty(len(lengths), np.int64)  # where each segment is in the input-order gather
-    starts[by_example] = np.cumsum(lengths) - lengths
+def _copy_runs(views: list[np.ndarray], file_of, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray):
+    """``views[file_of[i]][starts[i] : starts[i] + lengths[i]]`` end to end, into ``out`` (its length: their total).
+
+    One memcpy per run into a buffer that is reused, where a gather into fresh memory would fault
+    its pages in again for every chunk.
+    """
+    ends = (starts + lengths).tolist()
+    pieces = [views[f][s:e] for f, s, e in zip(file_of.tolist(), starts.tolist(), ends)]
+    return np.concatenate(pieces, out=out) if pieces else out
+
+
+def _chunk_rows(
+    files: ArrowFiles, plan: RowPlan, columns: ExampleColumns, label_pad_id: int, buffers: _Buffers
+) -> pa.RecordBatch:
+    """One chunk's rows, each segment copied from the input's memory map straight to its place in ``buffers``."""
+    file_of = np.searchsorted(files.file_first, plan.example, side="right") - 1
     tokens = {}
     for name in columns.tokens:
-        starts_in_files = files.positions[name][examples] + plan.skip[by_example]
-        pieces = [
-            gather_runs(files.view(f, name), starts_in_files[a:b], lengths[a:b])
-            for f, (a, b) in enumerate(zip(edges[:-1], edges[1:]))
-            if b > a
-        ]
-        flat = pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.empty(0, files.dtype(name))
-        tokens[name] = gather_runs(flat, starts, plan.length)
+        views = [files.view(f, name) for f in range(len(files.paths))]
+        starts = files.starts(name, plan.example) + plan.skip
+        out = buffers.get(name, plan.total_tokens, files.dtype(name))
+        tokens[name] = _copy_runs(views, file_of, starts, plan.length, out)
     kept = {name: files.take(name, plan.example) for name in columns.keep}
-    return rows_batch(plan, tokens, columns, label_pad_id, kept)
+    positions_out = buffers.get("position_ids", plan.total_tokens, np.int32)
+    return rows_batch(plan, tokens, columns, label_pad_id, kept, positions_out=positions_out)
 
 
 def _one_pass(files, plan, columns, label_pad_id, pool: ThreadPoolExecutor, bar) -> Iterator[pa.RecordBatch]:
-    """Each chunk's rows, built in ``pool`` one chunk ahead of the one yielded, in order; each row written once."""
+    """Each chunk's rows, built in ``pool`` one chunk ahead of the one yielded, in order.
+
+    A chunk's columns live in one of ``BUILDERS + 1`` sets of buffers, reused: a set is free again
+    once its chunk is written, which it is when the consumer asks for the chunk after it
+    (:func:`write_batches` hands each batch to its writer after the previous one is written).
+    """
+    free = collections.deque(_Buffers() for _ in range(BUILDERS + 1))
     pending: collections.deque = collections.deque()
-    bounds = chunk_bounds(plan)
+    written = None  # the buffers of the chunk given to the writer last
+    bounds = chunk_bounds(plan, CHUNK_TOKENS_ON_DISK)
     for index, (first, last) in enumerate(bounds):
         part = plan.rows(first, last)
-        pending.append((pool.submit(_chunk_rows, files, part, columns, label_pad_id), part.total_tokens))
+        buffers = free.popleft()
+        future = pool.submit(_chunk_rows, files, part, columns, label_pad_id, buffers)
+        pending.append((future, buffers, part.total_tokens))
         while pending and (len(pending) > 1 or index == len(bounds) - 1):
-            future, tokens = pending.popleft()
+            future, buffers, tokens = pending.popleft()
             yield future.result()
+            if written is not None:  # asked for the next chunk: the one before this is written
+                free.append(written)
+            written = buffers
             bar.update(2 * tokens)
     files.release()
 
@@ -255,6 +279,22 @@ def _available_memory() -> int:
     return 0
 
 
+def release_freed_memory() -> None:
+    """Give freed heap pages back to the system: Arrow's pool's, and glibc's (``malloc_trim``).
+
+    glibc keeps freed blocks smaller than its mmap threshold in the heap, and that threshold rises
+    to the largest block freed so far (up to 32 MB), so the planner's O(examples) temporaries stay
+    resident after planning (140 MB of 316 MB anonymous memory for 3M examples). Without glibc
+    (musl, macOS, Windows) only Arrow's pool is asked.
+    """
+    pa.default_memory_pool().release_unused()
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError, TypeError):  # no glibc; Windows has no CDLL(None)
+        return
+    trim(0)
+
+
 def write_rows(
     files: ArrowFiles,
     plan: RowPlan,
@@ -268,18 +308,28 @@ def write_rows(
     """The rows of ``plan`` over ``files``, written to ``path`` once (or in two passes: see the module docstring)."""
     from tqdm.auto import tqdm
 
-    token_bytes = plan.total_tokens * sum(files.dtype(name).itemsize for name in columns.tokens)
+    total_tokens = int(plan.length.sum())  # plan.total_tokens caches 8 bytes per segment (a chunk's: few)
+    token_bytes = total_tokens * sum(files.dtype(name).itemsize for name in columns.tokens)
+    release_freed_memory()  # what planning freed
     with contextlib.ExitStack() as stack:
+        stack.callback(release_freed_memory)  # the chunks' buffers
         bar = stack.enter_context(
-            tqdm(total=2 * plan.total_tokens, desc=desc, unit="tok", unit_scale=True, disable=not progress)
+            tqdm(total=2 * total_tokens, desc=desc, unit="tok", unit_scale=True, disable=not progress)
         )
         writer = _Writer(stack.enter_context(ThreadPoolExecutor(max_workers=1)))
-        if token_bytes <= MEMORY_SHARE * _available_memory():
-            builders = stack.enter_context(ThreadPoolExecutor(max_workers=2))
+        available = _available_memory()
+        one_pass = token_bytes <= MEMORY_SHARE * available
+        logger.info(
+            "pack_dataset: writing %d rows (%.2f GB of tokens, %.2f GB available) %s",
+            plan.num_rows, token_bytes / 1e9, available / 1e9,
+            "in one pass from the mapped input" if one_pass else "in two passes through temp files",
+        )  # fmt: skip
+        if one_pass:
+            builders = stack.enter_context(ThreadPoolExecutor(max_workers=BUILDERS))
             write_batches(_one_pass(files, plan, columns, label_pad_id, builders, bar), path, writer)
             return
-        bounds = chunk_bounds(plan)
-        positions = scatter_positions(plan, bounds, len(files.lengths))
+        bounds = chunk_bounds(plan, CHUNK_TOKENS_ON_DISK)
+        positions = scatter_positions(plan, bounds, int(files.file_first[-1]))
         directory = os.path.dirname(os.path.abspath(path))
         temps = {name: stack.enter_context(tempfile.TemporaryFile(dir=directory)) for name in columns.tokens}
         _scatter(files, plan, positions, temps, writer, bar)

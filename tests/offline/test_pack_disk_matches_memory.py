@@ -45,6 +45,7 @@ def test_disk_rows_and_stats_equal_the_in_memory_ones(tmp_path, monkeypatch, see
     monkeypatch.setattr(_disk_rows, "MEMORY_SHARE", 1.0 if passes == 1 else 0.0)
     monkeypatch.setattr(_arrow_files, "WINDOW_TOKENS", 700)
     monkeypatch.setattr(_arrow_rows, "CHUNK_TOKENS", 500)
+    monkeypatch.setattr(_disk_rows, "CHUNK_TOKENS_ON_DISK", 300)
     max_length = 48
     data, lengths = random_saved(tmp_path, seed, max_length)
     if overflow == "error" and strategy != "wrapped" and lengths.max() > max_length:

@@ -45,6 +45,7 @@ OPTIONS = [
 def test_rows_on_disk_are_the_in_memory_rows(saved, options, monkeypatch):
     monkeypatch.setattr(_arrow_files, "WINDOW_TOKENS", 5_000)  # many windows of input
     monkeypatch.setattr(_arrow_rows, "CHUNK_TOKENS", 4_000)  # and many chunks of output
+    monkeypatch.setattr(_disk_rows, "CHUNK_TOKENS_ON_DISK", 3_000)
     memory, memory_stats = pack_dataset(
         saved, 100, keep_columns=["id"], keep_in_memory=True, return_stats=True, **options
     )
@@ -110,6 +111,20 @@ def test_column_removals_and_renames_still_read_the_files(saved):
     assert isinstance(_arrow_files.dataset_arrow_files(saved.select(range(10))), str)  # a slice is not the files
 
 
+def test_large_list_columns_are_read_through_their_64_bit_offsets(tmp_path):
+    from datasets import Features, LargeList, Value
+
+    rng = np.random.default_rng(1)
+    ids = [rng.integers(0, 1000, k).tolist() for k in rng.integers(1, 40, 300)]
+    features = Features({"input_ids": LargeList(Value("int32")), "labels": LargeList(Value("int64"))})
+    data = Dataset.from_dict({"input_ids": ids, "labels": ids}, features=features)
+    data.save_to_disk(str(tmp_path / "d"), num_shards=3)
+    saved = load_from_disk(str(tmp_path / "d"))
+    assert saved.cache_files and isinstance(_arrow_files.dataset_arrow_files(saved), tuple)
+    on_disk, in_memory = (pack_dataset(saved, 64, overflow="split", keep_in_memory=m) for m in (False, True))
+    assert on_disk.cache_files and on_disk[:] == in_memory[:]
+
+
 def test_errors_on_disk_name_the_example_in_the_whole_dataset(tmp_path):
     ids = [[1, 2]] * 300 + [[1, 2, 3, 4, 5, 6, 7, 8, 9]]
     mask = [[1, 1]] * 250 + [[1, 0]] + [[1, 1]] * 49 + [[1] * 9]
@@ -166,6 +181,7 @@ def test_without_madvise_pwrite_or_preadv_the_files_are_still_written(saved, mon
     monkeypatch.setattr(_disk_rows, "MEMORY_SHARE", 0.0)  # two passes: the temp files are written and read
     monkeypatch.setattr(_arrow_files, "WINDOW_TOKENS", 5_000)
     monkeypatch.setattr(_arrow_rows, "CHUNK_TOKENS", 4_000)
+    monkeypatch.setattr(_disk_rows, "CHUNK_TOKENS_ON_DISK", 3_000)
     assert pack_dataset(saved, 100, overflow="split", keep_columns=["id"])[:] == expected[:]
 
 
@@ -177,6 +193,7 @@ def test_an_input_that_fits_in_memory_is_written_once_with_no_temp_file(saved, m
 
     monkeypatch.setattr(_disk_rows.tempfile, "TemporaryFile", no_temp_file)
     monkeypatch.setattr(_arrow_rows, "CHUNK_TOKENS", 4_000)
+    monkeypatch.setattr(_disk_rows, "CHUNK_TOKENS_ON_DISK", 3_000)
     assert pack_dataset(saved, 100, overflow="split", keep_columns=["id"])[:] == expected[:]
     monkeypatch.setattr(_disk_rows, "_available_memory", lambda: 0)  # unknown or too little: two passes
     with pytest.raises(AssertionError, match="a temp file was written"):
