@@ -15,6 +15,10 @@ built only on the ones above it in this map::
     attention/ register_varlen_attention,                varlen attention backends (torch's kernel
                register_fa4_attention, choose_attention, as packing_varlen, FA4's as packing_fa4)
                warm_up_attention                         and the fastest packed-correct one here
+    models/    enable_packing                            hybrids (Gated DeltaNet, Mamba, short convs) and
+                                                         VLMs keep packed examples apart: stateful layers
+                                                         per example or on varlen kernels, each example's
+                                                         multimodal positions
     checks/    check_packing_support, probe_packing,     refuse, before training, a model, batch or
                ProbeReport                               collator that would mix examples; the probe
     parallel/  SequenceShardCollator, shard_flat_batch,  sequence parallelism (Ulysses) for packed rows:
@@ -29,8 +33,9 @@ built only on the ones above it in this map::
     _progress.py      when long work shows a progress bar (one rule, following datasets/transformers)
     _model_unwrap.py  the transformers model inside its wrappers, and its text config
 
-``PackingTrainer``, ``PackingCheckCallback``, ``PackingMetricsCallback`` and ``MultipackBatchSampler``
-load on first use (they import transformers' Trainer or torch), so ``import packing_collators`` stays fast.
+``PackingTrainer``, ``PackingCheckCallback``, ``PackingMetricsCallback``, ``MultipackBatchSampler`` and
+``enable_packing`` load on first use (they import transformers' Trainer or torch), so
+``import packing_collators`` stays fast.
 """
 
 from ._version import __version__  # noqa: F401  (the version, not in __all__)
@@ -47,7 +52,6 @@ from .chat import ChatStats, tokenize_chat, tokenize_chat_example
 from .checks import ProbeReport, check_packing_support, probe_packing
 from .collate import FlatteningCollator, PrePackedCollator, concatenate_and_pack, length_buckets, pack_sequences
 from .engine import PackingResult, PackStats, pack_lengths
-from .models import enable_packing
 from .offline import pack_dataset
 from .parallel import (
     SequenceShardCollator,
@@ -127,6 +131,10 @@ def __getattr__(name: str):
         from . import trainer
 
         return getattr(trainer, name)
+    if name == "enable_packing":  # models/ imports torch
+        from .models import enable_packing
+
+        return enable_packing
     if name == "MultipackBatchSampler":
         from . import sampler
 

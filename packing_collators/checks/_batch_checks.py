@@ -48,7 +48,9 @@ def _check_cu_seq_lens(cu: np.ndarray, positions: np.ndarray, kind: str, impleme
             f"cu_seq_lens_q={cu.tolist()[:8]}... does not split the {positions.size} tokens of the batch "
             "(it must start at 0, never decrease and end at the token count)."
         )
-    if kind == "position_ids" and not np.array_equal(segments_from_positions(positions), cu[np.r_[True, np.diff(cu) > 0]]):
+    if kind == "position_ids" and not np.array_equal(
+        segments_from_positions(positions), cu[np.r_[True, np.diff(cu) > 0]]
+    ):
         raise ValueError(
             f"position_ids do not restart where cu_seq_lens_q says examples start, and {implementation!r} "
             "separates examples by position_ids only, so they would attend to each other. "

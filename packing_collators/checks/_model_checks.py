@@ -19,7 +19,6 @@ from typing import Any
 from .._compat import attn_implementation
 from .._model_unwrap import text_config, unwrap_model
 from ..attention import FLASH_IMPLEMENTATIONS, attention_kind, check_backend_limits
-from ..models import find_stateful_layers, multimodal_model, packing_layers
 
 __all__ = ["check_model"]
 
@@ -62,6 +61,8 @@ def check_model(model) -> tuple[str, Any]:
 def _check_prepared(model, config, name: str) -> None:
     """Refuse a model whose layers carry state along the sequence, or whose rotary positions come from image
     grids, unless ``enable_packing`` prepared it; and a multimodal rope no module of the model computes."""
+    from ..models import find_stateful_layers, multimodal_model, packing_layers  # torch, on first use
+
     if packing_layers(model) is None:
         stateful = Counter(type(layer).__name__ for _, layer in find_stateful_layers(model))
         if stateful:

@@ -41,7 +41,7 @@ import numpy as np
 from .._compat import attn_implementation
 from .._model_unwrap import text_config
 from ..attention import attention_kind
-from ..models import packing_layers
+from ._probe_images import probe_image
 from ._probe_parts import PROBE_LENGTHS, model_inputs, output_logits, probe_dtype, synthetic_tokens, tolerance
 
 __all__ = ["ProbeReport", "probe_packing", "refuse_failed_probe"]
@@ -94,14 +94,16 @@ class ProbeReport:
         )
 
 
-def _features(examples: list[np.ndarray], prepacked: bool) -> list[dict]:
+def _features(examples: list[np.ndarray], prepacked: bool, image=None, seed: int = 0) -> list[dict]:
     """Examples as a dataset gives them, or (``prepacked``) as pack_dataset rows: A in one row, B+C in another.
 
     The changed example (B) shares its row with the one after it, so a collator whose rows let
     a row's examples attend to each other (several rows, no cu_seq_lens, flash attention) moves C.
+    With an ``image`` (a vision-language model), each example carries the keys a processor gives it.
     """
     if not prepacked:
-        return [{"input_ids": ids.tolist()} for ids in examples]
+        extra = (lambda ids: image.features(ids, seed)) if image is not None else (lambda ids: {})
+        return [{"input_ids": ids.tolist(), **extra(ids)} for ids in examples]
     rows = [examples[:1], examples[1:]]
     return [
         {
@@ -132,8 +134,9 @@ def _example_slices(features: list[dict], examples: list[np.ndarray], batch_ids:
     return slices
 
 
-def _alone_inputs(example: np.ndarray, config, collator, device) -> dict:
-    """One example as a padded batch of one would give it: just ``input_ids`` (the model numbers positions).
+def _alone_inputs(feature: dict, config, collator, device) -> dict:
+    """One example as a padded batch of one would give it: its ``input_ids`` (and image keys; the model
+    numbers positions).
 
     A kernel that reads cu_seq_lens (flash attention, ``packing_varlen``) gets the example flattened
     on its own: the varlen kernel training runs (FA4 compiles no other variant for the probe).
@@ -146,8 +149,14 @@ def _alone_inputs(example: np.ndarray, config, collator, device) -> dict:
     if attention_kind(implementation) == "cu_seq_lens":
         options = getattr(collator, "options", None)
         start = options.position_ids_start if options is not None else 0
-        return model_inputs(FlatteningCollator(position_ids_start=start)([{"input_ids": example.tolist()}]), device)
-    return {"input_ids": torch.as_tensor(example)[None].to(device)}
+        return model_inputs(FlatteningCollator(position_ids_start=start)([feature]), device)
+    inputs = {
+        k: torch.as_tensor(np.asarray(v))[None] for k, v in feature.items() if k in ("input_ids", "mm_token_type_ids")
+    }
+    inputs.update(
+        {k: torch.as_tensor(np.asarray(feature[k])) for k in ("pixel_values", "image_grid_thw") if k in feature}
+    )
+    return {k: v.to(device) for k, v in inputs.items()}
 
 
 def _logits(model, inputs: dict, tokens: int | None = None) -> np.ndarray:
@@ -228,19 +237,24 @@ def _first_parameter(model, lengths: Sequence[int]):
     return parameter
 
 
-def _probe_batches(config, collator, prepacked: bool, lengths: Sequence[int], seed: int, varlen: bool):
+def _probe_batches(config, collator, prepacked: bool, lengths: Sequence[int], seed: int, varlen: bool, image):
     """The examples (the last one first too, under a varlen kernel), the changed one's index, the packed
-    batch, the batch with that example's tokens changed, and each example's slice of the packed row."""
-    examples = synthetic_tokens(config, lengths, seed)
+    batch, the batch with that example's tokens changed, each example's slice of the packed row, and
+    the last example's features (an ``image`` goes into it, for a vision-language model)."""
+    avoid = image.token_ids if image is not None else ()
+    examples = synthetic_tokens(config, lengths, seed, avoid)
+    if image is not None:
+        examples[-1] = image.insert(examples[-1])
     if varlen:
         examples = [examples[-1], *examples]
     changed = list(examples)
     middle = len(examples) // 2
-    changed[middle] = synthetic_tokens(config, [len(examples[middle])], seed + 1)[0]
-    features = _features(examples, prepacked)
-    batch, leaked_batch = collator(features), collator(_features(changed, prepacked))
+    changed[middle] = synthetic_tokens(config, [len(examples[middle])], seed + 1, avoid)[0]
+    features = _features(examples, prepacked, image, seed)
+    batch, leaked_batch = collator(features), collator(_features(changed, prepacked, image, seed))
     slices = _example_slices(features, examples, np.asarray(batch["input_ids"]))
-    return examples, middle, batch, leaked_batch, slices
+    last = _features(examples[-1:], False, image, seed)[0]
+    return examples, middle, batch, leaked_batch, slices, last
 
 
 def probe_packing(
@@ -286,7 +300,10 @@ def probe_packing(
     # a varlen kernel reads cu_seq_lens, so the first segment of the packed row is a true "alone"
     # run of the last example (the leak test vouches that nothing reaches it): one forward saved
     varlen = attention_kind(attn_implementation(config)) == "cu_seq_lens"
-    examples, middle, batch, leaked_batch, slices = _probe_batches(config, collator, prepacked, lengths, seed, varlen)
+    image = None if prepacked else probe_image(model)  # a vision-language model's probe holds an image
+    examples, middle, batch, leaked_batch, slices, last = _probe_batches(
+        config, collator, prepacked, lengths, seed, varlen, image
+    )
     packed_inputs, leaked_inputs = model_inputs(batch, parameter.device), model_inputs(leaked_batch, parameter.device)
     was_training = model.training
     model.eval()
@@ -301,7 +318,7 @@ def probe_packing(
             if varlen:
                 alone = packed[slices[0]]
             else:
-                alone = _logits(model, _alone_inputs(examples[-1], config, collator, parameter.device))
+                alone = _logits(model, _alone_inputs(last, config, collator, parameter.device))
             shape = tuple(np.asarray(batch["input_ids"]).shape)
             eager = getattr(model, "_orig_mod", model)  # hooks on a compiled model's modules would recompile it
             culprit = _first_moved(eager, packed_inputs, leaked_inputs, others, shape) if leak else None
@@ -320,8 +337,14 @@ def probe_packing(
         leak=leak,
         culprit=culprit,
         seconds=time.perf_counter() - started,
-        prepared=packing_layers(model) is not None,
+        prepared=_prepared(model),
     )
+
+
+def _prepared(model) -> bool:
+    from ..models import packing_layers
+
+    return packing_layers(model) is not None
 
 
 def refuse_failed_probe(report: ProbeReport, kind: str) -> None:

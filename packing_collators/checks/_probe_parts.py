@@ -23,8 +23,8 @@ PROBE_LENGTHS = (7, 5, 9)
 _TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 5e-2, "float16": 2e-2}
 
 
-def synthetic_tokens(config, lengths: Sequence[int], seed: int) -> list[np.ndarray]:
-    """Random token ids, one int64 array per length, avoiding the special tokens of ``config``.
+def synthetic_tokens(config, lengths: Sequence[int], seed: int, avoid: Sequence[int] = ()) -> list[np.ndarray]:
+    """Random token ids, one int64 array per length, avoiding the special tokens of ``config`` (and ``avoid``).
 
     >>> from transformers import LlamaConfig
     >>> [ids.tolist() for ids in synthetic_tokens(LlamaConfig(vocab_size=16, pad_token_id=0), [3, 2], seed=0)]
@@ -33,7 +33,7 @@ def synthetic_tokens(config, lengths: Sequence[int], seed: int) -> list[np.ndarr
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     if vocab < 8:
         raise ValueError(f"The packing probe needs a model with a vocabulary (config.vocab_size={vocab}).")
-    special = set()
+    special = set(avoid)
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):  # eos may be a list (Llama 3.1 Instruct, GLM-4)
         value = getattr(config, key, None)
         special.update(value if isinstance(value, (list, tuple)) else [value])

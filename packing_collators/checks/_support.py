@@ -24,7 +24,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from .._model_unwrap import probe_module, unwrap_model
+from .._model_unwrap import probe_module
 from ..attention import attention_kind
 from ._batch_checks import check_batch
 from ._model_checks import check_model

@@ -45,11 +45,15 @@ class PackingLayers:
 
     Attributes:
         paths: ``{layer class: path}``; ``counts``: ``{layer class: how many}``.
+        stateful: the classes of the layers that carry state along the sequence.
+        multimodal: the class that numbers multimodal positions per example, or None.
         segments: the examples of the last batch the model was called with (None: not packed).
     """
 
     paths: dict[str, str] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    stateful: tuple[str, ...] = ()
+    multimodal: str | None = None
     segments: RowSegments | None = None
     source: Any = None
     masks: dict = field(default_factory=dict)
@@ -235,13 +239,15 @@ def prepare_model(model, find_kernels):
         counts[name] += 1
         layer.forward = _stateful_forward(layer, layer.forward, state, kernels, layout)
     state.counts = dict(counts)
+    state.stateful = tuple(counts)
     if layers:
         _rebuild_attention_masks(inner, state, {id(layer) for _, layer in layers})
     _install_hooks(inner, state)
     multimodal = multimodal_model(inner)
     if multimodal is not None:
         multimodal.register_forward_pre_hook(MultimodalPositions(multimodal, state), with_kwargs=True)
-        state.paths["multimodal rotary positions"] = f"{type(multimodal).__name__}.get_rope_index per example"
+        state.multimodal = type(multimodal).__name__
+        state.paths["multimodal rotary positions"] = f"{state.multimodal}.get_rope_index per example"
         state.counts["multimodal rotary positions"] = 1
     setattr(inner, _STATE, state)
     logger.info("enable_packing(%s): %s", type(inner).__name__, state.summary())

@@ -7,7 +7,8 @@ computes them without touching the tokens or building a Python object per row
 seen through ``select``/``shuffle``/``train_test_split`` (an indices mapping) gets its
 lengths in that order, without flattening the mapping. :func:`example_lengths` is the one
 reading of example lengths for any map-style dataset (``PackingTrainer`` calls it): the
-Arrow column when there is one, else ``len(dataset[i][column])``.
+Arrow column when there is one, else ``len(dataset[i][column])``, plus the vision patches of
+an example with images (``_vision_cost.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._compat import dataset_indices
+from ._vision_cost import vision_patches
 
 __all__ = ["example_lengths", "lengths_from_dataset"]
 
@@ -84,7 +86,8 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
 
 def example_lengths(dataset: Any, column: str = "input_ids", *, reader: str = "PackingTrainer") -> np.ndarray:
     """int64 (n,) tokens per example of any map-style dataset: :func:`lengths_from_dataset` for a
-    ``datasets.Dataset``, else ``len(dataset[i][column])`` for each example (``reader`` names the caller in errors).
+    ``datasets.Dataset``, else ``len(dataset[i][column])`` for each example (``reader`` names the caller in errors);
+    an example with images or videos (``image_grid_thw`` / ``video_grid_thw``) also counts its vision patches.
 
     >>> example_lengths([{"input_ids": [1, 2, 3]}, {"input_ids": [4]}]).tolist()
     [3, 1]
@@ -93,6 +96,11 @@ def example_lengths(dataset: Any, column: str = "input_ids", *, reader: str = "P
     ...
     ValueError: PackingTrainer reads example lengths from the 'input_ids' column, which dataset[0] lacks (KeyError('input_ids')); pass length_column= with the tokenized column.
     """
+    lengths = _token_lengths(dataset, column, reader)
+    return lengths + vision_patches(dataset, len(lengths))  # a VLM's images cost their patches too
+
+
+def _token_lengths(dataset: Any, column: str, reader: str) -> np.ndarray:
     try:
         import datasets
 
