@@ -391,31 +391,18 @@ def check(model, batch: dict, collator) -> dict:
     }
 
 
-def sweep_model(model_type: str, class_name: str, attentions=ATTENTIONS) -> list[dict]:
-    """One row per attention implementation (or one "cannot build" row) for ``model_type``."""
-    from packing_collators import FlatteningCollator
-    from packing_collators._model_unwrap import text_config
-    from packing_collators.attention import is_recurrent as _is_recurrent
+def _needs_preparing(model) -> bool:
+    """Whether the model has layers that carry state or multimodal positions (what enable_packing prepares)."""
+    from packing_collators.models import find_stateful_layers, multimodal_model
 
-    row = {"model_type": model_type, "class": class_name}
-    started = time.perf_counter()
-    try:
-        model = build_tiny(model_type, class_name)
-        collator = FlatteningCollator(return_seq_idx=_is_recurrent(text_config(model)))
-        examples = random_examples(model.config)
-    except Exception as error:  # noqa: BLE001 - every failure is a row
-        default = "" if _default_builds(model_type, class_name) else " (its default config fails too)"
-        return [
-            {
-                **row,
-                "attention": "-",
-                "verdict": "cannot build",
-                "loss_difference": None,
-                "reason": "cannot build tiny: " + _short(error) + default,
-                "seconds": time.perf_counter() - started,
-            }
-        ]
-    rows = []
+    return bool(find_stateful_layers(model)) or multimodal_model(model) is not None
+
+
+def _attention_rows(model, examples: list[dict], row: dict, attentions) -> list[dict]:
+    """One row per attention implementation of ``model`` as it is (prepared by enable_packing or not)."""
+    from packing_collators import FlatteningCollator
+
+    collator, rows = FlatteningCollator(), []
     for attention in attentions:
         started = time.perf_counter()
         out = {**row, "attention": attention, "loss_difference": None, "reason": ""}
@@ -433,6 +420,36 @@ def sweep_model(model_type: str, class_name: str, attentions=ATTENTIONS) -> list
         out["accepted_and_wrong"] = out["verdict"] == "accepted" and not out["loss_difference"] <= WRONG
         out["seconds"] = time.perf_counter() - started
         rows.append(out)
+    return rows
+
+
+def sweep_model(model_type: str, class_name: str, attentions=ATTENTIONS) -> list[dict]:
+    """One row per attention implementation (or one "cannot build" row) for ``model_type``; a model with
+    layers that carry state (hybrids) or multimodal positions gets its rows twice: as built, then after
+    ``enable_packing`` (``prepared``)."""
+    from packing_collators import enable_packing
+
+    row = {"model_type": model_type, "class": class_name, "prepared": False}
+    started = time.perf_counter()
+    try:
+        model = build_tiny(model_type, class_name)
+        examples = random_examples(model.config)
+    except Exception as error:  # noqa: BLE001 - every failure is a row
+        default = "" if _default_builds(model_type, class_name) else " (its default config fails too)"
+        return [
+            {
+                **row,
+                "attention": "-",
+                "verdict": "cannot build",
+                "loss_difference": None,
+                "reason": "cannot build tiny: " + _short(error) + default,
+                "seconds": time.perf_counter() - started,
+            }
+        ]
+    rows = _attention_rows(model, examples, row, attentions)
+    if _needs_preparing(model):
+        prepared = enable_packing(build_tiny(model_type, class_name))
+        rows += _attention_rows(prepared, examples, {**row, "prepared": True}, attentions)
     return rows
 
 
@@ -484,14 +501,20 @@ def markdown(rows: list[dict], summary: dict, header: dict) -> str:
         "(2 layers or one per layer kind, hidden 32, vocab 128, sliding windows of 4 tokens); flex_attention "
         + ("compiled." if header["compile_flex"] else "uncompiled (the same block masks, computed unfused)."),
         "",
-        "| model_type | class | attention | verdict | loss difference | reason |",
-        "|---|---|---|---|---|---|",
+        "A model with layers that carry state along the sequence (hybrids) or multimodal positions has its",
+        "rows twice: as built (`prepared` no: refused, or wrong if accepted) and after `enable_packing(model)`.",
+        "",
+        "| model_type | class | prepared | attention | verdict | loss difference | reason |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         diff = "" if r["loss_difference"] is None else f"{r['loss_difference']:.2e}"
         verdict = "**accepted and WRONG**" if r.get("accepted_and_wrong") else r["verdict"]
         reason = r["reason"].replace("|", "\\|")
-        lines.append(f"| {r['model_type']} | {r['class']} | {r['attention']} | {verdict} | {diff} | {reason} |")
+        prepared = "yes" if r.get("prepared") else "no"
+        lines.append(
+            f"| {r['model_type']} | {r['class']} | {prepared} | {r['attention']} | {verdict} | {diff} | {reason} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -554,7 +577,7 @@ def main() -> None:
             new = sweep_model(model_type, class_name, args.attention)
         for r in new:
             print(
-                f"{r['model_type']:28} {r['attention']:15} {r['verdict']:14} "
+                f"{r['model_type']:28} {'prepared' if r.get('prepared') else '':8} {r['attention']:15} {r['verdict']:14} "
                 f"{'' if r['loss_difference'] is None else format(r['loss_difference'], '.1e'):9} {r['reason'][:90]}",
                 flush=True,
             )

@@ -95,10 +95,8 @@ def _read_boundaries(state: PackingLayers):
         if shape is None:
             return None
         positions = kwargs.get("position_ids")
-        if positions is None and len(args) > 2:  # (input_ids, attention_mask, position_ids, ...) positionally
-            names = list(inspect.signature(module.forward).parameters)
-            if "position_ids" in names and names.index("position_ids") < len(args):
-                positions = args[names.index("position_ids")]
+        if positions is None and args:  # (input_ids, attention_mask, position_ids, ...) given positionally
+            positions = inspect.signature(module.forward).bind_partial(*args).arguments.get("position_ids")
         cu = kwargs.get("cu_seq_lens_q")
         source = cu if cu is not None else positions
         if source is not None and source is state.source and state.segments is not None:

@@ -68,19 +68,17 @@ def packed_mask(state, mask, implementation: str, dtype: torch.dtype):
 
 def packed_mask_forward(module, original, state, config):
     """``module``'s forward with its ``attention_mask`` restricted to the packed batch's examples (sdpa/eager)."""
-    position = list(inspect.signature(original).parameters).index("attention_mask")
+    signature = inspect.signature(original)
 
     def forward(*args, **kwargs):
         implementation = attn_implementation(config)
         if state.segments is None or implementation not in ("sdpa", "eager"):
             return original(*args, **kwargs)
+        call = signature.bind(*args, **kwargs)  # the mask may come by position or by name
         hidden = args[0] if args else kwargs.get("hidden_states")
-        if len(args) > position:
-            mask = packed_mask(state, args[position], implementation, hidden.dtype)
-            args = (*args[:position], mask, *args[position + 1 :])
-        else:
-            kwargs["attention_mask"] = packed_mask(state, kwargs.get("attention_mask"), implementation, hidden.dtype)
-        return original(*args, **kwargs)
+        mask = call.arguments.get("attention_mask")
+        call.arguments["attention_mask"] = packed_mask(state, mask, implementation, hidden.dtype)
+        return original(*call.args, **call.kwargs)
 
     forward.__packing_original__ = original
     return forward

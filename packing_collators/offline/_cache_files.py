@@ -147,7 +147,7 @@ def _write(dataset, options: PackOptions, path: str, progress, desc: str) -> tup
         return [path], stats
     source = ArrowFiles(*files, columns)
     plan, stats = plan_rows(source.lengths, options)
-    show = progress(int(plan.segment_lengths.sum()))  # not plan.total_tokens: it caches 8 bytes per segment
+    show = progress(int(plan.length.sum()))  # not plan.total_tokens: it caches 8 bytes per segment
     if options.num_proc and options.num_proc > 1 and plan.num_rows >= options.num_proc:
         return _write_in_processes(source, plan, columns, options, path, show), stats
     write_rows(source, plan, columns, path, label_pad_id=options.label_pad_id, progress=show, desc=desc)

@@ -97,7 +97,12 @@ def example_lengths(dataset: Any, column: str = "input_ids", *, reader: str = "P
     ValueError: PackingTrainer reads example lengths from the 'input_ids' column, which dataset[0] lacks (KeyError('input_ids')); pass length_column= with the tokenized column.
     """
     lengths = _token_lengths(dataset, column, reader)
-    return lengths + vision_patches(dataset, len(lengths))  # a VLM's images cost their patches too
+    try:
+        table, indices = _arrow_table(dataset)
+    except TypeError:  # not Arrow-backed: each example's grids
+        table, indices = None, None
+    order = None if indices is None else indices.column(0).to_numpy()
+    return lengths + vision_patches(dataset, len(lengths), table, order)  # a VLM's images cost their patches too
 
 
 def _token_lengths(dataset: Any, column: str, reader: str) -> np.ndarray:

@@ -35,37 +35,22 @@ def _arrow_patches(column) -> np.ndarray:
     return (sums[offsets[1:]] - sums[offsets[:-1]]).astype(np.int64)
 
 
-def vision_patches(dataset: Any, count: int) -> np.ndarray:
-    """int64 (count,) vision-tower patches per example (0 without images), from the grid columns.
+def vision_patches(dataset: Any, count: int, table=None, row_order=None) -> np.ndarray:
+    """int64 (count,) vision-tower patches per example (0 without images), from the grid columns of the
+    Arrow ``table`` behind ``dataset`` (rows in ``row_order``) or, without one, of each example.
 
     >>> vision_patches([{"input_ids": [1, 2], "image_grid_thw": [[1, 4, 4]]}, {"input_ids": [3]}], 2).tolist()
     [16, 0]
     """
     total = np.zeros(count, np.int64)
-    table = _table(dataset)
     for column in GRID_COLUMNS:
         if table is not None:
             if column in table.column_names:
                 patches = _arrow_patches(table.column(column))
-                total += patches[_indices(dataset)] if _indices(dataset) is not None else patches
+                total += patches if row_order is None else patches[row_order]
             continue
         for i in range(count):
             grid = dataset[i].get(column) if hasattr(dataset[i], "get") else None
             if grid is not None:
                 total[i] += int(np.asarray(grid, np.int64).reshape(-1, 3).prod(axis=1).sum())
     return total
-
-
-def _table(dataset: Any):
-    data = getattr(dataset, "data", None)
-    table = getattr(data, "table", data)
-    import pyarrow as pa
-
-    return table if isinstance(table, pa.Table) else None
-
-
-def _indices(dataset: Any):
-    from .._compat import dataset_indices
-
-    indices = dataset_indices(dataset)
-    return None if indices is None else indices.column(0).to_numpy()

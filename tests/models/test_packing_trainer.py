@@ -1,0 +1,116 @@
+"""PackingTrainer with hybrid and vision-language models: it prepares the model itself, its first loss is the
+loss of each example run alone, the checks refuse an unprepared model, and sequence parallelism is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _hybrids import HYBRIDS, examples_for, tiny_hybrid
+from _tiny_models import training_args
+from _vlms import available, mixed_examples, tiny_vlm
+
+from packing_collators import FlatteningCollator, PackingTrainer, check_packing_support, enable_packing
+from packing_collators.models import packing_layers
+
+datasets = pytest.importorskip("datasets")
+
+
+class _Recording(FlatteningCollator):
+    """Keeps the examples of every batch it collates (the probe's first, then the training micro-batches)."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def __call__(self, features):
+        self.batches.append([dict(f) for f in features])
+        return super().__call__(features)
+
+
+def _token_loss_alone(model, examples: list[dict]) -> float:
+    """The token-mean loss of ``examples``, each run alone (a batch of one): the loss padding would give."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for example in examples:
+            example = {k: v for k, v in example.items() if v is not None}  # a text-only row of an image dataset
+            inputs = {k: torch.as_tensor(v)[None] for k, v in example.items() if k in ("input_ids", "mm_token_type_ids")}
+            inputs.update({k: torch.as_tensor(example[k]) for k in ("pixel_values", "image_grid_thw") if k in example})
+            logits = model(**inputs).logits[0, :-1].float()
+            labels = torch.as_tensor(example.get("labels", example["input_ids"]))[1:]
+            losses = torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+            total, count = total + float(losses), count + int((labels != -100).sum())
+    return total / count
+
+
+def _first_loss(tmp_path, model, reference, examples: list[dict]) -> tuple[float, float]:
+    """PackingTrainer's first logged loss (one micro-batch, no accumulation) and the same examples' loss alone."""
+    collator = _Recording()
+    args = training_args(tmp_path, max_steps=1, gradient_accumulation_steps=1, learning_rate=0.0, optim="sgd")
+    trainer = PackingTrainer(
+        model=model, args=args, train_dataset=datasets.Dataset.from_list(examples), data_collator=collator,
+        max_tokens_per_batch=10_000,
+    )  # fmt: skip
+    assert packing_layers(trainer.model) is not None  # PackingTrainer prepared it
+    trainer.train()
+    step = [e for batch in collator.batches[-1:] for e in batch]
+    logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry][0]
+    return logged, _token_loss_alone(reference, step)
+
+
+@pytest.mark.parametrize("model_type", [t for t in ("qwen3_5_text", "nemotron_h", "granitemoehybrid") if t in HYBRIDS])
+def test_the_first_loss_of_a_hybrid_is_each_example_alone(tmp_path, model_type):
+    model, reference = tiny_hybrid(model_type).train(), tiny_hybrid(model_type)
+    examples = [{**e, "labels": e["input_ids"]} for e in examples_for(model, (7, 12, 5, 9, 6, 11))]
+    logged, alone = _first_loss(tmp_path, model, reference, examples)
+    assert logged == pytest.approx(alone, rel=1e-4)
+
+
+@pytest.mark.skipif(not available(), reason="this transformers has none of the VLM types")
+def test_the_first_loss_of_a_vlm_is_each_example_alone(tmp_path):
+    model_type = "qwen2_5_vl" if "qwen2_5_vl" in available() else available()[0]
+    model, reference = tiny_vlm(model_type).train(), tiny_vlm(model_type)
+    model.config.use_cache = False
+    examples = mixed_examples(model.config)
+    for example in examples:
+        example["labels"] = [t if k == 0 else -100 for t, k in zip(example["input_ids"], example["mm_token_type_ids"])]
+        for key in ("pixel_values", "image_grid_thw"):
+            if key in example:
+                example[key] = example[key].tolist()
+    logged, alone = _first_loss(tmp_path, model, reference, examples)
+    assert logged == pytest.approx(alone, rel=1e-4)
+
+
+def test_an_unprepared_hybrid_is_refused_and_a_prepared_one_accepted():
+    model_type = "nemotron_h" if "nemotron_h" in HYBRIDS else sorted(HYBRIDS)[0]
+    model = tiny_hybrid(model_type)
+    batch = FlatteningCollator()(examples_for(model))
+    with pytest.raises(ValueError, match=r"carry state along the sequence .*enable_packing\(model\)"):
+        check_packing_support(model, batch)
+    assert check_packing_support(enable_packing(model), batch) == "sdpa"
+
+
+def test_sequence_parallelism_is_refused_for_a_hybrid(tmp_path):
+    model_type = "nemotron_h" if "nemotron_h" in HYBRIDS else sorted(HYBRIDS)[0]
+    model = tiny_hybrid(model_type)
+    examples = datasets.Dataset.from_list(examples_for(model))
+    with pytest.raises(ValueError, match=r"sequence_parallel_size=2 splits each packed row across ranks"):
+        PackingTrainer(model=model, args=training_args(tmp_path), train_dataset=examples, sequence_parallel_size=2)
+
+
+class _Smear(torch.nn.Module):
+    """A token mixer enable_packing cannot recognise: each position adds the mean of the row before it."""
+
+    def forward(self, hidden_states):
+        counts = torch.arange(1, hidden_states.shape[1] + 1, device=hidden_states.device)[None, :, None]
+        return hidden_states + 0.5 * hidden_states.cumsum(1) / counts
+
+
+def test_a_layer_kind_enable_packing_does_not_know_is_refused_by_name():
+    from _tiny_models import tiny_model
+
+    model = tiny_model("llama").eval()
+    model.config.use_cache = False
+    model.model.layers[0].mlp = torch.nn.Sequential(_Smear(), model.model.layers[0].mlp)
+    enable_packing(model)
+    with pytest.raises(ValueError, match=r"_Smear\).*a layer kind it does not know"):
+        check_packing_support(model)
