@@ -27,6 +27,7 @@ from .._ranges import ranges
 from .._validation import check_not_too_long
 from ._concat import concat_tokens, sequence_lengths
 from ._features import TokenFeatures, feature_column, read_token_features
+from ._media import MEDIA_KEYS
 from ._options import Mode, PrePackedOptions, ReturnTensors
 from ._segments import into_rows, segment_layout
 
@@ -130,6 +131,12 @@ class PrePackedCollator:
         return self.options.finish(batch)
 
     def _read(self, rows):
+        media = next(((i, k) for i, row in enumerate(rows) for k in MEDIA_KEYS if row.get(k) is not None), None)
+        if media is not None:
+            raise ValueError(
+                f"Row {media[0]} has {media[1]!r}: pre-packed rows hold text only (pack_dataset refuses image "
+                "columns). Collate vision-language examples online with FlatteningCollator (or PackingTrainer)."
+            )
         row_lengths = sequence_lengths(feature_column(rows, "input_ids"), item="Row")
         _check_has_seq_lengths(rows)
         seq_column = feature_column(rows, "seq_lengths")

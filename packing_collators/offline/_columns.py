@@ -60,6 +60,10 @@ def is_per_token(dtype: pa.DataType) -> bool:
     return pa.types.is_integer(value) or pa.types.is_floating(value) or pa.types.is_boolean(value)
 
 
+# a processor's per-image / per-video keys (collate/_media.py carries them, online)
+MEDIA_COLUMNS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+
 def example_columns(schema: pa.Schema, keep_columns: Sequence[str] = ()) -> ExampleColumns:
     """Classify a table's columns, or raise an error that says how to fix them.
 
@@ -86,6 +90,14 @@ def example_columns(schema: pa.Schema, keep_columns: Sequence[str] = ()) -> Exam
                 f"The dataset already has a {name!r} column; pack_dataset writes it, so the dataset looks packed "
                 f"already. Pack unpacked examples, or remove it first (dataset.remove_columns([{name!r}]))."
             )
+    media = [name for name in names if name in MEDIA_COLUMNS]
+    if media:
+        raise ValueError(
+            f"The dataset has image or video columns ({media}): pack_dataset packs text, and a packed row would "
+            "need each example's images kept beside its tokens. Pack a vision-language dataset online: "
+            "FlatteningCollator (or PackingTrainer) collates processor-style examples, images included, and "
+            "enable_packing(model) keeps each example's positions and images apart."
+        )
     unknown = [name for name in keep_columns if name not in names]
     if unknown:
         raise ValueError(f"keep_columns names {unknown}, which the dataset does not have (its columns: {names}).")

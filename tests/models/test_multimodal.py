@@ -92,3 +92,20 @@ def test_placeholders_without_any_image_are_refused():
         ValueError, match=r"Example 0 has 1 image placeholder tokens but the batch has no image_grid_thw"
     ):
         model(**_packed(examples))
+
+
+def test_offline_packing_refuses_images_and_points_to_the_online_path():
+    datasets = pytest.importorskip("datasets")
+    from packing_collators import PrePackedCollator, pack_dataset
+
+    config = tiny_vlm(VLMS[0]).config
+    rows = [{k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in e.items()} for e in mixed_examples(config)]
+    with pytest.raises(ValueError, match=r"image or video columns .*Pack a vision-language dataset online"):
+        pack_dataset(datasets.Dataset.from_list(rows), max_length=64)
+    row = {
+        "input_ids": rows[0]["input_ids"],
+        "seq_lengths": [len(rows[0]["input_ids"])],
+        **{k: rows[0][k] for k in ("pixel_values", "image_grid_thw")},
+    }
+    with pytest.raises(ValueError, match=r"Row 0 has 'pixel_values': pre-packed rows hold text only"):
+        PrePackedCollator()([row])
