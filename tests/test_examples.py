@@ -28,6 +28,7 @@ SCRIPTS = [
     "sft_multipack.py",
     "chat_tokenize.py",
     "sft_trl.py",
+    "sft_vlm.py",
 ]
 TINY = ["--max-examples", "24", "--batch-size", "4", "--max-length", "96", "--logging-steps", "1"]
 
@@ -120,7 +121,7 @@ def test_every_script_has_help():
     out = run(sys.executable, "-c", f"import runpy, sys; sys.path.insert(0, '{EXAMPLES}'); {code}")
     for name in SCRIPTS:
         assert f"usage: {name}" in out
-    assert out.count("--dataset") >= len(SCRIPTS) and out.count("--model") >= len(SCRIPTS)
+    assert out.count("--dataset") >= len(SCRIPTS) - 1 and out.count("--model") >= len(SCRIPTS)  # sft_vlm: synthetic
 
 
 def test_local_files_prompt_completion_and_messages(tmp_path):
@@ -208,3 +209,11 @@ def test_chat_tokenize_script_agrees_with_the_scripts_dataset(dataset):
     assert "prefixes and markers give the same labels: True" in out
     assert f"tokenize_chat: 24 examples -> {examples} kept, {tokens:,} tokens" in out
     assert out.count("conversations/s") == 3
+
+
+@pytest.mark.slow
+def test_the_vision_language_script_trains_packed_images_and_text():
+    out = run(sys.executable, "examples/sft_vlm.py", "--examples", "24", "--max-steps", "2", "--max-tokens-per-batch", "600")
+    assert "12 with an image, 12 text only" in out
+    losses = [float(x) for x in re.search(r"losses:\s+(.*)", out).group(1).split(", ")]
+    assert len(losses) == 2 and all(math.isfinite(x) and 0 < x < 20 for x in losses)
