@@ -71,7 +71,10 @@ def offline_example(config, rng, with_image: bool) -> dict:
         image = [config.vision_start_token_id, *[config.image_token_id] * placeholders, config.vision_end_token_id]
         ids, kinds = image + caption, [0, *[1] * placeholders, 0] + kinds
         width = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
-        example = {"pixel_values": rng.standard_normal((h * w, width)).astype(np.float32), "image_grid_thw": [[1, h, w]]}
+        example = {
+            "pixel_values": rng.standard_normal((h * w, width)).astype(np.float32),
+            "image_grid_thw": [[1, h, w]],
+        }
     labels = [-100 if k else t for t, k in zip(ids, kinds)]  # the caption is trained, not the image placeholders
     return {"input_ids": ids, "mm_token_type_ids": kinds, "labels": labels, **example}
 

@@ -227,7 +227,7 @@ def prepare_model(model, find_kernels):
     kernels, why_not = (None, "")
     if any(gated_deltanet_layout(layer) for _, layer in layers):
         kernels, why_not = find_kernels()
-        if kernels is None and torch.cuda.is_available():
+        if kernels is None and (torch.cuda.is_available() or "not importable" not in why_not):
             logger.warning("enable_packing: Gated DeltaNet layers run per example (exact, slower): %s.", why_not)
     counts: Counter = Counter()
     for _, layer in layers:

@@ -176,3 +176,26 @@ def test_the_varlen_gated_deltanet_path_computes_the_layer(model_type):
             torch.testing.assert_close(
                 p.grad, q.grad, rtol=1e-4, atol=1e-5 * float(q.grad.abs().max()) + 1e-7, msg=name
             )
+
+
+def test_an_fla_without_cu_seqlens_falls_back_with_a_warning_naming_the_version(monkeypatch, caplog):
+    """A kernel package too old for varlen: the exact per-example path, and a warning that names the version."""
+    import sys
+    import types
+
+    old = types.ModuleType("fla.ops.gated_delta_rule")
+    old.chunk_gated_delta_rule = lambda q, k, v, g, beta, initial_state=None: None  # no cu_seqlens
+    conv = types.ModuleType("fla.modules.causal_conv1d")
+    conv.causal_conv1d = lambda x, weight=None, bias=None, activation=None: None
+    model = tiny_hybrid(GATED_DELTANET[0] if GATED_DELTANET else sorted(HYBRIDS)[0])
+    with monkeypatch.context() as patch, caplog.at_level("WARNING", logger="packing_collators"):
+        for name, module in {"fla": types.ModuleType("fla"), "fla.ops": types.ModuleType("fla.ops"),
+                             "fla.ops.gated_delta_rule": old, "fla.modules": types.ModuleType("fla.modules"),
+                             "fla.modules.causal_conv1d": conv}.items():  # fmt: skip
+            patch.setitem(sys.modules, name, module)
+        enable_packing(model)
+    assert "install flash-linear-attention>=0.6.0 for the varlen kernels" in caplog.text
+    assert "per example" in packing_layers(model).summary()
+    examples = examples_for(model)
+    with torch.no_grad():
+        assert _relative(model(**_packed_inputs(examples)).logits[0], alone_logits(model, examples)) < 1e-5

@@ -33,7 +33,9 @@ def _token_loss_alone(model, examples: list[dict]) -> float:
     with torch.no_grad():
         for example in examples:
             example = {k: v for k, v in example.items() if v is not None}  # a text-only row of an image dataset
-            inputs = {k: torch.as_tensor(v)[None] for k, v in example.items() if k in ("input_ids", "mm_token_type_ids")}
+            inputs = {
+                k: torch.as_tensor(v)[None] for k, v in example.items() if k in ("input_ids", "mm_token_type_ids")
+            }
             inputs.update({k: torch.as_tensor(example[k]) for k in ("pixel_values", "image_grid_thw") if k in example})
             logits = model(**inputs).logits[0, :-1].float()
             labels = torch.as_tensor(example.get("labels", example["input_ids"]))[1:]
