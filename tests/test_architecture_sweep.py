@@ -1,10 +1,11 @@
 """The architecture sweep on a few representative causal LMs: whatever check_packing_support accepts packs exactly.
 
 The full sweep (every causal LM of transformers, ``scripts/architecture_sweep.py``) takes minutes;
-this runs its functions on nine architectures that span the ways examples are kept apart or not:
+this runs its functions on ten architectures that span the ways examples are kept apart or not:
 rotary (llama, gpt_neox, phi), learned absolute positions (gpt2), ALiBi (falcon), sliding windows
 and softcapping (gemma2), positions from the attention mask (opt), bidirectional encoders used as
-decoders (bert) and a state-space model (mamba).
+decoders (bert), a state-space model (mamba) and a hybrid (Granite-4.0-H: refused as built, exact
+once ``enable_packing`` prepared it).
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ _spec.loader.exec_module(sweep)
 
 ACCEPTED = ("llama", "gpt2", "gpt_neox", "phi", "falcon", "gemma2")
 REFUSED = ("opt", "bert", "mamba")  # opt numbers positions from the attention mask; bert is bidirectional
+HYBRID = ("granitemoehybrid",)  # Mamba2 and an attention layer whose mask ignores the packed positions
 
 
 @pytest.fixture(scope="module")
 def rows():
-    classes = dict(sweep.causal_lm_classes(list(ACCEPTED + REFUSED)))
+    classes = dict(sweep.causal_lm_classes(list(ACCEPTED + REFUSED + HYBRID)))
     out = []
     with sweep.quiet(), sweep.uncompiled_flex():
-        for model_type in ACCEPTED + REFUSED:
+        for model_type in ACCEPTED + REFUSED + HYBRID:
             out += sweep.sweep_model(model_type, classes[model_type])
     return out
 
@@ -38,7 +40,7 @@ def rows():
 @pytest.mark.slow
 def test_every_accepted_row_packs_to_the_padded_loss(rows):
     accepted = [r for r in rows if r["verdict"] == "accepted"]
-    assert {r["model_type"] for r in accepted} == set(ACCEPTED)  # the checks accept what they should
+    assert {r["model_type"] for r in accepted if not r["prepared"]} == set(ACCEPTED)  # the checks accept what they should
     for r in accepted:
         assert r["loss_difference"] <= sweep.WRONG, r
     assert sweep.summarise(rows)["accepted_and_wrong"] == 0
@@ -60,8 +62,20 @@ def test_models_whose_packed_loss_is_wrong_are_refused(rows):
 @pytest.mark.slow
 def test_no_row_errors_and_every_implementation_is_reported(rows):
     assert not [r for r in rows if r["verdict"] in ("error", "cannot build")]
-    for model_type in ACCEPTED + REFUSED:
-        assert [r["attention"] for r in rows if r["model_type"] == model_type] == list(sweep.ATTENTIONS)
+    for model_type in ACCEPTED + REFUSED + HYBRID:
+        for prepared in (False, True):
+            attentions = [r["attention"] for r in rows if r["model_type"] == model_type and r["prepared"] == prepared]
+            assert attentions in ([], list(sweep.ATTENTIONS)), (model_type, prepared)
+
+
+@pytest.mark.slow
+def test_a_hybrid_is_refused_as_built_and_exact_once_prepared(rows):
+    for model_type in HYBRID:
+        built = [r for r in rows if r["model_type"] == model_type and not r["prepared"]]
+        prepared = [r for r in rows if r["model_type"] == model_type and r["prepared"]]
+        assert built and all(r["verdict"] in ("refused", "not supported") for r in built), built
+        assert [r["verdict"] for r in prepared if r["attention"] in ("eager", "sdpa")] == ["accepted", "accepted"]
+        assert all(r["loss_difference"] <= sweep.WRONG for r in prepared if r["verdict"] == "accepted")
 
 
 def test_tiny_configs_keep_one_layer_per_kind():

@@ -36,7 +36,9 @@ def _rows(value, what: str, index: int, item: str):
         value = np.asarray(value)
     if value.ndim != 2:
         raise ValueError(
-            f"{item} {index}: {what} has shape {tuple(value.shape)}; a processor gives (patches, features)."
+            f"{item} {index}: {what} has shape {tuple(value.shape)}, not (patches, features) with a grid: packing "
+            "carries Qwen2-VL-style patches (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, Qwen3.5). Per-image tensors "
+            "of LLaVA-style models are not packed: train those padded."
         )
     return value
 

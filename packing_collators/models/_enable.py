@@ -240,8 +240,9 @@ def prepare_model(model, find_kernels):
     state.stateful = tuple(counts)
     if layers:
         _rebuild_attention_masks(inner, state, {id(layer) for _, layer in layers})
-    _install_hooks(inner, state)
     multimodal = multimodal_model(inner)
+    if layers or multimodal is not None:  # a plain transformer needs nothing: no hook, nothing for compile to trace
+        _install_hooks(inner, state)
     if multimodal is not None:
         multimodal.register_forward_pre_hook(MultimodalPositions(multimodal, state), with_kwargs=True)
         state.multimodal = type(multimodal).__name__

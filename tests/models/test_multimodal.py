@@ -109,3 +109,9 @@ def test_offline_packing_refuses_images_and_points_to_the_online_path():
     }
     with pytest.raises(ValueError, match=r"Row 0 has 'pixel_values': pre-packed rows hold text only"):
         PrePackedCollator()([row])
+
+
+def test_llava_style_per_image_tensors_are_refused_by_name():
+    examples = [{"input_ids": [1, 2, 3], "pixel_values": torch.zeros(3, 8, 8), "image_grid_thw": [[1, 2, 2]]}]
+    with pytest.raises(ValueError, match=r"Example 0: pixel_values has shape \(3, 8, 8\).*LLaVA-style"):
+        FlatteningCollator()(examples)
