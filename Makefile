@@ -67,6 +67,10 @@ bench-gpu:
 	# packed attention is exact: losses against padded sdpa, per kernel and under FA4 (~2 min each)
 	-timeout 600 $(GPU_PY) benchmarks/gpu/exactness.py attention --out $(GPU_OUT)/gpu_attention
 	-timeout 600 $(GPU_PY) benchmarks/gpu/exactness.py fa4 --attn packing_fa4 --out $(GPU_OUT)/fa4_check
+	# hybrid and vision-language models (flash-linear-attention installed for the Qwen3.5 one; ~5 min each)
+	-timeout 600 $(GPU_PY) benchmarks/gpu/hybrid_throughput.py --model qwen3_5 --modes packed,oracle,padded --out $(GPU_OUT)/hybrid
+	-timeout 600 $(GPU_PY) benchmarks/gpu/hybrid_throughput.py --model nemotron_h --tokens-per-step 4096 --modes packed,oracle,padded --out $(GPU_OUT)/hybrid
+	-timeout 600 $(GPU_PY) benchmarks/gpu/vlm_throughput.py --out $(GPU_OUT)/vlm
 	ls -R $(GPU_OUT)
 
 clean:
