@@ -116,11 +116,21 @@ def _check_call(name: str, segments: RowSegments, hidden: torch.Tensor | None, k
             "its examples' boundaries are unknown. Call the model itself (its forward reads the boundaries), "
             "one packed batch at a time."
         )
-    if any(kwargs.get(key) is not None for key in _CACHE_KEYWORDS):
+    if any(_holds_tokens(kwargs.get(key)) for key in _CACHE_KEYWORDS):
         raise ValueError(
-            f"{name} got a cache with a packed batch; a cache carries state from one call to the next, across "
-            "the examples. Train packed with use_cache=False (model.config.use_cache = False)."
+            f"{name} got a cache that already holds tokens with a packed batch; a cache carries state from one call "
+            "to the next, across the examples. Train packed with use_cache=False (model.config.use_cache = False)."
         )
+
+
+def _holds_tokens(cache) -> bool:
+    """Whether a cache carries earlier tokens in (an empty one, made because use_cache is on, is dropped)."""
+    if cache is None:
+        return False
+    try:
+        return int(cache.get_seq_length()) > 0
+    except Exception:  # noqa: BLE001 - a cache type without get_seq_length: assume it holds state
+        return True
 
 
 def _unpacked(name: str, kwargs: dict) -> dict:
@@ -144,6 +154,7 @@ def _stateful_forward(layer, original, state: PackingLayers, kernels, layout: st
             return original(*args, **_unpacked(name, kwargs))
         hidden = _hidden_states(args, kwargs)
         _check_call(name, segments, hidden, kwargs)
+        kwargs = {k: None if k in _CACHE_KEYWORDS else v for k, v in kwargs.items()}  # an empty cache: not kept
         if layout is not None and kernels is not None and hidden.device.type == kernels.device_type:
             flat = hidden.reshape(1, -1, hidden.shape[-1])
             out = gated_deltanet_varlen_forward(layer, flat, segments.cu_seqlens, kernels, layout)
