@@ -14,6 +14,7 @@ Cost: one ``init_device_mesh`` (a new process group per dimension) once, at star
 
 from __future__ import annotations
 
+import atexit
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,20 @@ class SequenceParallelMesh:
     mesh: Any = None
 
 
+def _release_groups(groups: list) -> None:
+    """At exit, the process groups the mesh made, unless the script tore the world down itself: a gloo group
+    left to the interpreter's teardown can end the process with "terminate called without an active exception"."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    for group in groups:
+        try:
+            dist.destroy_process_group(group)
+        except (ValueError, RuntimeError):  # already destroyed, or the world's own group
+            pass
+
+
 def sequence_parallel_mesh(size: int) -> SequenceParallelMesh:
     """The mesh for ``size`` ranks per group over the started ``torch.distributed`` world.
 
@@ -81,6 +96,7 @@ def sequence_parallel_mesh(size: int) -> SequenceParallelMesh:
     backend = dist.get_backend()
     device = "cuda" if "nccl" in str(backend) else "cpu"
     mesh = init_device_mesh(device, (world // size, size), mesh_dim_names=("dp", "sp"))
+    atexit.register(_release_groups, [mesh.get_group(name) for name in ("dp", "sp")])
     rank = dist.get_rank()
     return SequenceParallelMesh(
         size=size,
