@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import DataCollatorWithFlattening
 
-from packing_collators import FlatteningCollator
+from packing_collators import FlatteningCollator, PrePackedCollator
 
 
 def random_features(seed, n=16, with_labels=True, kind=list):
@@ -351,3 +351,14 @@ def test_a_negative_token_id_is_refused_naming_example_position_and_value(kind):
     with pytest.raises(ValueError, match=r"Example 1: input_ids\[1\] = -100 is negative; .* belongs in labels"):
         FlatteningCollator()(features)
     FlatteningCollator()([{"input_ids": kind([0, 6])}, {"input_ids": kind([8, 9])}])  # 0 is a token id
+
+
+@pytest.mark.parametrize("collate", [FlatteningCollator(), PrePackedCollator()])
+def test_boolean_token_ids_are_refused_by_both_collators(collate):
+    features = [{"input_ids": [True, False, True], "seq_lengths": [3]}]
+    if isinstance(collate, FlatteningCollator):
+        features[0].pop("seq_lengths")
+    with pytest.raises(
+        TypeError, match=r"input_ids must hold integer token ids, got bool True at position 0\. Booleans"
+    ):
+        collate(features)
