@@ -28,6 +28,7 @@ from .._validation import check_not_too_long
 from ._concat import concat_tokens, sequence_lengths
 from ._features import TokenFeatures, feature_column, read_token_features
 from ._media import MEDIA_KEYS
+from ._no_targets import NoTargetWarning
 from ._options import Mode, PrePackedOptions, ReturnTensors
 from ._segments import into_rows, segment_layout
 
@@ -108,6 +109,7 @@ class PrePackedCollator:
             pad_to_multiple_of=pad_to_multiple_of, position_ids_start=position_ids_start,
             return_seq_idx=return_seq_idx, label_pad_id=label_pad_id, disable_cache=disable_cache,
         )  # fmt: skip
+        self._no_targets = NoTargetWarning("PrePackedCollator", label_pad_id)
 
     @property
     def mode(self) -> Mode:
@@ -128,6 +130,7 @@ class PrePackedCollator:
             batch = self.options.flat_batch(tokens.input_ids, tokens.labels, segments, tokens.carried)
         else:
             batch = self._pad(tokens, row_lengths, segments, segments_per_row)
+        self._no_targets.check(batch["labels"], examples=len(segments), tokens=int(row_lengths.sum()))
         return self.options.finish(batch)
 
     def _read(self, rows):
