@@ -1,15 +1,16 @@
-"""PackingTrainer's dataloaders on data a new user brings: not tokenized yet, or with nothing to train."""
+"""The Trainer on data a new user brings: not tokenized yet, nothing to train, a column kept per example."""
 
 from __future__ import annotations
 
 import warnings
 
 import pytest
-from _tiny_models import tiny_model, training_args
+from _tiny_models import random_examples, tiny_model, training_args
 
-from packing_collators import PackingTrainer
+from packing_collators import PackingCheckCallback, PackingTrainer, PrePackedCollator, pack_dataset
 
 datasets = pytest.importorskip("datasets")
+from transformers import Trainer  # noqa: E402
 
 UNTOKENIZED = (
     r"PackingTrainer packs tokenized examples, and the training dataset has no 'input_ids' column "
@@ -56,3 +57,30 @@ def test_labels_all_minus_100_are_warned_about_once_per_run_not_per_step(tmp_pat
     told = [str(w.message) for w in caught if "has no label to train" in str(w.message)]
     assert trainer.state.global_step == 3 and len(told) == 1
     assert told[0].startswith("FlatteningCollator: a batch of ")
+
+
+class KeptColumnTrainer(Trainer):
+    """A Trainer that takes the kept column out of each batch before the forward (its own use of it)."""
+
+    seen: list
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        self.seen.append(inputs.pop("source"))
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
+
+def test_a_column_kept_per_example_trains_when_taken_out_before_the_forward(tmp_path):
+    rows = random_examples([9, 4, 15, 7, 3, 12, 6, 10], seed=7, completion_only=True)
+    for i, row in enumerate(rows):
+        row["source"] = ["web", "math"][i % 2]
+    packed = pack_dataset(datasets.Dataset.from_list(rows), 24, keep_columns=["source"])
+    trainer = KeptColumnTrainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, remove_unused_columns=False, per_device_train_batch_size=2, max_steps=2),
+        train_dataset=packed,
+        data_collator=PrePackedCollator(keep_columns=["source"]),
+        callbacks=[PackingCheckCallback()],  # its probe's synthetic rows carry no source
+    )
+    trainer.seen = []
+    trainer.train()
+    assert trainer.state.global_step == 2 and all(set(s) <= {"web", "math"} and s for s in trainer.seen)
