@@ -104,12 +104,37 @@ def load_conversations(names: list[str] | str, split: str = "train", max_example
     return dataset
 
 
+def hub_options(name: str) -> dict:
+    """``from_pretrained`` keywords for ``name`` ({} or local_files_only from the Hub cache), or a ConnectionError
+    at once when it is a Hub name that cannot be downloaded now (offline mode, or no network: the loaders would
+    retry for 25-50 s first). One HEAD request to the Hub, at most 3 s, for a name that is not a local folder."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if Path(name).expanduser().exists():
+        return {}
+    snapshots = Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "snapshots"
+    cached = snapshots.is_dir() and any(snapshots.iterdir())
+    fix = "Pass a local folder saved with save_pretrained (--model PATH), or run where the Hub can be reached"
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        if cached:
+            return {}
+        raise ConnectionError(f"{name!r} is not a local folder, and HF_HUB_OFFLINE=1 forbids downloading it (it is not in the Hub cache). {fix} without HF_HUB_OFFLINE.")  # fmt: skip
+    try:
+        get_session().head(constants.ENDPOINT, timeout=3.0)
+    except Exception as error:  # DNS, refused, timeout, proxy: from_pretrained would retry before failing
+        if cached:
+            return {"local_files_only": True}
+        raise ConnectionError(f"{name!r} is not a local folder, and the Hub cannot be reached ({constants.ENDPOINT}: {type(error).__name__}: {error}). {fix}.") from None  # fmt: skip
+    return {}
+
+
 def load_tokenizer(name: str):
     """The BPE trained on python-docs (``tiny-llama``), or a hub tokenizer with a chat template and a pad token."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     if name != OFFLINE_MODEL:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(name, **hub_options(name))
         tokenizer.chat_template, tokenizer.pad_token = tokenizer.chat_template or CHATML, tokenizer.pad_token or tokenizer.eos_token
         return tokenizer
     path = _cache("tokenizer.json")
@@ -139,7 +164,8 @@ def load_model(name: str, tokenizer, *, attn_implementation: str = "sdpa", max_l
     torch.manual_seed(seed)
     if name != OFFLINE_MODEL:
         dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(name, attn_implementation=attn_implementation, dtype=dtype)
+        options = {"attn_implementation": attn_implementation, "dtype": dtype, **hub_options(name)}
+        model = AutoModelForCausalLM.from_pretrained(name, **options)
         model.config.use_cache = False  # a cache during training switches packed-sequence masks off
         return model
     ids = {k: getattr(tokenizer, k) for k in ("pad_token_id", "bos_token_id", "eos_token_id")}

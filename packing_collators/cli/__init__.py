@@ -1,8 +1,8 @@
 """The ``packing-collators`` command line (also ``python -m packing_collators``).
 
 Argument parsing and printing only: the numbers come from ``_analysis``, the data from
-``_input_data`` (``_open_data``, ``_column_kinds``, ``_tokens``), the packing from
-:func:`pack_dataset`. A user error (a missing file, a file that does not parse or has no
+``_input_data`` (``_open_data``, ``_column_kinds``, ``_tokens``; ``_hub``: a Hub name out of reach,
+said at once), the packing from :func:`pack_dataset`. A user error (a missing file, a file that does not parse or has no
 examples, a column that is not there, non-integer token data, a max length every example
 exceeds) is one line on stderr, ``packing-collators: error: ...``, and exit code 2.
 
