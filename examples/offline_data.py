@@ -105,27 +105,24 @@ def load_conversations(names: list[str] | str, split: str = "train", max_example
 
 
 def hub_options(name: str) -> dict:
-    """``from_pretrained`` keywords for ``name`` ({} or local_files_only from the Hub cache), or a ConnectionError
-    at once when it is a Hub name that cannot be downloaded now (offline mode, or no network: the loaders would
-    retry for 25-50 s first). One HEAD request to the Hub, at most 3 s, for a name that is not a local folder."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import get_session
+    """``from_pretrained`` keywords for ``name``, or a ConnectionError now for a Hub name out of reach (offline and not
+    cached, or no answer to one HEAD request in 3 s), where the loaders would retry for 25-50 s first."""
+    from huggingface_hub import constants, get_session
 
     if Path(name).expanduser().exists():
         return {}
     snapshots = Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "snapshots"
-    cached = snapshots.is_dir() and any(snapshots.iterdir())
-    fix = "Pass a local folder saved with save_pretrained (--model PATH), or run where the Hub can be reached"
-    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
-        if cached:
-            return {}
-        raise ConnectionError(f"{name!r} is not a local folder, and HF_HUB_OFFLINE=1 forbids downloading it (it is not in the Hub cache). {fix} without HF_HUB_OFFLINE.")  # fmt: skip
+    cached, fix = snapshots.is_dir() and any(snapshots.iterdir()), "Pass a folder saved with save_pretrained (--model PATH)"
+    if constants.HF_HUB_OFFLINE:
+        if not cached:
+            raise ConnectionError(f"{name!r} is not a local folder, and HF_HUB_OFFLINE=1 forbids downloading it (it is not in the Hub cache). {fix}, or unset HF_HUB_OFFLINE where there is network.")  # fmt: skip
+        return {}
     try:
         get_session().head(constants.ENDPOINT, timeout=3.0)
     except Exception as error:  # DNS, refused, timeout, proxy: from_pretrained would retry before failing
-        if cached:
-            return {"local_files_only": True}
-        raise ConnectionError(f"{name!r} is not a local folder, and the Hub cannot be reached ({constants.ENDPOINT}: {type(error).__name__}: {error}). {fix}.") from None  # fmt: skip
+        if not cached:
+            raise ConnectionError(f"{name!r} is not a local folder, and the Hub cannot be reached ({type(error).__name__}: {error}). {fix}, or connect this machine.") from None  # fmt: skip
+        return {"local_files_only": True}
     return {}
 
 
