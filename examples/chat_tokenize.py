@@ -13,6 +13,8 @@ bracketed, and conversations per second (best of ``--repeats``, interleaved) for
 twice per turn). Defaults run offline (python-docs and its ChatML BPE: ``offline_data.py``).
 
 Usage: python examples/chat_tokenize.py [--dataset NAME|FILES] [--model NAME] [--turns N] [--num-proc N]
+
+No GPU is used, on any machine: start it with plain ``python`` (``--num-proc`` spreads it over CPU cores).
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ minutes on 2 CPU cores: the ``tiny-llama`` model and the ``python-docs`` dataset
 (``offline_data.py``).
 
 Usage: python examples/demo.py [--examples 800] [--batch-size 8] [--model ...] [--dataset ...]
+
+One process, one device: it trains on ``cuda:0`` when there is a GPU, whatever the count (pick one with
+``CUDA_VISIBLE_DEVICES=1 python examples/demo.py``); it has no several-GPU mode (start no torchrun).
 """
 
 from __future__ import annotations

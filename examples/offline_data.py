@@ -104,12 +104,34 @@ def load_conversations(names: list[str] | str, split: str = "train", max_example
     return dataset
 
 
+def hub_options(name: str) -> dict:
+    """``from_pretrained`` keywords for ``name``, or a ConnectionError now for a Hub name out of reach (offline and not
+    cached, or no answer to one HEAD request in 3 s), where the loaders would retry for 25-50 s first."""
+    from huggingface_hub import constants, get_session
+
+    if Path(name).expanduser().exists():
+        return {}
+    snapshots = Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "snapshots"
+    cached, fix = snapshots.is_dir() and any(snapshots.iterdir()), "Pass a folder saved with save_pretrained (--model PATH)"
+    if constants.HF_HUB_OFFLINE:
+        if not cached:
+            raise ConnectionError(f"{name!r} is not a local folder, and HF_HUB_OFFLINE=1 forbids downloading it (it is not in the Hub cache). {fix}, or unset HF_HUB_OFFLINE where there is network.")  # fmt: skip
+        return {}
+    try:
+        get_session().head(constants.ENDPOINT, timeout=3.0)
+    except Exception as error:  # DNS, refused, timeout, proxy: from_pretrained would retry before failing
+        if not cached:
+            raise ConnectionError(f"{name!r} is not a local folder, and the Hub cannot be reached ({type(error).__name__}: {error}). {fix}, or connect this machine.") from None  # fmt: skip
+        return {"local_files_only": True}
+    return {}
+
+
 def load_tokenizer(name: str):
     """The BPE trained on python-docs (``tiny-llama``), or a hub tokenizer with a chat template and a pad token."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     if name != OFFLINE_MODEL:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(name, **hub_options(name))
         tokenizer.chat_template, tokenizer.pad_token = tokenizer.chat_template or CHATML, tokenizer.pad_token or tokenizer.eos_token
         return tokenizer
     path = _cache("tokenizer.json")
@@ -139,7 +161,8 @@ def load_model(name: str, tokenizer, *, attn_implementation: str = "sdpa", max_l
     torch.manual_seed(seed)
     if name != OFFLINE_MODEL:
         dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(name, attn_implementation=attn_implementation, dtype=dtype)
+        options = {"attn_implementation": attn_implementation, "dtype": dtype, **hub_options(name)}
+        model = AutoModelForCausalLM.from_pretrained(name, **options)
         model.config.use_cache = False  # a cache during training switches packed-sequence masks off
         return model
     ids = {k: getattr(tokenizer, k) for k in ("pad_token_id", "bos_token_id", "eos_token_id")}

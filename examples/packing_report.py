@@ -6,6 +6,8 @@ Draws example lengths from the standard distributions (seeded), then compares:
 - packing into rows of --max-length tokens with each strategy of `pack_lengths`.
 
 Usage: python examples/packing_report.py [--examples 100000] [--max-length 2048] [--batch-size 8]
+
+No GPU is used (no model, no training), on any machine: start it with plain ``python``.
 """
 
 from __future__ import annotations

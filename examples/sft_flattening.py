@@ -12,6 +12,14 @@ Defaults run offline (a tiny random Llama, conversations from the Python docs:
 ``offline_data.py``). On a GPU pass ``--attn-implementation flash_attention_2`` or ``packing_varlen``.
 
 Usage: python examples/sft_flattening.py [--model NAME] [--dataset NAME|FILES] [--max-steps N]
+
+Launch on one GPU (or a CPU), or one process per GPU (``--batch-size`` per process). A plain
+``python`` on a machine with several visible GPUs is refused before the first step: the Trainer
+would train under DataParallel, which cannot split a packed row::
+
+    python examples/sft_flattening.py                            # a CPU, or a machine with one GPU
+    CUDA_VISIBLE_DEVICES=0 python examples/sft_flattening.py     # one GPU of several
+    torchrun --nproc-per-node 4 examples/sft_flattening.py       # 4 GPUs (or: accelerate launch --num-processes 4 ...)
 """
 
 from __future__ import annotations

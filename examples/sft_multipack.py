@@ -13,11 +13,14 @@ Micro-batches hold different numbers of tokens, so the loss is the sum over the 
 completion tokens on all processes divided by their global count (what padding with
 ``num_items_in_batch`` gives), not a mean of per-process means.
 
-Launch on one process, or several (``--cpu`` with gloo on a machine without GPUs):
+Launch one process per GPU, or one process (``--cpu`` with gloo on a machine without GPUs). One
+process trains on one device (accelerate's, ``cuda:0``) however many GPUs it sees::
 
-    python examples/sft_multipack.py
-    accelerate launch --num_processes 2 --cpu examples/sft_multipack.py
-    torchrun --nproc_per_node 2 examples/sft_multipack.py
+    python examples/sft_multipack.py                            # a CPU, or one GPU
+    CUDA_VISIBLE_DEVICES=0 python examples/sft_multipack.py     # one GPU of several, the others left free
+    torchrun --nproc-per-node 4 examples/sft_multipack.py       # 4 GPUs
+    accelerate launch --num-processes 4 examples/sft_multipack.py
+    accelerate launch --num-processes 2 --cpu examples/sft_multipack.py   # 2 CPU processes (gloo)
 """
 
 from __future__ import annotations

@@ -11,8 +11,13 @@ equally many batches::
 Steps sit between the two other modes: about as many examples per step as padding on
 average, far less padding, no offline pass. Defaults run offline (``offline_data.py``).
 
-    python examples/sft_packing_trainer.py
-    torchrun --nproc_per_node 2 examples/sft_packing_trainer.py
+Launch on one GPU (or a CPU), or one process per GPU. A plain ``python`` on a machine with several
+visible GPUs is refused before the first step by PackingTrainer when it is built: the Trainer would
+train under DataParallel, which cannot split a packed row::
+
+    python examples/sft_packing_trainer.py                            # a CPU, or a machine with one GPU
+    CUDA_VISIBLE_DEVICES=0 python examples/sft_packing_trainer.py     # one GPU of several
+    torchrun --nproc-per-node 4 examples/sft_packing_trainer.py       # 4 GPUs (or: accelerate launch --num-processes 4 ...)
 """
 
 from __future__ import annotations

@@ -14,6 +14,14 @@ the same examples (a step holds as many examples as fit its rows); adjust the le
 rate or steps accordingly. Defaults run offline (``offline_data.py``).
 
 Usage: python examples/sft_prepacked.py [--model NAME] [--dataset NAME|FILES] [--pack-length 512]
+
+Launch on one GPU (or a CPU), or one process per GPU (``--rows-per-batch`` per process). A plain
+``python`` on a machine with several visible GPUs is refused before the first step: the Trainer
+would train under DataParallel, which cannot split a packed row::
+
+    python examples/sft_prepacked.py                            # a CPU, or a machine with one GPU
+    CUDA_VISIBLE_DEVICES=0 python examples/sft_prepacked.py     # one GPU of several
+    torchrun --nproc-per-node 4 examples/sft_prepacked.py       # 4 GPUs (or: accelerate launch --num-processes 4 ...)
 """
 
 from __future__ import annotations

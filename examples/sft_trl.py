@@ -20,6 +20,14 @@ Defaults run offline (a tiny random Llama, conversations from the Python docs: `
 Needs ``pip install trl`` (in the ``dev`` and ``bench`` extras).
 
 Usage: python examples/sft_trl.py [--recipe online|offline|both] [--model NAME] [--dataset NAME|FILES]
+
+Launch on one GPU (or a CPU), or one process per GPU. A plain ``python`` on a machine with several
+visible GPUs is refused before the first step by PackingCheckCallback: the Trainer would train under
+DataParallel, which cannot split a packed row::
+
+    python examples/sft_trl.py                            # a CPU, or a machine with one GPU
+    CUDA_VISIBLE_DEVICES=0 python examples/sft_trl.py     # one GPU of several
+    torchrun --nproc-per-node 4 examples/sft_trl.py       # 4 GPUs (or: accelerate launch --num-processes 4 ...)
 """
 
 from __future__ import annotations

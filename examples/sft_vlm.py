@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from offline_data import hub_options
 from transformers import TrainingArguments
 
 from packing_collators import PackingTrainer
@@ -84,8 +85,9 @@ def hub_examples(name: str, count: int, rng) -> tuple[object, list[dict]]:
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    processor = AutoProcessor.from_pretrained(name)
-    model = AutoModelForImageTextToText.from_pretrained(name, dtype=torch.bfloat16)
+    options = hub_options(name)  # a hub name out of reach (offline, no network): said now, not after retries
+    processor = AutoProcessor.from_pretrained(name, **options)
+    model = AutoModelForImageTextToText.from_pretrained(name, dtype=torch.bfloat16, **options)
     model.config.use_cache = False
     out = []
     for i in range(count):

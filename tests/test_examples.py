@@ -108,7 +108,7 @@ def test_each_script_needs_nothing_beside_it_but_the_offline_data_helper():
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert imported & local <= {"offline_data"}, (name, imported & local)
-    assert len((EXAMPLES / "offline_data.py").read_text().splitlines()) <= 150
+    assert len((EXAMPLES / "offline_data.py").read_text().splitlines()) <= 175  # with hub_options: a Hub name out of reach said at once
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
 """The ``packing-collators`` command line (also ``python -m packing_collators``).
 
 Argument parsing and printing only: the numbers come from ``_analysis``, the data from
-``_input_data`` (``_open_data``, ``_column_kinds``, ``_tokens``), the packing from
-:func:`pack_dataset`. A user error (a missing file, a file that does not parse or has no
+``_input_data`` (``_open_data``, ``_column_kinds``, ``_tokens``; ``_hub``: a Hub name out of reach,
+said at once), the packing from :func:`pack_dataset`. A user error (a missing file, a file that does not parse or has no
 examples, a column that is not there, non-integer token data, a max length every example
 exceeds) is one line on stderr, ``packing-collators: error: ...``, and exit code 2.
 
@@ -115,7 +115,8 @@ def _add_pack(commands) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="per-example column kept as a list per row (repeatable)",
+        help="per-example column kept as a list per row (repeatable); PrePackedCollator(keep_columns=[NAME]) "
+        "returns it per example",
     )
     pack.add_argument(
         "--remove-column",
@@ -222,7 +223,23 @@ def _pack(args) -> int:
         print(f"  {key:<{width}}  {shown}")
     shard = f" (shard {args.shard_index} of {args.num_shards})" if args.num_shards > 1 else ""
     print(f"wrote {rows:,} rows to {args.out}{shard}")
+    if args.keep_column:
+        print(_kept_note(args.keep_column))
     return 0
+
+
+def _kept_note(names: Sequence[str]) -> str:
+    """What the kept columns mean for training: PrePackedCollator refuses them unless told to carry them.
+
+    >>> print(_kept_note(["source"]))
+    kept per example: ['source'] (a list per row). PrePackedCollator refuses them unless you name them: PrePackedCollator(keep_columns=['source']) returns one value per example in each batch, to take out of the batch before the model's forward; or remove them before training (dataset.remove_columns(['source'])).
+    """
+    return (
+        f"kept per example: {list(names)} (a list per row). PrePackedCollator refuses them unless you name them: "
+        f"PrePackedCollator(keep_columns={list(names)}) returns one value per example in each batch, to take out "
+        f"of the batch before the model's forward; or remove them before training "
+        f"(dataset.remove_columns({list(names)}))."
+    )
 
 
 def _one_line(error: BaseException) -> str:

@@ -93,7 +93,6 @@ def choose_column(dataset: Any, column: str | None = None) -> tuple[str, ColumnK
     return column, column_kind(dataset, column)
 
 
-
 def without_columns(dataset: Any, remove_columns=()):
     """The dataset without ``remove_columns`` (``--remove-column``), each of which it must have.
 
@@ -126,7 +125,7 @@ def packable_columns(dataset: Any, *, keep_columns=(), remove_columns=()):
     >>> packable_columns(data)
     Traceback (most recent call last):
     ...
-    ValueError: Columns ['id', 'source'] are not per-token, so they cannot be concatenated into packed rows; pass --keep-column NAME to keep one as a list per row (one value per example), or --remove-column NAME to leave it out.
+    ValueError: Columns ['id', 'source'] are not per-token, so they cannot be concatenated into packed rows; pass --remove-column NAME to leave one out (training needs only the per-token columns), or --keep-column NAME to keep it as a list per row, one value per example (to train on the rows, remove it then, or collate with PrePackedCollator(keep_columns=[NAME]) and take it out of the batch before the model's forward).
     """
     names = list(dataset.column_names)
     unknown = [name for name in [*keep_columns, *remove_columns] if name not in names]
@@ -140,7 +139,9 @@ def packable_columns(dataset: Any, *, keep_columns=(), remove_columns=()):
     if refused:
         raise ValueError(
             f"Columns {refused} are not per-token, so they cannot be concatenated into packed rows; pass "
-            "--keep-column NAME to keep one as a list per row (one value per example), or --remove-column NAME "
-            "to leave it out."
+            "--remove-column NAME to leave one out (training needs only the per-token columns), or --keep-column "
+            "NAME to keep it as a list per row, one value per example (to train on the rows, remove it then, or "
+            "collate with PrePackedCollator(keep_columns=[NAME]) and take it out of the batch before the model's "
+            "forward)."
         )
     return dataset

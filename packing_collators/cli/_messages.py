@@ -30,7 +30,8 @@ _OPTIONS = {
     "column": "--column",
 }
 _VALUE = r"'[^']*'|\"[^\"]*\"|\[[^\]]*\]|[\w.-]+"
-_WITH_VALUE = re.compile(r"(?<![\w.-])(" + "|".join(_OPTIONS) + r")=(" + _VALUE + ")?")
+# a keyword inside a call (``PrePackedCollator(keep_columns=[...])``) is Python to type, not an option
+_WITH_VALUE = re.compile(r"(?<![\w.(-])(" + "|".join(_OPTIONS) + r")=(" + _VALUE + ")?")
 # bare names only where they cannot be English words: the ones with an underscore
 _BARE = re.compile(r"(?<![\w.-])(" + "|".join(name for name in _OPTIONS if "_" in name) + r")\b(?![(=])")
 _REMOVE = re.compile(r"\(?dataset\.remove_columns\(\[([^\]]*)\]\)\)?")
@@ -63,6 +64,8 @@ def as_command_line(message: str) -> str:
     'remove them first (--remove-column labels).'
     >>> as_command_line("name it in keep_columns=['source'] or pass column= with one; the overflow strategy stays")
     'name it in --keep-column source or pass --column with one; the overflow strategy stays'
+    >>> as_command_line("collate with PrePackedCollator(keep_columns=['source'])")
+    "collate with PrePackedCollator(keep_columns=['source'])"
     """
     message = _REMOVE.sub(_remove, message)
     message = _WITH_VALUE.sub(_with_value, message)

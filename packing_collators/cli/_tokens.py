@@ -21,6 +21,7 @@ import numpy as np
 from ..chat import PROMPT_COMPLETION, conversation_of, render_chats, tokenize_chat
 from ..sampler import lengths_from_dataset
 from ._column_kinds import ColumnKind, choose_column
+from ._hub import hub_load_options
 from ._open_data import _looks_like_path
 
 __all__ = ["load_tokenizer", "read_lengths", "token_ids"]
@@ -42,8 +43,9 @@ def load_tokenizer(name: str):
         )
     from transformers import AutoTokenizer
 
+    options = hub_load_options(name, what="--tokenizer")  # offline, or no network: said now, not after retries
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(name, **options)
     except (OSError, ValueError) as error:
         raise ValueError(
             f"--tokenizer {name!r} could not be loaded ({' '.join(str(error).split())}); pass a folder saved with "

@@ -27,6 +27,10 @@ __all__ = ["check_non_negative", "concat_tokens", "sequence_lengths"]
 
 _INT64 = np.iinfo(np.int64)
 _FIX = "Store them as integers: a float or a string here means the column was built wrong (look at the dataset's features)."
+_BOOL_FIX = (
+    "Booleans are not token ids (True and False would be read as ids 1 and 0): this looks like a mask in the wrong "
+    "column. Store token ids as integers."
+)
 
 
 def _is_tensor(value: Any) -> bool:
@@ -60,9 +64,10 @@ def concat_tokens(
     """The sequences laid end to end as int64 (total,), every value checked to be an integer.
 
     Python ints and numpy or torch integers pass; a float (even ``2.0``), string or None
-    anywhere is a TypeError naming the example, the position and the value. Boolean
-    arrays pass only with ``allow_bool`` (masks), as 0 and 1; in a Python list a bool is
-    an int and passes as one.
+    anywhere is a TypeError naming the example, the position and the value. Booleans pass
+    only with ``allow_bool`` (masks), as 0 and 1; without it a boolean array is refused by its
+    dtype, and a Python list by its first and last value (``[True, False, True]`` is not token
+    ids 1, 0, 1: it is a mask in the wrong column; a check of every value would double the cost).
 
     >>> concat_tokens([[1, 2], np.array([3]), [4, 5, 6]], 6).tolist()
     [1, 2, 3, 4, 5, 6]
@@ -70,6 +75,10 @@ def concat_tokens(
     Traceback (most recent call last):
     ...
     TypeError: Example 1: labels must hold integer token ids, got float 4.5 at position 1. Store them as integers: a float or a string here means the column was built wrong (look at the dataset's features).
+    >>> concat_tokens([[5, 6], [True, False, True]], 5)
+    Traceback (most recent call last):
+    ...
+    TypeError: Example 1: input_ids must hold integer token ids, got bool True at position 0. Booleans are not token ids (True and False would be read as ids 1 and 0): this looks like a mask in the wrong column. Store token ids as integers.
     """
     first = sequences[0] if len(sequences) else None
     if _is_tensor(first) or isinstance(first, np.ndarray):
@@ -85,7 +94,9 @@ def _concat_lists(sequences: Sequence[Any], what: str, item: str, allow_bool: bo
     """The fast path: ``fromlist`` per example, which refuses non-integers (arrays among them: by dtype)."""
     buffer = array("q")
     for i, seq in enumerate(sequences):  # one step per example, not per token
-        if type(seq) is list:
+        if not allow_bool and _bool_at_ends(seq):
+            pass  # booleans: refused below, value by value (fromlist would take them as 1 and 0)
+        elif type(seq) is list:
             try:
                 buffer.fromlist(seq)  # all or nothing: on an error it appends nothing
                 continue
@@ -101,6 +112,11 @@ def _concat_lists(sequences: Sequence[Any], what: str, item: str, allow_bool: bo
         # an array, or values that are not all ints: by dtype, or value by value to name the bad one
         buffer.frombytes(_checked_array(seq, i, what, item, allow_bool).tobytes())
     return np.frombuffer(buffer, dtype=np.int64) if buffer else np.empty(0, np.int64)
+
+
+def _bool_at_ends(seq: Any) -> bool:
+    """Whether a list or tuple starts or ends with a bool: one look per example, not per token."""
+    return type(seq) in (list, tuple) and len(seq) > 0 and (type(seq[0]) is bool or type(seq[-1]) is bool)
 
 
 def _concat_arrays(sequences: Sequence[Any], what: str, item: str, allow_bool: bool) -> np.ndarray:
@@ -170,6 +186,8 @@ def _checked_array(sequence: Any, index: int, what: str, item: str, allow_bool: 
     numbers = []
     for position, value in enumerate(sequence):  # only for an example that is not a list of ints
         try:
+            if not allow_bool and type(value) is bool:
+                raise TypeError
             number = int(value) if allow_bool and isinstance(value, np.bool_) else operator.index(value)
         except TypeError:
             raise _value_error(value, position, index, what, item, allow_bool) from None
@@ -186,9 +204,10 @@ def _noun(what: str, allow_bool: bool) -> str:
 
 def _value_error(value: Any, position: int, index: int, what: str, item: str, allow_bool: bool) -> TypeError:
     shown = repr(value) if isinstance(value, (str, bytes)) else str(value)
+    fix = _BOOL_FIX if isinstance(value, (bool, np.bool_)) else _FIX
     return TypeError(
         f"{item} {index}: {what} must hold {_noun(what, allow_bool)}, got {type(value).__name__} {shown[:50]} "
-        f"at position {position}. " + _FIX
+        f"at position {position}. " + fix
     )
 
 
@@ -199,7 +218,7 @@ def _dtype_error(values: np.ndarray, dtype: str, index: int, what: str, item: st
         position = int(fractional[0]) if len(fractional) else 0
     return TypeError(
         f"{item} {index}: {what} must hold {_noun(what, allow_bool)}, got dtype {dtype.removeprefix('torch.')} "
-        f"({values[position].item()!r} at position {position}). " + _FIX
+        f"({values[position].item()!r} at position {position}). " + (_BOOL_FIX if values.dtype == bool else _FIX)
     )
 
 

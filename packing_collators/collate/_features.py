@@ -161,13 +161,19 @@ def _refuse_missing(key: str, values: list, given: list[int], item: str) -> None
 
 def _check_per_token(values: list, given: list[int], key: str, lengths: np.ndarray, collator: str, item: str) -> None:
     """Refuse a key that is not one entry per token (a scalar, a string, another length), naming the fix."""
-    remove = (
-        f"dataset.remove_columns([{key!r}]), or remove_unused_columns=True with PackingTrainer (which keeps seq_lengths)"
-        if collator == "PrePackedCollator"
-        else f"remove_unused_columns=True (the Trainer's default) drops the columns the model does not take, "
-        f"or dataset.remove_columns([{key!r}])"
-    )
-    fix = f"{collator} carries only per-token keys; remove this column before collating: {remove}."
+    if collator == "PrePackedCollator":
+        fix = (
+            f"PrePackedCollator carries per-token keys, and the per-example ones it is told to. Training needs "
+            f"neither: remove it before collating (dataset.remove_columns([{key!r}]), or remove_unused_columns=True "
+            f"with PackingTrainer, which keeps seq_lengths). If {key!r} holds one value per example (pack_dataset's "
+            f"keep_columns, the command line's --keep-column) and you use it, pass "
+            f"PrePackedCollator(keep_columns=[{key!r}]) and take it out of the batch before model(**batch)."
+        )
+    else:
+        fix = (
+            f"{collator} carries only per-token keys; remove this column before collating: remove_unused_columns=True "
+            f"(the Trainer's default) drops the columns the model does not take, or dataset.remove_columns([{key!r}])."
+        )
     for i in given:  # one step per example
         value, n = values[i], int(lengths[i])
         shape = getattr(value, "shape", None)
@@ -188,7 +194,9 @@ def _check_per_token(values: list, given: list[int], key: str, lengths: np.ndarr
             )
 
 
-def mask_zero_owners(features: Sequence[Mapping[str, Any]], lengths: np.ndarray, *, item: str = "Example") -> np.ndarray:
+def mask_zero_owners(
+    features: Sequence[Mapping[str, Any]], lengths: np.ndarray, *, item: str = "Example"
+) -> np.ndarray:
     """int64, one entry per ``attention_mask`` zero: the example holding it (ascending), for :func:`check_unpadded`.
 
     Every example that has an attention_mask is read (its length checked against input_ids);

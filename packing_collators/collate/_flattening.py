@@ -35,6 +35,7 @@ import numpy as np
 from ._concat import sequence_lengths
 from ._features import feature_column, read_token_features
 from ._media import MEDIA_KEYS, read_media
+from ._no_targets import NoTargetWarning
 from ._options import CollateOptions, ReturnTensors
 
 __all__ = ["FlatteningCollator"]
@@ -121,6 +122,7 @@ class FlatteningCollator:
             return_tensors=return_tensors, position_ids_start=position_ids_start, return_seq_idx=return_seq_idx,
             label_pad_id=label_pad_id, disable_cache=disable_cache,
         )  # fmt: skip
+        self._no_targets = NoTargetWarning("FlatteningCollator", label_pad_id)
 
     def __repr__(self) -> str:
         return f"FlatteningCollator({self.options.keywords()})"
@@ -138,5 +140,6 @@ class FlatteningCollator:
             )
         tokens = read_token_features(features, lengths, collator="FlatteningCollator", own=MEDIA_KEYS)
         batch = self.options.flat_batch(tokens.input_ids, tokens.labels, lengths, tokens.carried)
+        self._no_targets.check(batch["labels"], examples=len(lengths), tokens=int(lengths.sum()))
         batch.update(read_media(features))
         return self.options.finish(batch)

@@ -135,12 +135,40 @@ class PrePackedOptions(CollateOptions):
 
     mode: Mode = "flatten"
     max_length: int | None = None
+    keep_columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         validate_choice("mode", self.mode, Mode)
         super().__post_init__()
+        object.__setattr__(self, "keep_columns", _kept_names(self.keep_columns))
         validate_positive_int("max_length", self.max_length, allow_none=True)
         if self.mode == "pad" and self.max_length is None:
             raise ValueError("mode='pad' needs max_length (the packed rows' width, e.g. pack_dataset's max_length).")
         if self.mode == "pad" and self.pad_to_multiple_of is not None:
             raise ValueError("pad_to_multiple_of is for mode='flatten'; with mode='pad' every row is max_length wide.")
+
+
+# keys a row's tokens or the collator itself own: never one value per example
+_NOT_PER_EXAMPLE = ("input_ids", "labels", "seq_lengths", "position_ids", "attention_mask", "use_cache")
+
+
+def _kept_names(keep_columns) -> tuple[str, ...]:
+    """``keep_columns`` as a tuple of names (one name may be given as a string), each one a row may carry.
+
+    >>> _kept_names("source"), _kept_names(["source", "id"])
+    (('source',), ('source', 'id'))
+    >>> _kept_names(["labels"])
+    Traceback (most recent call last):
+    ...
+    ValueError: keep_columns cannot name 'labels': PrePackedCollator reads or writes it itself (keep_columns are the per-example columns pack_dataset kept, one value per example in each row).
+    """
+    names = (keep_columns,) if isinstance(keep_columns, str) else tuple(keep_columns)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"keep_columns must hold column names (strings), got {name!r}.")
+        if name in _NOT_PER_EXAMPLE or name.startswith(("cu_seq_lens", "max_length_")) or name == "seq_idx":
+            raise ValueError(
+                f"keep_columns cannot name {name!r}: PrePackedCollator reads or writes it itself (keep_columns are "
+                "the per-example columns pack_dataset kept, one value per example in each row)."
+            )
+    return names

@@ -209,7 +209,10 @@ def concatenate_and_pack(
             raise ValueError(f"Got {len(lengths)} input sequences but {len(column)} {key}; give one per example.")
         check_same_lengths(sequence_lengths(column, what=key), lengths, key)
     lengths, flat_inputs, result, starts = _pack_flat(input_sequences, max_length, strategy, overflow, "input_ids")
-    tables = [flat_inputs] + [concat_tokens(column, int(lengths.sum()), what=key) for key, column in columns]
+    tables = [flat_inputs] + [
+        concat_tokens(column, int(lengths.sum()), what=key, allow_bool=key == "attention_mask")
+        for key, column in columns
+    ]
     tables[1][starts[lengths > 0]] = label_pad_id
     fills = (pad_token_id, label_pad_id, 0)
     packed = tuple(torch.from_numpy(_scatter_rows(t, result, starts, f)) for t, f in zip(tables, fills))

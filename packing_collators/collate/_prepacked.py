@@ -27,11 +27,14 @@ from .._ranges import ranges
 from .._validation import check_not_too_long
 from ._concat import concat_tokens, sequence_lengths
 from ._features import TokenFeatures, feature_column, read_token_features
+from ._kept_columns import per_example_values
 from ._media import MEDIA_KEYS
+from ._no_targets import NoTargetWarning
 from ._options import Mode, PrePackedOptions, ReturnTensors
 from ._segments import into_rows, segment_layout
 
 __all__ = ["PrePackedCollator"]
+
 
 class PrePackedCollator:
     """Collate rows of a packed dataset (``data_collator=`` for a Trainer).
@@ -42,6 +45,8 @@ class PrePackedCollator:
             ``"pad"``: ``(B, max_length)`` rows right-padded with ``pad_token_id`` (static shapes).
         max_length: row width for ``mode="pad"`` (required there); a longer row is an error.
         pad_to_multiple_of: ``mode="flatten"`` only: pad ``T`` to a multiple of this.
+        keep_columns: per-example columns of the rows (``pack_dataset(keep_columns=...)``) to
+            return, one value per example, in the order of the batch's segments.
         pad_token_id: token id of the padding.
         return_tensors: ``"pt"`` or ``"np"``.
         position_ids_start: first position of every segment.
@@ -57,9 +62,11 @@ class PrePackedCollator:
     ``labels`` (every row has them or none does); an ``attention_mask`` must be all ones in
     every row that has one; ``position_ids`` are rebuilt from ``seq_lengths``. Any other
     key with one entry per token (e.g. ``token_type_ids``, which :func:`pack_dataset`
-    concatenates like ``input_ids``) is carried; a key that is not per-token (a number, a
-    string, a ``keep_columns`` list of one value per segment) is a ValueError naming the
-    row and the fix, and a key whose value is None is skipped. Every value must be an
+    concatenates like ``input_ids``) is carried. A column :func:`pack_dataset` kept per example
+    (its ``keep_columns``, the command line's ``--keep-column``: a list of one value per segment)
+    is carried when named in ``keep_columns`` here too; any other key that is not per-token (a
+    number, a string) is a ValueError naming the row and the fix, and a key whose value is None
+    is skipped. Every value must be an
     integer (a float, string or None is a TypeError). Train with ``Trainer(...,
     remove_unused_columns=False)`` so the Trainer keeps ``seq_lengths`` (then remove the
     columns the model does not take from the dataset), or with :class:`PackingTrainer`,
@@ -73,7 +80,8 @@ class PrePackedCollator:
         int32 (B, max_length) if asked for. No ``cu_seq_lens`` (they would describe the
         flattened ``B * max_length`` tokens, which no attention path expects) and no ``attention_mask``.
         Both: each carried per-token key (e.g. ``token_type_ids``) int64, the shape of
-        ``input_ids``, 0 in the padding.
+        ``input_ids``, 0 in the padding; each ``keep_columns`` key (n,): int64 for integers,
+        the stored float dtype for floats, else a list of n values (strings).
         And ``use_cache`` False, last (unless ``disable_cache=False``).
 
     >>> rows = [{"input_ids": [1, 2, 3, 4, 5], "seq_lengths": [3, 2]}, {"input_ids": [6, 7], "seq_lengths": [2]}]
@@ -88,6 +96,9 @@ class PrePackedCollator:
     >>> rows[0]["token_type_ids"], rows[1]["token_type_ids"] = [0, 0, 0, 1, 1], [1, 1]
     >>> PrePackedCollator(mode="pad", max_length=6, return_tensors="np")(rows)["token_type_ids"].tolist()
     [[0, 0, 0, 1, 1, 0], [1, 1, 0, 0, 0, 0]]
+    >>> rows[0]["source"], rows[1]["source"] = ["web", "math"], ["code"]  # pack_dataset(keep_columns=["source"])
+    >>> PrePackedCollator(keep_columns=["source"])(rows)["source"]
+    ['web', 'math', 'code']
     """
 
     def __init__(
@@ -102,12 +113,15 @@ class PrePackedCollator:
         pad_to_multiple_of: int | None = None,
         label_pad_id: int = -100,
         disable_cache: bool = True,
+        keep_columns: Sequence[str] = (),
     ) -> None:
         self.options = PrePackedOptions(
             mode=mode, max_length=max_length, pad_token_id=pad_token_id, return_tensors=return_tensors,
             pad_to_multiple_of=pad_to_multiple_of, position_ids_start=position_ids_start,
             return_seq_idx=return_seq_idx, label_pad_id=label_pad_id, disable_cache=disable_cache,
+            keep_columns=keep_columns,
         )  # fmt: skip
+        self._no_targets = NoTargetWarning("PrePackedCollator", label_pad_id)
 
     @property
     def mode(self) -> Mode:
@@ -118,7 +132,8 @@ class PrePackedCollator:
         return self.options.max_length
 
     def __repr__(self) -> str:
-        return f"PrePackedCollator(mode={self.mode!r}, max_length={self.max_length}, {self.options.keywords()})"
+        kept = f", keep_columns={list(self.options.keep_columns)}" if self.options.keep_columns else ""
+        return f"PrePackedCollator(mode={self.mode!r}, max_length={self.max_length}, {self.options.keywords()}{kept})"
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not len(rows):
@@ -128,6 +143,8 @@ class PrePackedCollator:
             batch = self.options.flat_batch(tokens.input_ids, tokens.labels, segments, tokens.carried)
         else:
             batch = self._pad(tokens, row_lengths, segments, segments_per_row)
+        self._no_targets.check(batch["labels"], examples=len(segments), tokens=int(row_lengths.sum()))
+        batch.update(per_example_values(rows, self.options.keep_columns, segments_per_row))
         return self.options.finish(batch)
 
     def _read(self, rows):
@@ -143,7 +160,8 @@ class PrePackedCollator:
         segments_per_row = sequence_lengths(seq_column, what="seq_lengths", item="Row")
         segments = concat_tokens(seq_column, int(segments_per_row.sum()), what="seq_lengths", item="Row")
         _check_segments(segments, segments_per_row, row_lengths)
-        tokens = read_token_features(rows, row_lengths, collator="PrePackedCollator", item="Row", own=("seq_lengths",))
+        own = ("seq_lengths", *self.options.keep_columns)
+        tokens = read_token_features(rows, row_lengths, collator="PrePackedCollator", item="Row", own=own)
         return tokens, row_lengths, segments, segments_per_row
 
     def _pad(self, tokens: TokenFeatures, row_lengths, segments, segments_per_row):

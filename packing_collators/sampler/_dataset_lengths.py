@@ -56,7 +56,7 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
     >>> lengths_from_dataset(ds, column="labels")
     Traceback (most recent call last):
     ...
-    ValueError: The dataset has no column 'labels' (its columns: ['input_ids', 'length']); pass column= with the tokenized column.
+    ValueError: The dataset has no column 'labels' (its columns: ['input_ids', 'length']); tokenize it first, or pass column= with the tokenized column.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -65,7 +65,7 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
     if column not in table.column_names:
         raise ValueError(
             f"The dataset has no column {column!r} (its columns: {table.column_names}); "
-            "pass column= with the tokenized column."
+            "tokenize it first, or pass column= with the tokenized column."
         )
     values = table.column(column)
     kind = values.type
@@ -94,7 +94,7 @@ def example_lengths(dataset: Any, column: str = "input_ids", *, reader: str = "P
     >>> example_lengths([{"text": "hi"}])
     Traceback (most recent call last):
     ...
-    ValueError: PackingTrainer reads example lengths from the 'input_ids' column, which dataset[0] lacks (KeyError('input_ids')); pass length_column= with the tokenized column.
+    ValueError: PackingTrainer reads example lengths from the 'input_ids' column, which dataset[0] lacks (KeyError('input_ids')); tokenize the dataset first, or pass length_column= with the tokenized column.
     """
     lengths = _token_lengths(dataset, column, reader)
     try:
@@ -118,5 +118,5 @@ def _token_lengths(dataset: Any, column: str, reader: str) -> np.ndarray:
     except (KeyError, TypeError) as error:
         raise ValueError(
             f"{reader} reads example lengths from the {column!r} column, which dataset[0] lacks "
-            f"({error!r}); pass length_column= with the tokenized column."
+            f"({error!r}); tokenize the dataset first, or pass length_column= with the tokenized column."
         ) from None

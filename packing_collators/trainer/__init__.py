@@ -8,6 +8,7 @@ _trainer_budget.py    max_tokens_per_batch="auto" and memory_check, agreed over 
 _memory_budget.py     measure_token_budget / check_token_budget: max_tokens_per_batch against the GPU's memory, measured
 _compile.py           torch_compile=True: rows padded to buckets, graphs compiled before the first step
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
+_launch.py            one process on several GPUs (python train.py, DataParallel) refused, naming torchrun
 _deepspeed.py         the DeepSpeed config checks (batch numbers the sampler and Trainer own)
 _liger.py             the Liger fused-loss checks (num_items_in_batch kept, what it cannot do)
 _sequence_loss.py     sequence_loss_weights / sequence_mean_loss: each example counted once (loss_normalization="sequence")

@@ -23,6 +23,7 @@ from ..checks import (
     refuse_failed_probe,
     refuse_no_batches,
 )
+from ._launch import refuse_data_parallel
 
 try:
     from transformers import TrainerCallback
@@ -61,7 +62,9 @@ class PackingCheckCallback(TrainerCallback):
     empty dataset (or dataloader), a token id outside the model's input embedding,
     and (``probe=True``, the default) the live equivalence probe, run with the same
     collator under the Trainer's mixed precision on every rank. ``last_report`` keeps
-    what the probe measured. ``PackingTrainer`` adds this callback itself.
+    what the probe measured. ``PackingTrainer`` adds this callback itself. One process on several
+    GPUs (``args.n_gpu > 1``: started without ``torchrun``, so the Trainer wraps the model in
+    ``torch.nn.DataParallel``) is refused first, naming ``torchrun`` and ``CUDA_VISIBLE_DEVICES=0``.
 
     >>> PackingCheckCallback()
     PackingCheckCallback(probe=True)
@@ -76,6 +79,7 @@ class PackingCheckCallback(TrainerCallback):
         return f"PackingCheckCallback(probe={self.probe})"
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+        refuse_data_parallel(args, "PackingCheckCallback")  # python train.py on several GPUs: DataParallel
         if model is None or train_dataloader is None:
             return
         dataset, collate_fn = train_dataloader.dataset, train_dataloader.collate_fn

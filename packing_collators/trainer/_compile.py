@@ -22,7 +22,9 @@ second batch, one compile more), and with several buckets one more graph takes `
 
 :func:`warm_up_compiled` runs those batches (forward and backward, as a training step does,
 gradients cleared after) before the first step, so no timed step compiles; PackingTrainer
-counts any later recompile and warns. Cost: the compiles themselves (seconds to a minute per
+counts any later recompile and warns. The live probe runs the compiled model too, forward only on
+its own shapes, and compiles graphs of its own: :class:`CompileReport` counts them apart
+(``probe_graphs``), so ``graphs`` is the training graphs the table shows. Cost: the compiles themselves (seconds to a minute per
 graph on a GPU), once, and the buckets' padding, reported as :class:`CompileReport`.
 """
 
@@ -70,7 +72,10 @@ class CompileReport:
     Attributes:
         buckets: the row lengths micro-batches are padded to.
         padding_fraction: pad slots / all slots the buckets add over the epoch's plan.
-        graphs: graphs compiled before the first step (the warm-up's, the probe's).
+        graphs: training graphs the warm-up compiled before the first step (one per run for one
+            bucket where ``torch.compiler.config.dynamic_sources`` exists, else two).
+        probe_graphs: the other graphs compiled before the first step: the live probe's forwards
+            on the compiled model (its own shapes, no backward), counted apart from ``graphs``.
         seconds: wall time of the warm-up.
         recompiles: graphs compiled after the warm-up, during training (0 expected).
     """
@@ -80,17 +85,19 @@ class CompileReport:
     graphs: int = 0
     seconds: float = 0.0
     recompiles: int = 0
+    probe_graphs: int = 0
 
     def summary(self) -> str:
         """One line for a log.
 
-        >>> CompileReport((16384,), 0.0071, graphs=2, seconds=41.5).summary()
-        'torch.compile: 2 graph(s) compiled before the first step in 41.5 s; micro-batches padded to (16384,) tokens (padding 0.71% of slots); 0 recompiles since'
+        >>> CompileReport((16384,), 0.0071, graphs=1, seconds=41.5, probe_graphs=2).summary()
+        'torch.compile: 1 training graph(s) compiled before the first step in 41.5 s (and 2 for the live probe); micro-batches padded to (16384,) tokens (padding 0.71% of slots); 0 recompiles since'
         """
+        probe = f" (and {self.probe_graphs} for the live probe)" if self.probe_graphs else ""
         return (
-            f"torch.compile: {self.graphs} graph(s) compiled before the first step in {self.seconds:.1f} s; "
-            f"micro-batches padded to {self.buckets} tokens (padding {100 * self.padding_fraction:.2f}% of slots); "
-            f"{self.recompiles} recompiles since"
+            f"torch.compile: {self.graphs} training graph(s) compiled before the first step in {self.seconds:.1f} s"
+            f"{probe}; micro-batches padded to {self.buckets} tokens (padding {100 * self.padding_fraction:.2f}% "
+            f"of slots); {self.recompiles} recompiles since"
         )
 
 
@@ -250,7 +257,7 @@ class CompileWarmUp(TrainerCallback):
         self._before_warm_up = self._before_training = None
 
     def prepare(self, plan: CompilePlan) -> None:
-        """Warm up ``plan``'s collator when training begins; graphs count from now on (the probe's too)."""
+        """Warm up ``plan``'s collator when training begins; graphs count from now on (the probe's apart)."""
         self.collator, self.report = plan.collator, plan.report
         self._before_warm_up = graphs_compiled()  # the probe runs the compiled model: its graph counts
 
@@ -268,13 +275,15 @@ class CompileWarmUp(TrainerCallback):
             loss.backward()
 
         model.train()
-        self.report.seconds, _ = warm_up_compiled(step, self.collator, self.report.buckets, vocab=vocab)
+        self.report.seconds, self.report.graphs = warm_up_compiled(
+            step, self.collator, self.report.buckets, vocab=vocab
+        )
         model.zero_grad(set_to_none=True)
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.report is not None and self._before_training is None:
             self._before_training = graphs_compiled()  # the warm-up's graphs and the probe's
-            self.report.graphs = self._before_training - self._before_warm_up
+            self.report.probe_graphs = self._before_training - self._before_warm_up - self.report.graphs
             logger.warning("PackingTrainer: %s", self.report.summary())
 
     def on_step_end(self, args, state, control, **kwargs):

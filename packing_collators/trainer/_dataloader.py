@@ -75,6 +75,27 @@ def _is_arrow(dataset) -> bool:
     return isinstance(dataset, datasets.Dataset)
 
 
+def refuse_untokenized(dataset, column: str, description: str) -> None:
+    """Refuse a ``datasets.Dataset`` without the column of token ids, before the Trainer drops columns.
+
+    >>> from datasets import Dataset
+    >>> refuse_untokenized(Dataset.from_dict({"text": ["hi"]}), "input_ids", "Training")
+    Traceback (most recent call last):
+    ...
+    ValueError: PackingTrainer packs tokenized examples, and the training dataset has no 'input_ids' column (its columns: ['text']). Tokenize it first (e.g. dataset.map(lambda example: tokenizer(example["text"]), remove_columns=dataset.column_names), or tokenize_chat(dataset, tokenizer) for conversations), or pass PackingTrainer(length_column=...) naming the column that holds the token ids.
+    """
+    columns = dataset.column_names
+    if column in columns:
+        return
+    text = next((name for name in ("text", "content", "prompt") if name in columns), "text")
+    raise ValueError(
+        f"PackingTrainer packs tokenized examples, and the {description.lower()} dataset has no {column!r} column "
+        f"(its columns: {columns}). Tokenize it first (e.g. dataset.map(lambda example: "
+        f'tokenizer(example["{text}"]), remove_columns=dataset.column_names), or tokenize_chat(dataset, tokenizer) '
+        "for conversations), or pass PackingTrainer(length_column=...) naming the column that holds the token ids."
+    )
+
+
 def _lengths(trainer, dataset, description: str, *, shuffle: bool):
     """(the dataset with the forward's columns, example lengths): a map-style dataset only."""
     from torch.utils.data import IterableDataset
@@ -85,6 +106,7 @@ def _lengths(trainer, dataset, description: str, *, shuffle: bool):
             "got an IterableDataset. Use Trainer with FlatteningCollator for streaming data."
         )
     if _is_arrow(dataset):
+        refuse_untokenized(dataset, trainer.length_column, description)  # before the Trainer drops its columns
         dataset = remove_unused_columns(trainer, dataset, description)
     lengths = example_lengths(dataset, trainer.length_column)
     if shuffle:

@@ -37,6 +37,7 @@ from ._check_callback import PackingCheckCallback, add_packing_callbacks
 from ._compile import CompileWarmUp
 from ._dataloader import PackedLoader, multipack_dataloader, report_dropped
 from ._deepspeed import check_deepspeed_setup
+from ._launch import refuse_data_parallel
 from ._liger import check_liger_setup
 from ._prepare_model import prepare_model
 from ._sequence_loss import LossNormalization, check_sequence_setup, global_sequence_count, sequence_compute_loss
@@ -119,7 +120,9 @@ class PackingTrainer(Trainer):
     ``data_collator`` defaults to :class:`FlatteningCollator`. Before the first step the
     model and the first collated batch go through :func:`check_packing_support`; a DeepSpeed
     config is checked at construction and Liger's fused loss when training begins (what would
-    make the loss or the batches inexact is refused: ``docs/setups.md``).
+    make the loss or the batches inexact is refused: ``docs/setups.md``). So is one process on
+    several GPUs (``python train.py`` without ``torchrun``: ``args.n_gpu > 1``, which the Trainer
+    would train under ``torch.nn.DataParallel``), at construction.
 
     Under ``TrainingArguments(torch_compile=True)`` training micro-batches are padded to one
     bucket (the token budget; the padding a segment of its own, never trained), every graph
@@ -178,6 +181,7 @@ class PackingTrainer(Trainer):
         if not positional_collator(args) and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = FlatteningCollator()
         super().__init__(*args, **kwargs)
+        refuse_data_parallel(self.args, "PackingTrainer")  # python train.py on several GPUs: DataParallel
         check_deepspeed_setup(self)
         check_sequence_setup(self)
         prepare_model(self)  # enable_packing: hybrids and VLMs keep the packed examples apart

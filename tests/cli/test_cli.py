@@ -177,6 +177,24 @@ def test_pack_json_strategy_and_kept_columns(capsys, data_dir, lengths, tmp_path
     assert sum(map(len, written["seq_lengths"])) == len(lengths)
 
 
+def test_a_kept_column_reaches_prepacked_collator_when_named_there(capsys, data_dir, tmp_path):
+    from packing_collators import PrePackedCollator
+
+    code, out, _ = run(
+        capsys, "pack", data_dir / "disk", tmp_path / "out", "--max-length", 1024, "--keep-column", "source"
+    )
+    assert code == 0
+    assert "PrePackedCollator(keep_columns=['source']) returns one value per example" in out
+    rows = [load_from_disk(str(tmp_path / "out"))[i] for i in range(2)]
+    examples = sum(len(row["seq_lengths"]) for row in rows)
+    batch = PrePackedCollator(keep_columns=["source"])(rows)
+    assert batch["source"] == ["web"] * examples and len(batch["cu_seq_lens_q"]) == examples + 1
+    with pytest.raises(
+        ValueError, match=r"Row 0: 'source' has .*PrePackedCollator\(keep_columns=\['source'\]\) and take it out"
+    ):
+        PrePackedCollator()(rows)
+
+
 @pytest.mark.parametrize("suffix", [".arrow", ".parquet", ""])
 def test_pack_shards_of_a_job_array_concatenate_to_the_whole(capsys, data_dir, tmp_path, suffix):
     source = load_from_disk(str(data_dir / "disk")).remove_columns(["source"])

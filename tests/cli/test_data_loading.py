@@ -177,7 +177,8 @@ def test_packable_columns():
         "source",
     ]
     with pytest.raises(
-        ValueError, match=r"Columns \['id'\] are not per-token.* --keep-column NAME .* --remove-column NAME"
+        ValueError,
+        match=r"Columns \['id'\] are not per-token.* --remove-column NAME .* --keep-column NAME .*PrePackedCollator\(keep_columns=\[NAME\]\)",
     ):
         packable_columns(data, keep_columns=["source"])
     with pytest.raises(ValueError, match=r"The dataset has no column\(s\) \['nope'\]"):

@@ -1,11 +1,14 @@
 """FlatteningCollator: values, dtypes and shapes, equality with transformers, and its errors."""
 
+import re
+import warnings
+
 import numpy as np
 import pytest
 import torch
 from transformers import DataCollatorWithFlattening
 
-from packing_collators import FlatteningCollator
+from packing_collators import FlatteningCollator, PrePackedCollator
 
 
 def random_features(seed, n=16, with_labels=True, kind=list):
@@ -351,3 +354,35 @@ def test_a_negative_token_id_is_refused_naming_example_position_and_value(kind):
     with pytest.raises(ValueError, match=r"Example 1: input_ids\[1\] = -100 is negative; .* belongs in labels"):
         FlatteningCollator()(features)
     FlatteningCollator()([{"input_ids": kind([0, 6])}, {"input_ids": kind([8, 9])}])  # 0 is a token id
+
+
+@pytest.mark.parametrize("collate", [FlatteningCollator(), PrePackedCollator()])
+def test_boolean_token_ids_are_refused_by_both_collators(collate):
+    features = [{"input_ids": [True, False, True], "seq_lengths": [3]}]
+    if isinstance(collate, FlatteningCollator):
+        features[0].pop("seq_lengths")
+    with pytest.raises(
+        TypeError, match=r"input_ids must hold integer token ids, got bool True at position 0\. Booleans"
+    ):
+        collate(features)
+
+
+def test_a_batch_with_no_label_to_train_is_warned_about_once_naming_its_size():
+    collate = FlatteningCollator(return_tensors="np")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        collate([{"input_ids": [5, 6, 7], "labels": [-100, -100, 7]}, {"input_ids": [8, 9], "labels": [-100, -100]}])
+        assert not caught  # one target (7) in the batch: it trains
+        for _ in range(3):
+            collate([{"input_ids": [5, 6, 7], "labels": [-100, -100, -100]}])
+    assert len(caught) == 1  # once per collator, not per step
+    assert re.match(
+        r"FlatteningCollator: a batch of 1 example \(3 tokens\) has no label to train: every label is -100, so its "
+        r"loss is 0\.0",
+        str(caught[0].message),
+    )
+    with pytest.warns(UserWarning, match=r"PrePackedCollator: a batch of 3 examples \(7 tokens\) has no label"):
+        PrePackedCollator(mode="pad", max_length=8)(
+            [{"input_ids": [1, 2, 3, 4, 5], "labels": [-100] * 5, "seq_lengths": [3, 2]},
+             {"input_ids": [6, 7], "labels": [-100, -100], "seq_lengths": [2]}]
+        )  # fmt: skip

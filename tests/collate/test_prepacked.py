@@ -143,10 +143,17 @@ def test_options_are_one_frozen_object_checked_at_construction():
     import dataclasses
 
     collator = PrePackedCollator(mode="pad", max_length=8, pad_token_id=3, return_tensors="np")
-    assert (collator.mode, collator.max_length, collator.options.mode, collator.options.pad_token_id) == ("pad", 8, "pad", 3)
+    assert (collator.mode, collator.max_length, collator.options.mode, collator.options.pad_token_id) == (
+        "pad",
+        8,
+        "pad",
+        3,
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         collator.options.max_length = 4
-    assert repr(collator).startswith("PrePackedCollator(mode='pad', max_length=8, pad_to_multiple_of=None, pad_token_id=3")
+    assert repr(collator).startswith(
+        "PrePackedCollator(mode='pad', max_length=8, pad_to_multiple_of=None, pad_token_id=3"
+    )
     with pytest.raises(ValueError, match=r"max_length must be a positive integer"):
         PrePackedCollator(mode="pad", max_length=0)
 
@@ -248,3 +255,48 @@ def test_a_negative_token_id_in_a_row_is_refused():
     for mode in ("flatten", "pad"):
         with pytest.raises(ValueError, match=r"Row 1: input_ids\[2\] = -1 is negative"):
             PrePackedCollator(mode=mode, max_length=8)(rows)
+
+
+def kept_rows():
+    """Rows of pack_dataset with three per-example columns kept (a string, a float, an int)."""
+    data = Dataset.from_dict(
+        {
+            "input_ids": [[5, 6, 7], [8, 9], [1, 2, 3, 4]],
+            "source": ["web", "math", "code"],
+            "weight": [0.5, 1.0, 2.0],
+            "id": [7, 8, 9],
+        }
+    )
+    return list(pack_dataset(data, 5, keep_columns=["source", "weight", "id"], shuffle_rows=False))
+
+
+@pytest.mark.parametrize("mode", ["flatten", "pad"])
+def test_kept_columns_come_back_one_value_per_example_in_segment_order(mode):
+    rows = kept_rows()
+    batch = PrePackedCollator(mode=mode, max_length=5, keep_columns=["source", "weight", "id"])(rows)
+    order = [value for row in rows for value in row["source"]]
+    assert sorted(order) == ["code", "math", "web"] and batch["source"] == order
+    ids = {"web": 7, "math": 8, "code": 9}
+    assert batch["id"].dtype == torch.int64 and batch["id"].tolist() == [ids[s] for s in order]
+    weights = {"web": 0.5, "math": 1.0, "code": 2.0}
+    assert batch["weight"].is_floating_point() and batch["weight"].tolist() == [weights[s] for s in order]
+    segments = [n for row in rows for n in row["seq_lengths"]]
+    if mode == "flatten":
+        assert np.diff(batch["cu_seq_lens_q"].numpy()).tolist() == segments  # value i belongs to segment i
+
+
+def test_kept_columns_are_checked_and_named_in_the_refusal():
+    rows = kept_rows()
+    with pytest.raises(ValueError, match=r"Row 0: 'source' has .*PrePackedCollator\(keep_columns=\['source'\]\)"):
+        PrePackedCollator()(
+            [{k: v for k, v in row.items() if k in ("input_ids", "seq_lengths", "source")} for row in rows]
+        )
+    rows[1]["source"] = rows[1]["source"] + ["extra"]
+    with pytest.raises(ValueError, match=r"Row 1: 'source' has \d values but the row holds \d examples"):
+        PrePackedCollator(keep_columns="source")(
+            [{k: row[k] for k in ("input_ids", "seq_lengths", "source")} for row in rows]
+        )
+    with pytest.raises(ValueError, match=r"keep_columns cannot name 'labels'"):
+        PrePackedCollator(keep_columns=["labels"])
+    bare = [{"input_ids": row["input_ids"], "seq_lengths": row["seq_lengths"]} for row in rows]
+    assert "source" not in PrePackedCollator(keep_columns=["source"])(bare)  # rows without it (the probe's)

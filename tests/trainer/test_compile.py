@@ -267,19 +267,24 @@ def _train(tmp_path, *, compiled: bool, monkeypatch=None):
 
 @pytest.mark.slow
 def test_trainer_compiles_before_the_first_step_and_trains_as_eager(fa4_reference, tmp_path, monkeypatch):
-    from packing_collators.trainer import _check_callback
+    from packing_collators.trainer import _check_callback, _compile
 
-    probed = []
-    original = _check_callback.probe_packing
+    probed, warmed = [], []
+    original, warm_up = _check_callback.probe_packing, _compile.warm_up_compiled
     monkeypatch.setattr(
         _check_callback,
         "probe_packing",
         lambda model, *a, **k: probed.append(type(model).__name__) or original(model, *a, **k),
     )
+    monkeypatch.setattr(_compile, "warm_up_compiled", lambda *a, **k: warmed.append(warm_up(*a, **k)) or warmed[-1])
     trainer, losses = _train(tmp_path, compiled=True)
     report = trainer.compile_report
     assert report.buckets == (96,)  # the budget, rounded up to a multiple of 8
-    assert 1 <= report.graphs <= 3 and report.recompiles == 0 and report.seconds > 0
+    # graphs: the warm-up's training graphs (what the docs count per bucket); the probe's forward-only graphs apart
+    assert (report.seconds, report.graphs) == warmed[0] and report.graphs >= 1 and report.probe_graphs >= 1
+    assert report.recompiles == 0 and report.seconds > 0
+    assert f"{report.graphs} training graph(s)" in report.summary()
+    assert f"(and {report.probe_graphs} for the live probe)" in report.summary()
     plan = trainer._train_batch_sampler.plan().row_tokens
     assert report.padding_fraction == bucket_padding_fraction(plan, (96,)) > 0
     assert probed == ["OptimizedModule"]  # the probe ran the compiled model, as training runs it
