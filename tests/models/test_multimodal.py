@@ -115,3 +115,19 @@ def test_llava_style_per_image_tensors_are_refused_by_name():
     examples = [{"input_ids": [1, 2, 3], "pixel_values": torch.zeros(3, 8, 8), "image_grid_thw": [[1, 2, 2]]}]
     with pytest.raises(ValueError, match=r"Example 0: pixel_values has shape \(3, 8, 8\).*LLaVA-style"):
         FlatteningCollator()(examples)
+
+
+def test_the_probe_carries_an_image_and_catches_positions_numbered_over_the_row():
+    """The live probe's last example holds an image: without per-example positions its logits move."""
+    from packing_collators.checks import probe_packing
+    from packing_collators.models._multimodal import MultimodalPositions
+
+    model = enable_packing(tiny_vlm(VLMS[0]))
+    model.config.use_cache = False
+    assert probe_packing(model).passed
+    for module in model.modules():  # take the per-example positions away again
+        for key, hook in list(module._forward_pre_hooks.items()):
+            if isinstance(hook, MultimodalPositions):
+                del module._forward_pre_hooks[key]
+    report = probe_packing(model)
+    assert not report.passed and report.max_difference > report.tolerance
