@@ -10,17 +10,11 @@ once ``enable_packing`` prepared it).
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("transformers")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "architecture_sweep.py"
-_spec = importlib.util.spec_from_file_location("architecture_sweep", SCRIPT)
-sweep = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sweep)
+from _hybrids import sweep  # noqa: E402  (scripts/architecture_sweep.py, loaded once for the tests)
 
 ACCEPTED = ("llama", "gpt2", "gpt_neox", "phi", "falcon", "gemma2")
 REFUSED = ("opt", "bert", "mamba")  # opt numbers positions from the attention mask; bert is bidirectional

@@ -24,10 +24,13 @@ __all__ = ["PACKING_KEYWORDS", "run_per_example"]
 PACKING_KEYWORDS = frozenset({"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"})
 
 
-def _relaid(value: Any, segments: RowSegments, group: int) -> Any:
+def _relaid(value: Any, segments: RowSegments, group: int, sources: dict) -> Any:
+    """``value`` as group ``group``'s padded batch takes it (``sources``: each tensor's gather source, made once)."""
     if isinstance(value, torch.Tensor):
         if value.dim() >= 2 and tuple(value.shape[:2]) == segments.batch_shape:
-            return segments.to_padded(value, group)
+            if id(value) not in sources:
+                sources[id(value)] = segments.gather_source(value)
+            return segments.to_padded(value, group, sources[id(value)])
         if value.dim() == 4 and value.shape[-1] == segments.batch_shape[1]:
             return None  # a (B, 1, T, T) attention mask: the padded batch is causal with its padding last
         if value.dim() == 1 and value.numel() == segments.batch_shape[1] and not value.is_floating_point():
@@ -35,7 +38,7 @@ def _relaid(value: Any, segments: RowSegments, group: int) -> Any:
             return torch.arange(width, device=value.device, dtype=value.dtype)
         return value
     if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value):
-        return tuple(_relaid(v, segments, group) for v in value)  # rotary (cos, sin)
+        return tuple(_relaid(v, segments, group, sources) for v in value)  # rotary (cos, sin)
     return value
 
 
@@ -47,10 +50,11 @@ def run_per_example(forward, segments: RowSegments, args: tuple, kwargs: dict) -
     """``forward(*args, **kwargs)`` once per group of the row's examples (each a padded batch), and the
     token-major outputs laid back into the row."""
     kwargs = {k: v for k, v in kwargs.items() if k not in PACKING_KEYWORDS}
-    outs = []
+    outs, sources = [], {}
     for group, gather in enumerate(segments.groups):
         out = forward(
-            *(_relaid(a, segments, group) for a in args), **{k: _relaid(v, segments, group) for k, v in kwargs.items()}
+            *(_relaid(a, segments, group, sources) for a in args),
+            **{k: _relaid(v, segments, group, sources) for k, v in kwargs.items()},
         )
         outs.append((out, tuple(gather.shape)))
     first = outs[0][0]

@@ -55,10 +55,15 @@ class RowSegments:
     def tokens(self) -> int:
         return self.batch_shape[0] * self.batch_shape[1]
 
-    def to_padded(self, x: torch.Tensor, group: int) -> torch.Tensor:
-        """(B, T, ...) -> (S_g, L_g, ...) of ``group``: each example in a row of its own, zeros after it."""
+    def gather_source(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (B * T + 1, ...): the tokens flattened and a zero row after them (the padding's)."""
         flat = x.reshape(self.tokens, *x.shape[2:])
-        return torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])[self.groups[group]]
+        return torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])
+
+    def to_padded(self, x: torch.Tensor, group: int, source: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, ...) -> (S_g, L_g, ...) of ``group``: each example in a row of its own, zeros after it
+        (``source``: ``gather_source(x)``, made once for all the groups)."""
+        return (self.gather_source(x) if source is None else source)[self.groups[group]]
 
     def from_padded(self, ys: list[torch.Tensor]) -> torch.Tensor:
         """One (S_g, L_g, ...) per group -> (B, T, ...): the real tokens back in the batch's order."""
