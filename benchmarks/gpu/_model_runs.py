@@ -21,33 +21,44 @@ def set_attention(model, name: str) -> None:
 
 
 def timed(model, batches: list[dict], device, warmup: int, tokens_of) -> dict:
-    """Real tokens/s of forward + backward over ``batches[warmup:]`` (``tokens_of(batch)`` real tokens each)."""
+    """Real tokens/s of forward + backward over ``batches[warmup:]`` (``tokens_of(batch)`` real tokens each), and
+    each timed step's milliseconds on the GPU (CUDA events: no synchronisation between the steps)."""
     for batch in batches[:warmup]:
         model(**to_device(batch, device)).loss.backward()
     model.zero_grad(set_to_none=True)
     sync(device)
+    cuda = device.type == "cuda"
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(batches) - warmup + 1)] if cuda else []
     started, tokens = time.perf_counter(), 0
-    for batch in batches[warmup:]:
+    for index, batch in enumerate(batches[warmup:]):
+        if cuda:
+            marks[index].record()
         model(**to_device(batch, device)).loss.backward()
         tokens += tokens_of(batch)
+    if cuda:
+        marks[-1].record()
     model.zero_grad(set_to_none=True)
     sync(device)
     seconds = time.perf_counter() - started
-    return {"real_tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens}
+    steps_ms = [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+    return {"real_tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens, "steps_ms": steps_ms}
 
 
 def alternate_modes(plans: dict, rounds: int, device, warmup: int, tokens_of, label: str) -> dict:
     """Each mode's (model, attention, batches) timed once per round, the order reversed every other round;
     the median tokens/s per mode, every round's, and the ratios of ``packed`` to the others."""
     runs: dict[str, list[float]] = {name: [] for name in plans}
+    steps_ms: dict[str, list[list[float]]] = {name: [] for name in plans}
     for round_ in range(rounds):
         for name in list(plans) if round_ % 2 == 0 else list(reversed(plans)):
             model, attention, batches = plans[name]
             set_attention(model, attention)
-            runs[name].append(timed(model, batches, device, warmup, tokens_of)["real_tokens_per_s"])
+            result = timed(model, batches, device, warmup, tokens_of)
+            runs[name].append(result["real_tokens_per_s"])
+            steps_ms[name].append([round(ms, 2) for ms in result["steps_ms"]])
             print(f"  {label} round {round_} {name}: {runs[name][-1]:,.0f} tokens/s", flush=True)
     median = {name: statistics.median(values) for name, values in runs.items()}
-    out = {"tokens_per_s": median, "rounds_tokens_per_s": runs}
+    out = {"tokens_per_s": median, "rounds_tokens_per_s": runs, "rounds_steps_ms": steps_ms}
     for other in median:
         if other != "packed" and "packed" in median:
             out[f"packed_vs_{other}"] = median["packed"] / median[other]

@@ -14,8 +14,10 @@ Two parts, one model per run (results merge into ``<out>/results.json``):
   not diluted), 3 alternating rounds, median, for ``--tokens-per-step`` token rows of the
   distribution's examples packed (``packed``), the same rows with the stateful layers forced onto
   the per-example path (``per_example``, the fallback's cost), rows of examples all of the mean
-  length (``oracle``: no padding, the same kernels), and padded batches of 8 examples in random
-  order under sdpa (``padded``, what a user gets without packing).
+  length (``oracle``: no padding, the same kernels), rows of examples all of the work length
+  sum(l^2) / sum(l) (``oracle_work``: the data's attention work per token, nothing uneven), and padded
+  batches of 8 examples in random order under sdpa (``padded``, what a user gets without packing). Each
+  round's per-step GPU milliseconds are kept (``rounds_steps_ms``).
 
 Models (random weights, bf16): ``qwen3_5``, a Qwen3.5-0.8B shape (hidden 1024, 24 layers, 3 Gated
 DeltaNet : 1 attention, vocab 248,320); ``nemotron_h``, a Nemotron-H-like ~1B shape (hidden 1536,
@@ -133,6 +135,8 @@ def packed_rows(lengths: np.ndarray, tokens: int, vocab: int, steps: int, seed: 
                 break
         row.append({"input_ids": ids.tolist(), "labels": ids.tolist()})
         used += len(ids)
+    if row and len(rows) < steps:  # the last row (an oracle's rows fill exactly, so none overflows into another)
+        rows.append(collator(row))
     return rows
 
 
@@ -142,6 +146,15 @@ def oracle_rows(lengths: np.ndarray, tokens: int, vocab: int, steps: int) -> lis
     count = max(1, tokens // mean)
     same = np.full(count * steps, mean)
     return packed_rows(same, count * mean, vocab, steps, seed=2)
+
+
+def oracle_work_rows(lengths: np.ndarray, tokens: int, vocab: int, steps: int) -> list[dict]:
+    """Rows of examples all of the work length (sum l^2 / sum l): the data's attention work per token, nothing uneven."""
+    from train_throughput import work_length
+
+    work = work_length(lengths, tokens)
+    count = max(1, tokens // work)
+    return packed_rows(np.full(count * steps, work), count * work, vocab, steps, seed=4)
 
 
 def padded_batches(lengths: np.ndarray, vocab: int, steps: int, size: int = 8) -> list[dict]:
@@ -157,6 +170,7 @@ def throughput(args, model, per_example_model, device, distribution: str) -> dic
         "packed": (model, args.attn, packed_rows(lengths, args.tokens_per_step, vocab, steps, seed=0)),
         "per_example": (per_example_model, args.attn, packed_rows(lengths, args.tokens_per_step, vocab, steps, 0)),
         "oracle": (model, args.attn, oracle_rows(lengths, args.tokens_per_step, vocab, steps)),
+        "oracle_work": (model, args.attn, oracle_work_rows(lengths, args.tokens_per_step, vocab, steps)),
         "padded": (model, "sdpa", padded_batches(lengths, vocab, steps)),
     }
     if per_example_model is None:
