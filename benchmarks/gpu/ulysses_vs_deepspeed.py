@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 2 benchmarks/gpu/ulysses_vs_deepspeed.py --setup ours --out DIR
     torchrun --nproc-per-node 2 benchmarks/gpu/ulysses_vs_deepspeed.py --setup deepspeed --attn sdpa --out DIR
     torchrun --nproc-per-node 2 benchmarks/gpu/ulysses_vs_deepspeed.py --setup deepspeed --attn flash_attention_4 --out DIR
-    python benchmarks/gpu/ulysses_vs_deepspeed.py --compare DIR
+    python benchmarks/gpu/ulysses_vs_deepspeed.py --compare --out DIR
 
 Every setting trains a fresh 1B Llama-style model (seed 0, bf16 weights, AdamW, gradient checkpointing) for one run
 over the same rows: --steps packed rows of each --tokens size (random examples, lognormal lengths, each at most half
@@ -13,8 +13,9 @@ causal sequence over all examples (what attention without the examples' boundari
 ``PackingTrainer``'s sequence parallelism (``shard_flat_batch`` + ``enable_ulysses_attention``) over the two GPUs.
 ``deepspeed`` runs DeepSpeed's ``UlyssesSPAttentionHF`` and ``UlyssesSPDataLoaderAdapter`` as accelerate wires them
 from ``ParallelismConfig(sp_backend="deepspeed")``, with the loss recipe of accelerate's own ALST test; each of its
-settings needs its own processes (DeepSpeed replaces transformers' attention function by name, process-wide).
-Each rank writes nothing; rank 0 writes ``<setting>.json``; ``--compare`` writes ``comparison.md``.
+settings needs its own processes (DeepSpeed replaces transformers' attention function by name, process-wide);
+``--zero-stage`` picks its ZeRO stage (0: plain AdamW, as in ours). Every setting records its gradient norm at
+step 1, before any update. Only rank 0 writes: ``<setting>.json``; ``--compare`` writes ``comparison.md``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument(
         "--vocab", type=int, default=32000, help="the 1B shape's vocabulary (its logits fit 80 GB at 64k)"
     )
+    parser.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2, 3), help="DeepSpeed's ZeRO stage")
     parser.add_argument("--only", default="", help="ours: a comma list of its settings to run (default all)")
     args = parser.parse_args()
     if args.smoke:
@@ -127,6 +129,11 @@ class Log:
         return data
 
 
+def grad_norm(grads) -> float:
+    """The L2 norm of all gradients, in float32."""
+    return float(torch.sqrt(sum(g.detach().float().pow(2).sum() for g in grads if g is not None)))
+
+
 def _timed(device, work) -> tuple[float, float]:
     sync(device)
     began = time.perf_counter()
@@ -151,6 +158,8 @@ def one_gpu(args, device, attn: str, name: str, *, cross: bool = False) -> None:
         def work():
             loss = model(**to_device(row, device)).loss
             loss.backward()
+            if not log.steps:  # the first step's gradient, before any update: the same in every setting
+                log.about["grad_norm_step1"] = grad_norm(p.grad for p in model.parameters())
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             return float(loss.detach())
@@ -177,6 +186,8 @@ def ours_sp(args, device, attn: str) -> None:
             loss.backward()
             for p in model.parameters():  # the row's gradient is the shards' sum
                 dist.all_reduce(p.grad, group=mesh.sp_group)
+            if not log.steps:
+                log.about["grad_norm_step1"] = grad_norm(p.grad for p in model.parameters())
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             loss = loss.detach().clone()
@@ -208,7 +219,8 @@ def ours(args, device) -> None:
 
 def _fa4_int_lengths() -> None:
     """transformers 5.17, deriving the examples from position_ids, hands FA4 its max lengths as 0-d tensors, which
-    FA4 4.0.0b36 refuses ("Expected IntTuple ... got 9115"); pass them as ints (nothing else changes)."""
+    FA4 4.0.0b36 refuses ("Expected IntTuple ... got 9115"); pass them as ints. Reading the tensor syncs the host
+    once per attention call, on DeepSpeed's path only; transformers already syncs there to find the boundaries."""
     import flash_attn.cute as cute
 
     varlen = cute.flash_attn_varlen_func
@@ -235,7 +247,7 @@ def deepspeed_setting(args, device) -> None:
     ds_config = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": 0},  # plain AdamW on the bf16 weights, as in ours
+        "zero_optimization": {"stage": args.zero_stage},  # 0: plain AdamW on the bf16 weights, as in ours
         "gradient_clipping": 0.0,
     }
     if args.attn == "flash_attention_4":
@@ -255,10 +267,11 @@ def deepspeed_setting(args, device) -> None:
     engine, optimizer = accelerator.prepare(model, optimizer)
     loader = accelerator.deepspeed_ulysses_dl_adapter(loader, engine)
     unwrapped = accelerator.unwrap_model(engine)
-    from deepspeed.utils import groups
+    from deepspeed.utils import groups, safe_get_full_grad
 
     group, rank = groups._get_sequence_parallel_group(), groups._get_sequence_parallel_rank()
-    log = Log(args, f"deepspeed_{args.attn}", device, attention=args.attn, zero_stage=0)
+    name = f"deepspeed_{args.attn}" + (f"_zero{args.zero_stage}" if args.zero_stage else "")
+    log = Log(args, name, device, attention=args.attn, zero_stage=args.zero_stage)
     batches = iter(loader)
     for index, row in enumerate(all_rows):
         total = row["input_ids"].shape[1]
@@ -277,7 +290,13 @@ def deepspeed_setting(args, device) -> None:
             good = shift_labels.ne(-100).sum()
             goods = torch.distributed.nn.functional.all_gather(good, group=group)
             loss = sum(part * n for part, n in zip(losses, goods) if n > 0) / max(sum(goods), 1)
-            accelerator.backward(loss)
+            if log.steps:
+                accelerator.backward(loss)  # DeepSpeed's engine.backward, then engine.step
+            else:  # the same two calls, with the gradient's norm read between them
+                engine.set_gradient_accumulation_boundary(is_boundary=True)
+                engine.backward(loss)
+                log.about["grad_norm_step1"] = grad_norm(safe_get_full_grad(p) for p in engine.module.parameters())
+                engine.step()
             optimizer.step()
             optimizer.zero_grad()
             return float(loss.detach())
@@ -300,6 +319,8 @@ def compare(folder: Path) -> str:
     header += (
         " | peak GiB per GPU | max loss diff vs one GPU | loss diff at step 1 | max loss diff vs one causal sequence |"
     )
+    norms = "grad_norm_step1" in reference  # runs made before the harness read it have none
+    header += " gradient norm at step 1 / one GPU's |" if norms else ""
     lines = [
         f"Card: {reference['device']}; torch {reference['torch']}.",
         "",
@@ -316,9 +337,14 @@ def compare(folder: Path) -> str:
         diffs = [abs(s["loss"] - r) for s, r in zip(run["steps"], ref_losses)]
         peak = f"{run['peak_allocated_gib']:.1f}" if run.get("peak_allocated_gib") is not None else "-"
         to_cross = f"{max(abs(s['loss'] - c) for s, c in zip(run['steps'], cross)):.4f}" if cross else "-"
-        lines.append(
-            f"| {name} | {run['gpus']} | {run['attention']} | {speeds} | {peak} | {max(diffs):.4f} | {diffs[0]:.4f} | {to_cross} |"
-        )
+        line = f"| {name} | {run['gpus']} | {run['attention']} | {speeds} | {peak} | {max(diffs):.4f} | {diffs[0]:.4f} | {to_cross} |"
+        if norms:
+            line += (
+                f" {run['grad_norm_step1'] / reference['grad_norm_step1']:.3f} |"
+                if "grad_norm_step1" in run
+                else " - |"
+            )
+        lines.append(line)
     lines += ["", "Per-step losses:", "", "| step | tokens | " + " | ".join(n for n in order if n in runs) + " |"]
     lines.append("|" + "---|" * (2 + sum(n in runs for n in order)))
     for i, step in enumerate(reference["steps"]):

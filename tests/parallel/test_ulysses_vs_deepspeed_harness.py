@@ -11,6 +11,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 from _two_ranks import run_two_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,11 +44,14 @@ def test_ours_matches_one_gpu_and_the_control_attends_across(tmp_path):
     gap = lambda a, b: max(abs(x - y) for x, y in zip(losses[a], losses[b]))  # noqa: E731
     assert gap("one_gpu", "ours_sp2") < 1e-3
     assert gap("one_gpu", "one_gpu_cross") > 1e-3
+    norms = {n: json.loads((tmp_path / f"{n}.json").read_text())["grad_norm_step1"] for n in ("one_gpu", "ours_sp2")}
+    assert abs(norms["ours_sp2"] / norms["one_gpu"] - 1) < 1e-3  # the row's gradient, not a multiple of it
     table = _harness().compare(tmp_path)
     assert "| ours_sp2 | 2 | ulysses_sdpa |" in table
 
 
-def test_the_committed_table_is_the_one_its_json_gives(tmp_path):
-    for path in RESULTS.glob("*.json"):
+@pytest.mark.parametrize("folder", [RESULTS, RESULTS / "cpu_gradient_check"], ids=["gpu", "cpu_gradient_check"])
+def test_the_committed_table_is_the_one_its_json_gives(tmp_path, folder):
+    for path in folder.glob("*.json"):
         (tmp_path / path.name).write_text(path.read_text())
-    assert _harness().compare(tmp_path) == (RESULTS / "comparison.md").read_text()
+    assert _harness().compare(tmp_path) == (folder / "comparison.md").read_text()
