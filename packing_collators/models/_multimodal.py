@@ -14,15 +14,16 @@ row it would number the second example on from the first. Here each example gets
 Images and videos are assigned to examples in order, by the placeholder tokens each example holds
 (``mm_token_type_ids``: 1 image, 2 video; or the config's ``image_token_id`` / ``video_token_id``);
 an example whose placeholders do not match its images' grids is refused by index. The vision tower
-already attends within each image (its ``cu_seqlens`` come from the grids). Cost: one
-``get_rope_index`` call per example with an image, once per forward.
+already attends within each image (its ``cu_seqlens`` come from the grids). A batch of one example
+(the sampler gives an example that fills its budget a micro-batch of its own) has nothing to keep
+apart, but its collated ``position_ids`` (0..T-1) would stand in for the image's 3-D positions: it is
+numbered the same way. A batch of several packed rows with images is refused (one row per micro-batch).
+Cost: one ``get_rope_index`` call per example with an image, once per forward.
 """
 
 from __future__ import annotations
 
 import torch
-
-from ._row_segments import RowSegments
 
 __all__ = ["MultimodalPositions", "multimodal_model"]
 
@@ -49,9 +50,24 @@ class MultimodalPositions:
     def __call__(self, module, args, kwargs):
         segments = self.state.segments
         input_ids = kwargs.get("input_ids", args[0] if args else None)
-        if segments is None or input_ids is None or segments.batch_shape[0] != 1:
+        if input_ids is None:
             return None
-        kwargs["position_ids"] = self.positions(segments, input_ids, kwargs)
+        media = any(kwargs.get(key) is not None for key, _, _ in _GRIDS)
+        if segments is None:  # not packed; but a collated single example still carries text positions
+            if not (media and _counts_from_zero(kwargs.get("position_ids"), input_ids)):
+                return None
+            cu = [0, input_ids.shape[1]]
+        elif segments.batch_shape[0] != 1:
+            if media:
+                raise ValueError(
+                    f"A packed batch with images or videos must be one row; this one has {segments.batch_shape[0]} "
+                    "rows of packed examples, whose images' positions cannot be placed by row. Collate with "
+                    "FlatteningCollator(), which puts the micro-batch in one row."
+                )
+            return None
+        else:
+            cu = segments.cu_seqlens.tolist()
+        kwargs["position_ids"] = self.positions(cu, input_ids, kwargs)
         return args, kwargs
 
     def kinds(self, input_ids: torch.Tensor, kwargs: dict) -> torch.Tensor:
@@ -65,9 +81,9 @@ class MultimodalPositions:
                 kinds[input_ids == token] = kind
         return kinds
 
-    def positions(self, segments: RowSegments, input_ids: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    def positions(self, cu: list[int], input_ids: torch.Tensor, kwargs: dict) -> torch.Tensor:
+        """(4, 1, T) positions of the row whose examples ``cu`` (cumulative lengths) delimits."""
         kinds = self.kinds(input_ids, kwargs)
-        cu = segments.cu_seqlens.tolist()
         per_example = _assign_grids(kwargs, kinds, cu, self.merge)
         rows = []
         for e, (start, end) in enumerate(zip(cu[:-1], cu[1:])):
@@ -81,6 +97,16 @@ class MultimodalPositions:
             )
             rows.append(torch.cat([text[None], rope.reshape(3, -1).to(text)]))
         return torch.cat(rows, dim=1)[:, None]
+
+
+def _counts_from_zero(position_ids, input_ids: torch.Tensor) -> bool:
+    """Whether ``position_ids`` are one row's plain text positions 0..T-1 (what a collator gives one example)."""
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or input_ids.shape[0] != 1:
+        return False
+    width = input_ids.shape[1]
+    return position_ids.shape == (1, width) and bool(
+        (position_ids[0] == torch.arange(width, device=position_ids.device)).all()
+    )
 
 
 def _assign_grids(kwargs: dict, kinds: torch.Tensor, cu: list[int], merge: int) -> list[dict]:

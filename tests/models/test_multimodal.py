@@ -54,6 +54,33 @@ def test_packed_logits_equal_each_example_alone(model_type):
     assert "get_rope_index per example" in packing_layers(model).summary()
 
 
+@pytest.mark.parametrize("model_type", VLMS)
+def test_a_batch_of_one_example_with_an_image_gets_its_own_positions(model_type):
+    """The sampler gives an example that fills the budget a micro-batch of its own: the collator's
+    position_ids (0..T-1, no packing to undo) must not stand in for the image's 3-D positions."""
+    model = enable_packing(tiny_vlm(model_type))
+    example = image_example(model.config, 7, [(1, 4, 4), (1, 2, 6)], seed=5)
+    with torch.no_grad():
+        alone = alone_logits(model, [example])
+        one = model(**_packed([example])).logits[0]
+    assert _relative(one, alone) < 1e-5
+
+
+def test_several_packed_rows_with_images_are_refused():
+    """Rows of a (B > 1, T) batch cannot be given their images' positions: refused, not numbered as text."""
+    model = enable_packing(tiny_vlm(VLMS[0]))
+    batch = _packed(mixed_examples(model.config))
+    batch = {
+        k: (torch.cat([v, v]) if k in ("input_ids", "position_ids", "mm_token_type_ids") else v)
+        for k, v in batch.items()
+    }
+    batch = {k: v for k, v in batch.items() if not k.startswith(("cu_seq_lens", "max_length"))}
+    batch["pixel_values"] = torch.cat([batch["pixel_values"]] * 2)
+    batch["image_grid_thw"] = torch.cat([batch["image_grid_thw"]] * 2)
+    with pytest.raises(ValueError, match="one row"), torch.no_grad():
+        model(**batch)
+
+
 @pytest.mark.parametrize("attn", ["eager"])
 def test_eager_attention_too(attn):
     model = enable_packing(tiny_vlm("qwen2_5_vl" if "qwen2_5_vl" in VLMS else VLMS[0], attn=attn))
