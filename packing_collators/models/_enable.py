@@ -7,9 +7,12 @@
         attention              -> as before: cu_seq_lens (flash, packing_varlen) or the packed mask
 
 The boundaries are read by a forward pre-hook on the model from what the collators already emit
-(``cu_seq_lens_q``, else restarting ``position_ids``), and kept until the next forward: gradient
-checkpointing recomputes a layer during the backward, after the forward has returned, and finds
-them still there (reentrant or not). A layer called with another batch's shape is refused.
+(``cu_seq_lens_q``, else restarting ``position_ids``), and kept until the next forward. Gradient
+checkpointing recomputes a layer during the backward, after the forward has returned: each
+checkpointed layer carries the boundaries of its own forward into its recompute (reentrant or not),
+so a second forward before the backward cannot change them. A layer called with another batch's
+shape is refused. A call that passes a cache (``generate``) is not packed: the cache carries one
+sequence's state from call to call, and left padding restarts the positions without starting examples.
 Cost: one read of the boundaries per forward; each stateful layer then runs as its path says.
 """
 
@@ -36,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 _STATE = "_packing_collators_state"
 _CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")
+_CARRIES = "__packing_carries_segments__"
 PER_EXAMPLE = "per example (the layer run on the row's examples as one padded batch; exact, no kernel needed)"
 
 
@@ -56,7 +60,9 @@ class PackingLayers:
     multimodal: str | None = None
     segments: RowSegments | None = None
     source: Any = None
+    version: int | None = None
     masks: dict = field(default_factory=dict)
+    checkpointed: tuple = ()
 
     def summary(self) -> str:
         if not self.paths:
@@ -94,18 +100,56 @@ def _read_boundaries(state: PackingLayers):
         shape = _batch_shape(module, args, kwargs)
         if shape is None:
             return None
+        if passes_cache(kwargs):  # generate(): one sequence per row, its state carried by the cache
+            state.source = state.segments = None
+            return None
         positions = kwargs.get("position_ids")
         if positions is None and args:  # (input_ids, attention_mask, position_ids, ...) given positionally
             positions = inspect.signature(module.forward).bind_partial(*args).arguments.get("position_ids")
         cu = kwargs.get("cu_seq_lens_q")
         source = cu if cu is not None else positions
-        if source is not None and source is state.source and state.segments is not None:
+        version = getattr(source, "_version", None)  # a buffer refilled in place is another batch
+        if source is not None and source is state.source and version == state.version and state.segments is not None:
             return None  # the inner model of the same call: already read
-        state.source = source
+        state.source, state.version = source, version
         state.segments = row_segments(shape, cu_seq_lens=cu, position_ids=positions)
+        if module.training and state.checkpointed:
+            _carry_into_recomputes(state)
         return None
 
     return hook
+
+
+def passes_cache(kwargs: dict) -> bool:
+    """Whether a call hands the model a cache (``generate``): the call continues one sequence per row."""
+    return any(kwargs.get(key) is not None for key in _CACHE_KEYWORDS)
+
+
+def _carry_into_recomputes(state: PackingLayers) -> None:
+    """Wrap each checkpointed layer's checkpoint function (set by ``gradient_checkpointing_enable``, before or
+    after ``enable_packing``) so that the layer's recompute in the backward runs with its forward's boundaries."""
+    for layer in state.checkpointed:
+        func = getattr(layer, "_gradient_checkpointing_func", None)
+        if getattr(layer, "gradient_checkpointing", False) and func is not None and not hasattr(func, _CARRIES):
+            layer._gradient_checkpointing_func = _carrying(func, state)
+
+
+def _carrying(checkpoint, state: PackingLayers):
+    def checkpointed(function, *args, **kwargs):
+        segments = state.segments  # this forward's; the recompute calls ``run`` again, later
+
+        def run(*inner_args, **inner_kwargs):
+            saved = state.segments
+            state.segments = segments
+            try:
+                return function(*inner_args, **inner_kwargs)
+            finally:
+                state.segments = saved
+
+        return checkpoint(run, *args, **kwargs)
+
+    setattr(checkpointed, _CARRIES, True)
+    return checkpointed
 
 
 def _check_call(name: str, segments: RowSegments, hidden: torch.Tensor | None, kwargs: dict) -> None:
@@ -253,6 +297,9 @@ def prepare_model(model, find_kernels):
         _rebuild_attention_masks(inner, state, {id(layer) for _, layer in layers})
     multimodal = multimodal_model(inner)
     if layers or multimodal is not None:  # a plain transformer needs nothing: no hook, nothing for compile to trace
+        state.checkpointed = tuple(
+            m for m in inner.modules() if hasattr(m, "gradient_checkpointing") and m is not inner
+        )
         _install_hooks(inner, state)
     if multimodal is not None:
         multimodal.register_forward_pre_hook(MultimodalPositions(multimodal, state), with_kwargs=True)
