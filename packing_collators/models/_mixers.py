@@ -7,11 +7,13 @@
     KimiLinearDeltaAttention   conv1d + forget_gate.A_log                      KDA
     MiniMaxLightningAttention  slope_rate, *_decay buffers                     lightning (decayed linear) attention
     RecurrentGemmaRecurrentBlock  conv_1d + rg_lru.recurrent_param             RG-LRU
+    Inkling2DynamicShortConvolution  conv_kernel_size + its taps (K, hidden)   short convolution, taps per token
 
 A module is such a layer when one of its own children is a depthwise 1-D convolution (the short
-causal convolution every one of these families starts with) or it owns, itself, a parameter or
-buffer of a recurrence (``A_log``, ``recurrent_param``, ``slope_rate``, ...); the outermost such
-module is the layer. Attention that reads ``cu_seq_lens``/positions is not one: it keeps examples
+causal convolution every one of these families starts with), when it owns, itself, a parameter or
+buffer of a recurrence (``A_log``, ``recurrent_param``, ``slope_rate``, ...), or when it has a
+``conv_kernel_size`` and owns a parameter with that many taps (a convolution written without
+``Conv1d``); the outermost such module is the layer. Attention that reads ``cu_seq_lens``/positions is not one: it keeps examples
 apart by itself. Cost: one walk over the modules.
 """
 
@@ -34,10 +36,13 @@ def is_short_convolution(module) -> bool:
 
 
 def _owns_state(module) -> bool:
-    own = [name for name, _ in module.named_parameters(recurse=False)]
-    own += [name for name, _ in module.named_buffers(recurse=False)]
+    own = dict(module.named_parameters(recurse=False))
+    own.update(module.named_buffers(recurse=False))
     if any(name in STATE_NAMES for name in own):
         return True
+    kernel = getattr(module, "conv_kernel_size", None)
+    if isinstance(kernel, int) and kernel > 1 and any(kernel in tensor.shape for tensor in own.values()):
+        return True  # a causal convolution's taps held as a parameter (no Conv1d child)
     return any(is_short_convolution(child) for child in module.children())
 
 

@@ -8,6 +8,8 @@ checkpointing, reentrant and not; ``PrePackedCollator`` rows, flat and padded.
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from _hybrids import HYBRIDS, alone_logits, examples_for, tiny_hybrid
@@ -199,3 +201,25 @@ def test_an_fla_without_cu_seqlens_falls_back_with_a_warning_naming_the_version(
     examples = examples_for(model)
     with torch.no_grad():
         assert _relative(model(**_packed_inputs(examples)).logits[0], alone_logits(model, examples)) < 1e-5
+
+
+INKLING2 = {t: c for t, c in (("inkling2_text", "Inkling2ForCausalLM"), ("inkling2_loop_text", "Inkling2LoopForCausalLM"))
+            if importlib.util.find_spec(f"transformers.models.{t.removesuffix('_text')}") is not None}  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", sorted(INKLING2))
+def test_a_convolution_without_conv1d_is_found_by_its_taps(model_type):
+    """Inkling2's keys and values pass a short causal convolution written with unfold (no Conv1d, no A_log):
+    found by its conv_kernel_size and its taps parameter, run per example, exact."""
+    from _hybrids import sweep
+
+    model = sweep.build_tiny(model_type, INKLING2[model_type])
+    model.set_attn_implementation("eager")  # the only attention Inkling2 has
+    model.config.use_cache = False
+    kinds = {type(m).__name__ for _, m in find_stateful_layers(model)}
+    assert any("DynamicShortConvolution" in kind for kind in kinds), kinds
+    examples = examples_for(model)
+    with torch.no_grad():
+        alone = alone_logits(model, examples)
+        packed = enable_packing(model)(**_packed_inputs(examples)).logits[0]
+    assert _relative(packed, alone) < 1e-5
