@@ -21,8 +21,15 @@ def _row(model, lengths, seed):
     return batch
 
 
-def _two_forwards_then_backward(model_type: str, checkpointing: dict | None) -> dict[str, torch.Tensor]:
-    model = enable_packing(tiny_hybrid(model_type).train())
+def _two_forwards_then_backward(model_type: str, checkpointing: dict | None, varlen: bool = False):
+    if varlen:  # the Gated DeltaNet varlen path, on reference kernels (the GPU's path, on the CPU)
+        from _gdn_reference import REFERENCE
+
+        from packing_collators.models._enable import prepare_model
+
+        model = prepare_model(tiny_hybrid(model_type).train(), lambda: (REFERENCE, ""))
+    else:
+        model = enable_packing(tiny_hybrid(model_type).train())
     if checkpointing is not None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing)
     # the same shape and the same padded groups, other boundaries: only the boundaries tell them apart
@@ -32,10 +39,13 @@ def _two_forwards_then_backward(model_type: str, checkpointing: dict | None) -> 
 
 
 @pytest.mark.parametrize("reentrant", [False, True])
-@pytest.mark.parametrize("model_type", TYPES[:2])
+@pytest.mark.parametrize("model_type", [*TYPES[:2], "qwen3_5_text varlen"])
 def test_two_packed_forwards_before_one_backward_under_checkpointing(model_type, reentrant):
-    plain = _two_forwards_then_backward(model_type, None)
-    checkpointed = _two_forwards_then_backward(model_type, {"use_reentrant": reentrant})
+    model_type, _, path = model_type.partition(" ")
+    if model_type not in HYBRIDS:
+        pytest.skip(f"this transformers has no {model_type}")
+    plain = _two_forwards_then_backward(model_type, None, varlen=bool(path))
+    checkpointed = _two_forwards_then_backward(model_type, {"use_reentrant": reentrant}, varlen=bool(path))
     assert plain.keys() == checkpointed.keys()
     for name, grad in plain.items():
         torch.testing.assert_close(checkpointed[name], grad, rtol=1e-4, atol=1e-6 * float(grad.abs().max()) + 1e-8)
