@@ -52,6 +52,7 @@ class PackingLayers:
         stateful: the classes of the layers that carry state along the sequence.
         multimodal: the class that numbers multimodal positions per example, or None.
         segments: the examples of the last batch the model was called with (None: not packed).
+        generating: whether that call passed a cache (``generate``): nothing in it is packed.
     """
 
     paths: dict[str, str] = field(default_factory=dict)
@@ -61,6 +62,7 @@ class PackingLayers:
     segments: RowSegments | None = None
     source: Any = None
     version: int | None = None
+    generating: bool = False
     masks: dict = field(default_factory=dict)
     checkpointed: tuple = ()
 
@@ -100,7 +102,8 @@ def _read_boundaries(state: PackingLayers):
         shape = _batch_shape(module, args, kwargs)
         if shape is None:
             return None
-        if passes_cache(kwargs):  # generate(): one sequence per row, its state carried by the cache
+        state.generating = _passes_cache(kwargs)
+        if state.generating:  # generate(): one sequence per row, its state carried by the cache
             state.source = state.segments = None
             return None
         positions = kwargs.get("position_ids")
@@ -120,7 +123,7 @@ def _read_boundaries(state: PackingLayers):
     return hook
 
 
-def passes_cache(kwargs: dict) -> bool:
+def _passes_cache(kwargs: dict) -> bool:
     """Whether a call hands the model a cache (``generate``): the call continues one sequence per row."""
     return any(kwargs.get(key) is not None for key in _CACHE_KEYWORDS)
 

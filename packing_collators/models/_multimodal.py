@@ -50,7 +50,7 @@ class MultimodalPositions:
     def __call__(self, module, args, kwargs):
         segments = self.state.segments
         input_ids = kwargs.get("input_ids", args[0] if args else None)
-        if input_ids is None or any(kwargs.get(key) is not None for key in ("past_key_values", "cache_params")):
+        if input_ids is None or self.state.generating:
             return None  # generate(): the model numbers its own positions and keeps their offsets for later steps
         media = any(kwargs.get(key) is not None for key, _, _ in _GRIDS)
         if segments is None:  # not packed; but a collated single example still carries text positions

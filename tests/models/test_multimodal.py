@@ -158,3 +158,20 @@ def test_the_probe_carries_an_image_and_catches_positions_numbered_over_the_row(
                 del module._forward_pre_hooks[key]
     report = probe_packing(model)
     assert not report.passed and report.max_difference > report.tolerance
+
+
+def test_a_call_with_a_cache_is_left_to_the_model():
+    """generate() passes a cache: the model numbers (and remembers) its own positions; the prepared model
+    must give what the unprepared one gives, even with the plain position_ids a collator would add."""
+    from transformers import DynamicCache
+
+    model = tiny_vlm(VLMS[0])
+    example = image_example(model.config, 7, [(1, 4, 4)], seed=6)
+    batch = _packed([example])
+    batch = {k: v for k, v in batch.items() if not k.startswith(("cu_seq_lens", "max_length"))}
+    batch["use_cache"] = True
+    with torch.no_grad():
+        before = model(**batch, past_key_values=DynamicCache(config=model.config)).logits
+        enable_packing(model)
+        after = model(**batch, past_key_values=DynamicCache(config=model.config)).logits
+    assert torch.equal(after, before)
