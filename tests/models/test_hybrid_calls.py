@@ -17,8 +17,7 @@ TYPES = [t for t in ("qwen3_5_text", "nemotron_h", "lfm2") if t in HYBRIDS]
 
 
 def _row(model, lengths, seed):
-    batch = FlatteningCollator()(examples_for(model, lengths, seed=seed))
-    return batch
+    return FlatteningCollator()(examples_for(model, lengths, seed=seed))
 
 
 def _two_forwards_then_backward(model_type: str, checkpointing: dict | None, varlen: bool = False):
