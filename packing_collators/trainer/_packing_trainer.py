@@ -37,6 +37,7 @@ from ._check_callback import PackingCheckCallback, add_packing_callbacks
 from ._compile import CompileWarmUp
 from ._dataloader import PackedLoader, multipack_dataloader, report_dropped
 from ._deepspeed import check_deepspeed_setup
+from ._head_loss import HeadLoss, LossImplementation
 from ._launch import refuse_data_parallel
 from ._liger import check_liger_setup
 from ._prepare_model import prepare_model
@@ -116,6 +117,12 @@ class PackingTrainer(Trainer):
             micro-batches and ranks like ``num_items_in_batch``), so each example counts once and
             a short example's tokens weigh more (see :func:`sequence_loss_weights`). Evaluation
             stays token-weighted. Not with Liger's fused loss (which never forms the logits).
+        loss_implementation: ``"auto"`` (default): the loss from the last hidden states a chunk of at most
+            4,096 tokens at a time, never the full ``T x V`` logits nor their float32 copy (the same numbers:
+            :mod:`packing_collators.loss`), once a check on the model confirms what its head computes; else,
+            and where the logits are needed (a label smoother, ``compute_loss_func``, Liger's fused loss,
+            ``torch_compile=True``, evaluation for ``compute_metrics``), the full logits, the reason logged.
+            ``"chunked"``: the same, refused where it cannot run; ``"full"``: the stock full-logit loss.
 
     ``data_collator`` defaults to :class:`FlatteningCollator`. Before the first step the
     model and the first collated batch go through :func:`check_packing_support`; a DeepSpeed
@@ -153,6 +160,7 @@ class PackingTrainer(Trainer):
         packing_metrics: bool = True,
         attention_warm_up: bool = True,
         loss_normalization: LossNormalization = "token",
+        loss_implementation: LossImplementation = "auto",
         sequence_parallel_size: int = 1,
         **kwargs: Any,
     ) -> None:
@@ -174,6 +182,8 @@ class PackingTrainer(Trainer):
         self.length_column = length_column
         self.eval_packing = eval_packing
         self.loss_normalization = loss_normalization
+        self._head_loss = HeadLoss(loss_implementation)  # the loss a chunk of tokens at a time, or the full logits
+        self._loss_only = True  # evaluation: whether the step needs the loss alone (no logits for compute_metrics)
         self._train_loader: PackedLoader | None = None  # what the train dataloader's builder made
         self._eval_token_loss = None  # (sum of token losses, target tokens) of the evaluation under way
         self.sequence_parallel_size = validate_positive_int("sequence_parallel_size", sequence_parallel_size)
@@ -305,7 +315,13 @@ class PackingTrainer(Trainer):
         return batch_samples, global_sequence_count(self, batch_samples, device)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The stock loss; in training under ``loss_normalization="sequence"`` the per-sequence mean."""
+        """The stock loss (or, in training under ``loss_normalization="sequence"``, the per-sequence mean),
+        computed a chunk of tokens at a time unless the logits are needed (see ``loss_implementation``)."""
+        if "labels" in inputs and (model.training or self._loss_only):
+            head = self._head_loss.head(self, model, inputs)
+            if head is not None:
+                loss, outputs = self._head_loss.compute(self, model, inputs, head, num_items_in_batch)
+                return (loss, outputs) if return_outputs else loss
         if self.loss_normalization == "sequence" and model.training:
             return sequence_compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
@@ -335,7 +351,11 @@ class PackingTrainer(Trainer):
         """The stock step, plus the token-weighted loss sums, and flat rows split back into examples."""
         import torch
 
-        loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        self._loss_only = prediction_loss_only
+        try:
+            loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        finally:
+            self._loss_only = True
         targets = inputs.get("labels")
         if loss is not None and targets is not None and self._eval_token_loss is not None:
             shifted = inputs.get("shift_labels")  # a sequence shard's own targets

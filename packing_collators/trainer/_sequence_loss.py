@@ -23,7 +23,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-__all__ = ["LossNormalization", "count_sequences", "sequence_loss_weights", "sequence_mean_loss"]
+__all__ = [
+    "LossNormalization",
+    "count_sequences",
+    "sequence_loss_weights",
+    "sequence_mean_loss",
+    "sequence_target_weights",
+]
 
 LossNormalization = Literal["token", "sequence"]
 IGNORE_INDEX = -100
@@ -149,6 +155,28 @@ def _trainer_divides_by_accumulation(trainer, num_items_in_batch) -> bool:
     return not scaled
 
 
+def sequence_target_weights(trainer, inputs: dict, num_sequences):
+    """float32 (B, T) weights aligned with the shifted targets (position t predicts label t + 1), each the
+    token's share of the step's per-sequence loss, and the scale :func:`sequence_compute_loss` applies."""
+    import torch
+
+    weights = sequence_loss_weights(inputs)
+    shifted = torch.nn.functional.pad(weights[:, 1:], (0, 1))
+    if num_sequences is None:  # outside a training step: this batch's own per-sequence mean
+        return shifted / weights.sum().clamp(min=1), 1.0
+    shifted = shifted / torch.as_tensor(num_sequences, device=shifted.device, dtype=torch.float32).clamp(min=1)
+    return shifted, _sequence_scale(trainer, num_sequences)
+
+
+def _sequence_scale(trainer, num_sequences) -> float:
+    """The processes (DDP, FSDP and DeepSpeed average over ranks) times the accumulation steps where the
+    Trainer divides by them: what makes a step's gradient that of the per-sequence mean."""
+    scale = float(trainer.accelerator.num_processes) if trainer.args.world_size > 1 else 1.0
+    if _trainer_divides_by_accumulation(trainer, num_sequences):
+        scale *= trainer.current_gradient_accumulation_steps
+    return scale
+
+
 def sequence_compute_loss(trainer, model, inputs: dict, return_outputs: bool, num_sequences):
     """A training micro-batch's share of the step's per-sequence loss (``loss_normalization="sequence"``).
 
@@ -165,11 +193,7 @@ def sequence_compute_loss(trainer, model, inputs: dict, return_outputs: bool, nu
     if num_sequences is None:  # called outside a training step: this batch's own per-sequence mean
         loss = sequence_mean_loss(logits, labels, weights)
         return (loss, outputs) if return_outputs else loss
-    loss = sequence_mean_loss(logits, labels, weights, num_sequences)
-    if trainer.args.world_size > 1:
-        loss = loss * trainer.accelerator.num_processes
-    if _trainer_divides_by_accumulation(trainer, num_sequences):
-        loss = loss * trainer.current_gradient_accumulation_steps
+    loss = sequence_mean_loss(logits, labels, weights, num_sequences) * _sequence_scale(trainer, num_sequences)
     return (loss, outputs) if return_outputs else loss
 
 

@@ -260,6 +260,7 @@ def _train(tmp_path, *, compiled: bool, monkeypatch=None):
         train_dataset=random_examples(rng.integers(3, 30, 48).tolist()),
         max_tokens_per_batch=90,
         attn_implementation=None,
+        loss_implementation="full",  # what torch_compile=True trains with: the eager run must compute the same
     )
     trainer.train()
     return trainer, [h["loss"] for h in trainer.state.log_history if "loss" in h]

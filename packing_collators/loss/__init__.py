@@ -1,0 +1,30 @@
+"""The language-model loss without the full logits: a chunk of tokens at a time, exact.
+
+_chunked.py   weighted_cross_entropy, token_log_probs: the loss (or per-token log-probabilities)
+              from the last hidden states and the output embedding, a chunk of tokens at a time
+_head.py      output_head, check_output_head: the model's head and what follows it, checked on the model
+_forward.py   chunked_forward, log_prob_forward: one forward whose head computes them, no logits returned
+
+Built on torch and the top-level helpers; ``trainer/`` builds on it.
+"""
+
+from ._chunked import MAX_CHUNK_ROWS, LogitTransform, chunk_rows, token_log_probs, weighted_cross_entropy
+from ._forward import IGNORE_INDEX, add_aux_loss, chunked_forward, log_prob_forward, shifted_targets
+from ._head import OutputHead, check_output_head, head_call, output_head
+
+__all__ = [
+    "IGNORE_INDEX",
+    "MAX_CHUNK_ROWS",
+    "LogitTransform",
+    "OutputHead",
+    "add_aux_loss",
+    "check_output_head",
+    "chunk_rows",
+    "chunked_forward",
+    "head_call",
+    "log_prob_forward",
+    "output_head",
+    "shifted_targets",
+    "token_log_probs",
+    "weighted_cross_entropy",
+]

@@ -1,0 +1,254 @@
+"""The language-model loss from the last hidden states, a chunk of tokens at a time: never the full logits.
+
+    hidden (N, H)  targets (N,)  weights (N,)          the N tokens that have a target, compacted
+      for each chunk of r tokens (r <= 4,096, fewer at a large vocabulary):
+        logits  = transform(hidden[c] @ W.T + b)        float32 (r, V), the only (.., V) tensor alive
+        loss   += sum(weights[c] * (logsumexp(logits) - logits[target]))
+        grad    = weights[c] * (softmax(logits) - onehot(target))        (weighted_cross_entropy:
+        dh[c]   = grad @ W;   dW += grad.T @ hidden[c]                    in the forward, if needed)
+
+``weighted_cross_entropy`` computes the gradients in the forward (the weights are known then:
+``1 / num_items_in_batch`` per token, or each example's share under the per-sequence loss), so the
+backward only scales them: three matrix products per chunk, as the full-logit loss has, and no
+recompute. ``token_log_probs`` returns each token's log-probability for losses that are not a
+weighted sum (preference losses): it keeps one float per token and recomputes each chunk's logits
+in its backward (four products). ``transform`` is what the model does after its projection:
+a scale (Cohere, Granite, Falcon-H1) and a tanh soft cap (Gemma 2/3).
+
+Exactness: the logits are float32 (the projection accumulates in float32, as the full-logit loss's
+``logits.float()`` after a float32 model), the weight's gradient accumulates in float32 over the
+chunks; in float32 the loss and gradients equal the full-logit ones up to summation order (1e-6).
+Memory: one chunk's float32 logits (``chunk_rows``: about 1 GiB) and their gradient in the
+projection's dtype, and float32 accumulators for the weight's gradient (``V x H``).
+Cost: the same three products as the
+full-logit loss, and a few passes over each chunk's logits instead of the full logits' ~8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["MAX_CHUNK_ROWS", "LogitTransform", "chunk_rows", "token_log_probs", "weighted_cross_entropy"]
+
+MAX_CHUNK_ROWS = 4096  # the most tokens whose logits are held at once
+_CHUNK_ELEMENTS = 1 << 28  # float32 logits per chunk (1 GiB), and as many bf16 gradient elements
+
+
+@dataclass(frozen=True)
+class LogitTransform:
+    """What a model does to ``z = hidden @ W.T + b`` before its loss: ``cap * tanh(scale * z / cap)``, or ``scale * z``.
+
+    >>> LogitTransform().apply(torch.tensor([2.0]))
+    tensor([2.])
+    >>> LogitTransform(scale=0.5, softcap=1.0).apply(torch.tensor([2.0]))
+    tensor([0.7616])
+    """
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    def apply(self, z: torch.Tensor) -> torch.Tensor:
+        if self.scale != 1.0:
+            z = z * self.scale
+        if self.softcap:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        return z
+
+    def backward(self, grad: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The gradient at ``z`` from the gradient at the transformed ``logits`` (in place on ``grad``)."""
+        if self.softcap:
+            grad.mul_(1 - (logits / self.softcap).square())  # d(cap * tanh(u / cap)) / du, from the result
+        if self.scale != 1.0:
+            grad.mul_(self.scale)
+        return grad
+
+
+def chunk_rows(vocab: int, max_rows: int = MAX_CHUNK_ROWS) -> int:
+    """Tokens per chunk: at most ``max_rows``, and about 1 GiB of float32 logits (a multiple of 128).
+
+    >>> chunk_rows(32_000), chunk_rows(151_936), chunk_rows(248_320)
+    (4096, 1664, 1024)
+    """
+    rows = _CHUNK_ELEMENTS // max(1, vocab) // 128 * 128
+    return max(128, min(max_rows, rows))
+
+
+def _out_dtype_mm() -> bool:
+    """Whether ``torch.mm(..., out_dtype=torch.float32)`` exists (CUDA, torch >= 2.8)."""
+    from torch.torch_version import TorchVersion
+
+    return TorchVersion(torch.__version__) >= "2.8"
+
+
+def _project(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``hidden @ weight.T + bias`` accumulated and returned in float32."""
+    if hidden.dtype == torch.float32:
+        out = hidden @ weight.t()
+    elif hidden.is_cuda and _out_dtype_mm():
+        out = torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+    else:
+        out = hidden.float() @ weight.float().t()
+    return out if bias is None else out.add_(bias.float())
+
+
+def _accumulate(acc: torch.Tensor, grad: torch.Tensor, hidden: torch.Tensor) -> None:
+    """``acc += grad.T @ hidden`` in float32, without rounding the product to the inputs' dtype first."""
+    if grad.dtype == torch.float32:
+        acc.addmm_(grad.t(), hidden)
+    elif grad.is_cuda and _out_dtype_mm():
+        torch.addmm(acc, grad.t(), hidden, out_dtype=torch.float32, out=acc)
+    else:
+        acc.addmm_(grad.t().float(), hidden.float())
+
+
+def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The dtype the projection runs in: autocast's where it is on (as ``nn.Linear`` would), else the hidden's."""
+    device = hidden.device.type
+    try:
+        enabled = torch.is_autocast_enabled(device)
+    except TypeError:  # torch < 2.4 takes no device
+        enabled = torch.is_autocast_enabled() if device == "cuda" else torch.is_autocast_cpu_enabled()
+    if not enabled:
+        return hidden.dtype
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype(device)
+    return torch.get_autocast_gpu_dtype() if device == "cuda" else torch.get_autocast_cpu_dtype()
+
+
+def _softmax_minus_target(logits: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor):
+    """``scale * (softmax(logits) - onehot(targets))``, in place on ``logits`` (float32 (r, V))."""
+    grad = logits.sub_(lse[:, None]).exp_()
+    grad.scatter_add_(1, targets[:, None], grad.new_full((targets.shape[0], 1), -1.0))
+    return grad.mul_(scale[:, None])
+
+
+class _Chunks:
+    """The gradients of a chunked projection, filled one chunk at a time (float32 accumulators for W, b)."""
+
+    def __init__(self, hidden, weight, bias) -> None:
+        self.dh = torch.empty_like(hidden)
+        self.dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        self.db = None if bias is None else torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device)
+
+    def add(self, grad: torch.Tensor, h: torch.Tensor, w: torch.Tensor, rows: slice) -> None:
+        """One chunk's gradient at ``z`` (float32 (r, V)): into dh[rows], dW and db."""
+        if self.db is not None:
+            self.db += grad.sum(0)
+        grad = grad.to(h.dtype)
+        self.dh[rows] = (grad @ w).to(self.dh.dtype)
+        _accumulate(self.dw, grad, h[rows])
+
+    def result(self, weight, bias):
+        return self.dh, self.dw.to(weight.dtype), None if self.db is None else self.db.to(bias.dtype)
+
+
+def _logits_and_lse(h, w, bias, transform: LogitTransform, rows: slice):
+    logits = transform.apply(_project(h[rows], w, bias))
+    return logits, torch.logsumexp(logits, dim=-1)
+
+
+class _WeightedCrossEntropy(torch.autograd.Function):
+    """sum(weights * cross_entropy) over chunks, its gradients made in the forward (see the module picture)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, weights, transform, dtype, needs_grad):
+        with torch.autocast(hidden.device.type, enabled=False):
+            h, w = hidden.to(dtype), weight.to(dtype)
+            loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            grads = _Chunks(hidden, weight, bias) if needs_grad else None
+            step = chunk_rows(weight.shape[0])
+            for start in range(0, h.shape[0], step):
+                rows = slice(start, min(start + step, h.shape[0]))
+                logits, lse = _logits_and_lse(h, w, bias, transform, rows)
+                loss += (weights[rows] * (lse - logits.gather(1, targets[rows, None])[:, 0])).sum()
+                if grads is not None:
+                    kept = logits.clone() if transform.softcap else None  # the soft cap's derivative reads them
+                    grad = _softmax_minus_target(logits, lse, targets[rows], weights[rows])
+                    grads.add(transform.backward(grad, kept), h, w, rows)
+        ctx.save_for_backward(*(grads.result(weight, bias) if grads is not None else (None, None, None)))
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        scaled = [None if g is None else g.mul_(grad_loss.to(g.dtype)) for g in ctx.saved_tensors]
+        return (*scaled, None, None, None, None, None)
+
+
+def weighted_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    weights: torch.Tensor,
+    transform: LogitTransform = LogitTransform(),
+) -> torch.Tensor:
+    """``sum_i weights[i] * cross_entropy(transform(hidden[i] @ weight.T + bias), targets[i])``, a float32 scalar.
+
+    ``hidden`` (N, H) the tokens that have a target, ``targets`` int64 (N,), ``weights`` float32 (N,).
+    Its gradients (to ``hidden``, ``weight``, ``bias``) are made in the forward, chunk by chunk; the
+    backward may run once.
+
+    >>> hidden, weight = torch.randn(5, 4, generator=torch.Generator().manual_seed(0)), torch.eye(6, 4)
+    >>> targets, weights = torch.tensor([0, 1, 2, 3, 5]), torch.full((5,), 0.2)
+    >>> full = torch.nn.functional.cross_entropy(hidden @ weight.t(), targets)
+    >>> bool(torch.allclose(weighted_cross_entropy(hidden, weight, None, targets, weights), full))
+    True
+    """
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    dtype = _compute_dtype(hidden)
+    return _WeightedCrossEntropy.apply(hidden, weight, bias, targets, weights.float(), transform, dtype, needs_grad)
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    """log p(target) per token over chunks; the backward recomputes each chunk's logits."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, transform, dtype):
+        with torch.autocast(hidden.device.type, enabled=False):
+            h, w = hidden.to(dtype), weight.to(dtype)
+            out = torch.empty(h.shape[0], dtype=torch.float32, device=hidden.device)
+            lse = torch.empty_like(out)
+            step = chunk_rows(weight.shape[0])
+            for start in range(0, h.shape[0], step):
+                rows = slice(start, min(start + step, h.shape[0]))
+                logits, lse[rows] = _logits_and_lse(h, w, bias, transform, rows)
+                out[rows] = logits.gather(1, targets[rows, None])[:, 0] - lse[rows]
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.transform, ctx.dtype = transform, dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        transform, dtype = ctx.transform, ctx.dtype
+        with torch.autocast(hidden.device.type, enabled=False):
+            h, w = hidden.to(dtype), weight.to(dtype)
+            grads = _Chunks(hidden, weight, bias)
+            step = chunk_rows(weight.shape[0])
+            for start in range(0, h.shape[0], step):
+                rows = slice(start, min(start + step, h.shape[0]))
+                logits = transform.apply(_project(h[rows], w, bias))
+                kept = logits.clone() if transform.softcap else None
+                # d log p(t) / d logits = onehot(t) - softmax: the weighted gradient with weights -grad_out
+                grad = _softmax_minus_target(logits, lse[rows], targets[rows], -grad_out[rows].float())
+                grads.add(transform.backward(grad, kept), h, w, rows)
+        return (*grads.result(weight, bias), None, None, None)
+
+
+def token_log_probs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    transform: LogitTransform = LogitTransform(),
+) -> torch.Tensor:
+    """float32 (N,): ``log_softmax(transform(hidden @ weight.T + bias))[i, targets[i]]``, a chunk at a time.
+
+    >>> hidden, weight = torch.randn(3, 4, generator=torch.Generator().manual_seed(0)), torch.eye(6, 4)
+    >>> full = torch.log_softmax(hidden @ weight.t(), -1)[torch.arange(3), torch.tensor([0, 1, 5])]
+    >>> bool(torch.allclose(token_log_probs(hidden, weight, None, torch.tensor([0, 1, 5])), full))
+    True
+    """
+    return _TokenLogProbs.apply(hidden, weight, bias, targets, transform, _compute_dtype(hidden))

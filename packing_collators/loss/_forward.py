@@ -1,0 +1,115 @@
+"""One forward of a causal LM whose head computes the loss (or log-probabilities) a chunk at a time.
+
+    inputs (no labels) -> model -> ... hidden (B, T, H) -> head_call: the N tokens with a target, compacted
+                                                              -> weighted_cross_entropy -> loss    (training)
+                                                              -> token_log_probs        -> (B, T)  (preferences)
+                                                           <- an empty (B, T, 0) tensor as "logits"
+    targets (B, T): what position t predicts: shift_labels[t] (a sequence shard's), else labels[t + 1]; -100: none
+
+The loss is computed inside the model's call of its head, where DeepSpeed ZeRO-3 has gathered
+the weight and FSDP has unsharded it; the model gets an empty ``(B, T, 0)`` tensor back as its
+logits (what it does to them after costs nothing), made from the loss so that DDP, which looks for
+the parameters in use from the forward's outputs, finds them; the model computes no loss of its
+own (it is called without labels).
+An MoE model's ``aux_loss`` is added as its own loss adds it. Cost: the chunked loss's own
+(``_chunked.py``); one boolean selection of the target tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ._chunked import token_log_probs, weighted_cross_entropy
+from ._head import OutputHead, head_call
+
+__all__ = ["IGNORE_INDEX", "add_aux_loss", "chunked_forward", "log_prob_forward", "shifted_targets"]
+
+IGNORE_INDEX = -100
+
+
+def shifted_targets(batch: Mapping) -> torch.Tensor:
+    """int64 (B, T): the token each position predicts (``-100``: none), as transformers' causal-LM loss shifts.
+
+    >>> shifted_targets({"labels": torch.tensor([[-100, 12, 13, -100, 22]])}).tolist()
+    [[12, 13, -100, 22, -100]]
+    """
+    shifted = batch.get("shift_labels")
+    if shifted is not None:
+        return shifted
+    labels = batch["labels"]
+    return torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+
+
+def _model_inputs(inputs: Mapping) -> dict:
+    return {key: value for key, value in inputs.items() if key not in ("labels", "shift_labels", "num_items_in_batch")}
+
+
+def _selected(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    if tuple(hidden.shape[:2]) != tuple(mask.shape):
+        raise ValueError(
+            f"The model's head got hidden states {tuple(hidden.shape)} for a batch whose targets are "
+            f"{tuple(mask.shape)}: the chunked loss needs one hidden state per token. Use loss_implementation='full'."
+        )
+    return hidden.reshape(-1, hidden.shape[-1])[mask.reshape(-1).to(hidden.device)]
+
+
+def _run(model, inputs: Mapping, head: OutputHead, compute):
+    """``model(**inputs)`` with ``compute(hidden)`` run in its head; (compute's result, the model's outputs)."""
+    box: dict = {}
+
+    def forward(hidden):
+        box["result"] = result = compute(hidden)
+        # "logits" of shape (B, T, 0), made from the result: DDP (find_unused_parameters) walks the graph
+        # from a forward's outputs, and must find the head and every layer before it in use
+        return result.reshape(-1)[:1].reshape(1, 1, 1)[..., :0].expand(*hidden.shape[:-1], 0).to(hidden.dtype)
+
+    with head_call(head, forward):
+        outputs = model(**_model_inputs(inputs))
+    if "result" not in box:
+        raise RuntimeError(
+            f"{type(head.module).__name__} (the model's output embedding) was not called in the forward; the "
+            "chunked loss cannot see the hidden states. Use loss_implementation='full'."
+        )
+    return box["result"], outputs
+
+
+def chunked_forward(model, inputs: Mapping, head: OutputHead, targets: torch.Tensor, weights: torch.Tensor):
+    """(``sum(weights * cross_entropy)`` over the tokens with a target, the model's outputs without logits).
+
+    ``targets`` int64 (B, T) from :func:`shifted_targets`; ``weights`` float32 (B, T), aligned with them.
+    """
+    mask = targets != IGNORE_INDEX
+    layer = head.module
+
+    def compute(hidden):
+        selected = _selected(hidden, mask)
+        return weighted_cross_entropy(
+            selected, layer.weight, layer.bias, targets[mask].to(selected.device), weights[mask].to(selected.device),
+            head.transform,
+        )
+
+    return _run(model, inputs, head, compute)
+
+
+def log_prob_forward(model, inputs: Mapping, head: OutputHead, targets: torch.Tensor):
+    """(float32 (B, T): log p(target) at each position with a target, 0 elsewhere; the model's outputs)."""
+    mask = targets != IGNORE_INDEX
+    layer = head.module
+
+    def compute(hidden):
+        selected = _selected(hidden, mask)
+        per_token = token_log_probs(selected, layer.weight, layer.bias, targets[mask].to(selected.device), head.transform)
+        out = torch.zeros(mask.shape, dtype=per_token.dtype, device=per_token.device)
+        return out.masked_scatter(mask.to(out.device), per_token)
+
+    return _run(model, inputs, head, compute)
+
+
+def add_aux_loss(loss: torch.Tensor, outputs, head: OutputHead, scale: float = 1.0) -> torch.Tensor:
+    """``loss + aux_coef * aux_loss * scale`` when the model returned an MoE ``aux_loss``, as its own loss adds it."""
+    aux = outputs.get("aux_loss") if isinstance(outputs, Mapping) else getattr(outputs, "aux_loss", None)
+    if aux is None or not head.aux_coef:
+        return loss
+    return loss + head.aux_coef * scale * aux.to(loss.device)
