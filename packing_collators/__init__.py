@@ -15,6 +15,8 @@ built only on the ones above it in this map::
     attention/ register_varlen_attention,                varlen attention backends (torch's kernel
                register_fa4_attention, choose_attention, as packing_varlen, FA4's as packing_fa4)
                warm_up_attention                         and the fastest packed-correct one here
+    loss/      enable_chunked_loss                       the loss from the last hidden states a chunk of
+                                                         tokens at a time: never the T x V logits
     models/    enable_packing                            hybrids (Gated DeltaNet, Mamba, short convs) and
                                                          VLMs keep packed examples apart: stateful layers
                                                          per example or on varlen kernels, each example's
@@ -33,8 +35,8 @@ built only on the ones above it in this map::
     _progress.py      when long work shows a progress bar (one rule, following datasets/transformers)
     _model_unwrap.py  the transformers model inside its wrappers, and its text config
 
-``PackingTrainer``, ``PackingCheckCallback``, ``PackingMetricsCallback``, ``MultipackBatchSampler`` and
-``enable_packing`` load on first use (they import transformers' Trainer or torch), so
+``PackingTrainer``, ``PackingCheckCallback``, ``PackingMetricsCallback``, ``MultipackBatchSampler``,
+``enable_packing`` and ``enable_chunked_loss`` load on first use (they import transformers' Trainer or torch), so
 ``import packing_collators`` stays fast.
 """
 
@@ -92,6 +94,7 @@ __all__ = [
     "choose_attention",
     "concatenate_and_pack",
     "count_sequences",
+    "enable_chunked_loss",
     "enable_packing",
     "enable_ulysses_attention",
     "fit_attention_weight",
@@ -135,6 +138,10 @@ def __getattr__(name: str):
         from .models import enable_packing
 
         return enable_packing
+    if name == "enable_chunked_loss":  # loss/ imports torch
+        from .loss import enable_chunked_loss
+
+        return enable_chunked_loss
     if name == "MultipackBatchSampler":
         from . import sampler
 

@@ -4,27 +4,33 @@ _chunked.py   weighted_cross_entropy, token_log_probs: the loss (or per-token lo
               from the last hidden states and the output embedding, a chunk of tokens at a time
 _head.py      output_head, check_output_head: the model's head and what follows it, checked on the model
 _forward.py   chunked_forward, log_prob_forward: one forward whose head computes them, no logits returned
+_enable.py    enable_chunked_loss(model): the same for a stock Trainer or a loop of your own, in one line
 
 Built on torch and the top-level helpers; ``trainer/`` builds on it.
 """
 
 from ._chunked import MAX_CHUNK_ROWS, LogitTransform, chunk_rows, token_log_probs, weighted_cross_entropy
-from ._forward import IGNORE_INDEX, add_aux_loss, chunked_forward, log_prob_forward, shifted_targets
-from ._head import OutputHead, check_output_head, head_call, output_head
+from ._forward import IGNORE_INDEX, add_aux_loss, chunked_forward, log_prob_forward, shifted_targets, training_loss
+from ._enable import enable_chunked_loss
+from ._head import LossImplementation, OutputHead, check_output_head, checked_head, head_call, output_head
 
 __all__ = [
     "IGNORE_INDEX",
     "MAX_CHUNK_ROWS",
     "LogitTransform",
+    "LossImplementation",
     "OutputHead",
     "add_aux_loss",
     "check_output_head",
+    "checked_head",
     "chunk_rows",
     "chunked_forward",
+    "enable_chunked_loss",
     "head_call",
     "log_prob_forward",
     "output_head",
     "shifted_targets",
+    "training_loss",
     "token_log_probs",
     "weighted_cross_entropy",
 ]

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 import torch
 
 from ._chunked import token_log_probs, weighted_cross_entropy
-from ._head import OutputHead, head_call
+from ._head import LossImplementation, OutputHead, checked_head, head_call
 
-__all__ = ["IGNORE_INDEX", "add_aux_loss", "chunked_forward", "log_prob_forward", "shifted_targets"]
+__all__ = ["IGNORE_INDEX", "add_aux_loss", "chunked_forward", "log_prob_forward", "shifted_targets", "training_loss"]
 
 IGNORE_INDEX = -100
 
@@ -113,3 +113,30 @@ def add_aux_loss(loss: torch.Tensor, outputs, head: OutputHead, scale: float = 1
     if aux is None or not head.aux_coef:
         return loss
     return loss + head.aux_coef * scale * aux.to(loss.device)
+
+
+def training_loss(model, implementation: LossImplementation = "auto"):
+    """``batch -> loss``: the model's own token-mean training loss of a batch with labels, a chunk of tokens at a
+    time where its head allows it (checked once, here), else from its full logits. For dry runs that must hold
+    what training holds (the token budget's).
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> from packing_collators import FlatteningCollator
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
+    ...                                      num_attention_heads=2, intermediate_size=16))
+    >>> batch = FlatteningCollator()([{"input_ids": [5, 6, 7, 8]}, {"input_ids": [9, 10, 11]}])
+    >>> bool(torch.allclose(training_loss(model)(batch), model(**batch).loss))
+    True
+    """
+    head, _ = checked_head(model, implementation)
+    if head is None:
+        return lambda batch: model(**batch).loss
+
+    def loss(batch):
+        targets = shifted_targets(batch)
+        weights = torch.ones(targets.shape, dtype=torch.float32, device=targets.device)
+        weights = weights / (targets != IGNORE_INDEX).sum().clamp(min=1)
+        value, outputs = chunked_forward(model, batch, head, targets, weights)
+        return add_aux_loss(value, outputs, head)
+
+    return loss

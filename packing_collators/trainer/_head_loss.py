@@ -19,23 +19,19 @@ Cost: one forward over 16 tokens to check the head, once per model.
 from __future__ import annotations
 
 import logging
-from typing import Literal
 
 import torch
 
 from .._model_unwrap import probe_module, unwrap_model
 from .._validation import validate_choice
-from ..loss import add_aux_loss, check_output_head, chunked_forward, output_head, shifted_targets
+from ..loss import LossImplementation, add_aux_loss, checked_head, chunked_forward, shifted_targets
 from ._liger import liger_forward
 
-__all__ = ["HeadLoss", "LossImplementation"]
+__all__ = ["HeadLoss", "LossImplementation", "why_full_logits"]
 
 logger = logging.getLogger(__name__)
 
-LossImplementation = Literal["auto", "chunked", "full"]
-
-
-def _why_full(trainer) -> str:
+def why_full_logits(trainer) -> str:
     """Why the trainer's set-up needs the full logits ("" when it does not)."""
     args = trainer.args
     if getattr(trainer, "label_smoother", None) is not None:
@@ -62,16 +58,12 @@ class HeadLoss:
         inner = unwrap_model(model)
         if id(inner) in self.heads:
             return self.heads[id(inner)]
-        head, why = None, "loss_implementation='full'"
-        if self.implementation != "full":
-            why = _why_full(trainer)
-            if not why:
-                head, why = output_head(inner)
-            if head is not None:
-                why = _checked(model, head)
-                head = None if why else head
-        if head is None and self.implementation == "chunked":
-            raise ValueError(f"loss_implementation='chunked' cannot be used with {type(inner).__name__}: {why}.")
+        why = why_full_logits(trainer) if self.implementation != "full" else ""
+        if why and self.implementation == "chunked":
+            raise ValueError(f"loss_implementation='chunked' cannot be used here: {why}.")
+        head = None
+        if not why:
+            head, why = _checked(model, self.implementation)
         if head is None and self.implementation == "auto":
             logger.warning("PackingTrainer: the loss uses the full logits (%s).", why)
         elif head is not None:
@@ -106,10 +98,10 @@ def _token_weights(trainer, targets: torch.Tensor, num_items_in_batch):
     return weights, scale
 
 
-def _checked(model, head) -> str:
-    """Run the head check through the module the probe runs (every rank does, at its first loss)."""
+def _checked(model, implementation):
+    """The model's checked head, the check run through the module the probe runs (every rank does, at its first loss)."""
     from ..parallel import inner_attention
 
     module = probe_module(model)
     with inner_attention(module):  # under sequence parallelism: this rank alone, no collective
-        return check_output_head(module, head)
+        return checked_head(unwrap_model(model), implementation, probe=module)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 
 from .._model_unwrap import text_config
 from .._validation import validate_positive_int
+from ..loss import LossImplementation, training_loss
 
 __all__ = ["TokenBudget", "check_token_budget", "fit_token_budget", "measure_token_budget", "plan_token_budget"]
 
@@ -177,7 +178,7 @@ def fit_token_budget(
     return budget
 
 
-def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0, autocast_dtype=None) -> int | None:
+def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0, autocast_dtype=None, loss=None) -> int | None:
     """Peak CUDA memory of a training step on ``tokens`` tokens of examples of ``longest``, flattened (None: OOM).
 
     Two forward + backward passes, as training runs its first two steps: between them each
@@ -188,11 +189,14 @@ def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0,
     bytes are left out of the returned peak: the caller adds them from the parameter count.
     ``autocast_dtype`` runs the forwards under autocast, as the Trainer does with ``bf16=True``
     (float32 weights, bf16 activations: what a flash kernel needs, and what training holds).
+    ``loss`` (``batch -> loss``, :func:`packing_collators.loss.training_loss`) is the training loss, a chunk
+    of tokens at a time where the model allows it, as training computes it; default the model's own.
     """
     import torch
 
     from ..collate import FlatteningCollator
 
+    loss = loss or (lambda inputs: model(**inputs).loss)
     parameter = next(model.parameters())
     vocab = int(text_config(model).vocab_size)
     lengths = [longest] * (tokens // longest) + ([tokens % longest] if tokens % longest else [])
@@ -207,8 +211,8 @@ def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0,
 
     def step(inputs: dict) -> None:  # the forward under the Trainer's autocast, the backward outside, as accelerate
         with torch.autocast(parameter.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            loss = model(**inputs).loss
-        loss.backward()
+            value = loss(inputs)
+        value.backward()
 
     try:
         step(batch)
@@ -252,6 +256,7 @@ def measure_token_budget(
     memory_fraction: float = 0.9,
     optimizer_states_per_parameter: int | None = None,
     autocast_dtype=None,
+    loss_implementation: LossImplementation = "auto",
 ) -> TokenBudget:
     """Measure ``model``'s memory per packed token on its GPU and return the largest safe budget.
 
@@ -265,6 +270,9 @@ def measure_token_budget(
             default; 0 when the optimizer already holds its states on this GPU).
         autocast_dtype: the dtype training autocasts to (``torch.bfloat16`` for a Trainer with
             ``bf16=True``), or None (default) for none: the dry runs then hold what training holds.
+        loss_implementation: the training loss the dry runs compute, as ``PackingTrainer``'s option:
+            ``"auto"`` (a chunk of tokens at a time where the model's head allows it: no full logits,
+            so more tokens fit), ``"chunked"`` or ``"full"`` (the model's own full-logit loss).
 
     The dry runs are :func:`fit_token_budget`'s, each two forward + backward passes with the
     optimizer's states made between them (no optimizer step). Raises a ValueError before
@@ -276,8 +284,9 @@ def measure_token_budget(
     was_training = model.training
     model.train()
     try:
+        loss = training_loss(model, loss_implementation)
         return fit_token_budget(
-            lambda tokens: _peak_bytes(model, tokens, longest, states, autocast_dtype),
+            lambda tokens: _peak_bytes(model, tokens, longest, states, autocast_dtype, loss),
             longest=longest,
             total_bytes=total,
             optimizer_bytes=optimizer_bytes,
@@ -295,11 +304,13 @@ def check_token_budget(
     memory_fraction: float = 0.9,
     optimizer_states_per_parameter: int | None = None,
     autocast_dtype=None,
+    loss_implementation: LossImplementation = "auto",
 ) -> float:
     """Run one training step's worth of memory at ``max_tokens_per_batch`` and refuse it if it does not fit.
 
     The dry run is :func:`measure_token_budget`'s (two passes on flat batches of examples of
-    ``longest`` tokens, the optimizer's states made between them, no optimizer step). Returns
+    ``longest`` tokens, the optimizer's states made between them, no optimizer step, the loss as
+    ``loss_implementation`` computes it). Returns
     the step's peak, optimizer states included, as a share of the GPU's memory. Raises a
     ValueError before training, with the numbers that show why, when the step runs out of
     memory or its peak passes ``memory_fraction`` of the card. Arguments as in
@@ -314,7 +325,7 @@ def check_token_budget(
     was_training = model.training
     model.train()
     try:
-        peak = _peak_bytes(model, max_tokens_per_batch, longest, states, autocast_dtype)
+        peak = _peak_bytes(model, max_tokens_per_batch, longest, states, autocast_dtype, training_loss(model, loss_implementation))
     finally:
         model.train(was_training)
     return _share_or_refuse(peak, max_tokens_per_batch, longest, optimizer_bytes, total, memory_fraction)

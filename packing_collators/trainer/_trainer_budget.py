@@ -89,6 +89,13 @@ class TokenBudgets:
         self.auto: int | None = None  # max_tokens_per_batch="auto", once measured
         self.checked: set[tuple[int, int]] = set()  # (budget, longest) that passed the memory check
 
+    def loss_implementation(self) -> str:
+        """The loss the dry runs compute: the trainer's (the full logits where its set-up needs them)."""
+        from ._head_loss import why_full_logits
+
+        trainer = self.trainer
+        return "full" if why_full_logits(trainer) else trainer._head_loss.implementation
+
     def measured(self, longest: int) -> int:
         """``max_tokens_per_batch="auto"``: measure_token_budget for ``longest``, the smallest over ranks.
 
@@ -112,7 +119,9 @@ class TokenBudgets:
 
         def measure() -> int:
             with inner_attention(model):  # one rank's share, measured without the group's collectives
-                budget = measure_token_budget(model, longest=longest, autocast_dtype=autocast_dtype)
+                budget = measure_token_budget(
+                    model, longest=longest, autocast_dtype=autocast_dtype, loss_implementation=self.loss_implementation()
+                )
             logger.info("PackingTrainer: max_tokens_per_batch='auto' on this rank: %s", budget.summary())
             return budget.max_tokens_per_batch
 
@@ -140,7 +149,10 @@ class TokenBudgets:
 
         def check() -> int:
             with inner_attention(model):
-                share = check_token_budget(model, budget, longest=longest, autocast_dtype=autocast_dtype)
+                share = check_token_budget(
+                    model, budget, longest=longest, autocast_dtype=autocast_dtype,
+                    loss_implementation=self.loss_implementation(),
+                )
             logger.info(
                 "PackingTrainer: a step of %d tokens (examples of %d) peaks at %.1f%% of the GPU's memory",
                 budget,

@@ -41,6 +41,7 @@ class Calls(list):
     def __init__(self):
         super().__init__()
         self.autocasts = []
+        self.losses = []  # the loss each dry run computes (batch -> loss)
 
 
 @pytest.fixture
@@ -50,9 +51,10 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(_packing_trainer.PackingTrainer, "_memory_model", lambda self: probe(self))
     monkeypatch.setattr(_memory_budget, "_on_gpu", lambda model, caller, states: (2, 4 * GIB, 80 * GIB))
 
-    def peak_bytes(model, tokens, longest, states=0, autocast_dtype=None):
+    def peak_bytes(model, tokens, longest, states=0, autocast_dtype=None, loss=None):
         calls.append((tokens, longest, states))
         calls.autocasts.append(autocast_dtype)
+        calls.losses.append(loss)
         return peaks.get(tokens, 10 * GIB)
 
     monkeypatch.setattr(_memory_budget, "_peak_bytes", peak_bytes)
@@ -213,3 +215,21 @@ def test_only_a_model_whole_on_one_gpu_is_measured(tmp_path, monkeypatch):
     assert run._memory_model() is None
     run.model, run.is_model_parallel = whole, True
     assert run._memory_model() is None
+
+
+def test_the_dry_run_computes_the_loss_training_computes(tmp_path, fake_gpu):
+    # the memory model behind "auto" and the check must hold what a step holds: the chunked loss, no full logits
+    _, calls = fake_gpu
+    trainer(tmp_path, max_tokens_per_batch=64).get_train_dataloader()
+    trainer(tmp_path / "full", max_tokens_per_batch=64, loss_implementation="full").get_train_dataloader()
+    chunked, full = calls.losses
+    assert chunked.__qualname__ == "training_loss.<locals>.loss" and full.__qualname__ == "training_loss.<locals>.<lambda>"
+    from packing_collators import FlatteningCollator
+    from packing_collators.loss import training_loss
+
+    model, heads = tiny_model(), []
+    model.lm_head.register_forward_hook(lambda module, args, out: heads.append(tuple(out.shape)))
+    loss = training_loss(model)  # what the chunked closure computes: the head hands back no logits
+    heads.clear()
+    value = loss(FlatteningCollator()(random_examples([9, 6])))
+    assert heads == [(1, 15, 0)] and value.requires_grad

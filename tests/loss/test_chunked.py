@@ -1,0 +1,94 @@
+"""weighted_cross_entropy and token_log_probs against the full logits, over many chunks, and what they hold."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import packing_collators.loss._chunked as chunked
+from packing_collators.loss import LogitTransform, chunk_rows, token_log_probs, weighted_cross_entropy
+
+TRANSFORMS = [LogitTransform(), LogitTransform(scale=0.3), LogitTransform(scale=2.0, softcap=3.0)]
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(chunked, "_CHUNK_ELEMENTS", 128 * 50)  # chunks of 128 tokens at a vocabulary of 50
+
+
+def _inputs(bias: bool, n: int = 300, hidden: int = 16, vocab: int = 50, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, hidden, generator=g).requires_grad_()
+    w = torch.randn(vocab, hidden, generator=g).requires_grad_()
+    b = torch.randn(vocab, generator=g).requires_grad_() if bias else None
+    return h, w, b, torch.randint(0, vocab, (n,), generator=g), torch.rand(n, generator=g)
+
+
+def _grads(*tensors):
+    out = [t.grad.clone() for t in tensors if t is not None]
+    for t in tensors:
+        if t is not None:
+            t.grad = None
+    return out
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_weighted_loss_and_its_gradients_are_the_full_logits_ones(small_chunks, transform, bias):
+    h, w, b, targets, weights = _inputs(bias)
+    assert chunk_rows(50) == 128 and h.shape[0] > 2 * 128  # three chunks, the last one short
+    logits = transform.apply(h @ w.t() + (b if bias else 0))
+    full = (weights * torch.nn.functional.cross_entropy(logits, targets, reduction="none")).sum()
+    full.backward()
+    expected = _grads(h, w, b)
+    loss = weighted_cross_entropy(h, w, b, targets, weights, transform)
+    loss.backward()
+    assert float(loss) == pytest.approx(float(full), rel=1e-6)
+    for got, want in zip(_grads(h, w, b), expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_token_log_probs_and_their_gradients_are_the_full_logits_ones(small_chunks, transform):
+    h, w, b, targets, upstream = _inputs(True)
+    full = torch.log_softmax(transform.apply(h @ w.t() + b), -1).gather(1, targets[:, None])[:, 0]
+    (full * upstream).sum().backward()
+    expected = _grads(h, w, b)
+    ours = token_log_probs(h, w, b, targets, transform)
+    (ours * upstream).sum().backward()
+    torch.testing.assert_close(ours, full.detach(), rtol=1e-5, atol=1e-5)
+    for got, want in zip(_grads(h, w, b), expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_loss_alone_without_gradients_makes_none(small_chunks, monkeypatch):
+    h, w, _, targets, weights = _inputs(False)
+    made = []
+    monkeypatch.setattr(chunked._Chunks, "__init__", lambda self, *a: made.append(1) or None)
+    with torch.no_grad():
+        loss = weighted_cross_entropy(h, w, None, targets, weights)
+    assert made == [] and loss.grad_fn is None
+    full = (weights * torch.nn.functional.cross_entropy(h @ w.t(), targets, reduction="none")).sum()
+    assert float(loss) == pytest.approx(float(full), rel=1e-6)
+
+
+def test_no_target_gives_a_zero_loss_that_still_backpropagates():
+    h, w, _, _, _ = _inputs(False, n=0)
+    loss = weighted_cross_entropy(h, w, None, torch.zeros(0, dtype=torch.long), torch.zeros(0))
+    loss.backward()
+    assert float(loss) == 0.0 and float(w.grad.abs().sum()) == 0.0
+
+
+def test_chunks_hold_at_most_4096_tokens_and_about_a_gib_of_logits():
+    assert [chunk_rows(v) for v in (512, 32_000, 151_936, 248_320)] == [4096, 4096, 1664, 1024]
+    assert all(chunk_rows(v) * v * 4 <= (1 << 30) for v in (151_936, 248_320))
+
+
+def test_under_autocast_the_projection_runs_in_the_autocast_dtype_and_accumulates_in_float32():
+    h, w, _, targets, _ = _inputs(False, n=64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w).float(), targets)
+        loss = weighted_cross_entropy(h, w, None, targets, torch.full((64,), 1 / 64))
+    assert float(loss) == pytest.approx(float(reference), rel=1e-2)  # the reference rounds its logits to bf16
+    loss.backward()
+    assert w.grad.dtype == torch.float32 and h.grad.dtype == torch.float32
