@@ -163,6 +163,7 @@ def trainer(out: Path, sp: int = 1, budget: int = 24, arch: str = "llama", heads
         "packing_efficiency": [e["packing_efficiency"] for e in logs], "grad_norms": [e["grad_norm"] for e in logs], "weights": weights,
         "steps": run.state.global_step, "eval_loss": eval_loss, "probe": checks[0].last_report.summary() if checks else None,
         "gradient_checkpointing": bool(run.model.is_gradient_checkpointing),
+        "chunked_loss": [head is not None for head in run._head_loss.heads.values()],
     }))
 
 

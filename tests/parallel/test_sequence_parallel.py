@@ -173,6 +173,7 @@ def test_packing_trainer_sequence_parallel_with_checkpointing_equals_one_process
     for rank in range(2):
         run = json.loads((tmp_path / f"trainer_sp2_rank{rank}.json").read_text())
         assert run["steps"] == one["steps"] == 3 and run["gradient_checkpointing"]
+        assert run["chunked_loss"] == one["chunked_loss"] == [True]  # each shard's loss a chunk at a time
         assert run["losses"] == pytest.approx(one["losses"], abs=1e-5)
         assert run["grad_norms"] == pytest.approx(one["grad_norms"], rel=1e-5)
         assert run["eval_loss"] == pytest.approx(one["eval_loss"], abs=1e-5)  # eval_packing="multipack", sharded
