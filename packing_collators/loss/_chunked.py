@@ -26,6 +26,7 @@ full-logit loss, and a few passes over each chunk's logits instead of the full l
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -55,14 +56,6 @@ class LogitTransform:
         if self.softcap:
             z = torch.tanh(z / self.softcap) * self.softcap
         return z
-
-    def backward(self, grad: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """The gradient at ``z`` from the gradient at the transformed ``logits`` (in place on ``grad``)."""
-        if self.softcap:
-            grad.mul_(1 - (logits / self.softcap).square())  # d(cap * tanh(u / cap)) / du, from the result
-        if self.scale != 1.0:
-            grad.mul_(self.scale)
-        return grad
 
 
 def chunk_rows(vocab: int, max_rows: int = MAX_CHUNK_ROWS) -> int:
@@ -117,11 +110,57 @@ def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_gpu_dtype() if device == "cuda" else torch.get_autocast_cpu_dtype()
 
 
-def _softmax_minus_target(logits: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor):
-    """``scale * (softmax(logits) - onehot(targets))``, in place on ``logits`` (float32 (r, V))."""
+def _chunk_eager(z, targets, weights, scale: float, softcap, out_dtype, want_grad: bool):
+    """One chunk: (sum(weights * (lse - chosen)), lse, chosen, and with ``want_grad`` the gradient at ``z``,
+    ``weights * (softmax - onehot)`` through the transform, in ``out_dtype``). ``z`` float32 (r, V) is
+    overwritten: one chunk-sized buffer, and a second under a soft cap (its derivative)."""
+    logits = z.mul_(scale) if scale != 1.0 else z
+    if softcap:
+        logits = logits.div_(softcap).tanh_().mul_(softcap)
+    lse = torch.logsumexp(logits, dim=-1)
+    chosen = logits.gather(1, targets[:, None])[:, 0]
+    loss = (weights * (lse - chosen)).sum()
+    if not want_grad:
+        return loss, lse, chosen, None
+    derivative = logits.div(softcap).square_().neg_().add_(1) if softcap else None  # d(c tanh(u / c)) / du
     grad = logits.sub_(lse[:, None]).exp_()
     grad.scatter_add_(1, targets[:, None], grad.new_full((targets.shape[0], 1), -1.0))
-    return grad.mul_(scale[:, None])
+    grad.mul_(weights[:, None] * scale)
+    if derivative is not None:
+        grad.mul_(derivative)
+    return loss, lse, chosen, grad.to(out_dtype)
+
+
+def _chunk_functional(z, targets, weights, scale: float, softcap, out_dtype, want_grad: bool):
+    """:func:`_chunk_eager`'s arithmetic without in-place steps, for ``torch.compile`` to fuse into two passes."""
+    logits = z * scale
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    lse = torch.logsumexp(logits, dim=-1)
+    chosen = logits.gather(1, targets[:, None])[:, 0]
+    loss = (weights * (lse - chosen)).sum()
+    if not want_grad:
+        return loss, lse, chosen, None
+    onehot = torch.arange(logits.shape[1], device=logits.device)[None] == targets[:, None]
+    grad = (torch.exp(logits - lse[:, None]) - onehot.float()) * (weights[:, None] * scale)
+    if softcap:
+        grad = grad * (1 - (logits / softcap) ** 2)
+    return loss, lse, chosen, grad.to(out_dtype)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_chunk():
+    """:func:`_chunk_functional` compiled once per process (dynamic row count), or None where it cannot be."""
+    try:
+        return torch.compile(_chunk_functional, dynamic=True)
+    except Exception:  # noqa: BLE001 - no compiler on this platform: the eager chunk
+        return None
+
+
+def _chunk(z, targets, weights, transform: LogitTransform, out_dtype, want_grad: bool, compiled: bool):
+    fn = _compiled_chunk() if compiled and z.is_cuda else None
+    fn = fn or _chunk_eager
+    return fn(z, targets, weights, float(transform.scale), transform.softcap, out_dtype, want_grad)
 
 
 class _Chunks:
@@ -133,10 +172,9 @@ class _Chunks:
         self.db = None if bias is None else torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device)
 
     def add(self, grad: torch.Tensor, h: torch.Tensor, w: torch.Tensor, rows: slice) -> None:
-        """One chunk's gradient at ``z`` (float32 (r, V)): into dh[rows], dW and db."""
+        """One chunk's gradient at ``z`` ((r, V), in the projection's dtype): into dh[rows], dW and db."""
         if self.db is not None:
-            self.db += grad.sum(0)
-        grad = grad.to(h.dtype)
+            self.db += grad.float().sum(0)
         self.dh[rows] = (grad @ w).to(self.dh.dtype)
         _accumulate(self.dw, grad, h[rows])
 
@@ -144,16 +182,11 @@ class _Chunks:
         return self.dh, self.dw.to(weight.dtype), None if self.db is None else self.db.to(bias.dtype)
 
 
-def _logits_and_lse(h, w, bias, transform: LogitTransform, rows: slice):
-    logits = transform.apply(_project(h[rows], w, bias))
-    return logits, torch.logsumexp(logits, dim=-1)
-
-
 class _WeightedCrossEntropy(torch.autograd.Function):
     """sum(weights * cross_entropy) over chunks, its gradients made in the forward (see the module picture)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, weights, transform, dtype, needs_grad):
+    def forward(ctx, hidden, weight, bias, targets, weights, transform, dtype, needs_grad, compiled):
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(dtype), weight.to(dtype)
             loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
@@ -161,19 +194,19 @@ class _WeightedCrossEntropy(torch.autograd.Function):
             step = chunk_rows(weight.shape[0])
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
-                logits, lse = _logits_and_lse(h, w, bias, transform, rows)
-                loss += (weights[rows] * (lse - logits.gather(1, targets[rows, None])[:, 0])).sum()
+                z = _project(h[rows], w, bias)
+                part, _, _, grad = _chunk(z, targets[rows], weights[rows], transform, dtype, needs_grad, compiled)
+                loss += part
                 if grads is not None:
-                    kept = logits.clone() if transform.softcap else None  # the soft cap's derivative reads them
-                    grad = _softmax_minus_target(logits, lse, targets[rows], weights[rows])
-                    grads.add(transform.backward(grad, kept), h, w, rows)
+                    del z
+                    grads.add(grad, h, w, rows)
         ctx.save_for_backward(*(grads.result(weight, bias) if grads is not None else (None, None, None)))
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
         scaled = [None if g is None else g.mul_(grad_loss.to(g.dtype)) for g in ctx.saved_tensors]
-        return (*scaled, None, None, None, None, None)
+        return (*scaled, None, None, None, None, None, None)
 
 
 def weighted_cross_entropy(
@@ -183,12 +216,15 @@ def weighted_cross_entropy(
     targets: torch.Tensor,
     weights: torch.Tensor,
     transform: LogitTransform = LogitTransform(),
+    *,
+    compiled: bool = True,
 ) -> torch.Tensor:
     """``sum_i weights[i] * cross_entropy(transform(hidden[i] @ weight.T + bias), targets[i])``, a float32 scalar.
 
     ``hidden`` (N, H) the tokens that have a target, ``targets`` int64 (N,), ``weights`` float32 (N,).
     Its gradients (to ``hidden``, ``weight``, ``bias``) are made in the forward, chunk by chunk; the
-    backward may run once.
+    backward may run once. ``compiled``: on CUDA, each chunk's softmax and gradient run as one
+    ``torch.compile``d kernel pair (two passes over the chunk) instead of eager steps.
 
     >>> hidden, weight = torch.randn(5, 4, generator=torch.Generator().manual_seed(0)), torch.eye(6, 4)
     >>> targets, weights = torch.tensor([0, 1, 2, 3, 5]), torch.full((5,), 0.2)
@@ -198,43 +234,47 @@ def weighted_cross_entropy(
     """
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     dtype = _compute_dtype(hidden)
-    return _WeightedCrossEntropy.apply(hidden, weight, bias, targets, weights.float(), transform, dtype, needs_grad)
+    return _WeightedCrossEntropy.apply(
+        hidden, weight, bias, targets, weights.float(), transform, dtype, needs_grad, compiled
+    )
 
 
 class _TokenLogProbs(torch.autograd.Function):
     """log p(target) per token over chunks; the backward recomputes each chunk's logits."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, transform, dtype):
+    def forward(ctx, hidden, weight, bias, targets, transform, dtype, compiled):
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(dtype), weight.to(dtype)
             out = torch.empty(h.shape[0], dtype=torch.float32, device=hidden.device)
             lse = torch.empty_like(out)
+            none = torch.zeros(h.shape[0], dtype=torch.float32, device=hidden.device)
             step = chunk_rows(weight.shape[0])
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
-                logits, lse[rows] = _logits_and_lse(h, w, bias, transform, rows)
-                out[rows] = logits.gather(1, targets[rows, None])[:, 0] - lse[rows]
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.transform, ctx.dtype = transform, dtype
+                z = _project(h[rows], w, bias)
+                _, lse[rows], chosen, _ = _chunk(z, targets[rows], none[rows], transform, dtype, False, compiled)
+                out[rows] = chosen - lse[rows]
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.transform, ctx.dtype, ctx.compiled = transform, dtype, compiled
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
-        transform, dtype = ctx.transform, ctx.dtype
+        hidden, weight, bias, targets = ctx.saved_tensors
         with torch.autocast(hidden.device.type, enabled=False):
-            h, w = hidden.to(dtype), weight.to(dtype)
+            h, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)
             grads = _Chunks(hidden, weight, bias)
             step = chunk_rows(weight.shape[0])
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
-                logits = transform.apply(_project(h[rows], w, bias))
-                kept = logits.clone() if transform.softcap else None
+                z = _project(h[rows], w, bias)
                 # d log p(t) / d logits = onehot(t) - softmax: the weighted gradient with weights -grad_out
-                grad = _softmax_minus_target(logits, lse[rows], targets[rows], -grad_out[rows].float())
-                grads.add(transform.backward(grad, kept), h, w, rows)
-        return (*grads.result(weight, bias), None, None, None)
+                upstream = -grad_out[rows].float()
+                *_, grad = _chunk(z, targets[rows], upstream, ctx.transform, ctx.dtype, True, ctx.compiled)
+                del z
+                grads.add(grad, h, w, rows)
+        return (*grads.result(weight, bias), None, None, None, None)
 
 
 def token_log_probs(
@@ -243,6 +283,8 @@ def token_log_probs(
     bias: torch.Tensor | None,
     targets: torch.Tensor,
     transform: LogitTransform = LogitTransform(),
+    *,
+    compiled: bool = True,
 ) -> torch.Tensor:
     """float32 (N,): ``log_softmax(transform(hidden @ weight.T + bias))[i, targets[i]]``, a chunk at a time.
 
@@ -251,4 +293,4 @@ def token_log_probs(
     >>> bool(torch.allclose(token_log_probs(hidden, weight, None, torch.tensor([0, 1, 5])), full))
     True
     """
-    return _TokenLogProbs.apply(hidden, weight, bias, targets, transform, _compute_dtype(hidden))
+    return _TokenLogProbs.apply(hidden, weight, bias, targets, transform, _compute_dtype(hidden), compiled)

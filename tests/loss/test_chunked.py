@@ -92,3 +92,15 @@ def test_under_autocast_the_projection_runs_in_the_autocast_dtype_and_accumulate
     assert float(loss) == pytest.approx(float(reference), rel=1e-2)  # the reference rounds its logits to bf16
     loss.backward()
     assert w.grad.dtype == torch.float32 and h.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_the_compiled_chunk_computes_the_eager_chunks_numbers(transform):
+    # what torch.compile fuses on a GPU: the same arithmetic, without the in-place steps (run here uncompiled)
+    g = torch.Generator().manual_seed(0)
+    z, targets, weights = torch.randn(40, 50, generator=g), torch.randint(0, 50, (40,), generator=g), torch.rand(40)
+    args = (targets, weights, transform.scale, transform.softcap, torch.float32, True)
+    eager = chunked._chunk_eager(z.clone(), *args)
+    functional = chunked._chunk_functional(z.clone(), *args)
+    for a, b in zip(eager, functional):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -126,3 +126,36 @@ def test_the_full_logit_loss_holds_the_row_and_logs_the_same(tmp_path):
     start, batches, logged, most, _ = _train(tmp_path, "token", implementation="full", watch=True, vocab=2048, tokens=2000)
     assert most > 1500  # what the chunked loss avoids: the whole row's logits
     assert logged == pytest.approx(_by_hand(start, batches, "token"), rel=1e-5, abs=1e-6)
+
+
+def _eval_trainer(tmp_path, compute_metrics=None):
+    examples = _examples(1500, seed=5, vocab=2048)
+    model = tiny_model("llama", vocab_size=2048, hidden_size=16, intermediate_size=32, initializer_range=0.02)
+    args = training_args(tmp_path, per_device_eval_batch_size=4)
+    return PackingTrainer(
+        model=model, args=args, eval_dataset=datasets.Dataset.from_list(examples), packing_probe=False,
+        compute_metrics=compute_metrics,
+    ), model
+
+
+def test_evaluation_without_metrics_computes_the_loss_alone_in_chunks(tmp_path):
+    trainer, model = _eval_trainer(tmp_path)
+    shapes = []
+    model.lm_head.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape)))
+    chunked = trainer.evaluate()["eval_loss"]
+    batches = [shape for shape in shapes[1:]]  # [0]: the head check's 16 tokens, with its logits
+    assert shapes[0] == (1, 16, 2048) and batches and all(shape[-1] == 0 for shape in batches)  # no logits formed
+    trainer._head_loss = type(trainer._head_loss)("full")
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(chunked, rel=1e-5)
+
+
+def test_evaluation_with_metrics_hands_compute_metrics_the_logits(tmp_path):
+    seen = []
+
+    def metrics(prediction):
+        seen.append(prediction.predictions.shape)
+        return {"rows": float(prediction.predictions.shape[0])}
+
+    trainer, model = _eval_trainer(tmp_path, compute_metrics=metrics)
+    result = trainer.evaluate()
+    assert seen and seen[0][-1] == 2048 and result["eval_rows"] == seen[0][0]  # per-example logits, full vocabulary
