@@ -1,0 +1,171 @@
+"""The TRL comparison harness measures what its table says (benchmarks/gpu/vs_trl.py, in its CPU --smoke form).
+
+Two ``--all --smoke`` drivers run side by side, one per pair (each setting its own process, as on the GPU):
+trl_padding_free + ours_flattening, trl_bfd + ours_packing. Then ``--compare`` writes the rows. Checked: the
+flattening pair trains the same batches (tokens and token-id checksums per step) with the same step-1 loss, the
+loss is a per-token mean (about ln of the vocabulary at a random init), packed steps stay within the budget and
+fill it, the rates are the steps' own, and each row's ratios are ours / TRL's of the two JSON files. The auto
+settings measure GPU memory; their TRL step (``trl_step_peak``) is run here on the CPU with the memory counters
+stubbed, to check it runs TRL's own collator and loss twice on the row it is asked for.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu" / "vs_trl.py"
+PAIRS = {"flat": "trl_padding_free,ours_flattening", "packed": "trl_bfd,ours_packing"}
+SMOKE = ["--smoke", "--steps", "3", "--warmup", "1"]  # 4 steps; budget 512, batch 8, vocab 512
+VOCAB, BUDGET, BATCH, STEPS = 512, 512, 8, 4
+
+pytest.importorskip("trl")
+pytestmark = pytest.mark.slow
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("vs_trl", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # puts benchmarks/gpu on sys.path: its _vs_trl_* helpers import
+    return module
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Both pairs' JSON files, gathered in one folder after ``--compare`` there; name -> parsed JSON."""
+    base = tmp_path_factory.mktemp("vs_trl")
+    drivers = {
+        pair: subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--all", "--settings", names, *SMOKE, "--out", str(base / pair)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for pair, names in PAIRS.items()
+    }
+    for pair, driver in drivers.items():
+        output, _ = driver.communicate(timeout=300)
+        assert driver.returncode == 0 and "FAILED" not in output, output[-4000:]
+    both = base / "both"
+    both.mkdir()
+    for path in [p for pair in PAIRS for p in (base / pair).glob("*_gc_on.json")]:
+        shutil.copy(path, both)
+    compare = [sys.executable, str(SCRIPT), "--compare", "--out", str(both)]
+    done = subprocess.run(compare, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {p.stem.rsplit(f"_{VOCAB}_", 1)[0]: json.loads(p.read_text()) for p in both.glob("*_gc_on.json")} | {
+        "results": json.loads((both / "results.json").read_text()),
+        "readme": (both / "README.md").read_text(),
+    }
+
+
+def test_every_setting_writes_its_figures(runs):
+    for name in ("trl_padding_free", "ours_flattening", "trl_bfd", "ours_packing"):
+        run = runs[name]
+        assert run["setting"] == name and run["vocab"] == VOCAB and run["grad_checkpointing"] is True
+        assert run["steps_run"] == STEPS and len(run["steps"]) == STEPS
+        assert f"--setting {name}" in run["command"] and run["versions"]["torch"] and run["device"] == "cpu"
+        assert run["side"] == name.split("_")[0] and run["attention"] == "sdpa"
+        stats = run["statistics"]
+        rates = [s["tokens"] / s["seconds"] for s in run["steps"][1:]]  # the warm-up step left out
+        assert stats["median_tokens_per_s"] == pytest.approx(statistics.median(rates))
+        assert stats["timed_steps"] == STEPS - 1
+        assert run["first_losses"] == [s["loss"] for s in run["steps"]][:5]
+        # a per-token mean cross-entropy at a random init over uniform tokens: about ln(vocab), not a sum
+        assert abs(run["first_losses"][0] - math.log(VOCAB)) < 0.1
+    assert runs["trl_bfd"]["loss"] == "TRL fused LM head" and runs["ours_packing"]["loss"] == "PackingTrainer chunked"
+    assert runs["ours_flattening"]["loss"] == "enable_chunked_loss"
+
+
+def test_flattening_trains_the_same_batches_as_trl_padding_free(runs):
+    ours, theirs = runs["ours_flattening"]["steps"], runs["trl_padding_free"]["steps"]
+    assert [(s["tokens"], s["examples"], s["checksum"]) for s in ours] == [
+        (s["tokens"], s["examples"], s["checksum"]) for s in theirs
+    ]
+    assert all(s["examples"] == BATCH for s in ours) and len({s["tokens"] for s in ours}) > 1
+    assert abs(ours[0]["loss"] - theirs[0]["loss"]) < 1e-4  # step 1: the same weights and batch
+
+
+def test_packed_steps_fill_the_budget(runs):
+    for name in ("trl_bfd", "ours_packing"):
+        tokens = [s["tokens"] for s in runs[name]["steps"]]
+        assert max(tokens) <= BUDGET and sum(tokens) / len(tokens) > 0.75 * BUDGET, (name, tokens)
+    assert runs["trl_bfd"]["padding_free"] is True  # TRL turns it on for bfd
+    assert runs["ours_packing"]["max_tokens_per_batch"] == BUDGET
+
+
+def test_compare_rows_are_ours_over_trl(runs):
+    rows = {row["setting"]: row for row in runs["results"]}
+    assert set(rows) == {f"ours_flattening_{VOCAB}_gc_on", f"ours_packing_{VOCAB}_gc_on"}
+    for ours, theirs in (("ours_flattening", "trl_padding_free"), ("ours_packing", "trl_bfd")):
+        row = rows[f"{ours}_{VOCAB}_gc_on"]
+        a, b = runs[ours]["statistics"], runs[theirs]["statistics"]
+        assert row["vs"] == f"{theirs}_{VOCAB}_gc_on" and row["vocab"] == VOCAB and row["grad_checkpointing"] is True
+        assert row["tokens_per_s"] == a["median_tokens_per_s"] and row["trl_tokens_per_s"] == b["median_tokens_per_s"]
+        assert row["tokens_per_s_vs_trl"] == pytest.approx(a["median_tokens_per_s"] / b["median_tokens_per_s"])
+        assert "peak_memory_vs_trl" in row and row["peak_memory_vs_trl"] is None  # no GPU memory on a CPU
+    flat = rows[f"ours_flattening_{VOCAB}_gc_on"]
+    assert flat["same_batches"] is True and flat["first_loss_equal"] is True and flat["first_loss_abs_diff"] < 1e-4
+    assert f"| ours_flattening_{VOCAB}_gc_on | trl_padding_free_{VOCAB}_gc_on | {VOCAB} | on |" in runs["readme"]
+
+
+def test_trl_step_peak_runs_trls_own_step_twice(monkeypatch, tmp_path):
+    import torch
+
+    harness = _harness()
+    import _vs_trl_settings as settings
+
+    args = harness._arguments(["--setting", "trl_auto_cap", "--smoke", "--out", str(tmp_path)])
+    model = settings.build_model(args, torch.device("cpu"))
+    trainer = settings.trl_trainer(args, model, settings.make_dataset(args, 32), 1, packing=True, max_length=BUDGET)
+    batches, compute = [], trainer.compute_loss
+    monkeypatch.setattr(trainer, "compute_loss", lambda m, inputs, **kw: batches.append(inputs) or compute(m, inputs))
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 1 << 40)
+    peak = settings.trl_step_peak(trainer, 300, 128)
+    states = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+    assert peak == (1 << 40) - states  # the states made between the passes are left out, as the library does
+    assert len(batches) == 2 and batches[0]["input_ids"].shape == (1, 300)
+    assert batches[0]["cu_seq_lens_q"].tolist() == [0, 128, 256, 300]  # TRL's collator read the row's seq_lengths
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_step_statistics_examples():
+    _harness()
+    import _vs_trl_measure
+
+    assert doctest.testmod(_vs_trl_measure).failed == 0
+
+
+def test_fa4_calls_go_through_the_int_lengths_wrapper_and_are_counted(monkeypatch):
+    import types
+
+    import torch
+
+    _harness()
+    import _vs_trl_measure
+
+    calls = []
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_varlen_func = lambda *args, **kwargs: calls.append(kwargs) or "out"
+    package = types.ModuleType("flash_attn")
+    package.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    counters = _vs_trl_measure.fa4_int_lengths()  # ulysses_vs_deepspeed.py's wrapper, then the counting one
+    assert cute.flash_attn_varlen_func("q", max_seqlen_q=torch.tensor(7), max_seqlen_k=torch.tensor(9)) == "out"
+    cute.flash_attn_varlen_func("q", max_seqlen_q=5, max_seqlen_k=5)
+    assert calls == [{"max_seqlen_q": 7, "max_seqlen_k": 9}, {"max_seqlen_q": 5, "max_seqlen_k": 5}]
+    assert all(type(v) is int for call in calls for v in call.values())
+    assert counters == {"installed": True, "calls": 2, "tensor_lengths": 1}
