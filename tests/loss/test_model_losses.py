@@ -123,3 +123,15 @@ def test_a_vision_language_model_with_images():
     assert chunked == pytest.approx(full, rel=1e-5)
     for name, grad in full_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_head_check_accepts_a_bf16_model_whose_logits_round():
+    # bf16 weights: the model's own logits round to bf16 (2^-8 relative), the check's projection does not
+    model = _model("llama", CAUSAL["llama"]).to(torch.bfloat16)
+    head, _ = output_head(model)
+    assert check_output_head(model, head) == ""
+    # some transformers versions hand back float32 logits computed in bf16 (seen on GPU with 5.17)
+    model.lm_head.register_forward_hook(lambda module, args, out: out.float())
+    assert check_output_head(model, head) == ""
+    model.config.final_logit_softcapping = 1.0  # a transform the model never applies is still caught in bf16
+    assert check_output_head(model, output_head(model)[0]).startswith("its logits differ")
