@@ -174,6 +174,9 @@ def _command() -> str:
 
 
 def _commit() -> str | None:
+    """The checkout's commit: $PACKING_COLLATORS_COMMIT where the tree was copied without its history (the device)."""
+    if os.environ.get("PACKING_COLLATORS_COMMIT"):
+        return os.environ["PACKING_COLLATORS_COMMIT"]
     try:
         found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     except OSError:
