@@ -39,7 +39,7 @@ from ._dataloader import PackedLoader, multipack_dataloader, report_dropped
 from ._deepspeed import check_deepspeed_setup
 from ._launch import refuse_data_parallel
 from ._liger import check_liger_setup
-from ._prepare_model import prepare_model
+from ._prepare_model import prepare_trainer_model
 from ._sequence_loss import LossNormalization, check_sequence_setup, global_sequence_count, sequence_compute_loss
 from ._trainer_budget import TokenBudgets, memory_model
 
@@ -184,7 +184,7 @@ class PackingTrainer(Trainer):
         refuse_data_parallel(self.args, "PackingTrainer")  # python train.py on several GPUs: DataParallel
         check_deepspeed_setup(self)
         check_sequence_setup(self)
-        prepare_model(self)  # enable_packing: hybrids and VLMs keep the packed examples apart
+        prepare_trainer_model(self, self.model)  # enable_packing: hybrids and VLMs keep the packed examples apart
         self.attn_implementation = choose_attention(self.model, attn_implementation) if self.model is not None else None
         if self.sequence_parallel_size > 1:  # every rank checks before the mesh's first collective: no hang on refusal
             from ._sequence_parallel import setup_sequence_parallel

@@ -24,9 +24,9 @@ def _two_forwards_then_backward(model_type: str, checkpointing: dict | None, var
     if varlen:  # the Gated DeltaNet varlen path, on reference kernels (the GPU's path, on the CPU)
         from _gdn_reference import REFERENCE
 
-        from packing_collators.models._enable import prepare_model
+        from packing_collators.models._enable import enable_packing_with
 
-        model = prepare_model(tiny_hybrid(model_type).train(), lambda: (REFERENCE, ""))
+        model = enable_packing_with(tiny_hybrid(model_type).train(), lambda: (REFERENCE, ""))
     else:
         model = enable_packing(tiny_hybrid(model_type).train())
     if checkpointing is not None:
