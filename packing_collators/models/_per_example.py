@@ -15,7 +15,8 @@ layer's forward signature (``LayerArguments``; transformers 5.15 to 5.24 use the
     cu_seq_lens_*, max_length_*, seq_idx         dropped: the padded batch holds one example per row
 
 so the layer's own reference code runs as for an ordinary batch. A tensor laid out (B, T, ...) under
-a name not in the table is refused by name, not guessed. Needs no kernel package and runs on any
+a name not in the table is refused by name, not guessed (a forward whose signature a decorator hid
+takes its hidden states first, as every transformers layer does). Needs no kernel package and runs on any
 device. Cost: the layer computes ``S * max_length`` tokens instead of ``T`` (``row_segments`` draws
 the layout).
 """
@@ -49,9 +50,12 @@ class LayerArguments:
 
     @classmethod
     def of(cls, name: str, forward) -> LayerArguments:
+        """A forward whose decorator hides its parameters behind ``(*args, **kwargs)`` (transformers 5.15's
+        ``force_accelerate_hooks`` on Mamba2 mixers) takes its hidden states first, as every layer does."""
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         parameters = inspect.signature(forward).parameters.values()
-        return cls(name, tuple(p.name for p in parameters if p.kind in kinds))
+        positional = tuple(p.name for p in parameters if p.kind in kinds)
+        return cls(name, positional or ("hidden_states",))
 
     def named(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Every argument of a call by its name (a positional one past the named parameters: ``*args[i]``)."""
