@@ -376,6 +376,15 @@ class PackingTrainer(Trainer):
             output.metrics[f"{metric_key_prefix}_loss"] = total / count
         return output
 
+    def call_model_init(self, trial=None):
+        """The stock ``model_init`` call; a model ``train()`` builds anew is prepared as the first one was
+        (``enable_packing``, and the attention implementation chosen at construction)."""
+        model = super().call_model_init(trial)
+        if getattr(self, "attn_implementation", None) is not None:  # set after __init__'s own call
+            prepare_trainer_model(self, model)
+            choose_attention(model, self.attn_implementation)
+        return model
+
     def predict(self, test_dataset, ignore_keys=None, metric_key_prefix="test"):
         """Per-example predictions in dataset order: sequential batches (never multipack), flat rows split."""
         eval_packing, self.eval_packing = self.eval_packing, "off"
