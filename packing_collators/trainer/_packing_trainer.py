@@ -39,6 +39,7 @@ from ._dataloader import PackedLoader, multipack_dataloader, report_dropped
 from ._deepspeed import check_deepspeed_setup
 from ._launch import refuse_data_parallel
 from ._liger import check_liger_setup
+from ._predictions import EXAMPLE_COUNT, examples_counted, per_example_predictions
 from ._prepare_model import prepare_trainer_model
 from ._sequence_loss import LossNormalization, check_sequence_setup, global_sequence_count, sequence_compute_loss
 from ._trainer_budget import TokenBudgets, memory_model
@@ -52,17 +53,6 @@ __all__ = ["PackingCheckCallback", "PackingTrainer"]
 
 EvalPacking = Literal["off", "multipack"]
 AUTO_BUDGET = "auto"  # max_tokens_per_batch measured on the model's GPU
-
-
-def _per_example(tensor, cu_seq_lens):
-    """(1, T, ...) -> (n, longest, ...): each example of a flat row in a row of its own, padded with -100."""
-    import torch
-
-    if tensor is None or not hasattr(tensor, "dim") or tensor.dim() < 2 or tensor.shape[0] != 1:
-        return tensor
-    cu = cu_seq_lens.tolist()
-    pieces = [tensor[0, start:end] for start, end in zip(cu[:-1], cu[1:]) if end > start]
-    return torch.nn.utils.rnn.pad_sequence(pieces, batch_first=True, padding_value=-100)
 
 
 @trainer_hooks  # the Trainer's private hooks (epoch start, kept columns, target count): see _compat.py
@@ -282,15 +272,24 @@ class PackingTrainer(Trainer):
         return built.loader
 
     def get_eval_dataloader(self, eval_dataset=None):
+        """The stock eval dataloader or (``eval_packing="multipack"``) token-budget batches; each batch counts its
+        examples, so predictions are one row per example (see ``_predictions.py``)."""
         if self.eval_packing == "off":
-            return super().get_eval_dataloader(eval_dataset)
+            with examples_counted(self):
+                return super().get_eval_dataloader(eval_dataset)
         if eval_dataset is None and self.eval_dataset is None:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
         if isinstance(eval_dataset, str):
             eval_dataset = self.eval_dataset[eval_dataset]
         elif eval_dataset is None:
             eval_dataset = self.eval_dataset
-        return multipack_dataloader(self, eval_dataset, "Evaluation", self.args.eval_batch_size, shuffle=False).loader
+        with examples_counted(self):
+            built = multipack_dataloader(self, eval_dataset, "Evaluation", self.args.eval_batch_size, shuffle=False)
+        return built.loader
+
+    def get_test_dataloader(self, test_dataset):
+        with examples_counted(self):
+            return super().get_test_dataloader(test_dataset)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The stock step's micro-batches; under ``loss_normalization="sequence"`` their example count."""
@@ -335,6 +334,7 @@ class PackingTrainer(Trainer):
         """The stock step, plus the token-weighted loss sums, and flat rows split back into examples."""
         import torch
 
+        examples = inputs.pop(EXAMPLE_COUNT, None)  # how many the batch holds (its padding segment is none)
         loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
         targets = inputs.get("labels")
         if loss is not None and targets is not None and self._eval_token_loss is not None:
@@ -344,13 +344,9 @@ class PackingTrainer(Trainer):
                 count > 0, loss.detach().float() * count, 0.0
             )  # a shard may hold no target (mean: nan)
             self._eval_token_loss += torch.stack((summed, count.float()))
-        cu = inputs.get("cu_seq_lens_q")
-        if cu is not None and not prediction_loss_only:
-            if isinstance(logits, (tuple, list)):
-                logits = type(logits)(_per_example(x, cu) for x in logits)
-            else:
-                logits = _per_example(logits, cu)
-            labels = _per_example(labels, cu)
+        if inputs.get("cu_seq_lens_q") is not None and not prediction_loss_only:
+            main_input = getattr(self.model, "main_input_name", "input_ids")
+            logits, labels = per_example_predictions(inputs, logits, labels, examples, main_input)
         return loss, logits, labels
 
     def evaluation_loop(

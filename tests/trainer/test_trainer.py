@@ -358,6 +358,34 @@ def test_predict_returns_one_row_per_example_in_dataset_order(tmp_path):
     assert trainer.eval_packing == "multipack"  # restored after predict()
 
 
+def test_predict_gives_one_row_per_example_when_the_collator_pads(tmp_path):
+    # Before: with pad_to_multiple_of=8 a padding segment became a row (7 examples gave 8 rows, the last ones
+    # shifted), and compute_metrics got the inputs as one flat row per batch, (2, 40), beside predictions (8, 15, V).
+    lengths = LENGTHS[:7]
+    rows = dataset(lengths)
+    seen = {}
+
+    def compute_metrics(prediction):
+        seen["inputs"], seen["predictions"] = prediction.inputs, prediction.predictions
+        return {}
+
+    trainer = PackingTrainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, per_device_eval_batch_size=4, include_for_metrics=["inputs"]),
+        data_collator=FlatteningCollator(pad_to_multiple_of=8),
+        compute_metrics=compute_metrics,
+    )
+    output = trainer.predict(rows)
+    longest = max(lengths)
+    assert output.predictions.shape[:2] == output.label_ids.shape == seen["inputs"].shape == (7, longest)
+    for i, n in enumerate(lengths):
+        assert seen["inputs"][i].tolist() == rows[i]["input_ids"] + [-100] * (longest - n)
+    model = trainer.model.eval()
+    with torch.no_grad():
+        alone = model(input_ids=torch.tensor([rows[6]["input_ids"]])).logits[0]
+    np.testing.assert_allclose(output.predictions[6, : lengths[6]], alone.numpy(), atol=1e-4)
+
+
 def test_overflow_drop_is_accepted_and_counted(tmp_path, caplog):
     # Before: the too-long error suggested overflow='drop', which PackingTrainer refused (TypeError).
     trainer = PackingTrainer(
