@@ -39,6 +39,7 @@ from ._dataloader import PackedLoader, multipack_dataloader, report_dropped
 from ._deepspeed import check_deepspeed_setup
 from ._launch import refuse_data_parallel
 from ._liger import check_liger_setup
+from ._neftune import PackedNEFTune
 from ._predictions import EXAMPLE_COUNT, examples_counted, per_example_predictions
 from ._prepare_model import prepare_trainer_model
 from ._sequence_loss import LossNormalization, check_sequence_setup, global_sequence_count, sequence_compute_loss
@@ -171,6 +172,9 @@ class PackingTrainer(Trainer):
         if not positional_collator(args) and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = FlatteningCollator()
         super().__init__(*args, **kwargs)
+        if self.neftune_noise_alpha is not None:  # NEFTune's noise per example, not per packed row (_neftune.py)
+            self.add_callback(PackedNEFTune(self.neftune_noise_alpha))
+            self.neftune_noise_alpha = None
         refuse_data_parallel(self.args, "PackingTrainer")  # python train.py on several GPUs: DataParallel
         check_deepspeed_setup(self)
         check_sequence_setup(self)

@@ -386,6 +386,35 @@ def test_predict_gives_one_row_per_example_when_the_collator_pads(tmp_path):
     np.testing.assert_allclose(output.predictions[6, : lengths[6]], alone.numpy(), atol=1e-4)
 
 
+def test_neftune_noises_each_example_of_a_packed_row_as_if_alone(tmp_path):
+    # Before: transformers scaled the noise by the packed row's length: four examples of 100 tokens each got
+    # alpha / sqrt(400 d) = 0.044, half the 0.088 each gets alone (alpha 5, d 32).
+    from packing_collators.trainer._neftune import PackedNEFTune
+
+    lengths, alpha = [100, 100, 100, 100], 5.0
+    noise = []
+
+    class Capture(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            embeddings = model.get_input_embeddings()
+            embeddings.register_forward_hook(lambda m, a, out: noise.append((out - m.weight[a[0]]).detach()))
+
+    trainer = PackingTrainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, max_steps=1, gradient_accumulation_steps=1, neftune_noise_alpha=alpha),
+        train_dataset=dataset(lengths), max_tokens_per_batch=400,
+    )  # fmt: skip
+    trainer.add_callback(Capture())  # after NEFTune's: its hook sees the noise
+    assert any(isinstance(callback, PackedNEFTune) for callback in trainer.callback_handler.callbacks)
+    trainer.train()
+    hidden = trainer.model.config.hidden_size
+    row = [n for n in noise if n.shape[1] == sum(lengths)][-1][0]  # the training step's (the probe's has none)
+    for example in row.split(lengths):
+        bound = alpha / (100 * hidden) ** 0.5
+        assert 0.95 * bound < float(example.abs().max()) <= bound
+    assert len(trainer.model.get_input_embeddings()._forward_hooks) == 1  # NEFTune's hook went with training
+
+
 def test_overflow_drop_is_accepted_and_counted(tmp_path, caplog):
     # Before: the too-long error suggested overflow='drop', which PackingTrainer refused (TypeError).
     trainer = PackingTrainer(
