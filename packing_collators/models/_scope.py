@@ -17,6 +17,7 @@ Nothing here holds a layer or the model in a closure. The hooks are the runtime'
 layers' forwards are objects that hold their layer (``LayerForward``), so ``copy.deepcopy`` of the
 whole model gives the copy a runtime of its own that its own layers read, while a deep copy of one
 layer (PEFT's ``modules_to_save``) shares its model's runtime: it runs inside that model's forward.
+A pickled model (``torch.save(model)``) loads with its runtime and its layers' forwards.
 Cost: one read of the boundaries per forward, a walk over the modules per training forward.
 """
 
@@ -146,6 +147,12 @@ class PackingRuntime:
         if owner is None or id(owner) not in memo:
             return self  # one layer copied (PEFT's modules_to_save): it runs in this model's forward
         return PackingRuntime(memo[id(owner)])  # the whole model copied: its copy opens its own scopes
+
+    def __getstate__(self) -> dict:  # torch.save(model): the owner pickled with the model, no call under way
+        return {"owner": self.owner}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["owner"])
 
     def __repr__(self) -> str:
         return f"PackingRuntime({type(self.owner).__name__}, scope={'open' if self.scope else 'closed'})"

@@ -156,3 +156,18 @@ def test_a_deep_copy_of_a_checkpointed_model_recomputes_its_own_layers(reentrant
     assert all(p.grad is None for p in model.parameters())
     for (name, p), (_, q) in zip(clone.named_parameters(), plain.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6 * float(q.grad.abs().max()) + 1e-8, msg=name)
+
+
+def test_a_pickled_model_loads_prepared(tmp_path):
+    # Before: torch.save(model) failed: the layers' forwards were closures, which pickle cannot save.
+    model = enable_packing(tiny_hybrid(QWEN))
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    batch = _batch(model)
+    with torch.no_grad():
+        assert torch.equal(loaded(**batch).logits, model(**batch).logits)
+        _moved(loaded)
+        fresh = enable_packing(tiny_hybrid(QWEN))
+        fresh.load_state_dict(loaded.state_dict())
+        assert _relative(loaded(**batch).logits, fresh(**batch).logits) < 1e-6  # its own layers, its own weights
+    assert packing_layers(loaded).counts == packing_layers(model).counts
