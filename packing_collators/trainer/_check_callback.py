@@ -27,6 +27,7 @@ from ..checks import (
     refuse_no_batches,
 )
 from ._launch import refuse_data_parallel
+from ._neftune import refuse_row_scaled_neftune
 
 try:
     from transformers import TrainerCallback
@@ -79,7 +80,8 @@ class PackingCheckCallback(TrainerCallback):
     sampler is touched, so the data order is unchanged) and raises, before the first
     step, what :func:`check_packing_support` reports: the static checks on the model and
     on every row of that batch, a pre-packed dataset whose packing the collator drops, an
-    empty dataset (or dataloader), a token id outside the model's input embedding,
+    empty dataset (or dataloader), a token id outside the model's input embedding, transformers' own
+    NEFTune (its noise scaled by the packed row's length; ``PackingTrainer`` scales it per example),
     and (``probe=True``, the default) the live equivalence probe, run with the same
     collator under the Trainer's mixed precision on every rank. ``last_report`` keeps
     what the probe measured. ``PackingTrainer`` adds this callback itself. One process on several
@@ -102,6 +104,7 @@ class PackingCheckCallback(TrainerCallback):
         refuse_data_parallel(args, "PackingCheckCallback")  # python train.py on several GPUs: DataParallel
         if model is None or train_dataloader is None:
             return
+        refuse_row_scaled_neftune(model)  # the stock Trainer's NEFTune: noise per packed row (PackingTrainer's is not)
         dataset, collate_fn = train_dataloader.dataset, train_dataloader.collate_fn
         check_training_data(unwrap_model(model), dataset)
         refuse_no_batches(train_dataloader)

@@ -11,8 +11,9 @@ row's length ``L`` and the hidden size ``d``::
 ``PackingTrainer`` takes NEFTune over from the Trainer: a forward pre-hook on the model (and its base
 model, which PEFT calls) reads the batch's examples (``cu_seq_lens_q``, else restarting
 ``position_ids``; a batch of one example per row keeps the row's length, as transformers does), and
-a forward hook on the input embeddings adds the noise in training. Cost: one (B, T) tensor of
-lengths per training forward.
+a forward hook on the input embeddings adds the noise in training. A stock ``Trainer`` with
+``PackingCheckCallback`` and NEFTune is refused (``refuse_row_scaled_neftune``), naming the fix.
+Cost: one (B, T) tensor of lengths per training forward.
 """
 
 from __future__ import annotations
@@ -21,7 +22,22 @@ from transformers import TrainerCallback
 
 from .._model_unwrap import unwrap_model
 
-__all__ = ["PackedNEFTune"]
+__all__ = ["PackedNEFTune", "refuse_row_scaled_neftune"]
+
+
+def refuse_row_scaled_neftune(model) -> None:
+    """Raise a ValueError when transformers' own NEFTune hook is on ``model``'s input embeddings: it scales the
+    noise by the packed row's length."""
+    embeddings = unwrap_model(model).get_input_embeddings()
+    alpha = getattr(embeddings, "neftune_noise_alpha", None)
+    hooks = embeddings._forward_hooks.values()
+    if not any(getattr(hook, "__name__", "") == "neftune_post_forward_hook" for hook in hooks):
+        return
+    raise ValueError(
+        f"NEFTune (neftune_noise_alpha={alpha}) scales its noise by the length of the batch's row: in a packed row of "
+        "n examples each gets 1/sqrt(n) of the noise it gets padded. Train with PackingTrainer, which scales it per "
+        "example, or set neftune_noise_alpha=None."
+    )
 
 
 class PackedNEFTune(TrainerCallback):

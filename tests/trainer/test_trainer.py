@@ -415,6 +415,19 @@ def test_neftune_noises_each_example_of_a_packed_row_as_if_alone(tmp_path):
     assert len(trainer.model.get_input_embeddings()._forward_hooks) == 1  # NEFTune's hook went with training
 
 
+def test_the_stock_trainers_neftune_is_refused_by_the_check(tmp_path):
+    # Before: accepted; each example of a packed row got 1/sqrt(n) of the noise it gets padded.
+    trainer = Trainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, max_steps=1, neftune_noise_alpha=5.0),
+        train_dataset=dataset(),
+        data_collator=FlatteningCollator(),
+        callbacks=[PackingCheckCallback()],
+    )
+    with pytest.raises(ValueError, match=r"NEFTune \(neftune_noise_alpha=5.0\) scales its noise by .* PackingTrainer"):
+        trainer.train()
+
+
 def test_overflow_drop_is_accepted_and_counted(tmp_path, caplog):
     # Before: the too-long error suggested overflow='drop', which PackingTrainer refused (TypeError).
     trainer = PackingTrainer(
