@@ -8,14 +8,19 @@
         multimodal module      -> its rotary positions per example                    (_multimodal.py)
       PackingRuntime.close (hook): the scope ends
 
-What is installed, and nothing else: each stateful layer's ``forward`` becomes a ``StatefulForward``
-and each causal attention layer's a ``PackedMaskForward`` (objects that hold their layer and the
-model's runtime), the runtime's two hooks on the model and its base model, and the multimodal
-module's pre-hook; the runtime itself is kept on the prepared module. Each is installed where it is
-missing, so calling it again, or on the model after its base model, changes nothing, and a layer
-that PEFT wrapped or copied is prepared like the others. ``packing_layers(model)`` reports what is
-installed. A deep copy of the prepared model runs its own weights in its own scopes (``_scope.py``).
-Cost: one walk over the modules; each stateful layer then runs as its path says.
+What is installed, and nothing else (each piece an object a deep copy or a pickle carries along):
+
+    model._packing_runtime      PackingRuntime: the calls' scopes                          (_scope.py)
+    model, base model hooks     runtime.open (pre-hook), runtime.close (hook, always called)
+    stateful layer .forward     StatefulForward(layer): its path in a packed call, else its own forward
+    attention layer .forward    PackedMaskForward(layer): the mask cut by example (sdpa, eager)
+    multimodal module pre-hook  MultimodalPositions: rotary positions per example          (_multimodal.py)
+    checkpointed layers         CarryScope on their checkpoint function, set by runtime.open in training
+
+Each is installed where it is missing, so calling it again, or on the model after its base model,
+changes nothing, and a layer that PEFT wrapped or copied is prepared like the others;
+``packing_layers(model)`` reports what is installed. Cost: one walk over the modules; each stateful
+layer then runs as its path says.
 """
 
 from __future__ import annotations
