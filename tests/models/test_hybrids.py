@@ -138,6 +138,7 @@ def test_a_layer_called_with_another_batch_is_refused():
         model(**_packed_inputs(examples))
     handle.remove()
     with torch.no_grad():
+        assert torch.equal(layer(other), type(layer).forward(layer, other))  # the call that raised closed its scope
         model(**_packed_inputs(examples))
         assert torch.equal(layer(other), type(layer).forward(layer, other))
 
