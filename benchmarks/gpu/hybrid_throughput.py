@@ -237,11 +237,11 @@ def main() -> None:
 
 def per_example_model(args, model, device, dtype):
     """A second model whose Gated DeltaNet layers are forced onto the per-example path (None: they already are)."""
-    from packing_collators.models._enable import prepare_model
+    from packing_collators.models._enable import enable_packing_with
 
     if not any("varlen kernels on" in path for path in packing_layers(model).paths.values()):
         return None
-    other = prepare_model(build(args, device, dtype), lambda: (None, "forced: the per-example path's cost"))
+    other = enable_packing_with(build(args, device, dtype), lambda: (None, "forced: the per-example path's cost"))
     other.load_state_dict(model.state_dict())
     return other
 

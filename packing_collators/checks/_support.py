@@ -40,7 +40,8 @@ def check_packing_support(
 ) -> str:
     """Raise a ValueError saying what to change if ``model`` (and ``batch``) cannot train packed safely.
 
-    Static checks first (fast, with the clearest messages): the model's forward takes
+    Static checks first (fast, with the clearest messages): no PEFT prompt or prefix tuning (its virtual
+    tokens come once per packed row), the model's forward takes
     ``position_ids`` and ``**kwargs``, a model with stateful layers (hybrids) or multimodal
     rope was prepared by :func:`enable_packing`, ``use_cache`` is off, the kernel limits of
     ``packing_varlen``; and, when a collated ``batch`` is given, every row of it: no
@@ -65,6 +66,9 @@ def check_packing_support(
     >>> check_packing_support(model)
     'sdpa'
     """
+    from ..models import refuse_prompt_learning  # torch, on first use
+
+    refuse_prompt_learning(model)  # PEFT prompt / prefix tuning: virtual tokens once per row, not per example
     implementation, config = check_model(model)
     if batch is not None:
         check_batch(batch, implementation, config)

@@ -2,11 +2,13 @@
 
 _row_segments.py    RowSegments: where each example of a batch sits; the row as padded batches and back
 _mixers.py          find_stateful_layers: the layers that carry state along the sequence, by structure
-_per_example.py     run_per_example: the exact path for any such layer (no kernel package needed)
+_scope.py           the forward's scope: one call's examples, opened and closed by the model's hooks
+_per_example.py     run_per_example: the exact path for any such layer, its arguments read by name
 _gated_deltanet.py  Gated DeltaNet on flash-linear-attention's varlen kernels (cu_seqlens)
 _packed_mask.py     causal attention masks intersected with the examples (a model that builds them without)
 _multimodal.py      multimodal rotary positions per example (the model's own get_rope_index)
-_enable.py          enable_packing(model): reads the boundaries once per forward, gives each layer its path
+_wrappers.py        PEFT prompt and prefix tuning: refused (a prompt per row, not per example)
+_enable.py          enable_packing(model): installs each layer's path and the hooks, where missing
 
 Imports nothing of the package's other folders (the top-level helpers only); ``checks/`` and
 ``trainer/`` build on it.
@@ -16,6 +18,7 @@ from ._enable import PackingLayers, enable_packing, packing_layers
 from ._mixers import find_stateful_layers
 from ._multimodal import multimodal_model
 from ._row_segments import RowSegments, row_segments
+from ._wrappers import refuse_prompt_learning
 
 __all__ = [
     "PackingLayers",
@@ -24,5 +27,6 @@ __all__ = [
     "find_stateful_layers",
     "multimodal_model",
     "packing_layers",
+    "refuse_prompt_learning",
     "row_segments",
 ]

@@ -12,7 +12,10 @@ without them) lets each example see the ones before it under sdpa/eager. In a mo
 examples: a tensor mask is masked where two tokens belong to different examples, and no mask
 (sdpa's plain causal case) becomes the causal mask of each example. A mask that is already packed
 is unchanged by it; kernels that read ``cu_seq_lens`` (flash, ``packing_varlen``) and flex's block
-masks are left as they are. Cost: one (B, T, T) comparison per forward, shared by the layers.
+masks are left as they are. The layer's forward is a ``PackedMaskForward`` that holds the layer and
+reads the examples from the call's scope (``_scope.py``); the packed masks live in that scope, so
+the layers given the same mask share one, and they go when the call (and its recomputes) ends.
+Cost: one (B, T, T) comparison per forward, shared by the layers.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import inspect
 import torch
 
 from .._compat import attn_implementation
+from ._scope import ForwardScope, LayerForward, PackingRuntime
 
-__all__ = ["is_causal_attention", "packed_mask", "packed_mask_forward"]
+__all__ = ["PackedMaskForward", "is_causal_attention", "packed_mask"]
 
 
 def is_causal_attention(module) -> bool:
@@ -33,25 +37,21 @@ def is_causal_attention(module) -> bool:
     return "attention_mask" in inspect.signature(module.forward).parameters
 
 
-def _same_example(state) -> torch.Tensor:
-    """bool (B, 1, T, T): query and key tokens of the same example, causal."""
-    if "same" not in state.masks:
-        ids = state.segments.seq_idx()
-        same = ids[:, :, None] == ids[:, None, :]
-        state.masks["same"] = torch.tril(same)[:, None]
-    return state.masks["same"]
+def _same_example(scope: ForwardScope) -> torch.Tensor:
+    """bool (B, 1, T, T): query and key tokens of the same example, causal (made once per call)."""
+    if scope.same_example is None:
+        ids = scope.segments.seq_idx()
+        scope.same_example = torch.tril(ids[:, :, None] == ids[:, None, :])[:, None]
+    return scope.same_example
 
 
-def packed_mask(state, mask, implementation: str, dtype: torch.dtype):
-    """``mask`` (the model's, or None) restricted to the examples of ``state.segments``."""
-    segments = state.segments
-    if state.masks.get("segments") is not segments:
-        state.masks.clear()  # one batch at a time: the previous batch's masks go
-        state.masks["segments"] = segments
-    key = (id(mask), implementation, dtype)
-    if key in state.masks:
-        return state.masks[key][1]
-    same = _same_example(state)
+def packed_mask(scope: ForwardScope, mask, implementation: str, dtype: torch.dtype):
+    """``mask`` (the model's, or None) restricted to the examples of ``scope.segments``; made once per call
+    and mask (the scope keeps the model's mask with it, so the layers that get the same one share it)."""
+    for original, made_for, made_dtype, packed in scope.masks:
+        if original is mask and made_for == implementation and made_dtype == dtype:
+            return packed
+    same = _same_example(scope)
     if mask is None:
         packed = same if implementation == "sdpa" else torch.zeros(same.shape, dtype=dtype, device=same.device)
         if implementation != "sdpa":
@@ -62,23 +62,26 @@ def packed_mask(state, mask, implementation: str, dtype: torch.dtype):
         packed = mask & same
     else:
         packed = mask.masked_fill(~same, torch.finfo(mask.dtype).min)
-    state.masks[key] = (mask, packed)  # the model's mask is kept alive with its key
+    scope.masks.append((mask, implementation, dtype, packed))
     return packed
 
 
-def packed_mask_forward(module, original, state, config):
-    """``module``'s forward with its ``attention_mask`` restricted to the packed batch's examples (sdpa/eager)."""
-    signature = inspect.signature(original)
+class PackedMaskForward(LayerForward):
+    """A causal attention layer's forward with its ``attention_mask`` restricted to the examples of the call's
+    scope (sdpa/eager); under other implementations, or with nothing packed, the layer's own."""
 
-    def forward(*args, **kwargs):
-        implementation = attn_implementation(config)
-        if state.segments is None or implementation not in ("sdpa", "eager"):
-            return original(*args, **kwargs)
-        call = signature.bind(*args, **kwargs)  # the mask may come by position or by name
+    def __init__(self, layer, runtime: PackingRuntime, config) -> None:
+        super().__init__(layer, runtime)
+        self.config = config  # the layer's, else the model's text config: its attention implementation
+        self.signature = inspect.signature(self.original_forward())
+
+    def __call__(self, *args, **kwargs):
+        scope = self.runtime.scope
+        implementation = attn_implementation(self.config)
+        if scope is None or scope.segments is None or implementation not in ("sdpa", "eager"):
+            return self.call_original(*args, **kwargs)
+        call = self.signature.bind(*args, **kwargs)  # the mask by position or name
         hidden = args[0] if args else kwargs.get("hidden_states")
         mask = call.arguments.get("attention_mask")
-        call.arguments["attention_mask"] = packed_mask(state, mask, implementation, hidden.dtype)
-        return original(*call.args, **call.kwargs)
-
-    forward.__packing_original__ = original
-    return forward
+        call.arguments["attention_mask"] = packed_mask(scope, mask, implementation, hidden.dtype)
+        return self.call_original(*call.args, **call.kwargs)

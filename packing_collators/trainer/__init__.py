@@ -1,7 +1,10 @@
 """Trainer integration: PackingTrainer, its callbacks and dataloaders, the token budget, compile support.
 
 _packing_trainer.py   PackingTrainer (loads transformers on first use)
-_prepare_model.py     enable_packing on the model; sequence parallelism refused where state crosses ranks
+_prepare_model.py     enable_packing on the model (and on one model_init builds); sequence parallelism refused
+                      where state crosses ranks
+_predictions.py       predict() / compute_metrics: one row per example, a collator's padding segment none
+_neftune.py           NEFTune's noise per example; the stock Trainer's (per row) refused
 _dataloader.py        PackingTrainer's dataloaders: lengths -> sampler -> collator -> DataLoader
 _check_callback.py    PackingCheckCallback and the FA4 warm-up, added when training begins
 _trainer_budget.py    max_tokens_per_batch="auto" and memory_check, agreed over ranks

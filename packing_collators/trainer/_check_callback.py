@@ -1,6 +1,7 @@
 """The callbacks PackingTrainer adds when training begins: the packing checks and FA4's warm-up.
 
-    on_train_begin   PackingCheckCallback   first 4 examples -> collator -> check_packing_support + probe
+    on_train_begin   PackingCheckCallback   first 4 examples (those that fit a bucket, under compile)
+                                            -> collator -> check_packing_support + probe
                      _AttentionWarmUp       FlashAttention-4 kernels compiled up to the longest example
 
 Both read the train dataloader's own dataset and collator (no sampler is touched, so the
@@ -11,6 +12,8 @@ Cost: one collated batch of 4 examples and the probe's few forwards (``checks/_p
 from __future__ import annotations
 
 import logging
+
+import numpy as np
 
 from .._compat import attn_implementation
 from .._model_unwrap import probe_module, text_config, unwrap_model
@@ -24,6 +27,7 @@ from ..checks import (
     refuse_no_batches,
 )
 from ._launch import refuse_data_parallel
+from ._neftune import refuse_row_scaled_neftune
 
 try:
     from transformers import TrainerCallback
@@ -36,9 +40,26 @@ logger = logging.getLogger(__name__)
 
 
 def _probe_batch(dataset, collate_fn, count: int = 4):
-    """The first ``count`` examples and their collated batch, without touching any sampler's RNG."""
+    """The first ``count`` examples and their collated batch, without touching any sampler's RNG; under
+    buckets (a compiled run's collator) only the first ones that fit the largest bucket together, as a
+    training micro-batch does."""
     features = [dataset[i] for i in range(min(count, len(dataset)))]
+    largest = _largest_bucket(collate_fn)
+    if largest is not None:
+        lengths = np.cumsum([len(f["input_ids"]) if isinstance(f, dict) else 0 for f in features])
+        features = features[: max(1, int((lengths <= largest).sum()))]
     return features, collate_fn(features)
+
+
+def _largest_bucket(collate_fn) -> int | None:
+    """The largest row a collator pads to (``pad_to_buckets``), looking through the Trainer's column-removing
+    wrapper; None without buckets."""
+    for _ in range(3):
+        buckets = getattr(getattr(collate_fn, "options", None), "pad_to_buckets", None)
+        if buckets:
+            return max(buckets)
+        collate_fn = getattr(collate_fn, "data_collator", None)  # transformers' RemoveColumnsCollator
+    return None
 
 
 def training_autocast(args, model):
@@ -59,7 +80,8 @@ class PackingCheckCallback(TrainerCallback):
     sampler is touched, so the data order is unchanged) and raises, before the first
     step, what :func:`check_packing_support` reports: the static checks on the model and
     on every row of that batch, a pre-packed dataset whose packing the collator drops, an
-    empty dataset (or dataloader), a token id outside the model's input embedding,
+    empty dataset (or dataloader), a token id outside the model's input embedding, transformers' own
+    NEFTune (its noise scaled by the packed row's length; ``PackingTrainer`` scales it per example),
     and (``probe=True``, the default) the live equivalence probe, run with the same
     collator under the Trainer's mixed precision on every rank. ``last_report`` keeps
     what the probe measured. ``PackingTrainer`` adds this callback itself. One process on several
@@ -82,6 +104,7 @@ class PackingCheckCallback(TrainerCallback):
         refuse_data_parallel(args, "PackingCheckCallback")  # python train.py on several GPUs: DataParallel
         if model is None or train_dataloader is None:
             return
+        refuse_row_scaled_neftune(model)  # the stock Trainer's NEFTune: noise per packed row (PackingTrainer's is not)
         dataset, collate_fn = train_dataloader.dataset, train_dataloader.collate_fn
         check_training_data(unwrap_model(model), dataset)
         refuse_no_batches(train_dataloader)

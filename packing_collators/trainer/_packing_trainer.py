@@ -40,7 +40,9 @@ from ._deepspeed import check_deepspeed_setup
 from ._head_loss import HeadLoss, LossImplementation
 from ._launch import refuse_data_parallel
 from ._liger import check_liger_setup
-from ._prepare_model import prepare_model
+from ._neftune import PackedNEFTune
+from ._predictions import EXAMPLE_COUNT, examples_counted, per_example_predictions
+from ._prepare_model import prepare_trainer_model
 from ._sequence_loss import LossNormalization, check_sequence_setup, global_sequence_count, sequence_compute_loss
 from ._trainer_budget import TokenBudgets, memory_model
 
@@ -53,17 +55,6 @@ __all__ = ["PackingCheckCallback", "PackingTrainer"]
 
 EvalPacking = Literal["off", "multipack"]
 AUTO_BUDGET = "auto"  # max_tokens_per_batch measured on the model's GPU
-
-
-def _per_example(tensor, cu_seq_lens):
-    """(1, T, ...) -> (n, longest, ...): each example of a flat row in a row of its own, padded with -100."""
-    import torch
-
-    if tensor is None or not hasattr(tensor, "dim") or tensor.dim() < 2 or tensor.shape[0] != 1:
-        return tensor
-    cu = cu_seq_lens.tolist()
-    pieces = [tensor[0, start:end] for start, end in zip(cu[:-1], cu[1:]) if end > start]
-    return torch.nn.utils.rnn.pad_sequence(pieces, batch_first=True, padding_value=-100)
 
 
 @trainer_hooks  # the Trainer's private hooks (epoch start, kept columns, target count): see _compat.py
@@ -191,10 +182,13 @@ class PackingTrainer(Trainer):
         if not positional_collator(args) and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = FlatteningCollator()
         super().__init__(*args, **kwargs)
+        if self.neftune_noise_alpha is not None:  # NEFTune's noise per example, not per packed row (_neftune.py)
+            self.add_callback(PackedNEFTune(self.neftune_noise_alpha))
+            self.neftune_noise_alpha = None
         refuse_data_parallel(self.args, "PackingTrainer")  # python train.py on several GPUs: DataParallel
         check_deepspeed_setup(self)
         check_sequence_setup(self)
-        prepare_model(self)  # enable_packing: hybrids and VLMs keep the packed examples apart
+        prepare_trainer_model(self, self.model)  # enable_packing: hybrids and VLMs keep the packed examples apart
         self.attn_implementation = choose_attention(self.model, attn_implementation) if self.model is not None else None
         if self.sequence_parallel_size > 1:  # every rank checks before the mesh's first collective: no hang on refusal
             from ._sequence_parallel import setup_sequence_parallel
@@ -292,15 +286,24 @@ class PackingTrainer(Trainer):
         return built.loader
 
     def get_eval_dataloader(self, eval_dataset=None):
+        """The stock eval dataloader or (``eval_packing="multipack"``) token-budget batches; each batch counts its
+        examples, so predictions are one row per example (see ``_predictions.py``)."""
         if self.eval_packing == "off":
-            return super().get_eval_dataloader(eval_dataset)
+            with examples_counted(self):
+                return super().get_eval_dataloader(eval_dataset)
         if eval_dataset is None and self.eval_dataset is None:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
         if isinstance(eval_dataset, str):
             eval_dataset = self.eval_dataset[eval_dataset]
         elif eval_dataset is None:
             eval_dataset = self.eval_dataset
-        return multipack_dataloader(self, eval_dataset, "Evaluation", self.args.eval_batch_size, shuffle=False).loader
+        with examples_counted(self):
+            built = multipack_dataloader(self, eval_dataset, "Evaluation", self.args.eval_batch_size, shuffle=False)
+        return built.loader
+
+    def get_test_dataloader(self, test_dataset):
+        with examples_counted(self):
+            return super().get_test_dataloader(test_dataset)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The stock step's micro-batches; under ``loss_normalization="sequence"`` their example count."""
@@ -351,6 +354,7 @@ class PackingTrainer(Trainer):
         """The stock step, plus the token-weighted loss sums, and flat rows split back into examples."""
         import torch
 
+        examples = inputs.pop(EXAMPLE_COUNT, None)  # how many the batch holds (its padding segment is none)
         self._loss_only = prediction_loss_only
         try:
             loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
@@ -364,13 +368,9 @@ class PackingTrainer(Trainer):
                 count > 0, loss.detach().float() * count, 0.0
             )  # a shard may hold no target (mean: nan)
             self._eval_token_loss += torch.stack((summed, count.float()))
-        cu = inputs.get("cu_seq_lens_q")
-        if cu is not None and not prediction_loss_only:
-            if isinstance(logits, (tuple, list)):
-                logits = type(logits)(_per_example(x, cu) for x in logits)
-            else:
-                logits = _per_example(logits, cu)
-            labels = _per_example(labels, cu)
+        if inputs.get("cu_seq_lens_q") is not None and not prediction_loss_only:
+            main_input = getattr(self.model, "main_input_name", "input_ids")
+            logits, labels = per_example_predictions(inputs, logits, labels, examples, main_input)
         return loss, logits, labels
 
     def evaluation_loop(
@@ -395,6 +395,15 @@ class PackingTrainer(Trainer):
         if count and output.metrics is not None and f"{metric_key_prefix}_loss" in output.metrics:
             output.metrics[f"{metric_key_prefix}_loss"] = total / count
         return output
+
+    def call_model_init(self, trial=None):
+        """The stock ``model_init`` call; a model ``train()`` builds anew is prepared as the first one was
+        (``enable_packing``, and the attention implementation chosen at construction)."""
+        model = super().call_model_init(trial)
+        if getattr(self, "attn_implementation", None) is not None:  # set after __init__'s own call
+            prepare_trainer_model(self, model)
+            choose_attention(model, self.attn_implementation)
+        return model
 
     def predict(self, test_dataset, ignore_keys=None, metric_key_prefix="test"):
         """Per-example predictions in dataset order: sequential batches (never multipack), flat rows split."""

@@ -11,17 +11,17 @@ Cost: one walk over the model's modules, at construction.
 
 from __future__ import annotations
 
-__all__ = ["prepare_model"]
+__all__ = ["prepare_trainer_model"]
 
 
-def prepare_model(trainer) -> None:
-    """``enable_packing(trainer.model)``, and the refusal of sequence parallelism it cannot keep exact."""
+def prepare_trainer_model(trainer, model) -> None:
+    """``enable_packing(model)`` (the trainer's), and the refusal of sequence parallelism it cannot keep exact."""
     from ..models import enable_packing, packing_layers
 
-    if trainer.model is None:
+    if model is None:
         return
-    enable_packing(trainer.model)
-    layers = packing_layers(trainer.model)
+    enable_packing(model)
+    layers = packing_layers(model)
     if trainer.sequence_parallel_size > 1 and (layers.stateful or layers.multimodal):
         what = ", ".join(layers.stateful) or f"{layers.multimodal}'s images"
         raise ValueError(

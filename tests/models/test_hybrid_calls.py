@@ -24,9 +24,9 @@ def _two_forwards_then_backward(model_type: str, checkpointing: dict | None, var
     if varlen:  # the Gated DeltaNet varlen path, on reference kernels (the GPU's path, on the CPU)
         from _gdn_reference import REFERENCE
 
-        from packing_collators.models._enable import prepare_model
+        from packing_collators.models._enable import enable_packing_with
 
-        model = prepare_model(tiny_hybrid(model_type).train(), lambda: (REFERENCE, ""))
+        model = enable_packing_with(tiny_hybrid(model_type).train(), lambda: (REFERENCE, ""))
     else:
         model = enable_packing(tiny_hybrid(model_type).train())
     if checkpointing is not None:
@@ -86,3 +86,16 @@ def test_a_position_ids_buffer_refilled_in_place_is_read_again():
         refilled = model(**buffers).logits[0]
         alone = alone_logits(model, examples_for(model, (5, 12, 7), seed=1))
     assert float((refilled - alone).abs().max()) < 1e-4
+
+
+def test_the_base_model_called_without_the_boundaries_keeps_the_calls():
+    """MambaForCausalLM hands its backbone no position_ids or cu_seq_lens: the backbone's own hook must not
+    reset the boundaries its model's call opened (before, it did: the packed loss was 0.0063 off padding)."""
+    from _hybrids import sweep
+
+    model = sweep.build_tiny("mamba", "MambaForCausalLM")
+    examples = examples_for(model)
+    with torch.no_grad():
+        alone = alone_logits(model, examples)
+        packed = enable_packing(model)(**FlatteningCollator()(examples)).logits[0]
+    assert float((packed - alone).abs().max()) < 1e-5

@@ -119,19 +119,28 @@ def test_enable_packing_is_idempotent_and_returns_the_model():
     model = tiny_hybrid("qwen3_5_text" if "qwen3_5_text" in HYBRIDS else sorted(HYBRIDS)[0])
     assert enable_packing(model) is model
     forwards = [layer.forward for _, layer in find_stateful_layers(model)]
+    hooks = {name: len(m._forward_pre_hooks) + len(m._forward_hooks) for name, m in model.named_modules()}
     enable_packing(model)
     assert [layer.forward for _, layer in find_stateful_layers(model)] == forwards
-    assert all(not hasattr(f.__packing_original__, "__packing_original__") for f in forwards)
+    assert all(f.original is None for f in forwards)  # each wraps the layer's own forward, not another wrapper
+    assert {name: len(m._forward_pre_hooks) + len(m._forward_hooks) for name, m in model.named_modules()} == hooks
 
 
 def test_a_layer_called_with_another_batch_is_refused():
+    """Inside a call of the model a layer's examples are that call's: hidden states of another shape are refused.
+    Outside any call the scope is closed, and the layer is its own forward (one sequence per row)."""
     model = enable_packing(tiny_hybrid("nemotron_h" if "nemotron_h" in HYBRIDS else sorted(HYBRIDS)[0]))
     examples = examples_for(model)
-    with torch.no_grad():
+    name, layer = find_stateful_layers(model)[0]
+    other = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(0))
+    handle = model.lm_head.register_forward_pre_hook(lambda module, args: layer(other))
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"called with hidden states \(1, 5, 32\) inside a call"):
         model(**_packed_inputs(examples))
-        name, layer = find_stateful_layers(model)[0]
-        with pytest.raises(RuntimeError, match=r"called with hidden states \(1, 5, 32\) while the model's last batch"):
-            layer(torch.zeros(1, 5, 32))
+    handle.remove()
+    with torch.no_grad():
+        assert torch.equal(layer(other), type(layer).forward(layer, other))  # the call that raised closed its scope
+        model(**_packed_inputs(examples))
+        assert torch.equal(layer(other), type(layer).forward(layer, other))
 
 
 def test_an_unpacked_batch_runs_the_layers_unchanged():
@@ -140,7 +149,6 @@ def test_an_unpacked_batch_runs_the_layers_unchanged():
     with torch.no_grad():
         before = model(input_ids=ids).logits
         after = enable_packing(model)(input_ids=ids).logits
-    assert packing_layers(model).segments is None
     assert torch.equal(before, after)
 
 
@@ -161,10 +169,10 @@ def test_the_varlen_gated_deltanet_path_computes_the_layer(model_type):
     against the layer's own forward per example: outputs and gradients."""
     from _gdn_reference import REFERENCE
 
-    from packing_collators.models._enable import prepare_model
+    from packing_collators.models._enable import enable_packing_with
 
     reference = enable_packing(tiny_hybrid(model_type).train())
-    model = prepare_model(tiny_hybrid(model_type).train(), lambda: (REFERENCE, ""))
+    model = enable_packing_with(tiny_hybrid(model_type).train(), lambda: (REFERENCE, ""))
     assert "reference varlen kernels on cpu" in packing_layers(model).summary()
     examples = examples_for(model)
     losses = []

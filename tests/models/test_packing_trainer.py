@@ -116,3 +116,21 @@ def test_a_layer_kind_enable_packing_does_not_know_is_refused_by_name():
     enable_packing(model)
     with pytest.raises(ValueError, match=r"_Smear\).*a layer kind it does not know"):
         check_packing_support(model)
+
+
+@pytest.mark.skipif("qwen3_5_text" not in HYBRIDS, reason="this transformers has no Qwen3.5")
+def test_a_hybrid_built_by_model_init_is_prepared_and_trains_exactly(tmp_path):
+    # Before: train() built the model anew, unprepared, and the check refused it ("PackingTrainer calls enable_packing").
+    reference = tiny_hybrid("qwen3_5_text")
+    examples = [{**e, "labels": e["input_ids"]} for e in examples_for(reference, (7, 12, 5, 9, 6, 11))]
+    collator = _Recording()
+    args = training_args(tmp_path, max_steps=1, gradient_accumulation_steps=1, learning_rate=0.0, optim="sgd")
+    trainer = PackingTrainer(
+        model_init=lambda: tiny_hybrid("qwen3_5_text").train(), args=args, data_collator=collator,
+        train_dataset=datasets.Dataset.from_list(examples), max_tokens_per_batch=10_000,
+    )  # fmt: skip
+    first = trainer.model
+    trainer.train()
+    assert trainer.model is not first and packing_layers(trainer.model) is not None
+    logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry][0]
+    assert logged == pytest.approx(_token_loss_alone(reference, collator.batches[-1]), rel=1e-4)

@@ -310,3 +310,23 @@ def test_an_eager_trainer_keeps_its_collator_and_compiles_nothing(tmp_path, fa4_
     assert trainer.compile_report is None
     for batch in trainer.get_train_dataloader():  # no bucket padding (token id 0; the examples' ids are >= 1)
         assert batch["input_ids"].ne(0).all()
+
+
+@pytest.mark.slow  # seconds; and transformers 5.15 under torch 2.6's Dynamo fails to trace Llama (NameError: torch)
+def test_the_check_collates_only_first_examples_that_fit_a_bucket(tmp_path):
+    # Before: the check callback collated the first four examples with the bucketed collator and refused the run
+    # ("A batch of 180 tokens is longer than the largest bucket (72)"), though every micro-batch fits.
+    from _tiny_models import training_args
+
+    from packing_collators import PackingTrainer
+
+    trainer = PackingTrainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, max_steps=2, gradient_accumulation_steps=1, torch_compile=True,
+                           torch_compile_backend="eager"),
+        train_dataset=random_examples([45, 45, 45, 45, 10, 20, 30, 12]),
+        max_tokens_per_batch=72,
+    )  # fmt: skip
+    trainer.train()
+    assert trainer.compile_report.buckets == (72,)
+    assert len([h for h in trainer.state.log_history if "loss" in h]) == 2

@@ -358,6 +358,76 @@ def test_predict_returns_one_row_per_example_in_dataset_order(tmp_path):
     assert trainer.eval_packing == "multipack"  # restored after predict()
 
 
+def test_predict_gives_one_row_per_example_when_the_collator_pads(tmp_path):
+    # Before: with pad_to_multiple_of=8 a padding segment became a row (7 examples gave 8 rows, the last ones
+    # shifted), and compute_metrics got the inputs as one flat row per batch, (2, 40), beside predictions (8, 15, V).
+    lengths = LENGTHS[:7]
+    rows = dataset(lengths)
+    seen = {}
+
+    def compute_metrics(prediction):
+        seen["inputs"], seen["predictions"] = prediction.inputs, prediction.predictions
+        return {}
+
+    trainer = PackingTrainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, per_device_eval_batch_size=4, include_for_metrics=["inputs"]),
+        data_collator=FlatteningCollator(pad_to_multiple_of=8),
+        compute_metrics=compute_metrics,
+    )
+    output = trainer.predict(rows)
+    longest = max(lengths)
+    assert output.predictions.shape[:2] == output.label_ids.shape == seen["inputs"].shape == (7, longest)
+    for i, n in enumerate(lengths):
+        assert seen["inputs"][i].tolist() == rows[i]["input_ids"] + [-100] * (longest - n)
+    model = trainer.model.eval()
+    with torch.no_grad():
+        alone = model(input_ids=torch.tensor([rows[6]["input_ids"]])).logits[0]
+    np.testing.assert_allclose(output.predictions[6, : lengths[6]], alone.numpy(), atol=1e-4)
+
+
+def test_neftune_noises_each_example_of_a_packed_row_as_if_alone(tmp_path):
+    # Before: transformers scaled the noise by the packed row's length: four examples of 100 tokens each got
+    # alpha / sqrt(400 d) = 0.044, half the 0.088 each gets alone (alpha 5, d 32).
+    from packing_collators.trainer._neftune import PackedNEFTune
+
+    lengths, alpha = [100, 100, 100, 100], 5.0
+    noise = []
+
+    class Capture(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            embeddings = model.get_input_embeddings()
+            embeddings.register_forward_hook(lambda m, a, out: noise.append((out - m.weight[a[0]]).detach()))
+
+    trainer = PackingTrainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, max_steps=1, gradient_accumulation_steps=1, neftune_noise_alpha=alpha),
+        train_dataset=dataset(lengths), max_tokens_per_batch=400,
+    )  # fmt: skip
+    trainer.add_callback(Capture())  # after NEFTune's: its hook sees the noise
+    assert any(isinstance(callback, PackedNEFTune) for callback in trainer.callback_handler.callbacks)
+    trainer.train()
+    hidden = trainer.model.config.hidden_size
+    row = [n for n in noise if n.shape[1] == sum(lengths)][-1][0]  # the training step's (the probe's has none)
+    for example in row.split(lengths):
+        bound = alpha / (100 * hidden) ** 0.5
+        assert 0.95 * bound < float(example.abs().max()) <= bound
+    assert len(trainer.model.get_input_embeddings()._forward_hooks) == 1  # NEFTune's hook went with training
+
+
+def test_the_stock_trainers_neftune_is_refused_by_the_check(tmp_path):
+    # Before: accepted; each example of a packed row got 1/sqrt(n) of the noise it gets padded.
+    trainer = Trainer(
+        model=tiny_model("llama"),
+        args=training_args(tmp_path, max_steps=1, neftune_noise_alpha=5.0),
+        train_dataset=dataset(),
+        data_collator=FlatteningCollator(),
+        callbacks=[PackingCheckCallback()],
+    )
+    with pytest.raises(ValueError, match=r"NEFTune \(neftune_noise_alpha=5.0\) scales its noise by .* PackingTrainer"):
+        trainer.train()
+
+
 def test_overflow_drop_is_accepted_and_counted(tmp_path, caplog):
     # Before: the too-long error suggested overflow='drop', which PackingTrainer refused (TypeError).
     trainer = PackingTrainer(
