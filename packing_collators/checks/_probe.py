@@ -409,6 +409,16 @@ def refuse_failed_probe(report: ProbeReport, kind: str) -> None:
             f"rounding (tolerance {report.experts_tolerance:.3g}), so each example's outputs depend on the others "
             "in its row. Train this model padded."
         )
+    elif report.leak and report.leak <= report.tolerance:
+        where = f" (the first layer whose output moved: {report.culprit})" if report.culprit else ""
+        text += (
+            f"Changing one example's tokens moved the other examples' logits by {report.leak:.3g}{where}, within "
+            f"rounding (tolerance {report.tolerance:.3g}): a layer whose arithmetic depends on which tokens share "
+            "the batch (routed experts, or mixture-of-attention heads as in JetMoE, that the probe cannot run one "
+            "token at a time) moves them this much without any example seeing another, and so would a faint leak; "
+            "the probe cannot tell the two apart. Check the packed loss against padding, and pass probe=False "
+            "if it matches."
+        )
     elif report.leak:
         where = f"; the first layer whose output moved: {report.culprit}" if report.culprit else ""
         text += (
