@@ -126,7 +126,8 @@ def _tokenwise(forward: Callable, name: str, rounding: ExpertsRounding) -> Calla
         rounding.add(name, batched, tokenwise)
         return tokenwise
 
-    return run
+    # a compiled model's probe runs this eagerly (a graph break) instead of tracing a loop over the tokens
+    return torch.compiler.disable(run)
 
 
 @contextlib.contextmanager

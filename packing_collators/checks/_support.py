@@ -28,7 +28,8 @@ from .._model_unwrap import probe_module
 from ..attention import attention_kind
 from ._batch_checks import check_batch
 from ._model_checks import check_model
-from ._probe import probe_packing, refuse_failed_probe
+from ._probe import probe_packing
+from ._probe_refusal import refuse_failed_probe
 
 __all__ = ["check_packing_support"]
 
