@@ -88,7 +88,9 @@ def hub_examples(name: str, count: int, rng) -> tuple[object, list[dict]]:
     options = hub_options(name)  # a hub name out of reach (offline, no network): said now, not after retries
     processor = AutoProcessor.from_pretrained(name, **options)
     model = AutoModelForImageTextToText.from_pretrained(name, dtype=torch.bfloat16, **options)
-    model.config.use_cache = False
+    # the language model reads its text config's use_cache (True in the checkpoint), not model.config's;
+    # FlatteningCollator's batches say use_cache=False anyway, so this matters only to another collator
+    model.config.get_text_config().use_cache = False
     out = []
     for i in range(count):
         content = [{"type": "text", "text": "Describe the picture." if i % 2 == 0 else "Say something."}]

@@ -278,17 +278,19 @@ def _shrunk(config, overrides: dict, special: dict):
     return type(config)(**{**kwargs, **moved}) if moved else shrunk
 
 
-def tiny_config(model_type: str):
-    """The config of ``model_type``, shrunk by ``GENERIC`` and ``SPECIAL[model_type]``."""
+def tiny_config(model_type: str, *, overrides: dict | None = None, defaults: tuple[str, ...] = ()):
+    """The config of ``model_type``, shrunk by ``GENERIC``, ``SPECIAL[model_type]`` and ``overrides``;
+    the keys named in ``defaults`` (e.g. ``"use_cache"``) keep the value the config class gives them."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    special = SPECIAL.get(model_type, {})
+    special = {**SPECIAL.get(model_type, {}), **(overrides or {})}
     try:
         default = CONFIG_MAPPING[model_type]()
     except Exception:  # noqa: BLE001 - a default that does not validate (gemma4_assistant): SPECIAL's sub-configs
         cls = CONFIG_MAPPING[model_type]
         default = cls(**{name: dict(special) for name in getattr(cls, "sub_configs", {}) or {}})
-    return _shrunk(default, {**GENERIC, **special}, special)
+    sizes = {k: v for k, v in {**GENERIC, **special}.items() if k not in defaults}
+    return _shrunk(default, sizes, special)
 
 
 def _config_for(cls, config):
@@ -302,13 +304,16 @@ def _config_for(cls, config):
     return config
 
 
-def build_tiny(model_type: str, class_name: str, *, seed: int = 0):
-    """A tiny float32 CPU model of ``class_name`` (random weights, seeded), in eval mode."""
+def build_tiny(
+    model_type: str, class_name: str, *, seed: int = 0, overrides: dict | None = None, defaults: tuple[str, ...] = ()
+):
+    """A tiny float32 CPU model of ``class_name`` (random weights, seeded), in eval mode; ``overrides`` and
+    ``defaults`` as in ``tiny_config``."""
     import torch
     import transformers
 
     cls = getattr(transformers, class_name)
-    config = _config_for(cls, tiny_config(model_type))
+    config = _config_for(cls, tiny_config(model_type, overrides=overrides, defaults=defaults))
     with torch.device("meta"):
         parameters = sum(p.numel() for p in cls(config).parameters())
     if parameters > MAX_PARAMETERS:

@@ -34,9 +34,10 @@ def _available() -> dict[str, str]:
 HYBRIDS = _available()
 
 
-def tiny_hybrid(model_type: str, *, attn: str = "sdpa", seed: int = 0):
-    """A tiny float32 ``model_type`` in eval mode, ``use_cache=False``, with ``attn``."""
-    model = sweep.build_tiny(model_type, HYBRIDS[model_type], seed=seed)
+def tiny_hybrid(model_type: str, *, attn: str = "sdpa", seed: int = 0, defaults: tuple[str, ...] = ()):
+    """A tiny float32 ``model_type`` in eval mode, ``use_cache=False`` (unless ``defaults`` names it: the
+    config's default, as a checkpoint has it), with ``attn``."""
+    model = sweep.build_tiny(model_type, HYBRIDS[model_type], seed=seed, defaults=defaults)
     model.set_attn_implementation(attn)
     return model
 

@@ -1,8 +1,16 @@
 """Start a worker script as 2 gloo ranks on CPU (plain processes, torch.distributed's env vars) and wait.
 
 The worker is Python source with a ``{tests!r}`` placeholder for this folder (so it can import
-``_tiny_models``); it gets the output folder as ``sys.argv[1]``. A rank that hangs fails the test
-with ``hang`` (unequal collectives hang, they do not raise); a rank that fails shows its output.
+``_tiny_models``); it gets the output folder as ``sys.argv[1]`` and imports the package of this
+checkout (its root leads ``PYTHONPATH``, whatever copy is installed). A rank that hangs fails the
+test with ``hang`` (unequal collectives hang, they do not raise); a rank that fails shows its output,
+and the other is stopped then, not left waiting for it in a collective.
+
+The port: ``free_port`` finds one free, but rank 0 binds it only once it has imported torch and the
+rest (seconds, more on a loaded machine), and in between any process may take it, e.g. as the source
+port of an outgoing connection. Rank 0 then fails with EADDRINUSE and rank 1 waits for it until the
+timeout: the test failed as "a rank hung" now and then under load. A launch whose rank says the
+address is in use is started again on another port (3 tries).
 """
 
 from __future__ import annotations
@@ -11,11 +19,14 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+_PORT_TAKEN = ("EADDRINUSE", "address already in use")
 
 
 def free_port() -> int:
@@ -24,24 +35,46 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_two_ranks(worker: str, out: Path, *, hang: str = "a rank hung", timeout: float = 110) -> None:
-    """Run ``worker`` (source) as ranks 0 and 1 with ``out`` as its argument; both must exit 0."""
-    script = out / "worker.py"
-    script.write_text(worker.format(tests=str(TESTS)))
-    port, procs = free_port(), []
+def _launch(script: Path, out: Path, port: int) -> list[subprocess.Popen]:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    procs = []
     for rank in range(2):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
-               "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, str(script), str(out)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
-    outputs = []
-    for proc in procs:
-        try:
-            outputs.append(proc.communicate(timeout=timeout)[0])
-        except subprocess.TimeoutExpired:
+               "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}  # fmt: skip
+        with open(out / f"rank{rank}.log", "w") as log:  # a file, not a pipe: no rank blocks on a full pipe
+            procs.append(subprocess.Popen([sys.executable, str(script), str(out)], env=env, stdout=log,
+                                          stderr=subprocess.STDOUT))  # fmt: skip
+    return procs
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float) -> str:
+    """Wait for both ranks: ``"done"``, ``"failed"`` (once one fails the other is stopped: it would wait for
+    it in a collective) or ``"hung"`` (the timeout)."""
+    deadline = time.monotonic() + timeout
+    while None in [p.poll() for p in procs]:  # a list: every rank polled, each time
+        failed = any(p.returncode not in (None, 0) for p in procs)
+        if failed or time.monotonic() > deadline:
             for p in procs:
-                p.kill()
-            pytest.fail(hang)
-    for proc, output in zip(procs, outputs):
-        assert proc.returncode == 0, output[-3000:]
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            return "failed" if failed else "hung"
+        time.sleep(0.1)
+    return "failed" if any(p.returncode for p in procs) else "done"
+
+
+def run_two_ranks(worker: str, out: Path, *, hang: str = "a rank hung", timeout: float = 240) -> None:
+    """Run ``worker`` (source) as ranks 0 and 1 with ``out`` as its argument; both must exit 0."""
+    script = out / "worker.py"
+    script.write_text(worker.format(tests=str(TESTS)))
+    for _ in range(3):
+        procs = _launch(script, out, free_port())
+        state = _wait(procs, timeout)
+        outputs = [(out / f"rank{rank}.log").read_text() for rank in range(2)]
+        if not any(word.lower() in output.lower() for output in outputs for word in _PORT_TAKEN):
+            break
+    if state == "hung":
+        pytest.fail(f"{hang}; the ranks' last output:\n" + "\n".join(o[-1500:] for o in outputs))
+    failed = [o for p, o in zip(procs, outputs) if p.returncode not in (0, -9)] or outputs  # -9: stopped here
+    assert state == "done", failed[0][-3000:]

@@ -18,27 +18,48 @@ _VISION = dict(depth=2, num_heads=2, hidden_size=32, embed_dim=32, intermediate_
                deepstack_visual_indexes=[0], num_position_embeddings=64)  # fmt: skip
 
 
-def available() -> tuple[str, ...]:
+# hybrids whose checkpoints are vision-language models with a composite config (qwen3_5 is in VLMS)
+COMPOSITE_HYBRIDS = ("qwen3_5_moe", "qwen4_exp")
+# types whose checkpoints' config.json is flat: text keys, "use_cache": true among them, at the top
+FLAT_CHECKPOINTS = ("qwen2_vl", "qwen2_5_vl")
+
+
+def available(types: tuple[str, ...] = VLMS) -> tuple[str, ...]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-    return tuple(t for t in VLMS if t in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    return tuple(t for t in types if t in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
 
 
-def tiny_vlm(model_type: str, *, attn: str = "sdpa", seed: int = 0):
+def tiny_vlm(
+    model_type: str, *, attn: str = "sdpa", seed: int = 0, defaults: tuple[str, ...] = (), flat: bool = False
+):
+    """A tiny ``model_type`` in eval mode; ``defaults`` (e.g. ``("use_cache",)``) left as the config class has
+    them; ``flat``: its config rebuilt from the flat layout a checkpoint's config.json has (text keys at the top,
+    no ``text_config``: Qwen2-VL, Qwen2.5-VL), ``"use_cache": true`` among them."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-    config = sweep.tiny_config(model_type)
+    config = sweep.tiny_config(model_type, defaults=defaults)
     for name, value in _VISION.items():
         if hasattr(config.vision_config, name):
             setattr(config.vision_config, name, value)
     text = config.text_config
     half = (getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads) // 2
     text.rope_parameters["mrope_section"] = [half - 2 * (half // 4), half // 4, half // 4]
+    if flat:
+        layout = config.to_dict()
+        layout.update({k: v for k, v in layout.pop("text_config").items() if k not in ("model_type", "architectures")})
+        config = type(config).from_dict({**layout, "use_cache": True})
     torch.manual_seed(seed)
     model = getattr(transformers, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type])(config)
     model.set_attn_implementation(attn)
     return model.eval()
+
+
+def as_loaded(model_type: str, *, seed: int = 0):
+    """A tiny ``model_type`` configured as its checkpoint is: ``use_cache`` at its default (True), a flat
+    config where the checkpoint's is flat."""
+    return tiny_vlm(model_type, seed=seed, defaults=("use_cache",), flat=model_type in FLAT_CHECKPOINTS)
 
 
 def image_example(config, text_tokens: int, grids: list[tuple[int, int, int]], *, seed: int = 0) -> dict:

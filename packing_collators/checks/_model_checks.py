@@ -23,7 +23,12 @@ from ..attention import FLASH_IMPLEMENTATIONS, attention_kind, check_backend_lim
 __all__ = ["check_model"]
 
 
-def check_model(model) -> tuple[str, Any]:
+def check_model(model, *, cache_off: bool = False) -> tuple[str, Any]:
+    """The model's attention implementation and text config, or a ValueError naming what to change.
+
+    ``cache_off``: every call the model gets says ``use_cache=False`` (the collated batches do), so the
+    configs' ``use_cache`` cannot build a cache and is not checked.
+    """
     model = unwrap_model(model)
     config = text_config(model)
     params = inspect.signature(model.forward).parameters
@@ -40,12 +45,8 @@ def check_model(model) -> tuple[str, Any]:
             "Use a transformers model whose forward accepts **kwargs, or pad."
         )
     _check_prepared(model, config, name)
-    if getattr(config, "use_cache", False):
-        raise ValueError(
-            f"{name}: model.config.use_cache is True. During training that builds a KV cache, and with a cache "
-            "transformers stops detecting packed sequences (sdpa/eager/flex then let examples attend to each other). "
-            "Set model.config.use_cache = False before training (generation can turn it back on)."
-        )
+    if not cache_off:
+        _check_cache(model, config, name)
     implementation = attn_implementation(config)
     kind = attention_kind(implementation)
     if kind == "unknown":
@@ -88,3 +89,34 @@ def _check_prepared(model, config, name: str) -> None:
                 "this library can call per example, so a packed row's image positions cannot be made right. "
                 "Pad its batches."
             )
+
+
+def _cache_flags(model, config) -> list[str]:
+    """The ``use_cache`` flags that are on where the forward reads them, as a user writes them: the model's
+    config, and a composite config's text config, which its language model reads on its own (a flat
+    checkpoint config such as Qwen2.5-VL's puts ``use_cache: true`` there, and ``model.config.use_cache``
+    does not reach it)."""
+    top = model.config
+    flags = ["model.config.use_cache"] if getattr(top, "use_cache", False) else []
+    if config is not top and getattr(config, "use_cache", False):
+        names = [n for n in getattr(type(top), "sub_configs", {}) or {} if getattr(top, n, None) is config]
+        flags.append(f"model.config.{names[0]}.use_cache" if names else "model.config.get_text_config().use_cache")
+    return flags
+
+
+def _check_cache(model, config, name: str) -> None:
+    flags = _cache_flags(model, config)
+    if not flags:
+        return
+    reach = (
+        " (the language model reads its own config: model.config.use_cache does not reach it)"
+        if "model.config.use_cache" not in flags
+        else ""
+    )
+    raise ValueError(
+        f"{name}: {' and '.join(flags)} {'is' if len(flags) == 1 else 'are'} True{reach}. During training that "
+        "builds a KV cache, and with a cache transformers stops detecting packed sequences (sdpa/eager/flex then let "
+        f"examples attend to each other). Set {' and '.join(f + ' = False' for f in flags)} before training "
+        "(generation can turn it back on), or give the model batches that say use_cache=False (FlatteningCollator "
+        "and PrePackedCollator put it in every batch: pass the batch, or the collator, to this check)."
+    )

@@ -31,6 +31,7 @@ equivalence probe").
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,10 +42,11 @@ import numpy as np
 from .._compat import attn_implementation
 from .._model_unwrap import text_config
 from ..attention import attention_kind
+from ._probe_experts import tokenwise_experts
 from ._probe_images import probe_image
 from ._probe_parts import PROBE_LENGTHS, model_inputs, output_logits, probe_dtype, synthetic_tokens, tolerance
 
-__all__ = ["ProbeReport", "probe_packing", "refuse_failed_probe"]
+__all__ = ["ProbeReport", "probe_packing"]
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,15 @@ class ProbeReport:
         tolerance: the largest ``max_difference`` accepted (the dtype's, scaled by the logits).
         leak: max |logit| change of the other examples when one example's tokens change (must be 0).
         culprit: the first module whose output moved in the leak run, when the leak test failed.
+        culprit_attention: whether that module is a causal attention layer (its attention function then
+            lets the examples see each other, prepared or not).
         seconds: wall time of the probe.
         prepared: whether ``enable_packing`` prepared the model (a leak then names a layer kind it does not know).
+        experts: the routed experts modules' classes (a mixture-of-experts model), run one token at a time
+            during the probe (``_probe_experts.py``: batch composition then cannot round the leak test).
+        experts_rounding: max |output| difference of those modules run batched vs one token at a time.
+        experts_tolerance: the largest ``experts_rounding`` accepted (the dtype's, scaled by their outputs).
+        experts_worst: the experts module of the largest ``experts_rounding``.
     """
 
     model: str
@@ -74,10 +83,20 @@ class ProbeReport:
     culprit: str | None
     seconds: float
     prepared: bool = False
+    culprit_attention: bool = False
+    experts: tuple[str, ...] = ()
+    experts_rounding: float = 0.0
+    experts_tolerance: float = 0.0
+    experts_worst: str | None = None
 
     @property
     def passed(self) -> bool:
-        return self.leak == 0.0 and self.max_difference <= self.tolerance
+        return self.leak == 0.0 and self.max_difference <= self.tolerance and not self.experts_mix_tokens
+
+    @property
+    def experts_mix_tokens(self) -> bool:
+        """Whether the routed experts computed a token differently beside others, beyond rounding."""
+        return self.experts_rounding > self.experts_tolerance
 
     def summary(self) -> str:
         """One line for a log.
@@ -86,11 +105,17 @@ class ProbeReport:
         'packing probe passed: LlamaForCausalLM (sdpa, float32, cpu), examples of 7, 5, 9 tokens: packed vs alone max |logit diff| 2e-06 (tolerance 0.0005), leak 0 (must be 0), 10.0 ms'
         """
         verdict = "passed" if self.passed else "FAILED"
+        experts = (
+            f"routed experts ({', '.join(self.experts)}) run per token: batched vs per token "
+            f"{self.experts_rounding:.3g} (tolerance {self.experts_tolerance:.3g}), "
+            if self.experts
+            else ""
+        )
         return (
             f"packing probe {verdict}: {self.model} ({self.implementation}, {self.dtype}, {self.device}), "
             f"examples of {', '.join(map(str, self.lengths))} tokens: packed vs alone max |logit diff| "
             f"{self.max_difference:.3g} (tolerance {self.tolerance:.3g}), leak {self.leak:.3g} (must be 0), "
-            f"{self.seconds * 1e3:.1f} ms"
+            f"{experts}{self.seconds * 1e3:.1f} ms"
         )
 
 
@@ -176,7 +201,8 @@ def _first_tensor(args: tuple, kwargs: dict):
 
 
 class _Recorder:
-    """Forward hooks that keep each module's first input and its output, in the order the modules finish."""
+    """Forward hooks that keep each module's first input and its output, in the order the modules finish,
+    and whether it is a causal attention layer."""
 
     def __init__(self, model) -> None:
         self.records: list[tuple[str, Any, Any]] = []
@@ -190,13 +216,24 @@ class _Recorder:
             if hasattr(output, "detach") and output.dim() >= 2:
                 given = _first_tensor(args, kwargs)
                 given = None if given is None else given.detach().float().cpu()
-                self.records.append((f"{name} ({type(module).__name__})", given, output.detach().float().cpu()))
+                label = f"{name} ({type(module).__name__})"
+                self.records.append((label, given, output.detach().float().cpu(), _is_attention(module)))
 
         return record
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+
+
+def _is_attention(module) -> bool:
+    """A causal attention layer of transformers: ``is_causal`` set and an ``attention_mask`` argument (read
+    from its class: ``enable_packing`` may wrap the instance's forward)."""
+    forward = getattr(type(module), "forward", None)
+    try:
+        return bool(getattr(module, "is_causal", False)) and "attention_mask" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _moved(a, b, rows: np.ndarray, shape: tuple[int, int]) -> bool | None:
@@ -207,8 +244,11 @@ def _moved(a, b, rows: np.ndarray, shape: tuple[int, int]) -> bool | None:
     return not np.array_equal(a.reshape(tokens, -1)[rows].numpy(), b.reshape(tokens, -1)[rows].numpy())
 
 
-def _first_moved(model, packed: dict, leaked: dict, rows: np.ndarray, shape: tuple[int, int]) -> str | None:
-    """The first module whose output moved at token ``rows`` between the two batches while its input did not."""
+def _first_moved(
+    model, packed: dict, leaked: dict, rows: np.ndarray, shape: tuple[int, int]
+) -> tuple[str | None, bool]:
+    """The first module whose output moved at token ``rows`` between the two batches while its input did not
+    (None if none), and whether it is a causal attention layer."""
     runs = []
     for inputs in (packed, leaked):
         recorder = _Recorder(model)
@@ -217,10 +257,10 @@ def _first_moved(model, packed: dict, leaked: dict, rows: np.ndarray, shape: tup
         finally:
             recorder.remove()
         runs.append(recorder.records)
-    for (name, in_a, out_a), (_, in_b, out_b) in zip(*runs):
+    for (name, in_a, out_a, attention), (_, in_b, out_b, _) in zip(*runs):
         if _moved(out_a, out_b, rows, shape) and not _moved(in_a, in_b, rows, shape):
-            return name
-    return None
+            return name, attention
+    return None, False
 
 
 def _first_parameter(model, lengths: Sequence[int]):
@@ -307,10 +347,15 @@ def probe_packing(
     packed_inputs, leaked_inputs = model_inputs(batch, parameter.device), model_inputs(leaked_batch, parameter.device)
     was_training = model.training
     model.eval()
+    eager = getattr(model, "_orig_mod", model)  # hooks on a compiled model's modules would recompile it
     try:
         # varlen kernels run with autograd on, as in training: FA4 then runs the variant training
         # compiles (it returns the softmax statistics backward needs) instead of compiling another
-        with torch.enable_grad() if varlen else torch.no_grad(), autocast or contextlib.nullcontext():
+        with (
+            torch.enable_grad() if varlen else torch.no_grad(),
+            autocast or contextlib.nullcontext(),
+            tokenwise_experts(eager) as experts,
+        ):
             real = sum(len(e) for e in examples)
             packed, leaked = _logits(model, packed_inputs, real), _logits(model, leaked_inputs, real)
             others = np.concatenate([np.arange(s.start, s.stop) for i, s in enumerate(slices) if i != middle])
@@ -320,8 +365,7 @@ def probe_packing(
             else:
                 alone = _logits(model, _alone_inputs(last, config, collator, parameter.device))
             shape = tuple(np.asarray(batch["input_ids"]).shape)
-            eager = getattr(model, "_orig_mod", model)  # hooks on a compiled model's modules would recompile it
-            culprit = _first_moved(eager, packed_inputs, leaked_inputs, others, shape) if leak else None
+            culprit = _first_moved(eager, packed_inputs, leaked_inputs, others, shape) if leak else (None, False)
     finally:
         model.train(was_training)
     difference = float(np.abs(packed[slices[-1]] - alone).max())
@@ -335,9 +379,11 @@ def probe_packing(
         max_difference=difference,
         tolerance=tolerance(dtype, alone),
         leak=leak,
-        culprit=culprit,
+        culprit=culprit[0],
+        culprit_attention=culprit[1],
         seconds=time.perf_counter() - started,
         prepared=_prepared(model),
+        **experts.report_fields(dtype),
     )
 
 
@@ -345,48 +391,3 @@ def _prepared(model) -> bool:
     from ..models import packing_layers
 
     return packing_layers(model) is not None
-
-
-def refuse_failed_probe(report: ProbeReport, kind: str) -> None:
-    """Raise a ValueError with what the probe measured and the fix, unless it passed.
-
-    ``kind`` is how the implementation keeps examples apart (``"cu_seq_lens"``,
-    ``"position_ids"`` or ``"unknown"``); it picks the fix.
-    """
-    if report.passed:
-        return
-    text = f"Packing would change this model's outputs, so it is refused ({report.summary()}). "
-    if report.leak:
-        where = f"; the first layer whose output moved: {report.culprit}" if report.culprit else ""
-        text += (
-            f"Changing one example's tokens moved the other examples' logits by {report.leak:.3g}: the examples "
-            f"attend to each other{where}. "
-        )
-        if report.prepared:
-            text += (
-                "enable_packing(model) prepared this model, and that layer still mixes the examples: it carries "
-                "state in a way enable_packing does not recognise (a layer kind it does not know). Train this "
-                "model padded."
-            )
-        elif kind == "cu_seq_lens":
-            text += (
-                f"{report.implementation!r} keeps examples apart only with cu_seq_lens_q/k in a one-row batch; "
-                "several rows without them (e.g. PrePackedCollator(mode='pad')) mix the examples of a row. "
-                "Collate with FlatteningCollator or PrePackedCollator(mode='flatten')."
-            )
-        else:
-            text += (
-                f"{report.model} does not build its {report.implementation!r} attention mask from the packed "
-                "position_ids (e.g. OPT, or BERT/RoBERTa-style models, which are bidirectional or ignore them). "
-                "Use an implementation that reads cu_seq_lens if the model supports one (attn_implementation="
-                "'flash_attention_2'/'flash_attention_4', or 'packing_varlen' after register_varlen_attention()), "
-                "or train this model padded."
-            )
-    else:
-        text += (
-            f"No example sees another, but each example's logits packed differ from the example run alone by "
-            f"{report.max_difference:.3g} (tolerance {report.tolerance:.3g}): the model numbers positions from "
-            "another start (RoBERTa-style models start at padding_idx + 1: FlatteningCollator(position_ids_start="
-            "...)) or reads an input the packed batch lacks."
-        )
-    raise ValueError(text + " Pass probe=False only after checking the packed loss against padding yourself.")

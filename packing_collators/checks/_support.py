@@ -28,7 +28,8 @@ from .._model_unwrap import probe_module
 from ..attention import attention_kind
 from ._batch_checks import check_batch
 from ._model_checks import check_model
-from ._probe import probe_packing, refuse_failed_probe
+from ._probe import probe_packing
+from ._probe_refusal import refuse_failed_probe
 
 __all__ = ["check_packing_support"]
 
@@ -43,8 +44,10 @@ def check_packing_support(
     Static checks first (fast, with the clearest messages): no PEFT prompt or prefix tuning (its virtual
     tokens come once per packed row), the model's forward takes
     ``position_ids`` and ``**kwargs``, a model with stateful layers (hybrids) or multimodal
-    rope was prepared by :func:`enable_packing`, ``use_cache`` is off, the kernel limits of
-    ``packing_varlen``; and, when a collated ``batch`` is given, every row of it: no
+    rope was prepared by :func:`enable_packing`, ``use_cache`` is off where the forward reads it
+    (the model's config, and a vision-language model's text config) unless ``batch`` says
+    ``use_cache=False`` (or, with no batch, ``collator`` puts that in every batch, as this library's
+    collators do), the kernel limits of ``packing_varlen``; and, when a collated ``batch`` is given, every row of it: no
     ``attention_mask`` beside a packed layout, ``position_ids`` that restart where
     ``cu_seq_lens`` says, no multi-row packed batch under flash attention (which needs one
     row). Then, with ``probe=True`` (default), the live
@@ -61,7 +64,10 @@ def check_packing_support(
     >>> check_packing_support(model)
     Traceback (most recent call last):
     ...
-    ValueError: LlamaForCausalLM: model.config.use_cache is True. During training that builds a KV cache, and with a cache transformers stops detecting packed sequences (sdpa/eager/flex then let examples attend to each other). Set model.config.use_cache = False before training (generation can turn it back on).
+    ValueError: LlamaForCausalLM: model.config.use_cache is True. During training that builds a KV cache, and with a cache transformers stops detecting packed sequences (sdpa/eager/flex then let examples attend to each other). Set model.config.use_cache = False before training (generation can turn it back on), or give the model batches that say use_cache=False (FlatteningCollator and PrePackedCollator put it in every batch: pass the batch, or the collator, to this check).
+    >>> from packing_collators import FlatteningCollator
+    >>> check_packing_support(model, FlatteningCollator()([{"input_ids": [3, 4, 5]}, {"input_ids": [6, 7]}]))
+    'sdpa'
     >>> model.config.use_cache = False
     >>> check_packing_support(model)
     'sdpa'
@@ -69,7 +75,7 @@ def check_packing_support(
     from ..models import refuse_prompt_learning  # torch, on first use
 
     refuse_prompt_learning(model)  # PEFT prompt / prefix tuning: virtual tokens once per row, not per example
-    implementation, config = check_model(model)
+    implementation, config = check_model(model, cache_off=_cache_turned_off(batch, collator))
     if batch is not None:
         check_batch(batch, implementation, config)
     if probe:
@@ -77,3 +83,13 @@ def check_packing_support(
         logger.info("%s", report.summary())
         refuse_failed_probe(report, attention_kind(implementation))
     return implementation
+
+
+def _cache_turned_off(batch: Mapping[str, Any] | None, collator) -> bool:
+    """Whether the model's training calls say ``use_cache=False``: the given batch does, or (no batch) the
+    collator puts it in every batch (``disable_cache``, the default of this library's collators)."""
+    if batch is not None:
+        value = batch.get("use_cache")
+        return value is not None and not bool(value)
+    inner = getattr(collator, "data_collator", collator)  # transformers' RemoveColumnsCollator wraps it
+    return getattr(getattr(inner, "options", None), "disable_cache", False) is True

@@ -10,6 +10,7 @@ Three examples ``S1 = [a, b, c]``, ``S2 = [d, e]``, ``S3 = [f, g, h]``::
     seq_idx       = [[ 0,    0, 0,  1,    1,  2,    2, 2]]     int32 (1, T), optional
     token_type_ids (any other per-token key, if given)         int64 (1, T), like input_ids
     pixel_values, image_grid_thw (videos too), if given        each example's, concatenated in order
+    images_per_example (videos_per_example), with them         int64 (n,): each example's image count
     use_cache     = False                                      bool (no KV cache: see below)
 
 The first label of every example is -100: in a causal LM it would be predicted
@@ -83,7 +84,8 @@ class FlatteningCollator:
         ``max_length_k`` int, ``seq_idx`` int32 (1, T) if asked for, and each carried
         per-token key (e.g. ``token_type_ids``) int64 (1, T), 0 in the padding; the image and
         video keys given, concatenated (``pixel_values`` (patches, features), ``image_grid_thw``
-        int64 (images, 3)).
+        int64 (images, 3)), with ``images_per_example`` (``videos_per_example``) int64 (n,): how
+        many of them each example holds (``enable_packing`` checks each example against its own).
         And ``use_cache`` False, last (unless ``disable_cache=False``).
 
     >>> collate = FlatteningCollator(return_tensors="np")

@@ -7,12 +7,14 @@ image's patches one after the other, and the grids in the same order::
     example 1   (text only)
     example 2   pixel_values (144, 1176)   image_grid_thw [[1, 8, 12], [1, 4, 12]]
     batch       pixel_values (208, 1176)   image_grid_thw [[1, 8, 8], [1, 8, 12], [1, 4, 12]]
+                images_per_example [1, 0, 2]                  int64 (examples,)
 
 The same for ``pixel_values_videos`` / ``video_grid_thw`` (and Qwen2.5-VL's ``second_per_grid_ts``,
-one per video). Each example's patches must be what its grids say (t * h * w rows); an example
-with pixels and no grid, or a grid and no pixels, is refused by index. The vision tower then sees
-each image alone (its attention reads the grids), and ``enable_packing`` numbers each example's
-rotary positions on its own. Cost: one concatenation per key.
+one per video, and ``videos_per_example``). Each example's patches must be what its grids say (t * h * w
+rows); an example with pixels and no grid, or a grid and no pixels, is refused by index. The vision
+tower then sees each image alone (its attention reads the grids), and ``enable_packing`` numbers each
+example's rotary positions on its own, with the images ``images_per_example`` gives it (its pre-hook
+takes the two counts out of the call: the model never sees them). Cost: one concatenation per key.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MEDIA_KEYS", "read_media"]
+__all__ = ["COUNT_KEYS", "MEDIA_KEYS", "read_media"]
 
 _PIXELS_TO_GRID = {"pixel_values": "image_grid_thw", "pixel_values_videos": "video_grid_thw"}
 MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+# how many of the batch's grid rows each example holds, in example order (enable_packing reads them)
+COUNT_KEYS = {"image_grid_thw": "images_per_example", "video_grid_thw": "videos_per_example"}
 
 
 def _rows(value, what: str, index: int, item: str):
@@ -53,6 +57,7 @@ def _concat(pieces: list):
 
 def _one_kind(features: Sequence[Mapping[str, Any]], pixels_key: str, grid_key: str, item: str) -> dict[str, Any]:
     pixels, grids, seconds = [], [], []
+    counts = np.zeros(len(features), np.int64)
     for i, feature in enumerate(features):
         p, g = feature.get(pixels_key), feature.get(grid_key)
         if p is None and g is None:
@@ -73,11 +78,12 @@ def _one_kind(features: Sequence[Mapping[str, Any]], pixels_key: str, grid_key: 
             )
         pixels.append(rows)
         grids.append(grid)
+        counts[i] = len(grid)
         if grid_key == "video_grid_thw" and feature.get("second_per_grid_ts") is not None:
             seconds.append(np.asarray(feature["second_per_grid_ts"], dtype=np.float32).reshape(-1))
     if not grids:
         return {}
-    out = {pixels_key: _concat(pixels), grid_key: np.concatenate(grids)}
+    out = {pixels_key: _concat(pixels), grid_key: np.concatenate(grids), COUNT_KEYS[grid_key]: counts}
     if seconds:
         if len(seconds) != len(grids):
             raise ValueError(
@@ -88,12 +94,13 @@ def _one_kind(features: Sequence[Mapping[str, Any]], pixels_key: str, grid_key: 
 
 
 def read_media(features: Sequence[Mapping[str, Any]], *, item: str = "Example") -> dict[str, Any]:
-    """The batch's image and video keys: each example's patches and grids, concatenated in example order.
+    """The batch's image and video keys: each example's patches and grids, concatenated in example order,
+    and how many images (videos) each example holds.
 
     >>> media = read_media([{"pixel_values": np.ones((4, 6)), "image_grid_thw": [[1, 2, 2]]}, {},
     ...                     {"pixel_values": np.zeros((8, 6)), "image_grid_thw": [[1, 2, 4]]}])
-    >>> media["pixel_values"].shape, media["image_grid_thw"].tolist()
-    ((12, 6), [[1, 2, 2], [1, 2, 4]])
+    >>> media["pixel_values"].shape, media["image_grid_thw"].tolist(), media["images_per_example"].tolist()
+    ((12, 6), [[1, 2, 2], [1, 2, 4]], [1, 0, 1])
     >>> read_media([{"pixel_values": np.ones((3, 6)), "image_grid_thw": [[1, 2, 2]]}])
     Traceback (most recent call last):
     ...

@@ -1,13 +1,15 @@
 """Packing token sequences into padded rows of fixed length (the tensor API).
 
-Four sequences of 3, 2, 4 and 3 tokens packed into rows of 8 (best-fit decreasing, the default
-of every packer here; ``strategy="next_fit"`` keeps their order)::
+Four sequences of 3, 2, 4 and 3 tokens packed into rows of 8 (next-fit, the default here as in the
+fast_axolotl Token Packing API these functions mirror: greedily, in order)::
 
-    tokens = [[ 1,  2,  3,  6,  7,  8,  9,  0],     S0 S0 S0 S2 S2 S2 S2 pad
-              [ 4,  5, 10, 11, 12,  0,  0,  0]]     S1 S1 S3 S3 S3 pad pad pad
-    boundaries = [[(0, 3), (3, 7)], [(0, 2), (2, 5)]]
-    position_ids = [[ 0,  1,  2,  0,  1,  2,  3,  0],   (return_position_ids=True)
-                    [ 0,  1,  0,  1,  2,  0,  1,  2]]   the padding is a segment of its own
+    tokens = [[ 1,  2,  3,  4,  5,  0,  0,  0],     S0 S0 S0 S1 S1 pad pad pad
+              [ 6,  7,  8,  9, 10, 11, 12,  0]]     S2 S2 S2 S2 S3 S3  S3 pad
+    boundaries = [[(0, 3), (3, 5)], [(0, 4), (4, 7)]]
+    position_ids = [[ 0,  1,  2,  0,  1,  0,  1,  2],   (return_position_ids=True)
+                    [ 0,  1,  2,  3,  0,  1,  2,  0]]   the padding is a segment of its own
+
+``strategy="bfd"`` (the default of every other packer here) gives the fewest rows instead.
 
 The bare rows do not keep their sequences apart: fed to a model with only the
 attention mask, every sequence attends to the ones before it in its row (the mask
@@ -106,7 +108,7 @@ def pack_sequences(
     *,
     return_boundaries: bool = False,
     return_position_ids: bool = False,
-    strategy: Strategy = "bfd",
+    strategy: Strategy = "next_fit",
     overflow: Overflow = "error",
 ):
     """Pack token sequences into a ``torch.long`` tensor of rows, right-padded with ``pad_token_id``.
@@ -118,9 +120,9 @@ def pack_sequences(
         return_boundaries: also return, per row, the ``(start, end)`` of each sequence in it.
         return_position_ids: also return int64 (rows, max_length) positions restarting at 0
             for every sequence and for the padding (a segment of its own), last.
-        strategy: ``"bfd"`` (default) or ``"ffd"`` (the fewest rows; a row lists its sequences
-            in input order), or ``"next_fit"`` (sequences stay in order, a row is closed when the
-            next one does not fit).
+        strategy: ``"next_fit"`` (default, as in the seed API: sequences stay in order, a row is
+            closed when the next one does not fit), or ``"bfd"`` / ``"ffd"`` (the fewest rows; a row
+            lists its sequences in input order).
         overflow: for a sequence longer than ``max_length``: ``"error"``, ``"truncate"`` or ``"drop"``
             (counted in a warning). Empty sequences are skipped with a warning.
 
@@ -138,14 +140,16 @@ def pack_sequences(
     >>> from torch import tensor
     >>> pack_sequences([tensor([1,2,3]), tensor([4,5]), tensor([6,7,8,9]), tensor([10,11,12])],
     ...                max_length=8, pad_token_id=0)
-    tensor([[ 1,  2,  3,  6,  7,  8,  9,  0],
-            [ 4,  5, 10, 11, 12,  0,  0,  0]])
+    tensor([[ 1,  2,  3,  4,  5,  0,  0,  0],
+            [ 6,  7,  8,  9, 10, 11, 12,  0]])
     >>> rows, bounds = pack_sequences([[1, 2, 3], [4, 5]], max_length=4, pad_token_id=0, return_boundaries=True)
     >>> rows.tolist(), bounds
     ([[1, 2, 3, 0], [4, 5, 0, 0]], [[(0, 3)], [(0, 2)]])
     >>> rows, positions = pack_sequences([[1, 2, 3], [4, 5], [6]], max_length=4, pad_token_id=0, return_position_ids=True)
     >>> rows.tolist(), positions.tolist()
-    ([[1, 2, 3, 6], [4, 5, 0, 0]], [[0, 1, 2, 0], [0, 1, 0, 1]])
+    ([[1, 2, 3, 0], [4, 5, 6, 0]], [[0, 1, 2, 0], [0, 1, 0, 0]])
+    >>> pack_sequences([[1, 2, 3], [4, 5], [6]], max_length=4, pad_token_id=0, strategy="bfd").tolist()
+    [[1, 2, 3, 6], [4, 5, 0, 0]]
     """
     import torch
 
@@ -167,7 +171,7 @@ def concatenate_and_pack(
     label_pad_id: int = -100,
     *,
     return_position_ids: bool = False,
-    strategy: Strategy = "bfd",
+    strategy: Strategy = "next_fit",
     overflow: Overflow = "error",
 ):
     """Pack inputs, labels and attention masks together, so each label stays with its token.
@@ -183,6 +187,9 @@ def concatenate_and_pack(
     position_ids=positions, use_cache=False)`` without the masks (sdpa, eager, flex):
     positions restart at 0 for every sequence and for the padding (a segment of its own),
     and transformers keeps every sequence to itself.
+
+    ``strategy`` and ``overflow`` are :func:`pack_sequences`'s (``"next_fit"`` by default: the rows keep
+    the sequences' order).
 
     Returns:
         ``(packed_inputs, packed_labels, packed_masks)``, each int64 (rows, max_length);

@@ -11,9 +11,11 @@ row it would number the second example on from the first. Here each example gets
     position_ids     (4, 1, T): the text row first (transformers reads packed boundaries from it),
                      then the three rotary rows
 
-Images and videos are assigned to examples in order, by the placeholder tokens each example holds
-(``mm_token_type_ids``: 1 image, 2 video; or the config's ``image_token_id`` / ``video_token_id``);
-an example whose placeholders do not match its images' grids is refused by index. The vision tower
+Images and videos are assigned to examples in order: as many as the collator counted for each
+(``images_per_example`` / ``videos_per_example``, which this pre-hook takes out of the call), else by
+the placeholder tokens each example holds (``mm_token_type_ids``: 1 image, 2 video; or the config's
+``image_token_id`` / ``video_token_id``). An example whose placeholders do not match its own images'
+grids is refused by index, so two examples whose errors would cancel over the row are refused too. The vision tower
 already attends within each image (its ``cu_seqlens`` come from the grids). A batch of one example
 (the sampler gives an example that fills its budget a micro-batch of its own) has nothing to keep
 apart, but its collated ``position_ids`` (0..T-1) would stand in for the image's 3-D positions: it is
@@ -23,11 +25,14 @@ Cost: one ``get_rope_index`` call per example with an image, once per forward.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-__all__ = ["MultimodalPositions", "multimodal_model"]
+__all__ = ["COUNTS", "MultimodalPositions", "multimodal_model"]
 
 _GRIDS = (("image_grid_thw", 1, "image"), ("video_grid_thw", 2, "video"))
+# each example's count of grid rows, as FlatteningCollator writes them (collate/_media.py's COUNT_KEYS)
+COUNTS = {"image_grid_thw": "images_per_example", "video_grid_thw": "videos_per_example"}
 
 
 def multimodal_model(model):
@@ -48,14 +53,15 @@ class MultimodalPositions:
         self.token_ids = {1: getattr(config, "image_token_id", None), 2: getattr(config, "video_token_id", None)}
 
     def __call__(self, module, args, kwargs):
+        counts = {key: kwargs.pop(name) for key, name in COUNTS.items() if name in kwargs}  # not the model's
         segments = self.state.segments
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         if input_ids is None or self.state.generating:
-            return None  # generate(): the model numbers its own positions and keeps their offsets for later steps
+            return args, kwargs  # generate(): the model numbers its own positions and keeps their offsets
         media = any(kwargs.get(key) is not None for key, _, _ in _GRIDS)
         if segments is None:  # not packed; but a collated single example still carries text positions
             if not (media and _counts_from_zero(kwargs.get("position_ids"), input_ids)):
-                return None
+                return args, kwargs
             cu = [0, input_ids.shape[1]]
         elif segments.batch_shape[0] != 1:
             if media:
@@ -64,10 +70,10 @@ class MultimodalPositions:
                     "rows of packed examples, whose images' positions cannot be placed by row. Collate with "
                     "FlatteningCollator(), which puts the micro-batch in one row."
                 )
-            return None
+            return args, kwargs
         else:
             cu = segments.cu_seqlens.tolist()
-        kwargs["position_ids"] = self.positions(cu, input_ids, kwargs)
+        kwargs["position_ids"] = self.positions(cu, input_ids, kwargs, counts)
         return args, kwargs
 
     def kinds(self, input_ids: torch.Tensor, kwargs: dict) -> torch.Tensor:
@@ -81,10 +87,11 @@ class MultimodalPositions:
                 kinds[input_ids == token] = kind
         return kinds
 
-    def positions(self, cu: list[int], input_ids: torch.Tensor, kwargs: dict) -> torch.Tensor:
-        """(4, 1, T) positions of the row whose examples ``cu`` (cumulative lengths) delimits."""
+    def positions(self, cu: list[int], input_ids: torch.Tensor, kwargs: dict, counts: dict | None = None):
+        """(4, 1, T) positions of the row whose examples ``cu`` (cumulative lengths) delimits; ``counts``:
+        ``{grid key: grid rows per example}`` where the collator counted them."""
         kinds = self.kinds(input_ids, kwargs)
-        per_example = _assign_grids(kwargs, kinds, cu, self.merge)
+        per_example = _assign_grids(kwargs, kinds, cu, self.merge, counts or {})
         rows = []
         for e, (start, end) in enumerate(zip(cu[:-1], cu[1:])):
             text = torch.arange(end - start, device=input_ids.device)
@@ -109,8 +116,31 @@ def _counts_from_zero(position_ids, input_ids: torch.Tensor) -> bool:
     )
 
 
-def _assign_grids(kwargs: dict, kinds: torch.Tensor, cu: list[int], merge: int) -> list[dict]:
-    """Each example's grid rows (and video ``second_per_grid_ts``), taken in order by its placeholder count."""
+def _spans(tokens: list[int], placeholders: list[int], given, key: str) -> list[tuple[int, int]]:
+    """Each example's rows ``(first, end)`` of the grid: ``given`` rows per example (the collator's count; the
+    segments after them, a row's padding, hold none), else as many as its placeholders take, in order."""
+    if given is not None:
+        given = [int(n) for n in (given.tolist() if hasattr(given, "tolist") else given)]
+        if len(given) > len(placeholders) or sum(given) != len(tokens):
+            raise ValueError(
+                f"The batch counts {given} {key} rows per example ({sum(given)} in all) for {len(placeholders)} "
+                f"segments and {len(tokens)} rows: collate the examples' images with FlatteningCollator, which "
+                "writes both."
+            )
+        ends = np.cumsum(given + [0] * (len(placeholders) - len(given))).tolist()
+        return list(zip([0] + ends[:-1], ends))
+    spans, taken = [], 0
+    for count in placeholders:
+        first, used = taken, 0
+        while used < count and taken < len(tokens):
+            used, taken = used + tokens[taken], taken + 1
+        spans.append((first, taken))
+    return spans
+
+
+def _assign_grids(kwargs: dict, kinds: torch.Tensor, cu: list[int], merge: int, given: dict) -> list[dict]:
+    """Each example's grid rows (and video ``second_per_grid_ts``): the collator's count of them per example
+    (``given``), else taken in order by its placeholder count; refused where they do not match its placeholders."""
     per_example: list[dict] = [{} for _ in range(len(cu) - 1)]
     for key, kind, word in _GRIDS:
         grid = kwargs.get(key)
@@ -124,22 +154,22 @@ def _assign_grids(kwargs: dict, kinds: torch.Tensor, cu: list[int], merge: int) 
                 )
             continue
         tokens = (grid.prod(-1) // (merge * merge)).tolist()
-        taken = 0
-        for e, count in enumerate(counts):
-            first, used = taken, 0
-            while used < count and taken < len(tokens):
-                used, taken = used + tokens[taken], taken + 1
+        spans = _spans(tokens, counts, given.get(key), key)
+        taken = spans[-1][1] if spans else 0
+        for e, (count, (first, end)) in enumerate(zip(counts, spans)):
+            used = sum(tokens[first:end])
             if used != count:
+                own = f"{key} rows {first}..{end - 1}: {grid[first:end].tolist()}" if end > first else f"no {key} row"
                 raise ValueError(
-                    f"Example {e} has {count} {word} placeholder tokens, but its {word}s' grids ({key} rows "
-                    f"{first}..{taken - 1}: {grid[first:taken].tolist()}) need {used}. Each {word} needs "
-                    f"t*h*w/{merge * merge} placeholders: tokenize with the model's processor, which writes both."
+                    f"Example {e} has {count} {word} placeholder tokens, but its {word}s' grids ({own}) need {used}. "
+                    f"Each {word} needs t*h*w/{merge * merge} placeholders: tokenize with the model's processor, "
+                    "which writes both."
                 )
             if count:
-                per_example[e][key] = grid[first:taken]
+                per_example[e][key] = grid[first:end]
                 seconds = kwargs.get("second_per_grid_ts") if kind == 2 else None
                 if seconds is not None:
-                    per_example[e]["second_per_grid_ts"] = seconds[first:taken]
+                    per_example[e]["second_per_grid_ts"] = seconds[first:end]
         if taken != len(tokens):
             raise ValueError(
                 f"The batch has {len(tokens)} {word}s ({key} rows) but its examples hold placeholders for {taken}: "

@@ -9,8 +9,10 @@ model's Ulysses attention on every rank of the group; the shards' logits are gat
     (b) exact:  every token's logits equal the same row run whole on one rank (no Ulysses), within
                 the dtype's tolerance (positions, head order and the shift at shard edges)
 
-The verdict is taken over the whole world (an all-reduce of both numbers), so every rank raises or
-none does. Cost: three forwards over ~24 tokens, once before training.
+Routed experts run one token at a time (``checks/_probe_experts.py``), so that a shard's expert
+matmuls, shaped by its own tokens, cannot round the leak test. The verdict is taken over the whole
+world (an all-reduce of the numbers), so every rank raises or none does. Cost: three forwards over
+~24 tokens, once before training.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..checks import (
     output_logits,
     probe_dtype,
     synthetic_tokens,
+    tokenwise_experts,
     tolerance,
 )
 
@@ -79,8 +82,8 @@ def probe_sequence_parallel(model, mesh, collator=None, *, autocast=None) -> Pro
     model.eval()
     # a varlen kernel runs with autograd on, as in training (FA4 compiles no extra variant for the probe)
     grad = torch.no_grad() if attn_implementation(config).endswith(("sdpa", "eager")) else torch.enable_grad()
-    try:
-        with grad, autocast or contextlib.nullcontext():
+    try:  # routed experts one token at a time: a shard's expert matmuls round by its own tokens
+        with grad, autocast or contextlib.nullcontext(), tokenwise_experts(model) as experts:
             shards = [shard_flat_batch(row, rank=mesh.sp_rank, size=mesh.size) for row in rows]
             packed, leaked = (_gathered_logits(model, shard, mesh, parameter.device)[:total] for shard in shards)
             with inner_attention(model):
@@ -89,8 +92,14 @@ def probe_sequence_parallel(model, mesh, collator=None, *, autocast=None) -> Pro
     finally:
         model.train(was_training)
     others = np.r_[0 : PROBE_LENGTHS[0], sum(PROBE_LENGTHS[:2]) : sum(PROBE_LENGTHS)]
-    leak, difference = _world_max(
-        [float(np.abs(packed[others] - leaked[others]).max()), float(np.abs(packed - whole).max())], parameter.device
+    leak, difference, experts.difference, experts.scale = _world_max(
+        [
+            float(np.abs(packed[others] - leaked[others]).max()),
+            float(np.abs(packed - whole).max()),
+            experts.difference,
+            experts.scale,
+        ],
+        parameter.device,
     )
     dtype = probe_dtype(autocast, parameter)
     return ProbeReport(
@@ -104,4 +113,5 @@ def probe_sequence_parallel(model, mesh, collator=None, *, autocast=None) -> Pro
         leak=leak,
         culprit=None,
         seconds=time.perf_counter() - started,
+        **experts.report_fields(dtype),
     )

@@ -109,7 +109,7 @@ class PackingCheckCallback(TrainerCallback):
         check_training_data(unwrap_model(model), dataset)
         refuse_no_batches(train_dataloader)
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__") or not len(dataset):
-            check_packing_support(model, probe=False)
+            check_packing_support(model, collator=collate_fn, probe=False)  # its batches may say use_cache=False
             return
         features, batch = _probe_batch(dataset, collate_fn)
         check_collated_features(features, batch)

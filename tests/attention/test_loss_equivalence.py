@@ -105,8 +105,13 @@ def test_a_cache_switches_packing_off_and_use_cache_is_refused():
     torch.testing.assert_close(model(**batch).loss, padded, rtol=1e-5, atol=0)
     assert _relative_gap(model(**{**batch, "use_cache": True}).loss, padded) > 1e-3  # the batch says False
     model.config.use_cache = True
+    without = {k: v for k, v in batch.items() if k != "use_cache"}
+    assert _relative_gap(model(**without).loss, padded) > 1e-3  # the config's cache, with nothing to turn it off
     with pytest.raises(ValueError, match="use_cache is True"):
-        check_packing_support(model, batch)
+        check_packing_support(model, without)
+    # the batch's use_cache=False wins over the config: the loss is the padded loss, and the check accepts it
+    torch.testing.assert_close(model(**batch).loss, padded, rtol=1e-5, atol=0)
+    assert check_packing_support(model, batch) == "sdpa"
 
 
 def test_attention_mask_beside_a_flat_batch_changes_the_loss_and_is_refused():

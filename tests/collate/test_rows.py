@@ -12,14 +12,23 @@ def random_sequences(rng, n, max_len, vocab=1000):
 
 
 def test_seed_doc_example_exactly():
+    # the fast_axolotl Token Packing docs, which these functions mirror: greedy, in order, by default
     rows = pack_sequences(
         [torch.tensor([1, 2, 3]), torch.tensor([4, 5]), torch.tensor([6, 7, 8, 9]), torch.tensor([10, 11, 12])],
         max_length=8,
         pad_token_id=0,
-        strategy="next_fit",
     )
     assert rows.dtype == torch.long
     assert rows.tolist() == [[1, 2, 3, 4, 5, 0, 0, 0], [6, 7, 8, 9, 10, 11, 12, 0]]
+    rows, bounds = pack_sequences([[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11, 12]], 8, 0, return_boundaries=True)
+    assert bounds == [[(0, 3), (3, 5)], [(0, 4), (4, 7)]]
+    inputs, _, _ = concatenate_and_pack([[1, 2, 3], [4, 5], [6, 7, 8, 9]], [[1, 2, 3], [4, 5], [6, 7, 8, 9]],
+                                        [[1] * 3, [1] * 2, [1] * 4], max_length=6, pad_token_id=0)  # fmt: skip
+    assert inputs.tolist() == [[1, 2, 3, 4, 5, 0], [6, 7, 8, 9, 0, 0]]
+    assert pack_sequences([[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11, 12]], 8, 0, strategy="bfd").tolist() == [
+        [1, 2, 3, 6, 7, 8, 9, 0],
+        [4, 5, 10, 11, 12, 0, 0, 0],
+    ]
 
 
 @pytest.mark.parametrize("strategy", ["bfd", "ffd", "next_fit"])

@@ -12,7 +12,9 @@ import torch
 from _vlms import alone_logits, available, image_example, mixed_examples, tiny_vlm
 
 from packing_collators import FlatteningCollator, enable_packing
+from packing_collators.collate._media import COUNT_KEYS
 from packing_collators.models import packing_layers
+from packing_collators.models._multimodal import COUNTS
 
 VLMS = available()
 
@@ -35,6 +37,8 @@ def test_the_collator_concatenates_images_in_example_order():
     assert torch.equal(batch["pixel_values"], torch.cat([examples[0]["pixel_values"], examples[2]["pixel_values"]]))
     assert batch["mm_token_type_ids"].shape == batch["input_ids"].shape
     assert int(batch["mm_token_type_ids"].sum()) == (16 + 12 + 8) // 4
+    assert batch["images_per_example"].tolist() == [1, 0, 2]  # what enable_packing checks each example against
+    assert COUNT_KEYS == COUNTS  # the collator writes the counts under the names the model's pre-hook takes
 
 
 @pytest.mark.parametrize("model_type", VLMS)
@@ -96,6 +100,24 @@ def test_placeholders_that_do_not_match_the_grid_are_refused_by_example():
     examples[2]["pixel_values"] = torch.randn(12 + 16, examples[2]["pixel_values"].shape[1])
     with pytest.raises(ValueError, match=r"Example 2 has 5 image placeholder tokens, but its images' grids .* need 7"):
         model(**_packed(examples))
+
+
+def test_each_example_is_checked_against_its_own_images_so_two_errors_cannot_cancel():
+    model = enable_packing(tiny_vlm(VLMS[0]))
+    a = image_example(model.config, 6, [(1, 4, 4)], seed=1)  # 4 placeholders, and (below) no image
+    b = image_example(model.config, 5, [(1, 2, 6)], seed=2)  # 3 placeholders, and (below) a's image as well
+    moved = image_example(model.config, 5, [(1, 4, 4), (1, 2, 6)], seed=3)
+    b["pixel_values"], b["image_grid_thw"] = moved["pixel_values"], moved["image_grid_thw"]
+    del a["pixel_values"], a["image_grid_thw"]
+    batch = _packed([a, b])
+    assert batch["images_per_example"].tolist() == [0, 2]
+    refused = r"Example 0 has 4 image placeholder tokens, but its images' grids \(no image_grid_thw row\) need 0"
+    with pytest.raises(ValueError, match=refused):
+        model(**batch)
+    # counted over the row (a collator that does not count per example), a's 4 placeholders take b's first image
+    # and b's 3 its second: both errors pass
+    with torch.no_grad():
+        model(**{k: v for k, v in batch.items() if k != "images_per_example"})
 
 
 def test_pixels_without_a_grid_and_a_grid_without_pixels_are_refused_by_the_collator():

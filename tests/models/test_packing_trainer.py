@@ -1,13 +1,19 @@
 """PackingTrainer with hybrid and vision-language models: it prepares the model itself, its first loss is the
-loss of each example run alone, the checks refuse an unprepared model, and sequence parallelism is refused."""
+loss of each example run alone, the checks refuse an unprepared model, and sequence parallelism is refused.
+
+The models are configured as their checkpoints are: ``use_cache`` left at its default (True), and for
+Qwen2-VL and Qwen2.5-VL the flat config.json layout, which puts it in the text config.
+"""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 from _hybrids import HYBRIDS, examples_for, tiny_hybrid
 from _tiny_models import training_args
-from _vlms import available, mixed_examples, tiny_vlm
+from _vlms import COMPOSITE_HYBRIDS, alone_logits, as_loaded, available, mixed_examples, tiny_vlm
 
 from packing_collators import FlatteningCollator, PackingTrainer, check_packing_support, enable_packing
 from packing_collators.models import packing_layers
@@ -61,17 +67,18 @@ def _first_loss(tmp_path, model, reference, examples: list[dict]) -> tuple[float
 
 @pytest.mark.parametrize("model_type", [t for t in ("qwen3_5_text", "nemotron_h", "granitemoehybrid") if t in HYBRIDS])
 def test_the_first_loss_of_a_hybrid_is_each_example_alone(tmp_path, model_type):
-    model, reference = tiny_hybrid(model_type).train(), tiny_hybrid(model_type)
+    model, reference = tiny_hybrid(model_type, defaults=("use_cache",)).train(), tiny_hybrid(model_type)
     examples = [{**e, "labels": e["input_ids"]} for e in examples_for(model, (7, 12, 5, 9, 6, 11))]
     logged, alone = _first_loss(tmp_path, model, reference, examples)
     assert logged == pytest.approx(alone, rel=1e-4)
 
 
-@pytest.mark.skipif(not available(), reason="this transformers has none of the VLM types")
-def test_the_first_loss_of_a_vlm_is_each_example_alone(tmp_path):
-    model_type = "qwen2_5_vl" if "qwen2_5_vl" in available() else available()[0]
-    model, reference = tiny_vlm(model_type).train(), tiny_vlm(model_type)
-    model.config.use_cache = False
+@pytest.mark.parametrize("model_type", available() + available(COMPOSITE_HYBRIDS))
+def test_the_first_loss_of_a_vlm_as_loaded_is_each_example_alone(tmp_path, model_type):
+    # as loaded: the text config's use_cache is True, which the Trainer's model.config.use_cache = False does
+    # not reach; the collator's batches say use_cache=False, so PackingTrainer trains it as it does a text model
+    model, reference = as_loaded(model_type).train(), tiny_vlm(model_type)
+    assert model.config.get_text_config().use_cache is True
     examples = mixed_examples(model.config)
     for example in examples:
         example["labels"] = [t if k == 0 else -100 for t, k in zip(example["input_ids"], example["mm_token_type_ids"])]
@@ -80,6 +87,44 @@ def test_the_first_loss_of_a_vlm_is_each_example_alone(tmp_path):
                 example[key] = example[key].tolist()
     logged, alone = _first_loss(tmp_path, model, reference, examples)
     assert logged == pytest.approx(alone, rel=1e-4)
+
+
+def _checkpoint_like():
+    vlms = [pytest.param(lambda t=t: as_loaded(t), id=t) for t in available() + available(COMPOSITE_HYBRIDS)]
+    hybrids = [pytest.param(lambda t=t: tiny_hybrid(t, defaults=("use_cache",)), id=t) for t in sorted(HYBRIDS)]
+    return vlms + hybrids
+
+
+@pytest.mark.parametrize("build", _checkpoint_like())
+def test_use_cache_is_checked_where_the_forward_reads_it_and_the_message_names_that_flag(build):
+    model = enable_packing(build())
+    vision = hasattr(model.config, "vision_config")
+    batch = FlatteningCollator()(mixed_examples(model.config) if vision else examples_for(model))
+    assert check_packing_support(model, batch, probe=False) == "sdpa"  # the batch turns the cache off
+    assert check_packing_support(model, collator=FlatteningCollator(), probe=False) == "sdpa"  # so do its batches
+    silent = {k: v for k, v in batch.items() if k != "use_cache"}  # a collator that says nothing of the cache
+    with pytest.raises(ValueError, match=r"use_cache (is|are) True") as refused:
+        check_packing_support(model, silent, probe=False)
+    for statement in re.search(r"Set (.+?) before training", str(refused.value)).group(1).split(" and "):
+        exec(statement, {"model": model})  # what the message says to do, done
+    assert check_packing_support(model, silent, probe=False) == "sdpa"
+    with torch.no_grad():
+        output = model(**{k: v for k, v in silent.items() if k != "labels"})
+    assert getattr(output, "past_key_values", None) is None  # the flag named is the one the forward reads
+
+
+@pytest.mark.skipif("qwen2_5_vl" not in available(), reason="this transformers has no Qwen2.5-VL")
+def test_a_vlm_from_its_flat_checkpoint_config_is_accepted_after_model_config_use_cache_false():
+    model = as_loaded("qwen2_5_vl")
+    model.config.use_cache = False  # what the README says; the text config's flag stays True
+    model = enable_packing(model)
+    examples = mixed_examples(model.config)
+    batch = FlatteningCollator()(examples)
+    assert check_packing_support(model, batch) == "sdpa"
+    with torch.no_grad():
+        packed = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0]
+        alone = alone_logits(model, examples)
+    assert float((packed - alone).abs().max()) < 1e-4
 
 
 def test_an_unprepared_hybrid_is_refused_and_a_prepared_one_accepted():

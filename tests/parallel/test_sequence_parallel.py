@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -102,16 +101,13 @@ def test_packing_trainer_refuses_a_bad_sequence_parallel_size(tmp_path):
 # ----------------------------------------------------------------------------- distributed (torchrun, gloo)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(nproc: int, *args: str, timeout: int = 150) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-               "--master-port", str(_free_port()), str(HERE / "_sp_worker.py"), *args]
+    # --standalone: torchrun binds its rendezvous port itself (a port chosen here could be taken before it
+    # binds it, tests/_two_ranks.py); the workers import this checkout's package, whatever copy is installed
+    path = os.pathsep.join(p for p in (str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               str(HERE / "_sp_worker.py"), *args]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -248,10 +248,12 @@ def test_prepacked_rows_through_flattening_collator_are_refused(tmp_path):
 
 
 def test_safety_checks_run_before_the_first_step(tmp_path):
-    # The Trainer copies args.use_cache (default False) into model.config.use_cache.
+    # The Trainer copies args.use_cache (default False) into model.config.use_cache; a collator whose
+    # batches say nothing of the cache leaves it on (the default FlatteningCollator's say use_cache=False)
     trainer = PackingTrainer(
-        model=tiny_model("llama"), args=training_args(tmp_path, use_cache=True), train_dataset=dataset()
-    )
+        model=tiny_model("llama"), args=training_args(tmp_path, use_cache=True), train_dataset=dataset(),
+        data_collator=FlatteningCollator(disable_cache=False),
+    )  # fmt: skip
     with pytest.raises(ValueError, match="use_cache is True"):
         trainer.train()
     assert trainer.state.global_step == 0
@@ -277,6 +279,24 @@ def test_option_validation_and_streaming_refusal(tmp_path):
     trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=streaming)
     with pytest.raises(ValueError, match="needs a map-style training dataset"):
         trainer.get_train_dataloader()
+
+
+def test_on_a_stream_the_callback_reads_the_cache_flag_from_the_collator(tmp_path):
+    # a stream cannot be read ahead, so no batch is checked: the collator says whether every batch turns
+    # the cache off (a vision-language model's text config keeps use_cache=True after the Trainer's setting)
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(dataset())
+
+    model, args = tiny_model("llama", use_cache=True), training_args(tmp_path)
+
+    def begin(collator):
+        loader = torch.utils.data.DataLoader(Stream(), batch_size=4, collate_fn=collator)
+        PackingCheckCallback().on_train_begin(args, None, None, model=model, train_dataloader=loader)
+
+    begin(FlatteningCollator())  # its batches say use_cache=False
+    with pytest.raises(ValueError, match="model.config.use_cache is True"):
+        begin(FlatteningCollator(disable_cache=False))
 
 
 def _like_trl_default_collator(features):
