@@ -1,0 +1,418 @@
+"""scale_8b.py --plan and --report: the device call's steps, each under a timeout, and the files it leaves in $OUT.
+
+    --plan   runs plan_steps() in order (one torchrun each, its output to the console and to <work>/<name>.log), skips a
+             step the deadline leaves too little time for (its ``expected`` seconds), and after every step rewrites
+             $OUT: results.json, report.md, runs.log (every step's output), env.txt. A device call returns at most
+             8 files, so the runs' own files stay in <work> (/tmp/scale8b) and results.json carries them ("runs").
+    --report rebuilds results.json and report.md from a results.json's "runs" (or a folder of <name>.json runs).
+
+Rows (issue #46, item 5): per GPU count and setting, ours and torchtitan's tokens/s per GPU on the same GPUs,
+MFU (``_scale_8b_metrics.py``), peak memory; the scaling 1 -> 2 -> 4 per GPU; ours against its replays (the 2- and
+1-GPU runs train the 4-GPU run's steps: equal losses within bf16 noise, ``TOLERANCE`` relative per step).
+torchtitan's tokens/s is that of its timed steps as one window (the harmonic mean of its per-step ``tps``, steps
+after the first ``TITAN_SKIP``), as ours is its timed steps' tokens over their seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from _scale_8b_metrics import (
+    H100_BF16_PEAK,
+    LLAMA_3_1_8B,
+    causal_document_flops_per_token,
+    flops_per_token,
+    mfu,
+    parse_titan_log,
+    steady,
+)
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+WORK = Path("/tmp/scale8b")
+TITAN_STEPS, TITAN_SKIP = 15, 3  # torchtitan: steps run, first steps left out (compiles, first all-gathers)
+TOLERANCE = 0.02  # max relative loss difference per step against the replay counted as bf16 noise
+SEQ = 8192
+
+
+@dataclass
+class Step:
+    name: str
+    command: list[str]
+    expected: float  # seconds it should take; skipped when the deadline leaves less
+    timeout: float
+    env: dict = field(default_factory=dict)
+    kind: str = "ours"  # ours | titan | shell
+
+
+def torchrun(gpus: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
+
+
+TITAN_030_CHECK = (
+    "python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tt030 .ttwhl/v030/*.whl && "
+    "PYTHONPATH=/tmp/tt030:$PYTHONPATH python3 -c \"import sys, types; m = types.ModuleType('torch.utils.tensorboard'); "
+    "m.SummaryWriter = None; sys.modules['torch.utils.tensorboard'] = m; import torch, torchtitan, torchtitan.trainer; "
+    "print('torchtitan', torchtitan.__version__, 'imports on torch', torch.__version__)\""
+)
+ENV = ("nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv; python3 -c 'import torch, "
+       "transformers; print(torch.__version__, transformers.__version__)'; python3 -m pip list 2>/dev/null | grep -iE "
+       "'torch|transformers|accelerate|flash|cutlass|tyro|datasets'")  # fmt: skip
+
+
+def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) -> list[Step]:
+    """The device call's steps in order; ``smoke``: the same driver on the CPU (2 gloo processes for 4 GPUs, 1 for 2
+    and 1, tiny models, torchtitan's debug model under DDP), the rehearsal the CPU test runs. ``fa4_disk_cache``: our
+    runs share FA4's compiled kernels through its on-disk cache (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED; off by
+    default: not yet tried on the device; it would save the later runs' ~25 s warm-up compiles)."""
+    big, half = (2, 1) if smoke else (4, 2)
+    seq = 256 if smoke else SEQ
+    titan_common = [
+        "--training.seq_len", str(seq), "--training.local_batch_size", "1",
+        "--training.steps", str(5 if smoke else TITAN_STEPS),
+        "--training.dtype", "float32" if smoke else "bfloat16",
+        "--training.mixed_precision_param", "float32" if smoke else "bfloat16",
+        "--activation_checkpoint.mode", "full", "--metrics.log_freq", "1", "--metrics.disable_color_printing",
+        "--optimizer.lr", "1e-4", "--lr_scheduler.warmup_steps", "1", "--debug.seed", "0",
+        "--job.dump_folder", str(work / "titan_dump"),
+    ]  # fmt: skip
+    if smoke:  # gloo has no PREMUL_SUM, which FSDP's reduction uses there: DDP on the CPU
+        titan_common += ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.data_parallel_replicate_degree",
+                         str(big)]  # fmt: skip
+    titan_data = ["--cpu", "--data-examples", "300", "--data-max-length", "512"] if smoke else []
+    ours_extra = ["--smoke"] if smoke else []
+    replicas = str(big)
+
+    def titan(name: str, flavor: str, *extra: str, expected: float = 90, timeout: float = 170) -> Step:
+        command = [*torchrun(big), "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
+                   str(HERE / "_scale_8b_titan.py"), *titan_data, "--data-stats", str(work / f"{name}_data.json"),
+                   "--model.flavor", "debugmodel" if smoke else flavor, *titan_common, *extra]  # fmt: skip
+        return Step(name, command, expected, timeout, kind="titan")
+
+    cache = {"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(work / "fa4")}
+
+    def ours(name: str, gpus: int, steps: int, warmup: int, *extra: str, expected: float, timeout: float) -> Step:
+        command = [*torchrun(gpus), str(HERE / "scale_8b.py"), "--name", name, "--out", str(work), "--replicas",
+                   replicas, "--steps", str(steps), "--warmup", str(warmup), *ours_extra, *extra]  # fmt: skip
+        env = {} if smoke else {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(gpus))}
+        if gpus == 1 and not smoke:  # 8B with bf16 AdamW states on one 80 GB card: ~64 GB before activations
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        return Step(name, command, expected, timeout, env={**env, **(cache if fa4_disk_cache else {})})
+
+    shell = (lambda c: ["bash", "-c", "echo smoke"]) if smoke else (lambda c: ["bash", "-c", c])
+    return [
+        Step("env", shell(ENV), 10, 60, kind="shell"),
+        Step("titan030_import", shell(TITAN_030_CHECK), 15, 60, kind="shell"),
+        titan("titan_causal_4", "8B", expected=80),
+        ours("ours_4", big, 12, 3, expected=100, timeout=200),
+        ours("ours_2", half, 6, 2, expected=70, timeout=150),
+        titan("titan_varlen_4", "8B_varlen", expected=90),
+        ours("ours_1", 1, 3, 1, expected=70, timeout=150),
+        ours("ours_4_compile", big, 12, 3, "--compile", expected=150, timeout=240),
+        titan("titan_varlen_4_compile", "8B_varlen", "--compile.enable", expected=150, timeout=240),
+        Step(
+            "ours_trainer_4",
+            [
+                *torchrun(big),
+                str(HERE / "scale_8b.py"),
+                "--runner",
+                "trainer",
+                "--name",
+                "ours_trainer_4",
+                "--out",
+                str(work),
+                "--replicas",
+                replicas,
+                "--steps",
+                "12",
+                "--warmup",
+                "3",
+                *ours_extra,
+            ],
+            120,
+            200,
+        ),  # fmt: skip
+    ]
+
+
+# ----------------------------------------------------------------------------- running
+def run_step(step: Step, work: Path, timeout: float) -> tuple[int | None, float]:
+    """Run ``step`` (its own process group), tee its output to <work>/<name>.log; (exit code or None on timeout, s)."""
+    started = time.perf_counter()
+    env = {
+        **os.environ,
+        **step.env,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    with (work / f"{step.name}.log").open("w") as log:
+        proc = subprocess.Popen(step.command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", start_new_session=True)  # fmt: skip
+        timed_out = threading.Event()
+
+        def kill():
+            timed_out.set()
+            os.killpg(proc.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        for line in proc.stdout:
+            log.write(line)
+            sys.stdout.write(f"[{step.name}] {line}")
+        proc.wait()
+        timer.cancel()
+    return (None if timed_out.is_set() else proc.returncode), time.perf_counter() - started
+
+
+def run_plan(out: Path, deadline_s: float, smoke: bool = False, fa4_disk_cache: bool = False) -> dict:
+    """Run the steps that fit the deadline; rewrite $OUT's files after each; the runs' records."""
+    began = time.perf_counter()
+    work = out / "work" if smoke else WORK
+    steps = plan_steps(work, smoke, fa4_disk_cache)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    status: dict[str, dict] = {"commit": {"status": "info", "output": _commit()}}
+    runs: dict = {}
+    for step in steps:
+        left = deadline_s - (time.perf_counter() - began)
+        if left < step.expected:
+            status[step.name] = {"status": "skipped", "why": f"{left:.0f} s left, expected {step.expected:.0f} s"}
+            print(f"== {step.name}: skipped ({status[step.name]['why']})", flush=True)
+            continue
+        print(f"== {step.name} ({left:.0f} s left): {' '.join(step.command)}", flush=True)
+        code, seconds = run_step(step, work, min(step.timeout, left))
+        state = "ok" if code == 0 else ("timeout" if code is None else f"exit {code}")
+        status[step.name] = {"status": state, "seconds": round(seconds, 1), "command": " ".join(step.command)}
+        print(f"== {step.name}: {state} in {seconds:.0f} s", flush=True)
+        runs = collect(work, steps, status)
+        write_outputs(out, work, steps, runs)
+    runs = collect(work, steps, status)
+    write_outputs(out, work, steps, runs)
+    print(f"== plan done in {time.perf_counter() - began:.0f} s", flush=True)
+    return runs
+
+
+def _commit() -> str | None:
+    """The checkout's commit, where the working tree came with its .git (the device's copy may not)."""
+    try:
+        return (
+            subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+            or None
+        )
+    except OSError:
+        return None
+
+
+def collect(work: Path, steps: list[Step], status: dict) -> dict:
+    """Every step's record: ours from <name>.json, torchtitan's from its log (+ <name>_data.json), shell output."""
+    runs = {"commit": status.get("commit", {"status": "info", "output": None})}
+    for step in steps:
+        record = dict(status.get(step.name, {"status": "not run"}))
+        log = work / f"{step.name}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if step.kind == "ours" and (work / f"{step.name}.json").exists():
+            record.update(json.loads((work / f"{step.name}.json").read_text()))
+        elif step.kind == "titan":
+            record.update(parse_titan_log(text), flavor=step.command[step.command.index("--model.flavor") + 1])
+            record["compile"] = "--compile.enable" in step.command
+            data = work / f"{step.name}_data.json"
+            if data.exists():
+                record["data"] = json.loads(data.read_text())
+        elif step.kind == "shell":
+            record["output"] = text[-4000:]
+        if record["status"] not in ("ok", "not run", "skipped"):
+            record["output_tail"] = text[-3000:]
+        runs[step.name] = record
+    return runs
+
+
+# ----------------------------------------------------------------------------- the results
+def titan_summary(run: dict) -> dict | None:
+    """torchtitan's timed steps: tokens/s per GPU (one window), MFU both ways, its own MFU, memory, losses."""
+    tps = [s["tps"] for s in run.get("steps", [])]
+    timed = tps[TITAN_SKIP:]
+    if not timed:
+        return None
+    rate = len(timed) / sum(1 / t for t in timed)  # the window's tokens / its seconds: every step has SEQ tokens
+    data = run.get("data") or {}
+    if run.get("flavor") == "8B":  # sdpa: one causal sequence over each whole row
+        documents = [SEQ] * max(1, data.get("rows", 1))
+    else:  # varlen: each document causally, cut where torchtitan cuts them
+        documents = data.get("documents") or [SEQ]
+    flops = flops_per_token(LLAMA_3_1_8B, SEQ)
+    return {
+        "tokens_per_s_per_gpu": rate,
+        "median_step_tps": steady(tps, TITAN_SKIP),
+        "mfu": mfu(flops, rate),
+        "mfu_causal_documents": mfu(causal_document_flops_per_token(LLAMA_3_1_8B, documents), rate),
+        "mfu_logged": steady([s["mfu_pct"] / 100 for s in run["steps"]], TITAN_SKIP),
+        "peak_flops_logged": run.get("peak_flops"),
+        "memory_reserved_gib": max(s["memory_gib"] for s in run["steps"]),
+        "loss": [s["loss"] for s in run["steps"]],
+        "steps_timed": len(timed),
+    }
+
+
+def loss_check(reference: dict | None, replay: dict | None) -> dict | None:
+    """Per-step loss differences of a replay against the reference run, over the steps both ran."""
+    if not reference or not replay or "loss" not in reference or "loss" not in replay:
+        return None
+    pairs = list(zip(reference["loss"], replay["loss"]))
+    relative = max(abs(a - b) / max(abs(a), 1e-9) for a, b in pairs)
+    return {
+        "steps_compared": len(pairs),
+        "max_abs": max(abs(a - b) for a, b in pairs),
+        "max_relative": relative,
+        "within_bf16_noise": relative <= TOLERANCE,
+        "tolerance": TOLERANCE,
+    }
+
+
+def build(runs: dict) -> dict:
+    """results.json: the rows, the scaling, the loss checks, every run."""
+    ok = {name: run for name, run in runs.items() if run.get("status") == "ok"}
+    titans = {name: titan_summary(run) for name, run in ok.items() if name.startswith("titan_") and run.get("steps")}
+    ours = {name: run for name, run in ok.items() if "tokens_per_s_per_gpu" in run}
+    rows = []
+
+    def row(name: str, setting: str, titan_name: str | None, comparison: str) -> None:
+        run = ours.get(name)
+        theirs = titans.get(titan_name) if titan_name else None
+        if run is None and theirs is None:
+            return
+        ours_rate = run["tokens_per_s_per_gpu"] if run else None
+        their_rate = theirs["tokens_per_s_per_gpu"] if theirs else None
+        rows.append({
+            "setting": setting, "gpus": run["gpus"] if run else 4, "ours": name if run else None,
+            "torchtitan": titan_name if theirs else None, "comparison": comparison,
+            "tokens_per_s_per_gpu": ours_rate, "torchtitan_tokens_per_s_per_gpu": their_rate,
+            "ours_vs_torchtitan": ours_rate / their_rate if ours_rate and their_rate else None,
+            "mfu": run["mfu"] if run else None, "mfu_causal_documents": run.get("mfu_causal_documents") if run else None,
+            "torchtitan_mfu": theirs["mfu"] if theirs else None,
+            "torchtitan_mfu_causal_documents": theirs["mfu_causal_documents"] if theirs else None,
+            "torchtitan_mfu_logged": theirs["mfu_logged"] if theirs else None,
+            "peak_allocated_gib_per_gpu": max(run["peak_allocated_gib_per_gpu"]) if run else None,
+            "peak_reserved_gib_per_gpu": max(run.get("peak_reserved_gib_per_gpu") or [0]) if run else None,
+            "torchtitan_peak_reserved_gib": theirs["memory_reserved_gib"] if theirs else None,
+            "compile": bool(run["compile"]) if run else bool(runs.get(titan_name, {}).get("compile")),
+        })  # fmt: skip
+
+    same = "ours: packed documents (FA4 varlen); torchtitan: its varlen attention over the same documents"
+    unpacked = ("ours: packed documents; torchtitan: the same tokens as unpacked 8,192-token rows, one causal "
+                "sequence each (its published setting; the user's comparison)")  # fmt: skip
+    row("ours_4", "4 GPUs, FSDP2, full AC, bf16, 1 x 8,192 tokens, eager", "titan_varlen_4", same)
+    row("ours_4", "4 GPUs, FSDP2, full AC, bf16, 1 x 8,192 tokens, eager", "titan_causal_4", unpacked)
+    row("ours_4_compile", "4 GPUs, as above, torch.compile per layer", "titan_varlen_4_compile", same)
+    row("ours_trainer_4", "4 GPUs, PackingTrainer (accelerate FSDP2), eager", None, "ours through the Trainer")
+    row("ours_2", "2 GPUs (4 sampler ranks: 2 micro-batches per step)", None, "scaling; replay of ours_4")
+    row("ours_1", "1 GPU (4 sampler ranks: 4 micro-batches per step), no FSDP", None, "scaling; replay of ours_4")
+    per_gpu = {n: {"gpus": ours[n]["gpus"], "tokens_per_s_per_gpu": ours[n]["tokens_per_s_per_gpu"],
+                   "step_token_imbalance": ours[n].get("step_token_imbalance")}
+               for n in ("ours_1", "ours_2", "ours_4") if n in ours}  # fmt: skip
+    base = next(iter(per_gpu.values()), None)  # the fewest GPUs that ran: 1, else 2
+    scaling = {
+        "runs": per_gpu,
+        "base": next(iter(per_gpu), None),
+        "per_gpu_efficiency": {n: r["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"] for n, r in per_gpu.items()}
+        if base
+        else {},
+        "one_gpu": runs.get("ours_1", {}).get("status", "not run"),
+    }
+    losses = {n: loss_check(ours.get("ours_4"), ours.get(n)) for n in ("ours_2", "ours_1")}
+    card = next((r["card"] for r in ours.values()), None)
+    return {
+        "issue": 46,
+        "card": card,
+        "peak_flops": H100_BF16_PEAK,
+        "flops_per_token": flops_per_token(LLAMA_3_1_8B, SEQ),
+        "flops_counting": "torchtitan's: 6 x non-embedding parameters + 12 x layers x heads x head_dim x 8,192 per "
+        "token (attention charged the whole row); mfu_causal_documents charges each query its own document's "
+        "earlier keys only; recompute counted in neither; peak H100 SXM bf16 dense 989 TFLOP/s",
+        "rows": rows,
+        "scaling": scaling,
+        "loss_vs_replay": losses,
+        "eight_gpus": "not lent: run scale_8b.py on nvidia-h100-x8 with --replicas 8 when status lists it",
+        "runs": runs,
+    }
+
+
+def fmt(value, spec: str = ",.0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        f"Llama-3.1-8B shape, random weights, bf16, 8,192-token rows, full activation checkpointing, FSDP2; "
+        f"{results.get('card') or '?'}. MFU: {results['flops_counting']}.",
+        "",
+        "| setting | GPUs | ours tokens/s/GPU | torchtitan tokens/s/GPU | ours / torchtitan | ours MFU (causal docs) | "
+        "torchtitan MFU (causal docs) | peak GiB/GPU: ours allocated / reserved (torchtitan reserved) | compared |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in results["rows"]:
+        pct = lambda a, b: "-" if a is None else f"{a:.1%}" + ("" if b is None else f" ({b:.1%})")  # noqa: E731
+        lines.append(
+            f"| {r['setting']} | {r['gpus']} | {fmt(r['tokens_per_s_per_gpu'])} | "
+            f"{fmt(r['torchtitan_tokens_per_s_per_gpu'])} | {fmt(r['ours_vs_torchtitan'], '.2f')} | "
+            f"{pct(r['mfu'], r['mfu_causal_documents'])} | {pct(r['torchtitan_mfu'], r['torchtitan_mfu_causal_documents'])} | "
+            f"{fmt(r['peak_allocated_gib_per_gpu'], '.1f')} / {fmt(r['peak_reserved_gib_per_gpu'], '.1f')} "
+            f"({fmt(r['torchtitan_peak_reserved_gib'], '.1f')}) | "
+            f"{r['comparison']} |"
+        )
+    scaling = results["scaling"]
+    lines += ["", f"Per-GPU scaling (tokens/s per GPU; efficiency against {scaling['base'] or '-'}): " + ", ".join(
+        f"{n} on {r['gpus']} GPU(s) {fmt(r['tokens_per_s_per_gpu'])} ({scaling['per_gpu_efficiency'][n]:.3f})"
+        for n, r in scaling["runs"].items()) + f"; the 1-GPU run: {scaling['one_gpu']}."]  # fmt: skip
+    for name, check in results["loss_vs_replay"].items():
+        if check:
+            lines.append(
+                f"Losses of ours_4 against its replay {name}: {check['steps_compared']} steps, max difference "
+                f"{check['max_abs']:.4f} ({check['max_relative']:.2%} relative; "
+                f"{'within' if check['within_bf16_noise'] else 'NOT within'} {check['tolerance']:.0%})."
+            )
+    check = (results["runs"].get("titan030_import") or {}).get("output", "").strip().splitlines()
+    if check:
+        lines.append(f"torchtitan 0.3.0 on this image: {check[-1][:300]}")
+    states = ", ".join(f"{n} {r.get('status')}" for n, r in results["runs"].items() if n != "commit")
+    lines.append(f"Commit: {results['runs'].get('commit', {}).get('output') or 'not recorded'}.")
+    lines += [f"Runs: {states}. Eight GPUs: {results['eight_gpus']}.", ""]
+    return "\n".join(lines)
+
+
+def write_outputs(out: Path, work: Path, steps: list[Step], runs: dict) -> None:
+    """results.json, report.md, runs.log (every step's output) and env.txt: at most 4 files, as the device allows 8."""
+    results = build(runs)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "report.md").write_text(markdown(results))
+    with (out / "runs.log").open("w") as log:
+        for step in steps:
+            path = work / f"{step.name}.log"
+            if path.exists():
+                text = path.read_text(errors="replace")
+                log.write(f"\n===== {step.name} ({len(text)} chars; the last 400,000)\n{text[-400_000:]}")
+    env = runs.get("env", {}).get("output")
+    if env:
+        (out / "env.txt").write_text(env + "\n\n" + runs.get("titan030_import", {}).get("output", ""))
+
+
+def main(args) -> None:
+    if args.plan:
+        if args.out is None:
+            raise SystemExit("--plan needs --out (the device's $OUT)")
+        run_plan(args.out, args.deadline_s, smoke=args.smoke, fa4_disk_cache=args.fa4_disk_cache)
+        return
+    source = args.report / "results.json"
+    runs = json.loads(source.read_text())["runs"] if source.exists() else {
+        p.stem: {"status": "ok", **json.loads(p.read_text())} for p in sorted(args.report.glob("*.json"))
+    }  # fmt: skip
+    results = build(runs)
+    (args.report / "results.json").write_text(json.dumps(results, indent=1))
+    (args.report / "report.md").write_text(markdown(results))
+    print(markdown(results))

@@ -1,0 +1,164 @@
+"""The 8B harness measures what its table says (benchmarks/gpu/scale_8b.py and its _scale_8b_* helpers, issue #46).
+
+On the CPU: two gloo ranks of ``--smoke`` (FSDP2, activation checkpointing, the chunked loss, 4 sampler ranks so each
+process accumulates 2 micro-batches) train exactly the losses of one process replaying the same 4-rank plan, which
+the GPU plan's loss check relies on; the FLOPs count is torchtitan's (its 8B count and published MFU, the HF model's
+parameters); torchtitan's step lines parse to their numbers; the rows, the scaling and the loss verdict are
+computed from the runs as the docstrings say.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _two_ranks import free_port, run_two_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = ROOT / "benchmarks" / "gpu"
+SCRIPT = GPU / "scale_8b.py"
+sys.path[:0] = [str(GPU), str(ROOT / "benchmarks")]
+
+metrics = importlib.import_module("_scale_8b_metrics")
+plan = importlib.import_module("_scale_8b_plan")
+
+SMOKE = ["--smoke", "--replicas", "4", "--steps", "3", "--warmup", "1"]
+WORKER = """
+import runpy, sys
+sys.argv = [{script!r}, *{smoke!r}, "--name", "two_ranks", "--out", sys.argv[1]]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+# torchtitan 0.2.2's lines (MetricsProcessor.log, tools/logging.py's format), as torchrun --role rank --tee 3 prefixes
+# them; the second with its colour codes (metrics.disable_color_printing off)
+TITAN_LOG = """\
+[rank0]:[titan] 2026-11-27 17:59:10,662 - root - INFO - Model scale8b_llama3 8B size: 8,030,261,248 total parameters
+[rank0]:[titan] 2026-11-27 17:59:10,743 - root - INFO - Peak FLOPS used for computing MFU: 9.890e+14
+[rank0]:[titan] 2026-11-27 17:59:10,746 - root - INFO - Training starts at step 1
+[rank0]:[titan] 2026-11-27 17:59:31,194 - root - INFO - step:  1  loss: 12.26104  grad_norm:  6.8913  memory: 38.95GiB(49.22%)  tps: 1,103  tflops: 63.88  mfu: 6.46%
+[rank0]:[titan] 2026-11-27 17:59:32,511 - root - INFO - \x1b[31mstep:  2  \x1b[32mloss: 11.90512  \x1b[38;2;180;60;0mgrad_norm:  5.0021  \x1b[36mmemory: 41.20GiB(52.07%)  \x1b[34mtps: 6,012  \x1b[36mtflops: 348.19  \x1b[35mmfu: 35.21%\x1b[39m
+[rank0]:[titan] 2026-11-27 17:59:33,824 - root - INFO - step:  3  loss: 11.51228  grad_norm:  4.1180  memory: 41.20GiB(52.07%)  tps: 6,000  tflops: 347.49  mfu: 35.14%
+[rank0]:[titan] 2026-11-27 17:59:35,150 - root - INFO - step:  4  loss: 11.20001  grad_norm:  3.9000  memory: 41.30GiB(52.19%)  tps: 5,000  tflops: 289.57  mfu: 29.28%
+[rank0]:[titan] 2026-11-27 17:59:36,150 - root - INFO - Training completed
+"""
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory):
+    """The 2-rank run and its 1-process replay of the same 4-rank plan, and a 1-process run of a 2-rank plan."""
+    out = tmp_path_factory.mktemp("scale_8b")
+    worker = WORKER.replace("{script!r}", repr(str(SCRIPT))).replace("{smoke!r}", repr(SMOKE))
+    run_two_ranks(worker.replace("{", "{{").replace("}", "}}"), out, timeout=300)
+    for name, replicas in (("replay", "4"), ("other_plan", "2")):
+        env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}  # fmt: skip
+        args = [*SMOKE, "--name", name, "--out", str(out)]
+        args[args.index("--replicas") + 1] = replicas
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_ranks_train_the_losses_of_the_one_process_replay(smoke_runs):
+    two, replay, other = smoke_runs["two_ranks"], smoke_runs["replay"], smoke_runs["other_plan"]
+    assert (two["gpus"], two["micro_batches_per_step_per_gpu"], replay["micro_batches_per_step_per_gpu"]) == (2, 2, 4)
+    assert len(two["loss"]) == len(replay["loss"]) == 4
+    # float32: the same weights, rows and updates (FSDP2's sharded AdamW included) give the same losses and norms
+    assert max(abs(a - b) for a, b in zip(two["loss"], replay["loss"])) < 1e-5
+    assert max(abs(a - b) / b for a, b in zip(two["grad_norm"], replay["grad_norm"])) < 1e-4
+    assert abs(two["loss"][0] - math.log(256)) < 0.05  # a token mean at a random init, not a sum over ranks
+    assert two["loss"][-1] < two["loss"][0]  # it trains: every weight moves (the head too)
+    assert abs(other["loss"][0] - two["loss"][0]) > 1e-4  # another plan: other rows, another loss
+    check = plan.loss_check(two, replay)
+    assert check["within_bf16_noise"] and check["steps_compared"] == 4
+    assert 0.9 < two["fill"] <= 1.0  # multipack rows nearly fill the 1,024-token budget
+    shape = metrics.TINY
+    assert two["flops_per_token"] == metrics.flops_per_token(shape, 1024)
+    assert two["mfu"] == pytest.approx(two["flops_per_token"] * two["tokens_per_s_per_gpu"] / 989e12)
+    assert two["flops_per_token_causal_documents"] < two["flops_per_token"]  # documents are shorter than the row
+
+
+def test_the_flops_count_is_torchtitans_and_the_hf_model_has_those_parameters():
+    import torch
+
+    scale_8b = importlib.import_module("scale_8b")
+    args = scale_8b.parse_args(["--attn", "sdpa"])
+    model = scale_8b.build_model(args, torch.device("meta"), torch.bfloat16)
+    total = sum(p.numel() for p in model.parameters())
+    assert (total, model.model.embed_tokens.weight.numel()) == metrics.parameters(metrics.LLAMA_3_1_8B)
+    assert total == 8_030_261_248  # Llama-3.1-8B, and torchtitan's "size" line for its 8B
+    assert metrics.flops_per_token(metrics.LLAMA_3_1_8B, 8192) == 57_914_449_920  # torchtitan 0.2.2's own count
+    assert metrics.mfu(57_914_449_920, 5762) == pytest.approx(0.33741, abs=1e-5)  # its published 5,762 tokens/s
+    # two documents of 3 and 5 tokens: queries attend 1+2+3 and 1+..+5 keys, 21 over 8 tokens
+    tiny = metrics.TINY
+    matmuls = 6 * (metrics.parameters(tiny)[0] - metrics.parameters(tiny)[1])
+    assert metrics.causal_document_flops_per_token(tiny, [3, 5]) == pytest.approx(matmuls + 12 * 2 * 4 * 16 * 21 / 8)
+
+
+def test_torchtitans_step_lines_parse_to_their_numbers():
+    parsed = metrics.parse_titan_log(TITAN_LOG)
+    assert parsed["peak_flops"] == 989e12 and parsed["parameters"] == 8_030_261_248
+    assert [s["step"] for s in parsed["steps"]] == [1, 2, 3, 4]
+    assert [s["tps"] for s in parsed["steps"]] == [1103.0, 6012.0, 6000.0, 5000.0]
+    assert parsed["steps"][1] == {"step": 2, "loss": 11.90512, "grad_norm": 5.0021, "memory_gib": 41.2,
+                                  "memory_pct": 52.07, "tps": 6012.0, "tflops": 348.19, "mfu_pct": 35.21}  # fmt: skip
+    run = {"status": "ok", "flavor": "8B", **parsed, "data": {"rows": 4}}
+    summary = plan.titan_summary(run)  # steps after the first 3: step 4 alone
+    assert summary["tokens_per_s_per_gpu"] == 5000.0 and summary["steps_timed"] == 1
+    assert summary["mfu"] == pytest.approx(57_914_449_920 * 5000 / 989e12)
+    assert summary["mfu_logged"] == pytest.approx(0.2928)
+    assert summary["mfu_causal_documents"] == pytest.approx(
+        metrics.causal_document_flops_per_token(metrics.LLAMA_3_1_8B, [8192]) * 5000 / 989e12
+    )  # flavour 8B: one causal sequence per row
+
+
+def test_the_rows_scaling_and_loss_verdict_come_from_the_runs():
+    steps = [{"step": i, "loss": 12.0, "grad_norm": 1.0, "memory_gib": 40.0, "memory_pct": 50.0, "tps": t,
+              "tflops": 0.0, "mfu_pct": 0.0} for i, t in enumerate([100.0, 100.0, 100.0, 4000.0, 6000.0], 1)]  # fmt: skip
+    ours = {
+        "status": "ok",
+        "gpus": 4,
+        "tokens_per_s_per_gpu": 6000.0,
+        "mfu": 0.35,
+        "mfu_causal_documents": 0.31,
+        "peak_allocated_gib_per_gpu": [30.0, 31.0],
+        "compile": False,
+        "loss": [12.0, 11.0, 10.0],
+        "card": "H100",
+    }
+    runs = {
+        "ours_4": ours,
+        "ours_2": {**ours, "gpus": 2, "tokens_per_s_per_gpu": 6200.0, "loss": [12.0, 11.1, 10.0]},
+        "ours_1": {**ours, "gpus": 1, "tokens_per_s_per_gpu": 6400.0, "loss": [12.0, 11.5, 10.5]},
+        "titan_varlen_4": {"status": "ok", "flavor": "8B_varlen", "steps": steps, "data": {"documents": [100] * 82}},
+        "titan_causal_4": {"status": "exit 1", "steps": []},
+    }  # fmt: skip
+    results = plan.build(runs)
+    (row,) = [r for r in results["rows"] if r["torchtitan"] == "titan_varlen_4"]
+    assert row["torchtitan_tokens_per_s_per_gpu"] == pytest.approx(
+        4800.0
+    )  # 2 steps of equal tokens: 2 / (1/4000 + 1/6000)
+    assert row["ours_vs_torchtitan"] == pytest.approx(6000 / 4800)
+    assert not any(r["torchtitan"] == "titan_causal_4" for r in results["rows"])  # a failed run makes no number
+    assert results["scaling"]["per_gpu_efficiency"] == pytest.approx({"ours_1": 1.0, "ours_2": 6200 / 6400,
+                                                                      "ours_4": 6000 / 6400})  # fmt: skip
+    assert results["loss_vs_replay"]["ours_2"]["within_bf16_noise"]  # 0.1 / 11 < 2%
+    assert not results["loss_vs_replay"]["ours_1"]["within_bf16_noise"]  # 0.5 / 11 > 2%
+    table = plan.markdown(results)
+    assert "| 6,000 | 4,800 | 1.25 |" in table and "NOT within" in table
+
+
+@pytest.mark.parametrize("name", ["_scale_8b_metrics", "_scale_8b_data", "scale_8b"])
+def test_the_helpers_docstring_examples(name):
+    assert doctest.testmod(importlib.import_module(name)).failed == 0
