@@ -162,3 +162,40 @@ def test_the_rows_scaling_and_loss_verdict_come_from_the_runs():
 @pytest.mark.parametrize("name", ["_scale_8b_metrics", "_scale_8b_data", "scale_8b"])
 def test_the_helpers_docstring_examples(name):
     assert doctest.testmod(importlib.import_module(name)).failed == 0
+
+
+def test_the_device_plan_gives_both_sides_the_same_settings(tmp_path):
+    steps = {s.name: s for s in plan.plan_steps(tmp_path)}
+    assert list(steps)[:7] == [
+        "env",
+        "titan030_import",
+        "titan_causal_4",
+        "ours_4",
+        "ours_2",
+        "titan_varlen_4",
+        "ours_1",
+    ]
+
+    def option(step, name):
+        return step.command[step.command.index(name) + 1]
+
+    ours4 = steps["ours_4"]
+    ours_defaults = importlib.import_module("scale_8b").parse_args([])
+    for name in ("titan_causal_4", "titan_varlen_4"):
+        titan = steps[name]
+        assert "--nproc-per-node=4" in titan.command and "--nproc-per-node=4" in ours4.command  # the same 4 GPUs
+        assert int(option(titan, "--training.seq_len")) == ours_defaults.tokens_per_batch == 8192
+        assert option(titan, "--training.local_batch_size") == "1"  # one 8,192-token row per GPU per step, as ours
+        assert option(titan, "--activation_checkpoint.mode") == "full" and ours_defaults.ac == "full"
+        assert option(titan, "--training.dtype") == "bfloat16"  # bf16 weights and AdamW states, as ours on CUDA
+        timed = int(option(titan, "--training.steps")) - plan.TITAN_SKIP
+        assert timed == int(option(ours4, "--steps")) == 12  # the same number of timed steps
+        assert "--compile.enable" not in titan.command and "--compile" not in ours4.command
+    assert option(steps["titan_varlen_4"], "--model.flavor") == "8B_varlen"  # the documents' boundaries
+    assert option(steps["titan_causal_4"], "--model.flavor") == "8B"  # one causal sequence per row
+    for name in ("ours_4", "ours_2", "ours_1"):  # every GPU count replays the same 4-rank plan
+        assert option(steps[name], "--replicas") == "4"
+    assert steps["ours_2"].env["CUDA_VISIBLE_DEVICES"] == "0,1" and steps["ours_1"].env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert (
+        "--compile.enable" in steps["titan_varlen_4_compile"].command and "--compile" in steps["ours_4_compile"].command
+    )

@@ -212,7 +212,10 @@ def run_loop(args, rank: int, world: int, device: torch.device) -> dict | None:
         model.zero_grad(set_to_none=True)
     loss_fn = training_loss(model, "chunked")  # raises rather than fall back to the full logits
     warm_up_seconds, warm_up_kernels, warm_up_graphs = time.perf_counter() - started, fa4.count, graphs_compiled()
+    if rank == 0:
+        print(f"init {init_seconds:.1f} s, warm-up {warm_up_seconds:.1f} s ({warm_up_kernels} FA4 kernels)", flush=True)
     if cuda:
+        torch.cuda.empty_cache()  # the warm-up's full-logit losses leave large blocks behind (1 GPU: tight)
         torch.cuda.reset_peak_memory_stats(device)
     losses, norms, ends, tokens, documents_trained = [], [], [], 0, []
     gc.collect()
