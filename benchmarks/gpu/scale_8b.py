@@ -33,20 +33,21 @@ Device plan (issue #46): ONE call on a 4x H100 machine, <= 9.5 min, after FA4's 
 ``--plan`` (``_scale_8b_plan.py``) runs, each under ``timeout``, skipped when the deadline leaves too little:
 
     step            what                                                     expected
-    env + 0.3.0     versions, nvidia-smi; torchtitan 0.3.0's import on torch 2.11 (it fails: see the wheel script)   ~15 s
+    env             versions, nvidia-smi                                                   ~5 s
     titan_causal_4  torchtitan 0.2.2 Llama 3.1 8B, 4 GPUs, FSDP, full AC, bf16, local batch 1 x 8192, 15 steps,
                     flavour 8B: sdpa, one causal sequence per row (its published setting; unpacked rows)  ~80 s
     ours_4          ours, 4 GPUs, the same settings, 3 + 12 steps                                          ~100 s
     ours_2          ours, 2 GPUs, R = 4 (2 micro-batches a step): scaling, and the replay of ours_4     ~70 s
     titan_varlen_4  torchtitan, 4 GPUs, flavour 8B_varlen: its varlen attention over the same documents  ~90 s
     ours_1          ours, 1 GPU, R = 4 (4 micro-batches a step; bf16 AdamW states: ~64 GB + activations)   ~70 s
+    titan030_import torchtitan 0.3.0's import on the image's torch 2.11 (fails: torchtitan_wheels.sh)  ~20 s
     (if time)       ours_4_compile, titan_varlen_4_compile (torch.compile on both), ours_trainer_4       ~150 s each
 
 and writes, after every step, at most 4 files: ``results.json`` (the rows of issue #46's item 5 and every run),
-``report.md`` (the table for docs/benchmarks.md), ``runs.log`` (every run's output), ``env.txt``. The steps through
-ours_2 end by ~330 s, titan_varlen_4 by ~420 s (``--deadline-s 420`` keeps the call near 8 minutes); the FA4 warm-up
-(~25 s of kernel compiles) is paid by each of our runs unless ``--fa4-disk-cache`` shares FA4's on-disk cache
-(untried on the device so far, hence off). ours_1 runs with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
+``report.md`` (the table for docs/benchmarks.md), ``runs.log`` (every run's output), ``env.txt``. By estimate
+ours_2 ends by ~260 s (``--deadline-s 300``: a call of ~6 minutes), titan_varlen_4 by ~350 s, ours_1 by ~420 s.
+Each of our runs pays FA4's warm-up (~25 s of kernel compiles) unless ``--fa4-disk-cache`` shares FA4's on-disk
+cache (untried on the device so far, hence off). ours_1 runs with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
 
 CPU checks: ``--smoke`` (tiny shapes, gloo, sdpa, float32; tests/test_scale_8b_harness.py runs it as 2 ranks against
 its 1-process replay); ``--plan --smoke --out DIR`` rehearses the whole device call on the CPU (2 gloo processes,
