@@ -68,6 +68,16 @@ ENV = ("nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,power.limit --fo
        "'torch|transformers|accelerate|flash|cutlass|tyro|datasets'")  # fmt: skip
 
 
+def fa4_installed() -> bool:
+    """Whether FlashAttention-4 (flash_attn.cute) is importable; without it our runs take torch's varlen kernel."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("flash_attn.cute") is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) -> list[Step]:
     """The device call's steps in order; ``smoke``: the same driver on the CPU (2 gloo processes for 4 GPUs, 1 for 2
     and 1, tiny models, torchtitan's debug model under DDP), the rehearsal the CPU test runs. ``fa4_disk_cache``: our
@@ -88,7 +98,7 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
         titan_common += ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.data_parallel_replicate_degree",
                          str(big)]  # fmt: skip
     titan_data = ["--cpu", "--data-examples", "300", "--data-max-length", "512"] if smoke else []
-    ours_extra = ["--smoke"] if smoke else []
+    ours_extra = ["--smoke"] if smoke else ([] if fa4_installed() else ["--attn", "packing_varlen"])
     replicas = str(big)
 
     def titan(name: str, flavor: str, *extra: str, expected: float = 90, timeout: float = 170) -> Step:
