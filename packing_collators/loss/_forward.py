@@ -93,16 +93,25 @@ def chunked_forward(model, inputs: Mapping, head: OutputHead, targets: torch.Ten
     return _run(model, inputs, head, compute)
 
 
-def log_prob_forward(model, inputs: Mapping, head: OutputHead, targets: torch.Tensor):
-    """(float32 (B, T): log p(target) at each position with a target, 0 elsewhere; the model's outputs)."""
+def log_prob_forward(model, inputs: Mapping, head: OutputHead, targets: torch.Tensor, stats: dict | None = None):
+    """(float32 (B, T): log p(target) at each position with a target, 0 elsewhere; the model's outputs).
+
+    ``stats``: a dict filled with float32 (B, T) ``entropy``, ``mean_logits`` and ``is_top1`` at the same
+    positions (0 elsewhere), without gradients (see :func:`token_log_probs`)."""
     mask = targets != IGNORE_INDEX
     layer = head.module
 
     def compute(hidden):
         selected = _selected(hidden, mask)
-        per_token = token_log_probs(selected, layer.weight, layer.bias, targets[mask].to(selected.device), head.transform)
+        found: dict | None = {} if stats is not None else None
+        per_token = token_log_probs(
+            selected, layer.weight, layer.bias, targets[mask].to(selected.device), head.transform, stats=found
+        )
+        where = mask.to(per_token.device)
+        for name, values in (found or {}).items():
+            stats[name] = torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(where, values)
         out = torch.zeros(mask.shape, dtype=per_token.dtype, device=per_token.device)
-        return out.masked_scatter(mask.to(out.device), per_token)
+        return out.masked_scatter(where, per_token)
 
     return _run(model, inputs, head, compute)
 
