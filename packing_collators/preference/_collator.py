@@ -10,6 +10,17 @@ Two pairs ``(P1, C1, R1)`` and ``(P2, C2, R2)`` (prompt, chosen, rejected token 
     pair_tokens    [ |P1 C1| + |P1 R1|, ... ]                      int64 (B,)     tokens a padded batch would hold
     ref_chosen_logps, ref_rejected_logps                           float32 (B,)   when the dataset has them
 
+With ``share_prompt=True`` each pair's prompt is laid out once, and the rejected completion attends to it
+through a key-side layout that repeats it (a varlen kernel's keys, or the dense mask under sdpa/eager)::
+
+    input_ids      [ P1 C1 R1 | P2 C2 R2 ]                         queries: [P C] then [R], per pair
+    position_ids   [ 0 .. p+c-1, p .. p+r-1 | ... ]                R continues the prompt's positions
+    kv_index       [ P1 C1 P1 R1 | P2 C2 P2 R2 ] (row positions)   int64 (Tk,): the keys, the prompt twice
+    q_index        each row token's place among the keys           int64 (T,)
+    cu_seq_lens_q  [0, |P1 C1|, +|R1|, ...]   cu_seq_lens_k [0, |P1 C1|, +|P1 R1|, ...]   (bottom-right causal)
+    pair_labels, pair_sequence                                     over the keys' layout: [P C] and [P R] as
+                                                                   the unshared row has them (no ``labels``)
+
 Only completion tokens are targets (the prompt's labels are -100), as TRL's ``DataCollatorForPreference``
 marks them with its ``completion_mask``; each sequence is cut to ``max_length`` the same way
 (``truncation_mode="keep_start"`` or ``"keep_end"``). The ``pair_*`` keys are the loss's bookkeeping: the
@@ -29,7 +40,7 @@ from ..collate import FlatteningCollator
 
 __all__ = ["PAIR_KEYS", "PreferenceCollator"]
 
-PAIR_KEYS = ("pair_sequence", "pair_count", "pair_tokens", "ref_chosen_logps", "ref_rejected_logps")
+PAIR_KEYS = ("pair_sequence", "pair_labels", "pair_count", "pair_tokens", "ref_chosen_logps", "ref_rejected_logps")
 Truncation = Literal["keep_start", "keep_end"]
 
 
@@ -55,16 +66,21 @@ class PreferenceCollator:
     ([[0, 0, 0, 1, 1, 1, 1]], 1, [7])
     """
 
-    def __init__(self, *, max_length: int | None = None, truncation_mode: Truncation = "keep_start") -> None:
+    def __init__(
+        self, *, max_length: int | None = None, truncation_mode: Truncation = "keep_start", share_prompt: bool = False
+    ) -> None:
         if truncation_mode not in ("keep_start", "keep_end"):
             raise ValueError(f"truncation_mode={truncation_mode!r} is not supported; choose 'keep_start' or 'keep_end'.")
         if max_length is not None and max_length < 1:
             raise ValueError(f"max_length must be a positive integer or None, got {max_length!r}.")
-        self.max_length, self.truncation_mode = max_length, truncation_mode
+        self.max_length, self.truncation_mode, self.share_prompt = max_length, truncation_mode, share_prompt
         self._flatten = FlatteningCollator()
 
     def __repr__(self) -> str:
-        return f"PreferenceCollator(max_length={self.max_length}, truncation_mode={self.truncation_mode!r})"
+        return (
+            f"PreferenceCollator(max_length={self.max_length}, truncation_mode={self.truncation_mode!r}, "
+            f"share_prompt={self.share_prompt})"
+        )
 
     def sequences(self, pair: Mapping[str, Any], index: int = 0) -> list[dict]:
         """The chosen and the rejected sequence of one pair, as examples (``input_ids``, ``labels``), cut."""
@@ -87,9 +103,18 @@ class PreferenceCollator:
         if features and "prompt_ids" not in features[0]:
             return self._flatten(features)  # plain sequences (the packing probe's): as FlatteningCollator does
         sequences = [s for i, pair in enumerate(features) for s in self.sequences(pair, i)]
+        if self.share_prompt:
+            from ._shared import shared_batch
+
+            batch = shared_batch(sequences)
+            return self._pair_extras(batch, features, sequences)
         batch = self._flatten(sequences)
         lengths = np.array([len(s["input_ids"]) for s in sequences], dtype=np.int64)
         batch["pair_sequence"] = torch.from_numpy(np.repeat(np.arange(len(sequences)), lengths))[None]
+        return self._pair_extras(batch, features, sequences)
+
+    def _pair_extras(self, batch: dict, features, sequences: list[dict]) -> dict:
+        lengths = np.array([len(s["input_ids"]) for s in sequences], dtype=np.int64)
         batch["pair_count"] = len(features)
         batch["pair_tokens"] = torch.from_numpy(lengths.reshape(-1, 2).sum(1))
         for key in ("ref_chosen_logps", "ref_rejected_logps"):

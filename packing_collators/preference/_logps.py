@@ -5,7 +5,9 @@
     logps[s] = sum of its targets' log-probabilities          chosen = logps[0::2], rejected = logps[1::2]
 
 A target at position t is token t + 1 of the row (a causal LM predicts the next token), so it belongs to
-token t + 1's sequence; a sequence's first token is never a target, so nothing crosses a boundary. With
+token t + 1's sequence; a sequence's first token is never a target, so nothing crosses a boundary. In
+the shared-prompt layout the positions are the keys' (``[P C | P R]``, ``pair_labels``), each reading the
+hidden state of its row token (``kv_index``): the prompt's last token predicts both completions' first. With
 ``stats`` the same pass gives each target's entropy, mean logit and whether it is the top token (the
 metrics TRL logs). Cost: the chunked log-probabilities (``packing_collators.loss``), one index_add.
 """
@@ -61,9 +63,11 @@ class PairLogProbs:
 def pair_log_probs(model, batch: dict, head: OutputHead, *, stats: bool = False) -> PairLogProbs:
     """The chosen and rejected sequences' completion log-probabilities of a :class:`PreferenceCollator` batch."""
     inputs = {key: value for key, value in batch.items() if key not in PAIR_KEYS}
-    targets = shifted_targets(batch)
+    shared = "pair_labels" in batch  # the shared-prompt layout: targets over the keys' layout
+    targets = shifted_targets({"labels": batch["pair_labels"] if shared else batch["labels"]})
+    rows = batch["kv_index"].reshape(targets.shape) if shared else None
     found: dict | None = {} if stats else None
-    per_token, outputs = log_prob_forward(model, inputs, head, targets, stats=found)
+    per_token, outputs = log_prob_forward(model, inputs, head, targets, stats=found, rows=rows)
     owner = torch.nn.functional.pad(batch["pair_sequence"][:, 1:], (0, 1), value=-1).to(per_token.device)
     sequence = torch.where(targets.to(owner.device) != IGNORE_INDEX, owner, -1)
     count = 2 * int(batch["pair_count"])

@@ -77,12 +77,15 @@ class PackingDPOTrainer(DPOTrainer):
     def __init__(self, model, ref_model=None, args: DPOConfig | None = None, data_collator=None, *a, **kw) -> None:
         self.max_tokens_per_batch = kw.pop("max_tokens_per_batch", None)
         packing_probe = kw.pop("packing_probe", True)
+        self.share_prompt = bool(kw.pop("share_prompt", False))
         args = args if args is not None else DPOConfig(output_dir="packing-dpo")
         _refuse_options(args)
         if ref_model is None and not isinstance(model, str) and not _loadable(model) and not _adapter_reference(model, kw, args):
             ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         if data_collator is None:
-            data_collator = PreferenceCollator(max_length=args.max_length, truncation_mode=args.truncation_mode)
+            data_collator = PreferenceCollator(
+                max_length=args.max_length, truncation_mode=args.truncation_mode, share_prompt=self.share_prompt
+            )
         super().__init__(model, ref_model, args, data_collator, *a, **kw)
         if self._is_vision_dataset:
             raise ValueError(
@@ -113,11 +116,12 @@ class PackingDPOTrainer(DPOTrainer):
     def compute_ref_log_probs(self, model, inputs):
         """(chosen, rejected) reference log-probabilities of a packed batch (``precompute_ref_log_probs``)."""
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            ref = _reference(self, inputs)
+            ref = _reference(self, self._with_mask(inputs))
         return ref.chosen, ref.rejected
 
     def _compute_loss(self, model, inputs, return_outputs):
         mode = "train" if self.model.training else "eval"
+        inputs = self._with_mask(inputs)
         routed = {**inputs, "output_router_logits": True} if self.aux_loss_enabled else inputs
         policy = pair_log_probs(model, routed, self._head(model), stats=True)
         if self.precompute_ref_logps:
@@ -142,6 +146,15 @@ class PackingDPOTrainer(DPOTrainer):
             return loss, {"chosen_logps": chosen.detach(), "rejected_logps": rejected.detach()}
         return loss
 
+    def _with_mask(self, inputs: dict) -> dict:
+        """A shared-prompt batch under sdpa/eager: the dense mask of its layout (see ``_shared.py``)."""
+        from .._compat import attn_implementation
+        from .._model_unwrap import text_config
+        from ._shared import with_shared_mask
+
+        model = unwrap_model(self.model)
+        return with_shared_mask(inputs, attn_implementation(text_config(model)), next(model.parameters()).dtype)
+
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys: list[str] | None = None):
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
@@ -163,6 +176,18 @@ def _prepare(trainer) -> None:
 
     enable_packing(trainer.model)
     implementation = choose_attention(trainer.model, "auto")
+    if trainer.share_prompt:
+        from .._compat import attn_implementation
+        from .._model_unwrap import text_config
+        from ._shared import SHARED_ATTENTION
+
+        implementation = attn_implementation(text_config(unwrap_model(trainer.model)))
+        if implementation not in SHARED_ATTENTION:
+            raise ValueError(
+                f"share_prompt=True needs an attention that reads a shared prompt's layout ({', '.join(SHARED_ATTENTION)}); "
+                f"the model runs {implementation!r}, which would let each rejected completion see its chosen one. Pass "
+                "attn_implementation='packing_fa4' (register_fa4_attention()) or 'packing_varlen', or share_prompt=False."
+            )
     if trainer.ref_model is not None:
         reference = unwrap_model(trainer.ref_model)
         enable_packing(reference)

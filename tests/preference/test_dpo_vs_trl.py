@@ -46,7 +46,7 @@ def _logs(trainer) -> list[dict]:
     return [entry for entry in trainer.state.log_history if "loss" in entry and "train_runtime" not in entry]
 
 
-def _run(tmp_path, kind, packed: bool, **options):
+def _run(tmp_path, kind, packed: bool, share_prompt: bool = False, **options):
     from trl import DPOTrainer
 
     from packing_collators import PackingDPOTrainer
@@ -54,23 +54,24 @@ def _run(tmp_path, kind, packed: bool, **options):
     model = _model(kind)
     reference = copy.deepcopy(model).eval()
     pairs = datasets.Dataset.from_list(text_pairs(12, seed=1))
-    cls = PackingDPOTrainer if packed else DPOTrainer
     shapes = []
     model.register_forward_pre_hook(lambda m, a, k: shapes.append(tuple(k["input_ids"].shape)), with_kwargs=True)
-    trainer = cls(model=model, ref_model=reference, args=_config(tmp_path / str(packed), **options),
+    common = dict(model=model, ref_model=reference, args=_config(tmp_path / f"{packed}{share_prompt}", **options),
                   train_dataset=pairs, processing_class=word_tokenizer())  # fmt: skip
+    trainer = PackingDPOTrainer(**common, share_prompt=share_prompt) if packed else DPOTrainer(**common)
     return _logs(trainer), shapes
 
 
+@pytest.mark.parametrize("share_prompt", [False, True])
 @pytest.mark.parametrize("kind", ["llama", "qwen3_5"])
-def test_two_steps_log_what_trl_logs(tmp_path, kind):
+def test_two_steps_log_what_trl_logs(tmp_path, kind, share_prompt):
     theirs, _ = _run(tmp_path, kind, packed=False)
-    ours, shapes = _run(tmp_path, kind, packed=True)
+    ours, shapes = _run(tmp_path, kind, packed=True, share_prompt=share_prompt)
     assert len(ours) == len(theirs) == 2
     for mine, reference in zip(ours, theirs):
         for name in METRICS:
             assert mine[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-5), name
-    training = [s for s in shapes if s[1] > 40]  # the probe's short rows aside
+    training = [s for s in shapes if s[1] > 40]  # the probe's short rows aside (a shared row holds each prompt once)
     assert training and all(rows == 1 for rows, _ in training)  # one packed row per micro-batch
 
 
