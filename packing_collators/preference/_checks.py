@@ -6,7 +6,10 @@
       FlashAttention-4: its kernels compiled up to the longest sequence, before the first step
 
 A preference row is a flat row of sequences, so the SFT probe measures what matters: no sequence sees
-another. Cost: the probe's few forwards per model, once.
+another. With ``share_prompt`` the shared layout is measured on the policy too: the first pairs'
+log-probabilities shared must equal the unshared ones (within the dtype's tolerance), and changing
+their chosen completions must leave the rejected ones' exactly as they were (routed experts run per
+token, as in the probe). Cost: the probe's few forwards per model, four more with ``share_prompt``; once.
 """
 
 from __future__ import annotations
@@ -59,8 +62,61 @@ class PreferenceCheckCallback(TrainerCallback):
         models = [model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
         for each in models:
             self._check(each, batch, args)
+        if trainer.share_prompt and self.probe:
+            self._check_shared(model, pairs, args)
         longest = max(len(s["input_ids"]) for s in sequences) if sequences else 0
         for each in models:
             inner = unwrap_model(each)
             if attn_implementation(text_config(inner)) in ("flash_attention_4", FA4_ATTENTION) and longest:
                 warm_up_attention(probe_module(each), max_length=max(longest, trainer.args.max_length or 0))
+
+
+    def _check_shared(self, model, pairs: list, args) -> None:
+        """Refuse a model on which the shared-prompt layout changes a sequence's log-probability or leaks."""
+        import torch
+
+        from ..checks import tokenwise_experts
+        from ..checks._probe_parts import probe_dtype, tolerance
+
+        trainer = self.trainer
+        module = probe_module(model)
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad(), _autocast(args, module) or _null(), tokenwise_experts(module):
+                found = [_pair_values(trainer, module, pairs, share) for share in (False, True)]
+                changed = [dict(p, chosen_ids=[(t + 1) % 4 + 5 for t in p["chosen_ids"]]) for p in pairs]
+                leaked = _pair_values(trainer, module, changed, True)
+        finally:
+            module.train(was_training)
+        difference = max(float((a - b).abs().max()) for a, b in zip(found[0], found[1]))
+        allowed = tolerance(probe_dtype(_autocast(args, module), next(module.parameters())), found[0][1].cpu().numpy())
+        leak = float((leaked[1] - found[1][1]).abs().max())
+        logger.info("PackingDPOTrainer: shared prompts: |shared - unshared| %.3g (tolerance %.3g), leak %.3g",
+                    difference, allowed, leak)  # fmt: skip
+        if leak or difference > allowed:
+            raise ValueError(
+                f"share_prompt=True changes this model's sequence log-probabilities: shared against unshared "
+                f"{difference:.3g} (tolerance {allowed:.3g}); a chosen completion moves the rejected ones by {leak:.3g} "
+                "(must be 0). Its attention or a layer does not keep the shared layout: train with share_prompt=False."
+            )
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _pair_values(trainer, model, pairs: list, share: bool):
+    """(chosen, rejected) log-probabilities of ``pairs`` laid out shared or not, on ``model``."""
+    from ._collator import PreferenceCollator
+    from ._logps import pair_log_probs
+
+    collator = trainer.data_collator
+    batch = PreferenceCollator(max_length=collator.max_length, truncation_mode=collator.truncation_mode,
+                               share_prompt=share)(pairs)  # fmt: skip
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
+    found = pair_log_probs(model, trainer._with_mask(batch), trainer._head(model))
+    return found.chosen.float(), found.rejected.float()

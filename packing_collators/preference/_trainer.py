@@ -86,14 +86,15 @@ class PackingDPOTrainer(DPOTrainer):
             data_collator = PreferenceCollator(
                 max_length=args.max_length, truncation_mode=args.truncation_mode, share_prompt=self.share_prompt
             )
+        self._loss = PreferenceLoss.from_config(args)
+        self._heads: dict[int, Any] = {}
+        _enable(model, ref_model)  # before TRL's __init__, which may compute the reference's log-probabilities
         super().__init__(model, ref_model, args, data_collator, *a, **kw)
         if self._is_vision_dataset:
             raise ValueError(
                 "PackingDPOTrainer does not pack vision-language preference pairs (each pair's images would have to "
                 "follow it into the packed row); train them with DPOTrainer."
             )
-        self._loss = PreferenceLoss.from_config(self.args)
-        self._heads: dict[int, Any] = {}
         _prepare(self)
         from ._checks import PreferenceCheckCallback
 
@@ -167,6 +168,15 @@ def _adapter_reference(model, kwargs: dict, args) -> bool:
     from accelerate.utils import is_peft_model
 
     return is_peft_model(model) or kwargs.get("peft_config") is not None or bool(args.precompute_ref_log_probs)
+
+
+def _enable(*models) -> None:
+    """enable_packing on each model given (hybrids keep the row's sequences apart)."""
+    from ..models import enable_packing
+
+    for model in models:
+        if model is not None and not isinstance(model, str):
+            enable_packing(model)
 
 
 def _prepare(trainer) -> None:

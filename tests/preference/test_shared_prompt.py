@@ -86,3 +86,27 @@ def test_a_pair_whose_cut_sequences_start_differently_is_laid_out_unshared():
     assert batch["cu_seq_lens_q"].tolist() == [0, 7, 14, 18, 22]  # pair 0: two sequences; pair 1: [P C], then [R]
     assert batch["cu_seq_lens_k"].tolist() == [0, 7, 14, 18, 25]  # pair 1's keys: [P C], [P R]
     assert batch["kv_index"].numel() == 25 and batch["input_ids"].shape[1] == 22
+
+
+def test_the_trainer_measures_the_shared_layout_on_the_model_and_refuses_a_leak(tmp_path, monkeypatch):
+    import copy
+
+    import datasets
+    from _pairs import text_pairs, word_tokenizer
+    from trl import DPOConfig
+
+    from packing_collators import PackingDPOTrainer
+    from packing_collators.preference import _shared
+
+    def trainer():
+        model = tiny_model("llama", vocab_size=64, initializer_range=0.05)
+        args = DPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, report_to="none",
+                         use_cpu=True, save_strategy="no", disable_tqdm=True, max_length=64, bf16=False)  # fmt: skip
+        return PackingDPOTrainer(model=model, ref_model=copy.deepcopy(model).eval(), args=args, share_prompt=True,
+                                 train_dataset=datasets.Dataset.from_list(text_pairs(8)), processing_class=word_tokenizer())  # fmt: skip
+
+    trainer().train()  # measured and accepted
+    causal = lambda batch: torch.ones(1, 1, batch["input_ids"].shape[1], batch["input_ids"].shape[1]).tril().bool()  # noqa: E731
+    monkeypatch.setattr(_shared, "shared_mask", causal)  # a layout that lets R see C
+    with pytest.raises(ValueError, match="a chosen completion moves the rejected ones"):
+        trainer().train()
