@@ -27,6 +27,7 @@ built only on the ones above it in this map::
                enable_ulysses_attention,                 a rank's shard, the all-to-all attention,
                sequence_parallel_mesh,                   the dp x sp mesh, the probe through it
                probe_sequence_parallel                   (PackingTrainer(sequence_parallel_size=n))
+    preference/ PackingDPOTrainer, PreferenceCollator    preference pairs (DPO) in packed rows, exact against TRL
     trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, packing metrics in the logs,
                PackingMetricsCallback,                   a token budget from GPU memory (measured,
                measure_token_budget, check_token_budget  or a given one checked), torch.compile
@@ -80,10 +81,12 @@ __all__ = [
     "MultipackBatchSampler",
     "PackStats",
     "PackingCheckCallback",
+    "PackingDPOTrainer",
     "PackingMetricsCallback",
     "PackingResult",
     "PackingTrainer",
     "PrePackedCollator",
+    "PreferenceCollator",
     "ProbeReport",
     "SequenceShardCollator",
     "TokenBudget",
@@ -142,6 +145,10 @@ def __getattr__(name: str):
         from .loss import enable_chunked_loss
 
         return enable_chunked_loss
+    if name in ("PackingDPOTrainer", "PreferenceCollator"):  # preference/ imports torch (and TRL, for the trainer)
+        from . import preference
+
+        return getattr(preference, name)
     if name == "MultipackBatchSampler":
         from . import sampler
 

@@ -99,19 +99,20 @@ def reference_varlen_attn(
         assert enable_gqa, "k/v with fewer heads than q need enable_gqa=True"
         key, value = (x.repeat_interleave(query.shape[1] // x.shape[1], dim=1) for x in (key, value))
     out = torch.empty_like(query)
-    bounds = cu_seq_q.tolist()
-    assert bounds == cu_seq_k.tolist() and max(np.diff(bounds)) == max_q
+    bounds, key_bounds = cu_seq_q.tolist(), cu_seq_k.tolist()
+    assert len(bounds) == len(key_bounds) and max(np.diff(bounds)) == max_q and max(np.diff(key_bounds)) == max_k
     left, right = window_size
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        n = end - start
-        pos = torch.arange(n)
-        delta = pos[:, None] - pos[None, :]  # q - k
-        allowed = torch.ones(n, n, dtype=torch.bool)
+    for start, end, k_start, k_end in zip(bounds[:-1], bounds[1:], key_bounds[:-1], key_bounds[1:]):
+        # windows aligned bottom-right, as flash kernels align them: the last query meets the last key
+        q_pos, k_pos = torch.arange(end - start) + (k_end - k_start) - (end - start), torch.arange(k_end - k_start)
+        delta = q_pos[:, None] - k_pos[None, :]  # q - k
+        allowed = torch.ones(end - start, k_end - k_start, dtype=torch.bool)
         if left >= 0:
             allowed &= delta <= left
         if right >= 0:
             allowed &= -delta <= right
-        q, k, v = (x[start:end].transpose(0, 1) for x in (query, key, value))
+        q = query[start:end].transpose(0, 1)
+        k, v = (x[k_start:k_end].transpose(0, 1) for x in (key, value))
         out[start:end] = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=allowed, scale=scale
         ).transpose(0, 1)

@@ -29,6 +29,7 @@ SCRIPTS = [
     "chat_tokenize.py",
     "sft_trl.py",
     "sft_vlm.py",
+    "dpo_packing.py",
 ]
 TINY = ["--max-examples", "24", "--batch-size", "4", "--max-length", "96", "--logging-steps", "1"]
 
@@ -217,3 +218,15 @@ def test_the_vision_language_script_trains_packed_images_and_text():
     assert "12 with an image, 12 text only" in out
     losses = [float(x) for x in re.search(r"losses:\s+(.*)", out).group(1).split(", ")]
     assert len(losses) == 2 and all(math.isfinite(x) and 0 < x < 20 for x in losses)
+
+
+@pytest.mark.slow
+def test_the_dpo_script_trains_the_same_steps_with_shared_prompts():
+    """Packed DPO pairs, then each prompt once: the same losses and rewards step by step (the layouts agree)."""
+    tiny = ["--max-pairs", "24", "--batch-size", "4", "--max-steps", "4", "--max-length", "96", "--lr", "1e-3"]
+    packed = run(sys.executable, "examples/dpo_packing.py", *tiny)
+    shared = run(sys.executable, "examples/dpo_packing.py", *tiny, "--share-prompt")
+    steps = [line for line in packed.splitlines() if line.startswith("step ")]
+    assert len(steps) == 4 and steps == [line for line in shared.splitlines() if line.startswith("step ")]
+    assert any(number(line.split("rewards/margins")[1]) != 0 for line in steps[1:])  # the policy moved
+    assert "pairs: 24; optimizer steps: 4" in packed and "(shared prompts)" in shared

@@ -3,6 +3,8 @@
     query (b, heads, s, d)  --autocast_inputs-->  half dtype under autocast
                             --flat-->             (b * s, heads, d): one flat sequence
     cu_seq_lens_q/k, max_length_q/k  --flat_lengths-->  int32 on the query's device, Python ints
+    kv_index (optional)              --gather-->        k, v laid out as cu_seq_lens_k says (a shared prompt's
+                                                        keys repeat it; causal alignment bottom-right)
     is_causal, sliding_window        --window-->        the kernels' (left, right) window
 
 Cost: views and a dtype cast at most; a tensor ``max_length`` syncs once.
@@ -38,6 +40,10 @@ def packed_inputs(module, query, key, value, kwargs: dict, *, name: str) -> Pack
     ``max_length_q/k``), q/k/v in autocast's dtype, causality and the ``sliding_window``'s window."""
     layout = (kwargs.get(key) for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"))
     cu_q, cu_k, max_q, max_k = flat_lengths(query, key, *layout, name=name)
+    kv_index = kwargs.get("kv_index")
+    if kv_index is not None:  # keys laid out apart from the queries (a shared prompt): gathered from the row
+        kv_index = kv_index.to(key.device)
+        key, value = key.index_select(2, kv_index), value.index_select(2, kv_index)
     query, key, value = autocast_inputs(query, key, value)
     causal = is_causal(module, kwargs)
     window_ = window(causal, kwargs.get("sliding_window"), max_k)

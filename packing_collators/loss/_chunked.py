@@ -243,7 +243,7 @@ class _TokenLogProbs(torch.autograd.Function):
     """log p(target) per token over chunks; the backward recomputes each chunk's logits."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, transform, dtype, compiled):
+    def forward(ctx, hidden, weight, bias, targets, transform, dtype, compiled, stats):
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(dtype), weight.to(dtype)
             out = torch.empty(h.shape[0], dtype=torch.float32, device=hidden.device)
@@ -253,6 +253,8 @@ class _TokenLogProbs(torch.autograd.Function):
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
                 z = _project(h[rows], w, bias)
+                if stats is not None:  # before _chunk, which may overwrite z
+                    _token_stats(transform.apply(z), targets[rows], rows, stats, h.shape[0])
                 _, lse[rows], chosen, _ = _chunk(z, targets[rows], none[rows], transform, dtype, False, compiled)
                 out[rows] = chosen - lse[rows]
         ctx.save_for_backward(hidden, weight, bias, targets)
@@ -274,7 +276,18 @@ class _TokenLogProbs(torch.autograd.Function):
                 *_, grad = _chunk(z, targets[rows], upstream, ctx.transform, ctx.dtype, True, ctx.compiled)
                 del z
                 grads.add(grad, h, w, rows)
-        return (*grads.result(weight, bias), None, None, None, None)
+        return (*grads.result(weight, bias), None, None, None, None, None)
+
+
+def _token_stats(logits: torch.Tensor, targets: torch.Tensor, rows: slice, stats: dict, total: int) -> None:
+    """Per-token entropy, mean logit and whether the target is the top token, into ``stats`` (float32 (N,) each)."""
+    if not stats:
+        for name in ("entropy", "mean_logits", "is_top1"):
+            stats[name] = torch.empty(total, dtype=torch.float32, device=logits.device)
+    log_p = torch.log_softmax(logits, dim=-1)
+    stats["entropy"][rows] = -(log_p.exp() * log_p).sum(-1)
+    stats["mean_logits"][rows] = logits.mean(-1)
+    stats["is_top1"][rows] = (logits.argmax(-1) == targets).float()
 
 
 def token_log_probs(
@@ -285,12 +298,17 @@ def token_log_probs(
     transform: LogitTransform = LogitTransform(),
     *,
     compiled: bool = True,
+    stats: dict | None = None,
 ) -> torch.Tensor:
     """float32 (N,): ``log_softmax(transform(hidden @ weight.T + bias))[i, targets[i]]``, a chunk at a time.
+
+    ``stats``: a dict filled, in the same pass and without gradients, with each token's ``entropy``,
+    ``mean_logits`` (over the vocabulary) and ``is_top1`` (1.0 where the target is the most likely token),
+    float32 (N,) each: what preference trainers log.
 
     >>> hidden, weight = torch.randn(3, 4, generator=torch.Generator().manual_seed(0)), torch.eye(6, 4)
     >>> full = torch.log_softmax(hidden @ weight.t(), -1)[torch.arange(3), torch.tensor([0, 1, 5])]
     >>> bool(torch.allclose(token_log_probs(hidden, weight, None, torch.tensor([0, 1, 5])), full))
     True
     """
-    return _TokenLogProbs.apply(hidden, weight, bias, targets, transform, _compute_dtype(hidden), compiled)
+    return _TokenLogProbs.apply(hidden, weight, bias, targets, transform, _compute_dtype(hidden), compiled, stats)

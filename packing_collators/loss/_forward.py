@@ -46,7 +46,11 @@ def _model_inputs(inputs: Mapping) -> dict:
     return {key: value for key, value in inputs.items() if key not in ("labels", "shift_labels", "num_items_in_batch")}
 
 
-def _selected(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _selected(hidden: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The hidden states of the positions with a target (``rows``: each position's row token, a gather)."""
+    if rows is not None:
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return flat[rows.reshape(-1).to(hidden.device)[mask.reshape(-1).to(hidden.device)]]
     if tuple(hidden.shape[:2]) != tuple(mask.shape):
         raise ValueError(
             f"The model's head got hidden states {tuple(hidden.shape)} for a batch whose targets are "
@@ -93,16 +97,29 @@ def chunked_forward(model, inputs: Mapping, head: OutputHead, targets: torch.Ten
     return _run(model, inputs, head, compute)
 
 
-def log_prob_forward(model, inputs: Mapping, head: OutputHead, targets: torch.Tensor):
-    """(float32 (B, T): log p(target) at each position with a target, 0 elsewhere; the model's outputs)."""
+def log_prob_forward(
+    model, inputs: Mapping, head: OutputHead, targets: torch.Tensor, stats: dict | None = None, rows=None
+):
+    """(float32 (B, T): log p(target) at each position with a target, 0 elsewhere; the model's outputs).
+
+    ``stats``: a dict filled with float32 (B, T) ``entropy``, ``mean_logits`` and ``is_top1`` at the same
+    positions (0 elsewhere), without gradients (see :func:`token_log_probs`). ``rows``: int64, shaped like
+    ``targets``, the flat hidden-state row each target position reads (a layout whose positions repeat
+    row tokens, such as a shared prompt's keys); default each position its own row."""
     mask = targets != IGNORE_INDEX
     layer = head.module
 
     def compute(hidden):
-        selected = _selected(hidden, mask)
-        per_token = token_log_probs(selected, layer.weight, layer.bias, targets[mask].to(selected.device), head.transform)
+        selected = _selected(hidden, mask, rows)
+        found: dict | None = {} if stats is not None else None
+        per_token = token_log_probs(
+            selected, layer.weight, layer.bias, targets[mask].to(selected.device), head.transform, stats=found
+        )
+        where = mask.to(per_token.device)
+        for name, values in (found or {}).items():
+            stats[name] = torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(where, values)
         out = torch.zeros(mask.shape, dtype=per_token.dtype, device=per_token.device)
-        return out.masked_scatter(mask.to(out.device), per_token)
+        return out.masked_scatter(where, per_token)
 
     return _run(model, inputs, head, compute)
 

@@ -17,6 +17,7 @@ Imports nothing of the package's other folders (the top-level helpers only); ``c
 from ._enable import PackingLayers, enable_packing, packing_layers
 from ._mixers import find_stateful_layers
 from ._multimodal import multimodal_model
+from ._packed_mask import keys_layout_mask
 from ._row_segments import RowSegments, row_segments
 from ._wrappers import refuse_prompt_learning
 
@@ -25,6 +26,7 @@ __all__ = [
     "RowSegments",
     "enable_packing",
     "find_stateful_layers",
+    "keys_layout_mask",
     "multimodal_model",
     "packing_layers",
     "refuse_prompt_learning",

@@ -154,6 +154,14 @@ class StatefulForward(LayerForward):
         self.arguments = LayerArguments.of(type(layer).__name__, self.original_forward())
 
     def __call__(self, *args, **kwargs):
+        scope = self.runtime.scope
+        if scope is not None and scope.kv_index is not None:  # a shared prompt: run on the keys' layout
+            args = tuple(scope.to_keys(a) for a in args)
+            kwargs = {k: v if k in ("kv_index", "q_index") else scope.to_keys(v) for k, v in kwargs.items()}
+            return scope.to_queries(self._run(*args, **kwargs))
+        return self._run(*args, **kwargs)
+
+    def _run(self, *args, **kwargs):
         segments = self.runtime.segments
         name = self.arguments.layer
         if segments is None:  # one example per row: the layer's own code, without the packing keywords

@@ -27,7 +27,7 @@ import torch
 from .._compat import attn_implementation
 from ._scope import ForwardScope, LayerForward, PackingRuntime
 
-__all__ = ["PackedMaskForward", "is_causal_attention", "packed_mask"]
+__all__ = ["PackedMaskForward", "is_causal_attention", "keys_layout_mask", "packed_mask"]
 
 
 def is_causal_attention(module) -> bool:
@@ -39,10 +39,32 @@ def is_causal_attention(module) -> bool:
 
 def _same_example(scope: ForwardScope) -> torch.Tensor:
     """bool (B, 1, T, T): query and key tokens of the same example, causal (made once per call)."""
+    if scope.same_example is None and scope.kv_index is not None:
+        scope.same_example = keys_layout_mask(scope.kv_index, scope.q_index, scope.segments.cu_seqlens)
     if scope.same_example is None:
         ids = scope.segments.seq_idx()
         scope.same_example = torch.tril(ids[:, :, None] == ids[:, None, :])[:, None]
     return scope.same_example
+
+
+def keys_layout_mask(kv_index: torch.Tensor, q_index: torch.Tensor, cu_keys: torch.Tensor) -> torch.Tensor:
+    """bool (1, 1, T, T): which row tokens each row token may attend to when the keys are laid out apart
+    (``kv_index``: each key's row token; ``q_index``: each row token's key; ``cu_keys``: the keys' examples).
+
+    A query at key position ``q_index[i]`` sees the keys of its own example up to itself, folded back
+    onto the row tokens they are. A shared prompt ``[P C R]`` with keys ``[P C | P R]``:
+
+    >>> keys_layout_mask(torch.tensor([0, 1, 2, 0, 1, 3]), torch.tensor([0, 1, 2, 5]), torch.tensor([0, 3, 6]))[0, 0].int().tolist()
+    [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 1]]
+    """
+    device = kv_index.device
+    keys = torch.arange(kv_index.numel(), device=device)
+    example = torch.searchsorted(cu_keys[1:].to(device=device, dtype=torch.int64), keys, right=True)
+    query = q_index.to(device)
+    visible = (example[None, :] == example[query][:, None]) & (keys[None, :] <= query[:, None])  # (T, keys)
+    rows = torch.zeros(query.numel(), query.numel(), dtype=torch.float32, device=device)
+    rows.index_add_(1, kv_index, visible.float())
+    return (rows > 0)[None, None]
 
 
 def packed_mask(scope: ForwardScope, mask, implementation: str, dtype: torch.dtype):

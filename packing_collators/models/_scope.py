@@ -49,12 +49,33 @@ class ForwardScope:
         masks: the packed attention masks made in this call, ``(model's mask, implementation, dtype,
             packed)``: the layers that get the same mask share one (see ``_packed_mask``).
         same_example: bool (B, 1, T, T), the causal "same example" mask they are made from.
+        kv_index, q_index: a layout whose keys differ from its queries (a shared prompt: the keys repeat
+            it): the row position of each key, and each row token's key position. ``segments`` are then
+            the keys' examples, which layers that carry state run on (``to_keys``, then ``to_queries``).
     """
 
     segments: RowSegments | None = None
     generating: bool = False
     masks: list = field(default_factory=list)
     same_example: torch.Tensor | None = None
+    kv_index: torch.Tensor | None = None
+    q_index: torch.Tensor | None = None
+
+    def to_keys(self, value):
+        """``value`` laid out as the keys (``kv_index``): a (B, T, ...) tensor gathered along T, else as is."""
+        if self.kv_index is None or not isinstance(value, torch.Tensor) or value.dim() < 2:
+            return value
+        if value.shape[1] != self.q_index.numel():
+            return value
+        return value.index_select(1, self.kv_index.to(value.device))
+
+    def to_queries(self, value):
+        """The row's tokens of a keys-layout output (``q_index``), in a tuple's tensors too."""
+        if isinstance(value, tuple):
+            return tuple(self.to_queries(v) for v in value)
+        if not isinstance(value, torch.Tensor) or value.dim() < 2 or value.shape[1] != self.kv_index.numel():
+            return value
+        return value.index_select(1, self.q_index.to(value.device))
 
 
 def _batch_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:
@@ -81,6 +102,10 @@ def read_scope(module, args: tuple, kwargs: dict) -> ForwardScope:
     positions = kwargs.get("position_ids")
     if positions is None and args:  # (input_ids, attention_mask, position_ids, ...) given positionally
         positions = inspect.signature(module.forward).bind_partial(*args).arguments.get("position_ids")
+    kv_index = kwargs.get("kv_index")
+    if kv_index is not None:  # keys laid out apart from the queries: the examples are the keys'
+        segments = row_segments((1, kv_index.numel()), cu_seq_lens=kwargs.get("cu_seq_lens_k"))
+        return ForwardScope(segments=segments, kv_index=kv_index, q_index=kwargs.get("q_index"))
     segments = row_segments(shape, cu_seq_lens=kwargs.get("cu_seq_lens_q"), position_ids=positions)
     return ForwardScope(segments=segments)
 

@@ -104,3 +104,15 @@ def test_the_compiled_chunk_computes_the_eager_chunks_numbers(transform):
     functional = chunked._chunk_functional(z.clone(), *args)
     for a, b in zip(eager, functional):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_token_statistics_are_the_full_logits_ones(small_chunks):
+    h, w, b, targets, _ = _inputs(True)
+    stats = {}
+    token_log_probs(h, w, b, targets, LogitTransform(scale=0.5), stats=stats)
+    logits = (h @ w.t() + b) * 0.5
+    log_p = torch.log_softmax(logits, -1)
+    torch.testing.assert_close(stats["entropy"], -(log_p.exp() * log_p).sum(-1).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats["mean_logits"], logits.mean(-1).detach(), rtol=1e-5, atol=1e-6)
+    assert torch.equal(stats["is_top1"], (logits.argmax(-1) == targets).float())
+    assert 0 < float(stats["is_top1"].sum()) < len(targets)  # some tokens are top-1, some not

@@ -1,0 +1,122 @@
+"""PackingDPOTrainer's checks when training begins: the packed layout on the policy and the reference.
+
+    first pairs -> their chosen and rejected sequences -> FlatteningCollator's row (the row training feeds)
+      check_packing_support(policy, row) + the live probe          refused with the numbers if it mixes them
+      the same for the reference model (its attention and layers must keep the sequences apart too)
+      FlashAttention-4: its kernels compiled up to the longest sequence, before the first step
+
+A preference row is a flat row of sequences, so the SFT probe measures what matters: no sequence sees
+another. With ``share_prompt`` the shared layout is measured on the policy too: the first pairs'
+log-probabilities shared must equal the unshared ones (within the dtype's tolerance), and changing
+their chosen completions must leave the rejected ones' exactly as they were (routed experts run per
+token, as in the probe). Cost: the probe's few forwards per model, four more with ``share_prompt``; once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from transformers import TrainerCallback
+
+from .._compat import attn_implementation
+from .._model_unwrap import probe_module, text_config, unwrap_model
+from ..attention import FA4_ATTENTION, attention_kind, warm_up_attention
+from ..checks import check_packing_support, probe_packing, refuse_failed_probe
+from ..collate import FlatteningCollator
+
+__all__ = ["PreferenceCheckCallback"]
+
+logger = logging.getLogger(__name__)
+
+
+def _autocast(args, model):
+    import torch
+
+    if not (args.bf16 or args.fp16):
+        return None
+    device = next(model.parameters()).device.type
+    return torch.autocast(device_type=device, dtype=torch.bfloat16 if args.bf16 else torch.float16)
+
+
+class PreferenceCheckCallback(TrainerCallback):
+    """Check the policy and the reference on the first pairs' packed row, probe both, warm FA4 up."""
+
+    def __init__(self, trainer, *, probe: bool = True) -> None:
+        self.trainer, self.probe, self.reports = trainer, probe, []
+
+    def _check(self, model, batch, args) -> None:
+        check_packing_support(model, batch, probe=False)
+        if not self.probe:
+            return
+        report = probe_packing(probe_module(model), FlatteningCollator(), autocast=_autocast(args, model))
+        logger.info("PackingDPOTrainer: %s", report.summary())
+        self.reports.append(report)
+        refuse_failed_probe(report, attention_kind(attn_implementation(text_config(model))))
+
+    def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+        trainer = self.trainer
+        dataset = trainer.train_dataset
+        pairs = [dataset[i] for i in range(min(4, len(dataset)))]
+        sequences = [s for i, pair in enumerate(pairs) for s in trainer.data_collator.sequences(pair, i)]
+        batch = FlatteningCollator()(sequences)
+        models = [model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
+        for each in models:
+            self._check(each, batch, args)
+        if trainer.share_prompt and self.probe:
+            self._check_shared(model, pairs, args)
+        longest = max(len(s["input_ids"]) for s in sequences) if sequences else 0
+        for each in models:
+            inner = unwrap_model(each)
+            if attn_implementation(text_config(inner)) in ("flash_attention_4", FA4_ATTENTION) and longest:
+                warm_up_attention(probe_module(each), max_length=max(longest, trainer.args.max_length or 0))
+
+
+    def _check_shared(self, model, pairs: list, args) -> None:
+        """Refuse a model on which the shared-prompt layout changes a sequence's log-probability or leaks."""
+        import torch
+
+        from ..checks import tokenwise_experts
+        from ..checks._probe_parts import probe_dtype, tolerance
+
+        trainer = self.trainer
+        module = probe_module(model)
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad(), _autocast(args, module) or _null(), tokenwise_experts(module):
+                found = [_pair_values(trainer, module, pairs, share) for share in (False, True)]
+                changed = [dict(p, chosen_ids=[(t + 1) % 4 + 5 for t in p["chosen_ids"]]) for p in pairs]
+                leaked = _pair_values(trainer, module, changed, True)
+        finally:
+            module.train(was_training)
+        difference = max(float((a - b).abs().max()) for a, b in zip(found[0], found[1]))
+        allowed = tolerance(probe_dtype(_autocast(args, module), next(module.parameters())), found[0][1].cpu().numpy())
+        leak = float((leaked[1] - found[1][1]).abs().max())
+        logger.info("PackingDPOTrainer: shared prompts: |shared - unshared| %.3g (tolerance %.3g), leak %.3g",
+                    difference, allowed, leak)  # fmt: skip
+        if leak or difference > allowed:
+            raise ValueError(
+                f"share_prompt=True changes this model's sequence log-probabilities: shared against unshared "
+                f"{difference:.3g} (tolerance {allowed:.3g}); a chosen completion moves the rejected ones by {leak:.3g} "
+                "(must be 0). Its attention or a layer does not keep the shared layout: train with share_prompt=False."
+            )
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _pair_values(trainer, model, pairs: list, share: bool):
+    """(chosen, rejected) log-probabilities of ``pairs`` laid out shared or not, on ``model``."""
+    from ._collator import PreferenceCollator
+    from ._logps import pair_log_probs
+
+    collator = trainer.data_collator
+    batch = PreferenceCollator(max_length=collator.max_length, truncation_mode=collator.truncation_mode,
+                               share_prompt=share)(pairs)  # fmt: skip
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
+    found = pair_log_probs(model, trainer._with_mask(batch), trainer._head(model))
+    return found.chosen.float(), found.rejected.float()

@@ -1,0 +1,49 @@
+"""Micro-batches of whole preference pairs that fill a token budget (``PackingDPOTrainer(max_tokens_per_batch=n)``).
+
+    pair lengths = |P C| + |P R| (each cut to max_length as the collator cuts it)
+      -> MultipackBatchSampler(lengths, n, num_replicas=world, rank=rank)   whole pairs, equal steps per rank
+      -> PreferenceCollator -> accelerate.prepare(DataLoader)                its shard wrapper a pass-through
+
+A pair is never split: its chosen and rejected sequences share the micro-batch (the loss compares
+them). Cost: one pass over the pairs' lengths per epoch plan.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["pair_budget_loader", "pair_lengths"]
+
+
+def pair_lengths(dataset, collator) -> np.ndarray:
+    """int64 (pairs,): each pair's tokens in the packed row (chosen and rejected sequences, cut)."""
+    limit = collator.max_length
+    prompt = np.array([len(x) for x in dataset["prompt_ids"]], dtype=np.int64)
+    total = np.zeros_like(prompt)
+    for key in ("chosen_ids", "rejected_ids"):
+        full = prompt + np.array([len(x) for x in dataset[key]], dtype=np.int64)
+        total += full if limit is None else np.minimum(full, limit)
+    return total
+
+
+def pair_budget_loader(trainer, dataset, budget: int):
+    """The train DataLoader of pairs packed into micro-batches of at most ``budget`` tokens."""
+    from torch.utils.data import DataLoader
+
+    from ..sampler import MultipackBatchSampler
+
+    args = trainer.args
+    dataset = trainer._remove_unused_columns(dataset, description="training")
+    sampler = MultipackBatchSampler(
+        pair_lengths(dataset, trainer.data_collator), budget, num_replicas=args.world_size,
+        rank=args.process_index, seed=args.data_seed if args.data_seed is not None else args.seed,
+        drop_last=args.dataloader_drop_last,
+    )  # fmt: skip
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=trainer.data_collator,
+                        num_workers=args.dataloader_num_workers, pin_memory=args.dataloader_pin_memory)  # fmt: skip
+    loader = trainer.accelerator.prepare(loader)
+    wrapper = getattr(loader, "batch_sampler", None)
+    if wrapper is not None and wrapper is not sampler and getattr(wrapper, "batch_sampler", None) is sampler:
+        wrapper.num_processes, wrapper.process_index = 1, 0  # the sampler already gives this rank its share
+    trainer._pair_sampler = sampler
+    return loader

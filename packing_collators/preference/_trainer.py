@@ -1,0 +1,246 @@
+"""PackingDPOTrainer: TRL's DPOTrainer with each micro-batch of pairs in one packed row.
+
+    DPOTrainer (TRL >= 1.16)         datasets in any format TRL takes, DPOConfig, ref model / PEFT, metrics
+      + PreferenceCollator           a micro-batch's pairs -> one row: [P1 C1 | P1 R1 | P2 C2 | ...]
+      + pair_log_probs               policy (and reference) log-probabilities a chunk of tokens at a time
+      + PreferenceLoss               every loss_type of DPOConfig, from the sequences' log-probabilities
+      + enable_packing, the probe    hybrids and VLM-free models keep the row's sequences apart, checked
+      + max_tokens_per_batch         whole pairs fill a token budget (MultipackBatchSampler), never split
+
+By default a micro-batch holds ``per_device_train_batch_size`` pairs, as TRL's (the same steps); the
+loss, its gradients and the metrics TRL logs (``rewards/*``, ``logps/*``, ``logits/*``, entropy, token
+accuracy) equal TRL's padded ``DPOTrainer`` on the same pairs (tests/preference). Cost: one packed
+forward of the policy and one of the reference per micro-batch, no padding, no full logits.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from typing import Any
+
+import torch
+
+from .._model_unwrap import unwrap_model
+from ..loss import checked_head
+from ._collator import PAIR_KEYS, PreferenceCollator
+from ._logps import PairLogProbs, pair_log_probs
+from ._losses import F_DIVERGENCE_LOSSES, PairValues, PreferenceLoss
+
+try:
+    from trl import DPOConfig, DPOTrainer
+    from trl.models.utils import disable_gradient_checkpointing
+    from trl.trainer.utils import use_adapter
+except ImportError as error:  # pragma: no cover - trl is an optional dependency
+    raise ImportError("PackingDPOTrainer builds on TRL's DPOTrainer: pip install 'trl>=1.16'.") from error
+
+__all__ = ["PackingDPOTrainer"]
+
+logger = logging.getLogger(__name__)
+
+
+def _refuse_options(args) -> None:
+    if getattr(args, "use_weighting", False):
+        raise ValueError(
+            "PackingDPOTrainer does not implement use_weighting=True (WPO's weights need each token's sum of squared "
+            "probabilities); train with DPOTrainer, or set use_weighting=False."
+        )
+    loss = PreferenceLoss.from_config(args)
+    if loss.f_divergence_type != "reverse_kl" and not set(loss.loss_types) <= F_DIVERGENCE_LOSSES:
+        raise ValueError(f"f_divergence_type={loss.f_divergence_type!r} works with {sorted(F_DIVERGENCE_LOSSES)} only.")
+
+
+def _loadable(model) -> bool:
+    """Whether TRL can load the reference model from the policy's name or path (else it is deep-copied)."""
+    name = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+    return bool(name) and (os.path.isdir(name) or "/" in name)
+
+
+class PackingDPOTrainer(DPOTrainer):
+    """TRL's ``DPOTrainer`` trained on packed rows (see the module docstring).
+
+    Takes what ``DPOTrainer`` takes (``model``, ``ref_model``, ``args`` a ``DPOConfig``, datasets, ``processing_class``,
+    ``peft_config``, ...), and keyword-only:
+
+    Args:
+        max_tokens_per_batch: None (default): ``per_device_train_batch_size`` pairs per micro-batch, as TRL's; or a
+            token budget that whole pairs fill (``MultipackBatchSampler``: a pair is never split across micro-batches
+            or ranks; the count of steps per epoch changes with it).
+        packing_probe: run the live equivalence probe on the policy (and the reference) before the first step.
+
+    Without a ``ref_model`` (and no PEFT adapter or precomputed reference), the reference is TRL's own (loaded
+    from the policy's name) or, for a model built in memory, a deep copy of it. Vision-language preference data
+    is refused. ``use_weighting`` is not implemented (refused).
+    """
+
+    def __init__(self, model, ref_model=None, args: DPOConfig | None = None, data_collator=None, *a, **kw) -> None:
+        self.max_tokens_per_batch = kw.pop("max_tokens_per_batch", None)
+        packing_probe = kw.pop("packing_probe", True)
+        self.share_prompt = bool(kw.pop("share_prompt", False))
+        args = args if args is not None else DPOConfig(output_dir="packing-dpo")
+        _refuse_options(args)
+        if ref_model is None and not isinstance(model, str) and not _loadable(model) and not _adapter_reference(model, kw, args):
+            ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        if data_collator is None:
+            data_collator = PreferenceCollator(
+                max_length=args.max_length, truncation_mode=args.truncation_mode, share_prompt=self.share_prompt
+            )
+        self._loss = PreferenceLoss.from_config(args)
+        self._heads: dict[int, Any] = {}
+        _enable(model, ref_model)  # before TRL's __init__, which may compute the reference's log-probabilities
+        super().__init__(model, ref_model, args, data_collator, *a, **kw)
+        if self._is_vision_dataset:
+            raise ValueError(
+                "PackingDPOTrainer does not pack vision-language preference pairs (each pair's images would have to "
+                "follow it into the packed row); train them with DPOTrainer."
+            )
+        _prepare(self)
+        from ._checks import PreferenceCheckCallback
+
+        self.add_callback(PreferenceCheckCallback(self, probe=packing_probe))
+
+    def _head(self, model):
+        """The model's output head, checked once (the chunked log-probabilities need one they can compute)."""
+        inner = unwrap_model(model)
+        if id(inner) not in self._heads:
+            self._heads[id(inner)], _ = checked_head(inner, "chunked")
+        return self._heads[id(inner)]
+
+    def get_train_dataloader(self):
+        if self.max_tokens_per_batch is None:
+            return super().get_train_dataloader()
+        from ._loader import pair_budget_loader
+
+        return pair_budget_loader(self, self.train_dataset, self.max_tokens_per_batch)
+
+    def compute_ref_log_probs(self, model, inputs):
+        """(chosen, rejected) reference log-probabilities of a packed batch (``precompute_ref_log_probs``)."""
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            ref = _reference(self, self._with_mask(inputs))
+        return ref.chosen, ref.rejected
+
+    def _compute_loss(self, model, inputs, return_outputs):
+        mode = "train" if self.model.training else "eval"
+        inputs = self._with_mask(inputs)
+        routed = {**inputs, "output_router_logits": True} if self.aux_loss_enabled else inputs
+        policy = pair_log_probs(model, routed, self._head(model), stats=True)
+        if self.precompute_ref_logps:
+            ref_chosen, ref_rejected = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
+        else:
+            with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+                ref = _reference(self, inputs)
+            ref_chosen, ref_rejected = ref.chosen, ref.rejected
+        chosen, rejected = _with_ld_alpha(policy, self.ld_alpha)
+        if not self.precompute_ref_logps and self.ld_alpha is not None:
+            ref_chosen, ref_rejected = _with_ld_alpha(ref, self.ld_alpha)
+        values = _pair_values(policy, chosen, rejected, ref_chosen, ref_rejected)
+        loss = self._loss(values)
+        aux = _aux_loss(self, policy)
+        if aux is not None:
+            loss = loss + self.router_aux_loss_coef * aux
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux.detach()).mean().item())
+        from ._metrics import log_pair_metrics
+
+        log_pair_metrics(self, mode, inputs, policy, values)
+        if return_outputs:
+            return loss, {"chosen_logps": chosen.detach(), "rejected_logps": rejected.detach()}
+        return loss
+
+    def _with_mask(self, inputs: dict) -> dict:
+        """A shared-prompt batch under sdpa/eager: the dense mask of its layout (see ``_shared.py``)."""
+        from .._compat import attn_implementation
+        from .._model_unwrap import text_config
+        from ._shared import with_shared_mask
+
+        model = unwrap_model(self.model)
+        return with_shared_mask(inputs, attn_implementation(text_config(model)), next(model.parameters()).dtype)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys: list[str] | None = None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs, return_outputs=False)
+        return loss.detach(), None, None
+
+
+def _adapter_reference(model, kwargs: dict, args) -> bool:
+    """Whether TRL takes the reference from the policy itself: a PEFT adapter, or precomputed log-probabilities."""
+    from accelerate.utils import is_peft_model
+
+    return is_peft_model(model) or kwargs.get("peft_config") is not None or bool(args.precompute_ref_log_probs)
+
+
+def _enable(*models) -> None:
+    """enable_packing on each model given (hybrids keep the row's sequences apart)."""
+    from ..models import enable_packing
+
+    for model in models:
+        if model is not None and not isinstance(model, str):
+            enable_packing(model)
+
+
+def _prepare(trainer) -> None:
+    """enable_packing on the policy and the reference (hybrids), and the policy's packed attention for both."""
+    from ..attention import choose_attention
+    from ..models import enable_packing
+
+    enable_packing(trainer.model)
+    implementation = choose_attention(trainer.model, "auto")
+    if trainer.share_prompt:
+        from .._compat import attn_implementation
+        from .._model_unwrap import text_config
+        from ._shared import SHARED_ATTENTION
+
+        implementation = attn_implementation(text_config(unwrap_model(trainer.model)))
+        if implementation not in SHARED_ATTENTION:
+            raise ValueError(
+                f"share_prompt=True needs an attention that reads a shared prompt's layout ({', '.join(SHARED_ATTENTION)}); "
+                f"the model runs {implementation!r}, which would let each rejected completion see its chosen one. Pass "
+                "attn_implementation='packing_fa4' (register_fa4_attention()) or 'packing_varlen', or share_prompt=False."
+            )
+    if trainer.ref_model is not None:
+        reference = unwrap_model(trainer.ref_model)
+        enable_packing(reference)
+        if implementation and hasattr(reference, "set_attn_implementation"):
+            reference.set_attn_implementation(implementation)
+
+
+def _reference(trainer, inputs) -> PairLogProbs:
+    """The reference model's log-probabilities (a PEFT policy with its adapter off, or the "ref" adapter)."""
+    if trainer.ref_model is None:
+        inner = trainer.accelerator.unwrap_model(trainer.model)
+        with use_adapter(inner, adapter_name="ref" if "ref" in inner.peft_config else None):
+            return pair_log_probs(trainer.model, inputs, trainer._head(trainer.model))
+    return pair_log_probs(trainer.ref_model, inputs, trainer._head(trainer.ref_model))
+
+
+def _with_ld_alpha(logps: PairLogProbs, ld_alpha) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected): each completion's log-probability; with ``ld_alpha``, the tokens past the shorter
+    completion of its pair weighted by it (LD-DPO)."""
+    if ld_alpha is None:
+        return logps.chosen, logps.rejected
+    lengths = logps.completion_lengths()
+    shared = torch.minimum(lengths[0::2], lengths[1::2]).repeat_interleave(2)
+    where = logps.sequence >= 0
+    flat = logps.sequence.clamp(min=0)
+    tail = where & (logps.positions() > shared[flat])
+    weight = torch.where(tail, torch.full_like(logps.per_token, ld_alpha), torch.ones_like(logps.per_token))
+    sums = torch.zeros(lengths.shape[0], dtype=logps.per_token.dtype, device=logps.per_token.device)
+    sums = sums.index_add(0, logps.sequence[where], (logps.per_token * weight)[where])
+    return sums[0::2], sums[1::2]
+
+
+def _pair_values(policy: PairLogProbs, chosen, rejected, ref_chosen, ref_rejected) -> PairValues:
+    lengths = policy.completion_lengths()
+    chosen_targets = (policy.sequence >= 0) & (policy.sequence % 2 == 0)
+    sft = -policy.per_token[chosen_targets].mean()
+    ref_chosen, ref_rejected = (torch.as_tensor(r, device=chosen.device).to(chosen.dtype) for r in (ref_chosen, ref_rejected))
+    return PairValues(chosen, rejected, ref_chosen, ref_rejected, lengths[0::2], lengths[1::2], sft)
+
+
+def _aux_loss(trainer, policy: PairLogProbs):
+    if not trainer.aux_loss_enabled:
+        return None
+    outputs = policy.outputs
+    aux = outputs.get("aux_loss") if isinstance(outputs, dict) else getattr(outputs, "aux_loss", None)
+    return aux

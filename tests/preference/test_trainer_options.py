@@ -1,0 +1,78 @@
+"""PackingDPOTrainer's options beside TRL's: a token budget of whole pairs, precomputed references, a LoRA
+policy as its own reference, gradient checkpointing, and what it refuses."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _pairs import text_pairs, word_tokenizer
+from _tiny_models import tiny_model
+
+trl = pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+if tuple(int(x) for x in trl.__version__.split(".")[:2]) < (1, 16):
+    pytest.skip("PackingDPOTrainer builds on TRL >= 1.16's DPOTrainer", allow_module_level=True)
+
+from test_dpo_vs_trl import _config, _logs  # noqa: E402
+
+from packing_collators import PackingDPOTrainer  # noqa: E402
+
+
+def _trainer(tmp_path, *, packed=True, model=None, reference="copy", **options):
+    from trl import DPOTrainer
+
+    model = model or tiny_model("llama", vocab_size=64, initializer_range=0.05)
+    ref = copy.deepcopy(model).eval() if reference == "copy" else reference
+    trainer_options = {k: options.pop(k) for k in ("max_tokens_per_batch", "peft_config", "share_prompt") if k in options}
+    common = dict(model=model, ref_model=ref, args=_config(tmp_path / str(packed), **options),
+                  train_dataset=datasets.Dataset.from_list(text_pairs(12, seed=1)), processing_class=word_tokenizer())  # fmt: skip
+    if packed:
+        return PackingDPOTrainer(**common, **trainer_options)
+    return DPOTrainer(**common, **{k: v for k, v in trainer_options.items() if k == "peft_config"})
+
+
+def test_a_token_budget_packs_whole_pairs_and_never_goes_over(tmp_path):
+    trainer = _trainer(tmp_path, max_tokens_per_batch=96, max_steps=3)
+    widths = []
+    trainer.model.register_forward_pre_hook(lambda m, a, k: widths.append(k["input_ids"].shape[1]), with_kwargs=True)
+    logs = _logs(trainer)
+    training = [w for w in widths if w > 40]
+    assert len(logs) == 3 and training and max(training) <= 96
+    plan = trainer._pair_sampler.plan()
+    assert all(tokens <= 96 for tokens in plan.row_tokens) and plan.num_rows == len(trainer._pair_sampler)
+
+
+@pytest.mark.parametrize("options", [
+    {"precompute_ref_log_probs": True},
+    {"gradient_checkpointing": True},
+    {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]},
+    {"f_divergence_type": "js_divergence"},
+    {"ld_alpha": 0.5},
+])  # fmt: skip
+def test_options_log_what_trl_logs(tmp_path, options):
+    theirs = _logs(_trainer(tmp_path, packed=False, **options))
+    ours = _logs(_trainer(tmp_path, **options))
+    for mine, reference in zip(ours, theirs):
+        for name in ("loss", "rewards/margins", "logps/chosen", "logps/rejected"):
+            assert mine[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-6), (name, options)
+
+
+def test_a_lora_policy_is_its_own_reference(tmp_path):
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    theirs = _logs(_trainer(tmp_path, packed=False, reference=None, peft_config=config, learning_rate=5e-2))
+    ours = _logs(_trainer(tmp_path, reference=None, peft_config=config, learning_rate=5e-2))
+    assert ours[1]["rewards/margins"] != 0  # the adapter moved the policy away from its reference
+    for mine, reference in zip(ours, theirs):
+        assert mine["rewards/margins"] == pytest.approx(reference["rewards/margins"], rel=1e-4, abs=1e-6)
+
+
+def test_weighting_and_a_leaking_attention_with_share_prompt_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="does not implement use_weighting=True"):
+        _trainer(tmp_path, use_weighting=True)
+    model = tiny_model("llama", vocab_size=64, initializer_range=0.05)
+    model.config._attn_implementation = "flex_attention"
+    with pytest.raises(ValueError, match="share_prompt=True needs an attention"):
+        _trainer(tmp_path, model=model, share_prompt=True)
