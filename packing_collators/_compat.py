@@ -48,6 +48,7 @@ __all__ = [
     "dynamo_counters",
     "format_columns",
     "positional_collator",
+    "prepared_inputs",
     "remove_unused_columns",
     "set_attn_implementation",
     "set_dataset_fingerprint",
@@ -148,10 +149,15 @@ def collator_with_removed_columns(trainer, collator, description: str):
     return trainer._get_collator_with_removed_columns(collator, description=description)
 
 
+def prepared_inputs(trainer, batch):
+    """``Trainer._prepare_inputs`` (5.15-5.24): a batch on the trainer's device, as its steps see it."""
+    return trainer._prepare_inputs(batch)
+
+
 def trainer_step_inputs(trainer, batch, device):
     """A batch as the Trainer's step sees it and its target count (``_prepare_inputs``,
     ``_get_num_items_in_batch``, 5.15-5.24)."""
-    inputs = trainer._prepare_inputs(batch)
+    inputs = prepared_inputs(trainer, batch)
     return inputs, trainer._get_num_items_in_batch([inputs], device)
 
 

@@ -30,10 +30,11 @@ def pair_budget_loader(trainer, dataset, budget: int):
     """The train DataLoader of pairs packed into micro-batches of at most ``budget`` tokens."""
     from torch.utils.data import DataLoader
 
+    from .._compat import remove_unused_columns
     from ..sampler import MultipackBatchSampler
 
     args = trainer.args
-    dataset = trainer._remove_unused_columns(dataset, description="training")
+    dataset = remove_unused_columns(trainer, dataset, "training")
     sampler = MultipackBatchSampler(
         pair_lengths(dataset, trainer.data_collator), budget, num_replicas=args.world_size,
         rank=args.process_index, seed=args.data_seed if args.data_seed is not None else args.seed,

@@ -157,7 +157,9 @@ class PackingDPOTrainer(DPOTrainer):
         return with_shared_mask(inputs, attn_implementation(text_config(model)), next(model.parameters()).dtype)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys: list[str] | None = None):
-        inputs = self._prepare_inputs(inputs)
+        from .._compat import prepared_inputs
+
+        inputs = prepared_inputs(self, inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, return_outputs=False)
         return loss.detach(), None, None
