@@ -179,7 +179,8 @@ def _path(varlen: VarlenLayer | None, kernels: VarlenKernels | None, why_not: st
         return f"{PER_EXAMPLE}; the varlen kernels are not used: {why_not}", False
     missing = kernels.missing(varlen.family.needs)
     if missing:
-        return f"{PER_EXAMPLE}; {kernels.name} has no {' or '.join(missing)} kernel with cu_seqlens", False
+        why = kernels.why_missing or f"{kernels.name} has no {' or '.join(missing)} kernel with cu_seqlens"
+        return f"{PER_EXAMPLE}; {why}", False
     where = "CUDA" if kernels.device_type == "cuda" else kernels.device_type
     return f"{kernels.name} varlen kernels on {where} ({varlen.describe()}), {PER_EXAMPLE} elsewhere", True
 

@@ -13,13 +13,15 @@ Every kernel restarts its state (the conv window, the recurrence) at each bounda
 (int32 (S + 1,)), so the row's examples run in one launch per kernel, no padding. ``fla_kernels()``
 finds them in the installed flash-linear-attention (``pip install "packing-collators[hybrid]"``);
 a kernel that is missing or takes no ``cu_seqlens`` is None, and the layers that need it run per
-example. The tests pass torch references with the same signatures (``tests/models/_gdn_reference.py``,
+example (so are the gated ones where fla's backward would refuse to run: Hopper, Triton < 3.7.1, no
+tilelang). The tests pass torch references with the same signatures (``tests/models/_gdn_reference.py``,
 ``_varlen_reference.py``), so the wiring is checked on a CPU. Cost: one import, at ``enable_packing``.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +43,7 @@ class VarlenKernels:
     device_type: str = "cuda"
     simple_gla: Callable | None = None
     kda: Callable | None = None
+    why_missing: str = ""  # why a kernel is None, where not "this package has none with cu_seqlens"
 
     def missing(self, needs: tuple[str, ...]) -> tuple[str, ...]:
         """The kernels of ``needs`` this package lacks."""
@@ -99,6 +102,20 @@ def _with_cu_seqlens(module: str, name: str):
     return function if "cu_seqlens" in inspect.signature(function).parameters else None
 
 
+def _gated_backward_refused() -> str:
+    """Why fla's gated chunk backward (delta rule, simple GLA) would raise here, or "": on Hopper with Triton 3.4 to
+    3.7.0 it refuses to run its Triton kernel ("incorrect results", fla #640) and needs tilelang instead."""
+    try:
+        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+    except ImportError:
+        return ""
+    if not (IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1):
+        return ""
+    if importlib.util.find_spec("tilelang") is not None:
+        return ""
+    return "fla's gated backward needs tilelang on Hopper with Triton < 3.7.1 (pip install tilelang, or Triton >= 3.7.1)"
+
+
 def fla_kernels() -> tuple[VarlenKernels | None, str]:
     """flash-linear-attention's varlen kernels, or None and why not (not installed, or without ``cu_seqlens``)."""
     try:
@@ -116,11 +133,13 @@ def fla_kernels() -> tuple[VarlenKernels | None, str]:
                 f"flash-linear-attention {version}'s {function.__name__} takes no cu_seqlens; install "
                 f"flash-linear-attention>={FLA_CHECKED} for the varlen kernels"
             )
+    refused = _gated_backward_refused()
     kernels = VarlenKernels(
         _fla_conv,
-        _fla_delta_rule,
+        None if refused else _fla_delta_rule,
         f"flash-linear-attention {version}",
-        simple_gla=_with_cu_seqlens("fla.ops.simple_gla", "chunk_simple_gla"),
+        simple_gla=None if refused else _with_cu_seqlens("fla.ops.simple_gla", "chunk_simple_gla"),
         kda=_with_cu_seqlens("fla.ops.kda", "chunk_kda"),
+        why_missing=refused,
     )
     return kernels, ""

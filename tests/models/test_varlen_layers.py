@@ -198,3 +198,47 @@ def test_enable_packing_without_fla_keeps_every_layer_exact():
     examples = examples_for(model)
     with torch.no_grad():
         assert _relative(model(**_inputs(examples)).logits[0], alone_logits(model, examples)) < 1e-5
+
+
+def _fake_fla(patch, *, hopper_triton_3_6: bool, tilelang: bool) -> None:
+    """An installed fla as sys.modules entries: its kernels take cu_seqlens (they are never called here)."""
+    import sys
+    import types
+
+    def kernel(name):
+        def function(q, k, v, g=None, cu_seqlens=None):
+            raise AssertionError("not called")
+
+        function.__name__ = name
+        return function
+
+    modules = {name: types.ModuleType(name) for name in (
+        "fla", "fla.ops", "fla.modules", "fla.utils", "fla.modules.causal_conv1d", "fla.ops.gated_delta_rule",
+        "fla.ops.simple_gla", "fla.ops.kda")}  # fmt: skip
+    modules["fla.modules.causal_conv1d"].causal_conv1d = kernel("causal_conv1d")
+    modules["fla.ops.gated_delta_rule"].chunk_gated_delta_rule = kernel("chunk_gated_delta_rule")
+    modules["fla.ops.simple_gla"].chunk_simple_gla = kernel("chunk_simple_gla")
+    modules["fla.ops.kda"].chunk_kda = kernel("chunk_kda")
+    utils = modules["fla.utils"]
+    utils.IS_NVIDIA_HOPPER = utils.TRITON_ABOVE_3_4_0 = hopper_triton_3_6
+    utils.TRITON_ABOVE_3_7_1 = False
+    for name, module in modules.items():
+        patch.setitem(sys.modules, name, module)
+    patch.setattr("importlib.util.find_spec", lambda name, *a: object() if tilelang or name != "tilelang" else None)
+
+
+@pytest.mark.parametrize("tilelang", [True, False])
+def test_fla_kernels_finds_each_kernel_and_drops_the_gated_ones_fla_would_refuse(monkeypatch, tilelang):
+    """On Hopper with Triton 3.4 to 3.7.0, fla's gated chunk backward raises unless tilelang is installed: without it
+    the delta rule and simple GLA are not used (their layers run per example, and the path says why)."""
+    from packing_collators.models._kernels import fla_kernels
+
+    with monkeypatch.context() as patch:
+        _fake_fla(patch, hopper_triton_3_6=True, tilelang=tilelang)
+        kernels, why_not = fla_kernels()
+    assert why_not == "" and kernels.conv is not None and kernels.kda.__name__ == "chunk_kda"
+    if tilelang:
+        assert kernels.simple_gla.__name__ == "chunk_simple_gla" and kernels.delta_rule is not None
+    else:
+        assert kernels.simple_gla is None and kernels.delta_rule is None
+        assert "needs tilelang on Hopper with Triton < 3.7.1" in kernels.why_missing
