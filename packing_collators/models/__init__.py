@@ -4,7 +4,13 @@ _row_segments.py    RowSegments: where each example of a batch sits; the row as 
 _mixers.py          find_stateful_layers: the layers that carry state along the sequence, by structure
 _scope.py           the forward's scope: one call's examples, opened and closed by the model's hooks
 _per_example.py     run_per_example: the exact path for any such layer, its arguments read by name
-_gated_deltanet.py  Gated DeltaNet on flash-linear-attention's varlen kernels (cu_seqlens)
+_kernels.py         VarlenKernels: flash-linear-attention's varlen kernels (cu_seqlens), found once, or references
+_gated_deltanet.py  Gated DeltaNet on the varlen kernels
+_mamba2.py          Mamba2 (Nemotron-H, Granite-4.0-H, Falcon-H1, Bamba, Zamba2) on the varlen kernels
+_short_conv.py      gated short convolutions (LFM2, LFM2-MoE, LFM3) on the varlen conv
+_kda.py             Kimi Delta Attention (Kimi-Linear, Bailing-hybrid) on the varlen kernels
+_lightning.py       lightning attention (MiniMax) on the varlen simple-GLA kernel
+_varlen.py          which layers take a varlen path, and the call that runs one
 _packed_mask.py     causal attention masks intersected with the examples (a model that builds them without)
 _multimodal.py      multimodal rotary positions per example (the model's own get_rope_index)
 _wrappers.py        PEFT prompt and prefix tuning: refused (a prompt per row, not per example)

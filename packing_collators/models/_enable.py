@@ -2,7 +2,7 @@
 
     model(input_ids (1, T), position_ids, cu_seq_lens_q, ...)
       PackingRuntime.open (pre-hook): the call's scope, its examples read once      (_scope.py)
-        Gated DeltaNet layer   -> flash-linear-attention's varlen kernels, on CUDA     (fast)
+        Gated DeltaNet, Mamba2, short conv, KDA, lightning -> fla's varlen kernels, on CUDA (fast)  (_varlen.py)
         any other stateful layer, or no kernels here -> the layer per example, padded  (exact anywhere)
         attention              -> as before: cu_seq_lens (flash, packing_varlen) or the packed mask
         multimodal module      -> its rotary positions per example                    (_multimodal.py)
@@ -31,13 +31,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._gated_deltanet import fla_kernels, gated_deltanet_layout, gated_deltanet_varlen_forward
+from ._kernels import HYBRID_EXTRA, VarlenKernels, fla_kernels
 from ._mixers import find_stateful_layers
 from ._multimodal import MultimodalPositions, multimodal_model
 from ._packed_mask import PackedMaskForward, is_causal_attention
 from ._per_example import PACKING_KEYWORDS, LayerArguments, run_per_example
 from ._row_segments import RowSegments
 from ._scope import CACHE_KEYWORDS, LayerForward, PackingRuntime
+from ._varlen import VarlenLayer, run_varlen, varlen_layer
 from ._wrappers import refuse_prompt_learning
 
 __all__ = ["PackingLayers", "enable_packing", "enable_packing_with", "packing_layers"]
@@ -148,9 +149,12 @@ class StatefulForward(LayerForward):
     """A stateful layer's forward: with a packed batch in the call's scope, its path (varlen kernels or per
     example); otherwise the layer's own forward, without the packing keywords."""
 
-    def __init__(self, layer, runtime: PackingRuntime, path: str, kernels=None, layout: str | None = None) -> None:
+    def __init__(
+        self, layer, runtime: PackingRuntime, path: str, kernels: VarlenKernels | None = None,
+        varlen: VarlenLayer | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(layer, runtime)
-        self.path, self.kernels, self.layout = path, kernels, layout
+        self.path, self.kernels, self.varlen = path, kernels, varlen
         self.arguments = LayerArguments.of(type(layer).__name__, self.original_forward())
 
     def __call__(self, *args, **kwargs):
@@ -169,37 +173,54 @@ class StatefulForward(LayerForward):
         hidden = self.arguments.hidden_states(args, kwargs)
         _check_call(name, segments, hidden, kwargs)
         kernels = self.kernels
-        if self.layout is not None and kernels is not None and hidden.device.type == kernels.device_type:
-            flat = hidden.reshape(1, -1, hidden.shape[-1])
-            out = gated_deltanet_varlen_forward(self.layer, flat, segments.cu_seqlens, kernels, self.layout)
-            return out.reshape(hidden.shape[:2] + out.shape[2:])
+        if self.varlen is not None and kernels is not None and hidden.device.type == kernels.device_type:
+            mask = self.arguments.named(args, kwargs).get("attention_mask")
+            return run_varlen(self.varlen, self.layer, hidden, segments.cu_seqlens, kernels, mask)
         return run_per_example(self.call_original, self.arguments, segments, args, kwargs)
 
 
-def _path(layer, kernels, why_not: str) -> tuple[str, str | None]:
-    layout = gated_deltanet_layout(layer)
-    if layout is None:
-        return PER_EXAMPLE, None
+def _path(varlen: VarlenLayer | None, kernels: VarlenKernels | None, why_not: str) -> tuple[str, bool]:
+    """The layer's path in words, and whether it runs on the kernels (on their device)."""
+    if varlen is None:
+        return PER_EXAMPLE, False
     if kernels is None:
-        return f"{PER_EXAMPLE}; the varlen kernels are not used: {why_not}", layout
+        return f"{PER_EXAMPLE}; the varlen kernels are not used: {why_not}", False
+    missing = kernels.missing(varlen.family.needs)
+    if missing:
+        why = kernels.why_missing or f"{kernels.name} has no {' or '.join(missing)} kernel with cu_seqlens"
+        return f"{PER_EXAMPLE}; {why}", False
     where = "CUDA" if kernels.device_type == "cuda" else kernels.device_type
-    return f"{kernels.name} varlen kernels on {where} ({layout} projections), {PER_EXAMPLE} elsewhere", layout
+    return f"{kernels.name} varlen kernels on {where} ({varlen.describe()}), {PER_EXAMPLE} elsewhere", True
 
 
 def _installed(module, kind: type) -> bool:
     return isinstance(module.__dict__.get("forward"), kind)
 
 
+def _log_slow_layers(slow: Counter, reasons: dict) -> None:
+    """One line for the layers with a varlen path that run per example: a warning where CUDA is (or where an fla too
+    old for varlen is installed), else for information (a CPU has no use for the kernels)."""
+    if not slow:
+        return
+    why = "; ".join(reasons)
+    level = logging.WARNING if torch.cuda.is_available() or "not importable" not in why else logging.INFO
+    kinds = ", ".join(f"{name} x{count}" for name, count in slow.items())
+    logger.log(level, "enable_packing: %s run per example (exact, slower): %s. %s brings flash-linear-attention's "
+               "varlen kernels (CUDA).", kinds, why, HYBRID_EXTRA)  # fmt: skip
+
+
 def _prepare_stateful_layers(layers: list, runtime: PackingRuntime, find_kernels) -> None:
     """Each stateful layer not prepared yet gets a ``StatefulForward`` with its path."""
-    kernels, why_not = None, ""
-    if any(gated_deltanet_layout(layer) for layer in layers):
-        kernels, why_not = find_kernels()
-        if kernels is None and (torch.cuda.is_available() or "not importable" not in why_not):
-            logger.warning("enable_packing: Gated DeltaNet layers run per example (exact, slower): %s.", why_not)
-    for layer in layers:
-        path, layout = _path(layer, kernels, why_not)
-        StatefulForward(layer, runtime, path, kernels if layout else None, layout).install()
+    varlen = [varlen_layer(layer) for layer in layers]
+    kernels, why_not = find_kernels() if any(varlen) else (None, "")
+    slow, reasons = Counter(), {}
+    for layer, spec in zip(layers, varlen):
+        path, fast = _path(spec, kernels, why_not)
+        if spec is not None and not fast:
+            slow[type(layer).__name__] += 1
+            reasons[why_not or path.split("; ", 1)[-1]] = None
+        StatefulForward(layer, runtime, path, kernels if fast else None, spec if fast else None).install()
+    _log_slow_layers(slow, reasons)
 
 
 def _mask_attention_by_example(model, runtime: PackingRuntime) -> None:
@@ -234,7 +255,8 @@ def enable_packing(model):
 
     Layers that carry state along the sequence (Gated DeltaNet, Mamba/Mamba2, short convolutions,
     KDA, lightning attention, RG-LRU) are found by their structure and run per example, or on
-    flash-linear-attention's varlen kernels for Gated DeltaNet on a GPU; the boundaries come from
+    flash-linear-attention's varlen kernels on a GPU (Gated DeltaNet, Mamba2, short convolutions, KDA,
+    lightning attention; ``pip install "packing-collators[hybrid]"``); the boundaries come from
     the batch (``cu_seq_lens_q`` or restarting ``position_ids``, as :class:`FlatteningCollator` and
     :class:`PrePackedCollator` emit them). Calling it again changes nothing. The log says which
     path each layer kind takes; ``packing_layers(model)`` returns the same. A PEFT model with prompt
@@ -253,7 +275,7 @@ def enable_packing(model):
 
 
 def enable_packing_with(model, find_kernels):
-    """``enable_packing`` with the Gated DeltaNet kernels from ``find_kernels() -> (kernels | None, why not)``."""
+    """``enable_packing`` with the varlen kernels from ``find_kernels() -> (VarlenKernels | None, why not)``."""
     from .._model_unwrap import unwrap_model
 
     refuse_prompt_learning(model)

@@ -10,39 +10,24 @@ at every example. Two projection layouts exist:
     split   in_proj_qkv, in_proj_z, in_proj_b, in_proj_a     Qwen3.5, Qwen3.5-MoE
     fused   in_proj_qkvz, in_proj_ba (head-interleaved)      Qwen3-Next
 
-The kernels are passed in (``GatedDeltaNetKernels``): flash-linear-attention's Triton ones on a GPU,
-or any pair with the same signatures (the tests give a per-example torch reference, so the wiring is
+The kernels are passed in (``VarlenKernels``, ``_kernels.py``): flash-linear-attention's Triton ones on a
+GPU, or any with the same signatures (the tests give a per-example torch reference, so the wiring is
 checked on a CPU). Cost: the kernels' own, on ``T`` tokens: no padding, one launch per layer.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-__all__ = ["GatedDeltaNetKernels", "fla_kernels", "gated_deltanet_layout", "gated_deltanet_varlen_forward"]
+from ._kernels import VarlenKernels
+
+__all__ = ["GatedDeltaNetKernels", "gated_deltanet_layout", "gated_deltanet_varlen_forward"]
 
 _SPLIT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 _FUSED = ("in_proj_qkvz", "in_proj_ba")
 _COMMON = ("conv1d", "A_log", "dt_bias", "norm", "out_proj", "head_k_dim", "head_v_dim", "num_k_heads", "num_v_heads")
-FLA_CHECKED = "0.6.0"  # the flash-linear-attention version the varlen path was measured with
-
-
-@dataclass(frozen=True)
-class GatedDeltaNetKernels:
-    """``conv(x (1, T, D), weight (D, W), bias, activation, cu_seqlens) -> (1, T, D)`` and
-    ``delta_rule(q, k, v, g, beta, cu_seqlens) -> o (1, T, HV, V)`` (q, k l2-normalised inside),
-    used for hidden states on ``device_type``."""
-
-    conv: Callable
-    delta_rule: Callable
-    name: str
-    device_type: str = "cuda"
+GatedDeltaNetKernels = VarlenKernels  # (conv, delta_rule, name, device_type): all the Gated DeltaNet path needs
 
 
 def gated_deltanet_layout(module) -> str | None:
@@ -54,44 +39,6 @@ def gated_deltanet_layout(module) -> str | None:
     if all(hasattr(module, name) for name in _FUSED) and hasattr(module, "fix_query_key_value_ordering"):
         return "fused"
     return None
-
-
-def fla_kernels() -> tuple[GatedDeltaNetKernels | None, str]:
-    """flash-linear-attention's varlen kernels, or None and why not (not installed, or without ``cu_seqlens``)."""
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-        try:
-            from fla.modules.causal_conv1d import causal_conv1d
-        except ImportError:  # flash-linear-attention before 0.5 kept it in fla.modules.convolution
-            from fla.modules.convolution import causal_conv1d
-    except Exception as error:  # noqa: BLE001 - ImportError, or Triton failing to import on this machine
-        return None, f"flash-linear-attention is not importable ({type(error).__name__}: {error})"
-    version = importlib.metadata.version("fla-core") if _installed("fla-core") else "?"
-    for function in (causal_conv1d, chunk_gated_delta_rule):
-        if "cu_seqlens" not in inspect.signature(function).parameters:
-            return None, (
-                f"flash-linear-attention {version}'s {function.__name__} takes no cu_seqlens; install "
-                f"flash-linear-attention>={FLA_CHECKED} for the varlen kernels"
-            )
-
-    def conv(x, weight, bias, activation, cu_seqlens):
-        out = causal_conv1d(x=x, weight=weight, bias=bias, activation=activation, cu_seqlens=cu_seqlens)
-        return out[0] if isinstance(out, tuple) else out
-
-    def delta_rule(q, k, v, g, beta, cu_seqlens):
-        o, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True)
-        return o
-
-    return GatedDeltaNetKernels(conv, delta_rule, f"flash-linear-attention {version}"), ""
-
-
-def _installed(distribution: str) -> bool:
-    try:
-        importlib.metadata.version(distribution)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
 
 
 def _projections(module, hidden_states: torch.Tensor, layout: str):
@@ -108,7 +55,7 @@ def _projections(module, hidden_states: torch.Tensor, layout: str):
 
 
 def gated_deltanet_varlen_forward(
-    module, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor, kernels: GatedDeltaNetKernels, layout: str
+    module, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor, kernels: VarlenKernels, layout: str
 ) -> torch.Tensor:
     """The layer's output (1, T, H) for a packed row whose examples end at ``cu_seqlens``."""
     batch, length, _ = hidden_states.shape

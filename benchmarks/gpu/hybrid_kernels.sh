@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Issue 45's GPU run in one device call of at most 9.5 minutes on one H100/H200: Nemotron-H-like, Granite-4.0-H-like
+# and LFM2-like models on flash-linear-attention's varlen kernels, sft / flan_like / orcamath_like, packed against
+# the oracles and padding, and exact against each example alone. From the repository root.
+#
+# fla and tilelang are staged by shared/gpu/fla-wheels.sh (run `bash ../shared/gpu/fla-wheels.sh` here first), and
+# one call carries at most 64 MiB, so two device calls, the second right after the first:
+#   call 1, carry [".fla1"]:  mkdir -p /tmp/fla && cp .fla1/* /tmp/fla/
+#   call 2, carry [".fla2"]:  bash benchmarks/gpu/hybrid_kernels.sh
+# Results: $OUT/hybrid_kernels/results.json (one entry per model) and logs/, to commit as
+# benchmarks/results/hybrid_kernels_<card>/.
+#
+# What is cut to fit: each model keeps the first layers of its pattern (Nemotron-H 12 of 24 blocks: 5 Mamba2, 1
+# attention, 6 MLP; Granite 10 of 20: 9 Mamba2, 1 attention; LFM2 8 of 16: 6 convs, 2 attention; the widths are
+# the full models'), 3 rounds of 4 timed steps after 2 warm-up steps per mode (padded modes: 2 timed steps), and no
+# per_example mode. Nemotron-H runs first and gets the longest limits: it pays Triton's and tilelang's first
+# compiles of fla's conv and simple-GLA kernels (Granite's Mamba2 has the same head sizes: it should reuse them from
+# Triton's cache). Every step gets a time limit from what is left before the deadline, so a slow step costs its
+# own figures only; each process writes what it finished.
+set -uo pipefail
+START=$(date +%s)
+DEADLINE=$((START + ${HYBRID_SECONDS:-555}))  # 9 min 15 s after the start: the call's 9.5 min minus a margin
+OUT_DIR=${OUT:-/tmp/out}/hybrid_kernels
+mkdir -p "$OUT_DIR/logs"
+
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/flasite .fla2/*.whl /tmp/fla/*.whl \
+  > "$OUT_DIR/logs/install.log" 2>&1
+export PYTHONPATH=/tmp/flasite:$PWD${PYTHONPATH:+:$PYTHONPATH}
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, triton, transformers, fla; print('torch', torch.__version__, 'triton', triton.__version__,
+'transformers', transformers.__version__, 'fla', fla.__version__)"
+  python3 -c "import tilelang; print('tilelang', tilelang.__version__)"
+  git log -1 --format='commit %H' 2>/dev/null || true; } 2>&1 | tee "$OUT_DIR/logs/versions.log"
+
+# run <cap seconds> <log name> <hybrid_throughput.py arguments...>: at most <cap>, and never past the deadline
+run() {
+  local cap=$1 name=$2 left
+  shift 2
+  left=$((DEADLINE - $(date +%s)))
+  if (( left < 20 )); then echo "skipped $name: ${left}s left" | tee -a "$OUT_DIR/logs/skipped.log"; return; fi
+  (( cap > left )) && cap=$left
+  echo "$(date +%T) $name (limit ${cap}s)"
+  timeout "$cap" python3 benchmarks/gpu/hybrid_throughput.py "$@" --out "$OUT_DIR" > "$OUT_DIR/logs/$name.log" 2>&1
+  local rc=$?
+  echo "$(date +%T) $name exit $rc$( ((rc == 124)) && echo ' (time limit)')"
+}
+
+TIMING="--skip-exactness --tokens-per-step 16384 --steps 4 --padded-steps 2 --warmup 2 --rounds 3"
+TIMING+=" --modes packed,oracle,oracle_work,padded,padded_kernels"
+run 170 nemotron_h_throughput --model nemotron_h --layers 12 $TIMING
+run 70 nemotron_h_exactness --model nemotron_h --layers 12 --skip-throughput
+run 140 granitemoehybrid_throughput --model granitemoehybrid --layers 10 $TIMING
+run 45 granitemoehybrid_exactness --model granitemoehybrid --layers 10 --skip-throughput
+run 90 lfm2_throughput --model lfm2 --layers 8 $TIMING
+run 40 lfm2_exactness --model lfm2 --layers 8 --skip-throughput
+echo "done in $(( $(date +%s) - START ))s"

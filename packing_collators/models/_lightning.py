@@ -1,0 +1,46 @@
+"""Lightning attention (MiniMax) on the varlen simple-GLA kernel: the packed row in one launch, exact.
+
+    hidden (1, T, H) -> act(qkv_proj) -> q, k, v (1, T, h, d)
+                     -> chunk_simple_gla(q, k, v, g_gamma=-slope_rate, scale=1, cu_seqlens)
+                     -> norm -> sigmoid(output_gate(hidden)) * . -> out_proj
+
+MiniMax's lightning attention is a linear attention whose state decays by a fixed rate per head:
+
+    state_t = exp(-slope_h) * state_{t-1} + k_t^T v_t,     o_t = q_t state_t      (no 1/sqrt(d))
+
+which transformers' ``MiniMaxLightningAttention.forward`` (5.15 to 5.24) computes block by block
+(``query_decay``, ``key_decay``, ``diagonal_decay``), and fla's ``chunk_simple_gla`` computes with a
+data-independent log decay ``g_gamma``. The layer's own ``slope_rate`` buffer gives it (fla's
+``chunk_lightning_attn`` computes another slope from the layer index, so it is not used). Given the
+boundaries, the state restarts at every example. Cost: one kernel on ``T`` tokens per layer, no padding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._kernels import VarlenKernels, zero_padding
+
+__all__ = ["lightning_layout", "lightning_varlen_forward"]
+
+_LIGHTNING = ("qkv_proj", "output_gate", "out_proj", "norm", "act_fn", "slope_rate", "num_attention_heads", "head_dim")
+
+
+def lightning_layout(module) -> str | None:
+    """``"minimax"`` when ``module`` is a lightning attention layer this path computes, else None."""
+    return "minimax" if all(hasattr(module, name) for name in _LIGHTNING) else None
+
+
+def lightning_varlen_forward(
+    module, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor, kernels: VarlenKernels, layout: str,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, None]:  # fmt: skip
+    """The layer's output ((1, T, H), None: no state to carry) for a packed row whose examples end at ``cu_seqlens``."""
+    length, heads, dim = hidden_states.shape[1], module.num_attention_heads, module.head_dim
+    qkv = zero_padding(module.act_fn(module.qkv_proj(hidden_states)), mask).reshape(1, length, heads, 3 * dim)
+    query, key, value = torch.split(qkv, dim, dim=3)
+    decay = -module.slope_rate.reshape(heads).float()
+    o, _ = kernels.simple_gla(query, key, value, g_gamma=decay, scale=1.0, cu_seqlens=cu_seqlens)
+    o = module.norm(o.reshape(1, length, heads * dim))
+    o = torch.sigmoid(module.output_gate(hidden_states)) * o
+    return module.out_proj(o), None

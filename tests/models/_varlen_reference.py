@@ -1,0 +1,84 @@
+"""Reference simple-GLA and KDA kernels in torch, with the signatures of flash-linear-attention's ``chunk_simple_gla``
+and ``chunk_kda`` (the keywords the varlen paths pass; anything else is refused, not ignored).
+
+Each example of the row is its own recurrence, one token at a time: slow, plain, and independent of
+transformers' chunked torch code and of fla's, so the varlen paths' wiring (projections, heads, groups,
+gates, decays, norms) is checked on a CPU against each layer's own forward. ``BLIND_CONV`` and
+``BLIND_SCAN`` ignore ``cu_seqlens`` in the conv or in the recurrences (the row one sequence): the
+tests' control that every boundary the paths pass matters.
+"""
+
+from __future__ import annotations
+
+import torch
+from _gdn_reference import conv, delta_rule
+
+from packing_collators.models._kernels import VarlenKernels
+
+
+def _segments(cu_seqlens, length: int) -> list[tuple[int, int]]:
+    bounds = [0, length] if cu_seqlens is None else cu_seqlens.tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def chunk_simple_gla(
+    q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None
+):
+    """(o (1, T, H, V), None): state_t = exp(g_t) state_{t-1} + k_t^T v_t, o_t = scale q_t state_t, per example;
+    g (1, T, H) per token, or g_gamma (H,) for every token; scale defaults to K^-0.5."""
+    assert initial_state is None and not output_final_state
+    assert (g is None) != (g_gamma is None)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    heads, width = q.shape[2], v.shape[-1]
+    decay = (g[0] if g is not None else g_gamma.expand(q.shape[1], heads)).float()
+    qf, kf, vf = (x[0].float() for x in (q, k, v))
+    out = []
+    for start, end in _segments(cu_seqlens, q.shape[1]):
+        state = qf.new_zeros(heads, q.shape[-1], width)
+        for t in range(start, end):
+            state = state * decay[t].exp()[:, None, None] + kf[t][:, :, None] * vf[t][:, None, :]
+            out.append(scale * (qf[t][:, :, None] * state).sum(1))
+    return torch.stack(out)[None].to(q.dtype), None
+
+
+def chunk_kda(
+    q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
+    cu_seqlens=None,
+):  # fmt: skip
+    """(o (1, T, H, V), None): the gated delta rule with a decay per channel, g (1, T, H, K), per example."""
+    assert initial_state is None and not output_final_state
+    qf, kf, vf, gf, bf = (x[0].float() for x in (q, k, v, g, beta))
+    if use_qk_l2norm_in_kernel:
+        qf = qf * torch.rsqrt((qf * qf).sum(-1, keepdim=True) + 1e-6)
+        kf = kf * torch.rsqrt((kf * kf).sum(-1, keepdim=True) + 1e-6)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out = []
+    for start, end in _segments(cu_seqlens, q.shape[1]):
+        state = qf.new_zeros(q.shape[2], q.shape[-1], v.shape[-1])
+        for t in range(start, end):
+            state = state * gf[t].exp()[:, :, None]
+            delta = (vf[t] - (state * kf[t][:, :, None]).sum(1)) * bf[t][:, None]
+            state = state + kf[t][:, :, None] * delta[:, None, :]
+            out.append(scale * (qf[t][:, :, None] * state).sum(1))
+    return torch.stack(out)[None].to(q.dtype), None
+
+
+REFERENCE = VarlenKernels(conv, delta_rule, "reference", "cpu", simple_gla=chunk_simple_gla, kda=chunk_kda)
+
+
+def _blind(kernel):
+    def without_boundaries(*args, cu_seqlens=None, **kwargs):
+        return kernel(*args, cu_seqlens=None, **kwargs)
+
+    return without_boundaries
+
+
+def _blind_conv(x, weight, bias, activation, cu_seqlens):
+    return conv(x, weight, bias, activation, torch.tensor([0, x.shape[1]]))
+
+
+# Controls: the conv, or the recurrences, run the row as one sequence (the boundaries ignored).
+BLIND_CONV = VarlenKernels(_blind_conv, delta_rule, "blind conv", "cpu", simple_gla=chunk_simple_gla, kda=chunk_kda)
+BLIND_SCAN = VarlenKernels(
+    conv, delta_rule, "blind scan", "cpu", simple_gla=_blind(chunk_simple_gla), kda=_blind(chunk_kda)
+)  # fmt: skip

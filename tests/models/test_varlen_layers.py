@@ -1,0 +1,244 @@
+"""The varlen paths of Mamba2, short convolutions, KDA and lightning attention compute each layer exactly.
+
+Tiny float32 hybrids on the CPU, their stateful layers on torch reference kernels with fla's signatures
+(``_varlen_reference.py``): a packed row's logits and every gradient equal each example run alone
+through the layer's own code, with gradient checkpointing too; a kernel that ignores the boundaries
+(the conv's, or the scan's) makes the same comparison fail. Sizes that make each mapping matter:
+several B/C groups per Mamba2 layer, time-step limits that clamp, random D and dt_bias, Falcon-H1's
+multipliers and gated norm both ways.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from _hybrids import HYBRIDS, alone_logits, examples_for, sweep
+from _varlen_reference import BLIND_CONV, BLIND_SCAN, REFERENCE
+
+from packing_collators import FlatteningCollator, PrePackedCollator, enable_packing
+from packing_collators.models import find_stateful_layers, packing_layers
+from packing_collators.models._enable import enable_packing_with
+from packing_collators.models._kernels import VarlenKernels
+
+_CLAMP = {"time_step_limit": (0.2, 1.5)}
+_FALCON = {"mamba_n_groups": 2, **_CLAMP, "ssm_in_multiplier": 0.7, "ssm_multipliers": [1.3, 0.8, 1.1, 0.9, 1.2]}
+# model_type: (overrides, the family its stateful layers take)
+FAMILIES = {
+    "nemotron_h": ({"n_groups": 2, "time_step_min": 0.2}, "Mamba2"),
+    "granitemoehybrid": ({"mamba_n_groups": 2, **_CLAMP}, "Mamba2"),
+    "bamba": ({"mamba_n_groups": 2, **_CLAMP}, "Mamba2"),
+    "zamba2": ({"mamba_ngroups": 2, "time_step_min": 0.2}, "Mamba2"),
+    "falcon_h1": (_FALCON, "Mamba2"),
+    "falcon_h1_norm_after_gate": ({**_FALCON, "mamba_rms_norm": True, "mamba_norm_before_gate": False}, "Mamba2"),
+    "falcon_h1_norm_before_gate": ({**_FALCON, "mamba_rms_norm": True, "mamba_norm_before_gate": True}, "Mamba2"),
+    "lfm2": ({}, "short convolution"),
+    "lfm2_moe": ({}, "short convolution"),
+    "lfm3": ({}, "short convolution"),
+    "kimi_linear": ({}, "KDA"),
+    "bailing_hybrid": ({}, "KDA"),
+    "minimax": ({}, "lightning attention"),
+}
+TYPES = [name for name in FAMILIES if name.split("_norm")[0] in HYBRIDS]
+
+
+def build(name: str, seed: int = 0):
+    """A tiny float32 ``name`` in train mode, its recurrences' D and dt_bias drawn at random (not 1)."""
+    model_type = name.split("_norm")[0]
+    model = sweep.build_tiny(model_type, HYBRIDS[model_type], seed=seed, overrides=FAMILIES[name][0])
+    model.set_attn_implementation("sdpa")
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for module in model.modules():
+            for parameter in ("D", "dt_bias"):
+                if isinstance(getattr(module, parameter, None), torch.nn.Parameter):
+                    value = getattr(module, parameter)
+                    value.copy_(torch.randn(value.shape, generator=generator) * 1.5)
+    return model.train()
+
+
+def _inputs(examples, collator=None) -> dict:
+    batch = (collator or FlatteningCollator())(examples)
+    batch.pop("labels", None)
+    return batch
+
+
+def _weighted_sum(logits: torch.Tensor) -> torch.Tensor:
+    weights = torch.randn(logits.shape[-2:], generator=torch.Generator().manual_seed(1))
+    return (logits.reshape(-1, logits.shape[-1]) * weights).sum()
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1.0))
+
+
+def _on_kernels(name: str, kernels: VarlenKernels, checkpointing: dict | None = None):
+    model = enable_packing_with(build(name), lambda: (kernels, ""))
+    family = FAMILIES[name][1]
+    for _, layer in find_stateful_layers(model):
+        assert f"varlen kernels on cpu ({family}," in layer.forward.path, layer.forward.path
+    if checkpointing is not None:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing)
+    return model
+
+
+def _assert_gradients_equal(model, reference) -> None:
+    checked = 0
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        if q.grad is None:
+            assert p.grad is None or not p.grad.any(), name
+            continue
+        assert p.grad is not None, f"{name}: no gradient through the varlen path"
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5 * float(q.grad.abs().max()) + 1e-7, msg=name)
+        checked += 1
+    assert checked > 10
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_packed_logits_and_gradients_equal_each_example_alone(name):
+    reference = build(name)
+    examples = examples_for(reference, (7, 12, 5, 9))
+    alone = alone_logits(reference, examples)
+    _weighted_sum(alone).backward()
+    model = _on_kernels(name, REFERENCE)
+    packed = model(**_inputs(examples)).logits[0]
+    assert _relative(packed, alone) < 1e-5
+    _weighted_sum(packed).backward()
+    _assert_gradients_equal(model, reference)
+
+
+CHECKPOINTED = [name for name in ("nemotron_h", "falcon_h1_norm_after_gate", "lfm2", "kimi_linear", "minimax")
+                if name.split("_norm")[0] in HYBRIDS]  # fmt: skip
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("name", CHECKPOINTED)
+def test_gradients_under_gradient_checkpointing(name, reentrant):
+    reference = build(name)
+    examples = examples_for(reference, (7, 12, 5))
+    _weighted_sum(alone_logits(reference, examples)).backward()
+    model = _on_kernels(name, REFERENCE, {"use_reentrant": reentrant})
+    _weighted_sum(model(**_inputs(examples)).logits).backward()
+    _assert_gradients_equal(model, reference)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_kernels_that_ignore_the_boundaries_are_caught(name):
+    """The control: run the conv, or the recurrence, over the row as one sequence, and packed is not alone."""
+    reference = build(name)
+    examples = examples_for(reference, (7, 12, 5, 9))
+    with torch.no_grad():
+        alone = alone_logits(reference, examples)
+        family = FAMILIES[name][1]
+        only = {"short convolution": [BLIND_CONV], "lightning attention": [BLIND_SCAN]}
+        for kernels in only.get(family, [BLIND_CONV, BLIND_SCAN]):
+            packed = _on_kernels(name, kernels)(**_inputs(examples)).logits[0]
+            assert _relative(packed, alone) > 1e-3, kernels.name
+
+
+@pytest.mark.skipif("nemotron_h" not in HYBRIDS, reason="this transformers has no Nemotron-H")
+def test_padded_prepacked_rows_on_the_varlen_path():
+    """Two packed rows padded to one width (a padding mask): the rows run as one flat row of their tokens."""
+    reference = build("nemotron_h")
+    examples = examples_for(reference, (7, 12, 5, 9, 3))
+    rows = [
+        {"input_ids": sum((e["input_ids"] for e in group), []), "seq_lengths": [len(e["input_ids"]) for e in group]}
+        for group in (examples[:2], examples[2:])
+    ]
+    with torch.no_grad():
+        alone = alone_logits(reference, examples)
+        batch = _inputs(rows, PrePackedCollator(mode="pad", max_length=20))
+        logits = _on_kernels("nemotron_h", REFERENCE)(**batch).logits
+    assert _relative(torch.cat([logits[0, :19], logits[1, :17]]), alone) < 1e-5
+
+
+@pytest.mark.skipif("nemotron_h" not in HYBRIDS, reason="this transformers has no Nemotron-H")
+def test_without_kernels_one_log_line_names_the_extra(caplog):
+    model = build("nemotron_h")
+    with caplog.at_level(logging.INFO, logger="packing_collators"):
+        enable_packing_with(model, lambda: (None, "flash-linear-attention is not importable (ImportError: fla)"))
+    lines = [r.getMessage() for r in caplog.records if "run per example" in r.getMessage()]
+    assert len(lines) == 1 and 'pip install "packing-collators[hybrid]"' in lines[0], lines
+    assert "NemotronHMamba2Mixer x" in lines[0]
+    assert packing_layers(model).paths["NemotronHMamba2Mixer"].startswith("per example")
+    examples = examples_for(model)
+    with torch.no_grad():
+        assert _relative(model(**_inputs(examples)).logits[0], alone_logits(model, examples)) < 1e-5
+
+
+@pytest.mark.skipif("nemotron_h" not in HYBRIDS or "lfm2" not in HYBRIDS, reason="needs Nemotron-H and LFM2")
+def test_a_kernel_package_without_a_kernel_sends_only_its_layers_per_example(caplog):
+    """An fla without chunk_simple_gla: Mamba2 runs per example (said once), the short conv still on the conv."""
+    partial = VarlenKernels(REFERENCE.conv, REFERENCE.delta_rule, "old fla", "cpu", simple_gla=None, kda=None)
+    with caplog.at_level(logging.INFO, logger="packing_collators"):
+        mamba = enable_packing_with(build("nemotron_h"), lambda: (partial, ""))
+    assert "old fla has no simple_gla kernel with cu_seqlens" in packing_layers(mamba).paths["NemotronHMamba2Mixer"]
+    assert sum("run per example" in r.getMessage() for r in caplog.records) == 1
+    conv = enable_packing_with(build("lfm2"), lambda: (partial, ""))
+    assert "old fla varlen kernels on cpu (short convolution" in packing_layers(conv).paths["Lfm2ShortConv"]
+
+
+def test_the_varlen_path_is_not_taken_on_another_device():
+    """Kernels for CUDA and hidden states on the CPU: the layer runs per example (the path says so), exact."""
+    if "lfm2" not in HYBRIDS:
+        pytest.skip("this transformers has no LFM2")
+    cuda = VarlenKernels(BLIND_CONV.conv, None, "cuda-only", "cuda")  # would be wrong if it ran
+    model = enable_packing_with(build("lfm2").eval(), lambda: (cuda, ""))
+    assert "on CUDA" in packing_layers(model).paths["Lfm2ShortConv"]
+    examples = examples_for(model)
+    with torch.no_grad():
+        assert _relative(model(**_inputs(examples)).logits[0], alone_logits(model, examples)) < 1e-5
+
+
+def test_enable_packing_without_fla_keeps_every_layer_exact():
+    """This machine's enable_packing (no fla, or fla without a GPU): every family per example, exact."""
+    name = next(iter(TYPES))
+    model = enable_packing(build(name).eval())
+    examples = examples_for(model)
+    with torch.no_grad():
+        assert _relative(model(**_inputs(examples)).logits[0], alone_logits(model, examples)) < 1e-5
+
+
+def _fake_fla(patch, *, hopper_triton_3_6: bool, tilelang: bool) -> None:
+    """An installed fla as sys.modules entries: its kernels take cu_seqlens (they are never called here)."""
+    import sys
+    import types
+
+    def kernel(name):
+        def function(q, k, v, g=None, cu_seqlens=None):
+            raise AssertionError("not called")
+
+        function.__name__ = name
+        return function
+
+    modules = {name: types.ModuleType(name) for name in (
+        "fla", "fla.ops", "fla.modules", "fla.utils", "fla.modules.causal_conv1d", "fla.ops.gated_delta_rule",
+        "fla.ops.simple_gla", "fla.ops.kda")}  # fmt: skip
+    modules["fla.modules.causal_conv1d"].causal_conv1d = kernel("causal_conv1d")
+    modules["fla.ops.gated_delta_rule"].chunk_gated_delta_rule = kernel("chunk_gated_delta_rule")
+    modules["fla.ops.simple_gla"].chunk_simple_gla = kernel("chunk_simple_gla")
+    modules["fla.ops.kda"].chunk_kda = kernel("chunk_kda")
+    utils = modules["fla.utils"]
+    utils.IS_NVIDIA_HOPPER = utils.TRITON_ABOVE_3_4_0 = hopper_triton_3_6
+    utils.TRITON_ABOVE_3_7_1 = False
+    for name, module in modules.items():
+        patch.setitem(sys.modules, name, module)
+    patch.setattr("importlib.util.find_spec", lambda name, *a: object() if tilelang or name != "tilelang" else None)
+
+
+@pytest.mark.parametrize("tilelang", [True, False])
+def test_fla_kernels_finds_each_kernel_and_drops_the_gated_ones_fla_would_refuse(monkeypatch, tilelang):
+    """On Hopper with Triton 3.4 to 3.7.0, fla's gated chunk backward raises unless tilelang is installed: without it
+    the delta rule and simple GLA are not used (their layers run per example, and the path says why)."""
+    from packing_collators.models._kernels import fla_kernels
+
+    with monkeypatch.context() as patch:
+        _fake_fla(patch, hopper_triton_3_6=True, tilelang=tilelang)
+        kernels, why_not = fla_kernels()
+    assert why_not == "" and kernels.conv is not None and kernels.kda.__name__ == "chunk_kda"
+    if tilelang:
+        assert kernels.simple_gla.__name__ == "chunk_simple_gla" and kernels.delta_rule is not None
+    else:
+        assert kernels.simple_gla is None and kernels.delta_rule is None
+        assert "needs tilelang on Hopper with Triton < 3.7.1" in kernels.why_missing
