@@ -48,10 +48,11 @@ run() {
 
 TIMING="--skip-exactness --tokens-per-step 16384 --steps 4 --padded-steps 2 --warmup 2 --rounds 3"
 TIMING+=" --modes packed,oracle,oracle_work,padded,padded_kernels"
-run 170 nemotron_h_throughput --model nemotron_h --layers 12 $TIMING
-run 70 nemotron_h_exactness --model nemotron_h --layers 12 --skip-throughput
-run 140 granitemoehybrid_throughput --model granitemoehybrid --layers 10 $TIMING
-run 45 granitemoehybrid_exactness --model granitemoehybrid --layers 10 --skip-throughput
-run 90 lfm2_throughput --model lfm2 --layers 8 $TIMING
-run 40 lfm2_exactness --model lfm2 --layers 8 --skip-throughput
+declare -A LAYERS=([nemotron_h]=12 [granitemoehybrid]=10 [lfm2]=8)
+declare -A CAPS=([nemotron_h]="170 70" [granitemoehybrid]="140 45" [lfm2]="90 40")
+for model in ${HYBRID_MODELS:-nemotron_h granitemoehybrid lfm2}; do  # HYBRID_MODELS: which, in which order
+  read -r throughput exactness <<< "${CAPS[$model]}"
+  run "$throughput" "${model}_throughput" --model "$model" --layers "${LAYERS[$model]}" $TIMING
+  run "$exactness" "${model}_exactness" --model "$model" --layers "${LAYERS[$model]}" --skip-throughput
+done
 echo "done in $(( $(date +%s) - START ))s"
