@@ -13,8 +13,8 @@ Every kernel restarts its state (the conv window, the recurrence) at each bounda
 (int32 (S + 1,)), so the row's examples run in one launch per kernel, no padding. ``fla_kernels()``
 finds them in the installed flash-linear-attention (``pip install "packing-collators[hybrid]"``);
 a kernel that is missing or takes no ``cu_seqlens`` is None, and the layers that need it run per
-example (so are the gated ones where fla's backward would refuse to run: Hopper, Triton < 3.7.1, no
-tilelang). The tests pass torch references with the same signatures (``tests/models/_gdn_reference.py``,
+example (so are the gated ones where fla's backward would refuse to run: on Hopper with Triton < 3.7.1, the
+delta rule without tilelang, simple GLA (Mamba2, lightning) always). The tests pass torch references with the same signatures (``tests/models/_gdn_reference.py``,
 ``_varlen_reference.py``), so the wiring is checked on a CPU. Cost: one import, at ``enable_packing``.
 """
 
@@ -102,15 +102,19 @@ def _with_cu_seqlens(module: str, name: str):
     return function if "cu_seqlens" in inspect.signature(function).parameters else None
 
 
-def _gated_backward_refused() -> str:
-    """Why fla's gated chunk backward (delta rule, simple GLA) would raise here, or "": on Hopper with Triton 3.4 to
-    3.7.0 it refuses to run its Triton kernel ("incorrect results", fla #640) and needs tilelang instead."""
+def _gated_backward_refused(*, simple_gla: bool = False) -> str:
+    """Why fla's gated chunk backward would raise here, or "": on Hopper with Triton 3.4 to 3.7.0 it refuses to run
+    its Triton kernel ("incorrect results", fla #640). tilelang's kernel stands in for the delta rule's; for simple
+    GLA's (Mamba2, lightning attention) it does not: simple GLA keeps its state in float32 and lightning passes
+    ``g_gamma``, which tilelang's backend refuses (seen on an H100 with Triton 3.6.0 and tilelang 0.1.15)."""
     try:
         from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
     except ImportError:
         return ""
     if not (IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1):
         return ""
+    if simple_gla:
+        return "fla's simple-GLA backward refuses Hopper with Triton < 3.7.1 and tilelang does not cover it (Triton >= 3.7.1)"
     if importlib.util.find_spec("tilelang") is not None:
         return ""
     return "fla's gated backward needs tilelang on Hopper with Triton < 3.7.1 (pip install tilelang, or Triton >= 3.7.1)"
@@ -133,13 +137,13 @@ def fla_kernels() -> tuple[VarlenKernels | None, str]:
                 f"flash-linear-attention {version}'s {function.__name__} takes no cu_seqlens; install "
                 f"flash-linear-attention>={FLA_CHECKED} for the varlen kernels"
             )
-    refused = _gated_backward_refused()
+    refused, simple_refused = _gated_backward_refused(), _gated_backward_refused(simple_gla=True)
     kernels = VarlenKernels(
         _fla_conv,
         None if refused else _fla_delta_rule,
         f"flash-linear-attention {version}",
-        simple_gla=None if refused else _with_cu_seqlens("fla.ops.simple_gla", "chunk_simple_gla"),
+        simple_gla=None if simple_refused else _with_cu_seqlens("fla.ops.simple_gla", "chunk_simple_gla"),
         kda=_with_cu_seqlens("fla.ops.kda", "chunk_kda"),
-        why_missing=refused,
+        why_missing=simple_refused or refused,
     )
     return kernels, ""

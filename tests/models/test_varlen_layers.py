@@ -242,3 +242,22 @@ def test_fla_kernels_finds_each_kernel_and_drops_the_gated_ones_fla_would_refuse
     else:
         assert kernels.simple_gla is None and kernels.delta_rule is None
         assert "needs tilelang on Hopper with Triton < 3.7.1" in kernels.why_missing
+
+
+def test_simple_gla_runs_per_example_where_its_backward_would_refuse(monkeypatch):
+    # an H100 with Triton 3.6: fla raises in simple GLA's backward even with tilelang installed (its backend
+    # refuses float32 states and g_gamma); Mamba2 and lightning attention must take the per-example path there
+    import sys
+    import types
+
+    from packing_collators.models import _kernels
+
+    fake = types.ModuleType("fla.utils")
+    fake.IS_NVIDIA_HOPPER, fake.TRITON_ABOVE_3_4_0, fake.TRITON_ABOVE_3_7_1 = True, True, False
+    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))
+    monkeypatch.setitem(sys.modules, "fla.utils", fake)
+    monkeypatch.setattr(_kernels.importlib.util, "find_spec", lambda name: object())  # tilelang installed
+    assert _kernels._gated_backward_refused() == ""  # the delta rule: tilelang stands in
+    assert "Triton >= 3.7.1" in _kernels._gated_backward_refused(simple_gla=True)
+    fake.TRITON_ABOVE_3_7_1 = True
+    assert _kernels._gated_backward_refused(simple_gla=True) == ""
