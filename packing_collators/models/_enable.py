@@ -274,12 +274,24 @@ def enable_packing(model):
     return enable_packing_with(model, fla_kernels)
 
 
+def _follow_cache_switch(model) -> None:
+    """``model.config.use_cache = False`` reaches the language model: a vision-language model loaded from a flat
+    checkpoint config keeps ``use_cache`` in its text config, which its forward reads and the top-level switch
+    does not change (the README's and the checks' advice would otherwise do nothing)."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text is not config and config.__dict__.get("use_cache") is False and getattr(text, "use_cache", False):
+        text.use_cache = False
+        logger.info("enable_packing: model.config.use_cache = False applied to the text config too")
+
+
 def enable_packing_with(model, find_kernels):
     """``enable_packing`` with the varlen kernels from ``find_kernels() -> (VarlenKernels | None, why not)``."""
     from .._model_unwrap import unwrap_model
 
     refuse_prompt_learning(model)
     inner = unwrap_model(model)
+    _follow_cache_switch(inner)
     runtime = _runtime(inner)
     if runtime is None:
         runtime = PackingRuntime(inner)

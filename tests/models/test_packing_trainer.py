@@ -118,9 +118,13 @@ def test_a_vlm_from_its_flat_checkpoint_config_is_accepted_after_model_config_us
     model = as_loaded("qwen2_5_vl")
     model.config.use_cache = False  # what the README says; the text config's flag stays True
     model = enable_packing(model)
+    assert check_packing_support(model, probe=False) == "sdpa"  # no batch needed: the switch reached the text model
     examples = mixed_examples(model.config)
     batch = FlatteningCollator()(examples)
     assert check_packing_support(model, batch) == "sdpa"
+    silent = {k: v for k, v in batch.items() if k not in ("labels", "use_cache")}
+    with torch.no_grad():
+        assert getattr(model(**silent), "past_key_values", None) is None  # no cache built without the batch saying so
     with torch.no_grad():
         packed = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0]
         alone = alone_logits(model, examples)
