@@ -40,7 +40,10 @@ from dataclasses import dataclass, replace
 
 from .._model_unwrap import text_config
 from .._validation import validate_positive_int
-from ..loss import LossImplementation, training_loss
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # loss/ imports torch; this module is imported with the package, before torch is needed
+    from ..loss import LossImplementation
 
 __all__ = ["TokenBudget", "check_token_budget", "fit_token_budget", "measure_token_budget", "plan_token_budget"]
 
@@ -284,6 +287,8 @@ def measure_token_budget(
     was_training = model.training
     model.train()
     try:
+        from ..loss import training_loss
+
         loss = training_loss(model, loss_implementation)
         return fit_token_budget(
             lambda tokens: _peak_bytes(model, tokens, longest, states, autocast_dtype, loss),
@@ -325,6 +330,8 @@ def check_token_budget(
     was_training = model.training
     model.train()
     try:
+        from ..loss import training_loss
+
         peak = _peak_bytes(model, max_tokens_per_batch, longest, states, autocast_dtype, training_loss(model, loss_implementation))
     finally:
         model.train(was_training)
