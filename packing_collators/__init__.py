@@ -4,6 +4,8 @@ The public API (everything in ``__all__``); the package is a folder per concept,
 built only on the ones above it in this map::
 
     engine/    pack_lengths, PackingResult, PackStats    lengths -> rows of indices (no torch)
+    batch/     (packing_collators.batch)                 the packed batch: its keys, its SegmentLayout, and the one
+               PackedBatch, SegmentLayout, read_layout   rule that reads its examples back; collate/ writes it, the rest read it
     collate/   FlatteningCollator, PrePackedCollator,    examples or packed rows -> batches
                pack_sequences, concatenate_and_pack,     (length_buckets: a few row lengths
                length_buckets                            for torch.compile)
