@@ -4,6 +4,8 @@
         function-level imports included, and no folder imports the package root (its facade)
     a folder holds at most 3,000 lines, a module at most 450
     a function (or method) holds at most 60 lines of code: no docstring, comment or blank line
+    the packed batch's four varlen keys (cu_seq_lens_q/k, max_length_q/k) are string literals in at
+        most 2 modules: its home, packing_collators/batch/, and every other module reads its names
 
 The import graph is read with ``ast`` from the source (nothing is imported), so an import
 hidden inside a function counts like one at the top of a module.
@@ -117,3 +119,52 @@ def test_functions_stay_short():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and code_lines(node, source) > MAX_FUNCTION_LINES:
                 long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({code_lines(node, source)} lines)")
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines of code: {long}"
+
+
+def module_of(path: Path) -> str:
+    """A module's dotted name inside the package (``collate._features``; a folder's ``__init__``: ``collate``)."""
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+NAMES = {module_of(path): path for path in MODULES}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The package's modules that the module at ``path`` imports, at any depth of its code: a folder's
+    ``__init__`` for ``from ..collate import x``, the module itself for ``from .._compat import x``, and
+    a submodule for ``from . import _compile``."""
+    package = module_of(path).split(".")[: len(path.relative_to(PACKAGE).parts) - 1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+            elif (node.module or "").split(".")[0] == "packing_collators":
+                base = []
+            else:
+                continue
+            module = (node.module or "").removeprefix("packing_collators").lstrip(".")
+            target = ".".join(base + (module.split(".") if module else []))
+            found.add(target)
+            found |= {f"{target}.{a.name}".lstrip(".") for a in node.names if f"{target}.{a.name}".lstrip(".") in NAMES}
+        elif isinstance(node, ast.Import):
+            found |= {a.name.removeprefix("packing_collators").lstrip(".") for a in node.names if a.name.startswith("packing_collators")}
+    return {name for name in found if name in NAMES} - {module_of(path)}
+
+
+def test_the_module_graph_sees_submodules_and_folders():
+    assert imported_modules(PACKAGE / "trainer" / "__init__.py") >= {"trainer._memory_budget", "trainer._sequence_loss"}
+    assert "batch" in imported_modules(PACKAGE / "collate" / "_flat_row.py")
+
+
+def test_the_varlen_keys_are_spelled_in_at_most_two_modules():
+    """``cu_seq_lens_q/k`` and ``max_length_q/k`` as string literals: in the batch's home, read everywhere else
+    through its names (``packing_collators.batch``)."""
+    keys = {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"}
+    spelled = sorted(
+        name
+        for name, path in NAMES.items()
+        if any(isinstance(n, ast.Constant) and n.value in keys for n in ast.walk(ast.parse(path.read_text())))
+    )
+    assert len(spelled) <= 2, f"the varlen keys are string literals in {spelled}; use packing_collators.batch's names"

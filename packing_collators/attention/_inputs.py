@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ..batch import varlen_values
+
 __all__ = ["PackedInputs", "autocast_inputs", "flat", "flat_lengths", "is_causal", "packed_inputs", "window"]
 
 
@@ -36,8 +38,7 @@ class PackedInputs(NamedTuple):
 def packed_inputs(module, query, key, value, kwargs: dict, *, name: str) -> PackedInputs:
     """From an attention function's ``kwargs``: the checked packed layout (``cu_seq_lens_q/k``,
     ``max_length_q/k``), q/k/v in autocast's dtype, causality and the ``sliding_window``'s window."""
-    layout = (kwargs.get(key) for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"))
-    cu_q, cu_k, max_q, max_k = flat_lengths(query, key, *layout, name=name)
+    cu_q, cu_k, max_q, max_k = flat_lengths(query, key, *varlen_values(kwargs), name=name)
     query, key, value = autocast_inputs(query, key, value)
     causal = is_causal(module, kwargs)
     window_ = window(causal, kwargs.get("sliding_window"), max_k)

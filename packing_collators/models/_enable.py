@@ -35,7 +35,8 @@ from ._gated_deltanet import fla_kernels, gated_deltanet_layout, gated_deltanet_
 from ._mixers import find_stateful_layers
 from ._multimodal import MultimodalPositions, multimodal_model
 from ._packed_mask import PackedMaskForward, is_causal_attention
-from ._per_example import PACKING_KEYWORDS, LayerArguments, run_per_example
+from ..batch import CU_SEQ_LENS_Q, PACKING_KEYS
+from ._per_example import LayerArguments, run_per_example
 from ._row_segments import RowSegments
 from ._scope import CACHE_KEYWORDS, LayerForward, PackingRuntime
 from ._wrappers import refuse_prompt_learning
@@ -135,13 +136,13 @@ def _holds_tokens(cache) -> bool:
 def _unpacked(name: str, kwargs: dict) -> dict:
     """``kwargs`` without cu_seq_lens_* / max_length_* / seq_idx, which only say "one example" here
     (transformers' reference kernels refuse them even then); several examples would be a bug."""
-    cu = kwargs.get("cu_seq_lens_q")
+    cu = kwargs.get(CU_SEQ_LENS_Q)
     if cu is not None and cu.numel() > 2:
         raise RuntimeError(
             f"{name} got cu_seq_lens_q of {cu.numel() - 1} examples outside a call of the model (its boundaries "
             "pre-hook did not run). Call the model itself with the packed batch."
         )
-    return {k: v for k, v in kwargs.items() if k not in PACKING_KEYWORDS}
+    return {k: v for k, v in kwargs.items() if k not in PACKING_KEYS}
 
 
 class StatefulForward(LayerForward):
@@ -163,7 +164,7 @@ class StatefulForward(LayerForward):
         kernels = self.kernels
         if self.layout is not None and kernels is not None and hidden.device.type == kernels.device_type:
             flat = hidden.reshape(1, -1, hidden.shape[-1])
-            out = gated_deltanet_varlen_forward(self.layer, flat, segments.cu_seqlens, kernels, self.layout)
+            out = gated_deltanet_varlen_forward(self.layer, flat, segments.cu_seq_lens, kernels, self.layout)
             return out.reshape(hidden.shape[:2] + out.shape[2:])
         return run_per_example(self.call_original, self.arguments, segments, args, kwargs)
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..batch import CU_SEQ_LENS_Q
 from ._row_segments import RowSegments, row_segments
 
 __all__ = ["CACHE_KEYWORDS", "CarryScope", "ForwardScope", "LayerForward", "PackingRuntime", "read_scope"]
@@ -81,7 +82,7 @@ def read_scope(module, args: tuple, kwargs: dict) -> ForwardScope:
     positions = kwargs.get("position_ids")
     if positions is None and args:  # (input_ids, attention_mask, position_ids, ...) given positionally
         positions = inspect.signature(module.forward).bind_partial(*args).arguments.get("position_ids")
-    segments = row_segments(shape, cu_seq_lens=kwargs.get("cu_seq_lens_q"), position_ids=positions)
+    segments = row_segments(shape, cu_seq_lens=kwargs.get(CU_SEQ_LENS_Q), position_ids=positions)
     return ForwardScope(segments=segments)
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from .._compat import positional_collator, train_batch_size, trainer_hooks
 from .._validation import validate_choice, validate_positive_int
 from ..attention import AUTO_ATTENTION, choose_attention
+from ..batch import target_count
 from ..collate import FlatteningCollator
 from ..engine import Overflow, Strategy
 from ..sampler import check_sampler_option
@@ -41,7 +42,7 @@ from ._head_loss import HeadLoss, LossImplementation
 from ._launch import refuse_data_parallel
 from ._liger import check_liger_setup
 from ._neftune import PackedNEFTune
-from ._predictions import EXAMPLE_COUNT, examples_counted, per_example_predictions
+from ._predictions import EXAMPLE_COUNT, examples_counted, is_flat_row, per_example_predictions
 from ._prepare_model import prepare_trainer_model
 from ._sequence_loss import LossNormalization, check_sequence_setup, global_sequence_count, sequence_compute_loss
 from ._trainer_budget import TokenBudgets, memory_model
@@ -360,15 +361,13 @@ class PackingTrainer(Trainer):
             loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
         finally:
             self._loss_only = True
-        targets = inputs.get("labels")
-        if loss is not None and targets is not None and self._eval_token_loss is not None:
-            shifted = inputs.get("shift_labels")  # a sequence shard's own targets
-            count = (shifted != -100).sum() if shifted is not None else (targets[..., 1:] != -100).sum()
+        if loss is not None and inputs.get("labels") is not None and self._eval_token_loss is not None:
+            count = target_count(inputs)  # the tokens predicted (a sequence shard's own)
             summed = torch.where(
                 count > 0, loss.detach().float() * count, 0.0
             )  # a shard may hold no target (mean: nan)
             self._eval_token_loss += torch.stack((summed, count.float()))
-        if inputs.get("cu_seq_lens_q") is not None and not prediction_loss_only:
+        if is_flat_row(inputs) and not prediction_loss_only:
             main_input = getattr(self.model, "main_input_name", "input_ids")
             logits, labels = per_example_predictions(inputs, logits, labels, examples, main_input)
         return loss, logits, labels

@@ -85,10 +85,12 @@ def group_budget_error(error: ValueError, size: int, budget) -> ValueError:
 
 
 def global_target_count(batch_samples, accelerator, device):
-    """The targets (``shift_labels != -100``) of this step's micro-batches summed over every rank."""
+    """The targets (a shard's ``shift_labels`` that are not -100) of this step's micro-batches summed over every rank."""
     import torch
 
-    count = sum(batch["shift_labels"].ne(-100).sum() for batch in batch_samples)
+    from ..batch import target_count
+
+    count = sum(target_count(batch) for batch in batch_samples)
     count = torch.as_tensor(count, device=device)
     return accelerator.gather(count.reshape(1)).sum() if accelerator.num_processes > 1 else count
 
