@@ -2,6 +2,7 @@
 
     a folder (or top-level module) imports only those below it: no cycle between folders,
         function-level imports included, and no folder imports the package root (its facade)
+    no cycle between modules either (a folder's __init__ counts as the module its importers name)
     a folder holds at most 3,000 lines, a module at most 450
     a function (or method) holds at most 60 lines of code: no docstring, comment or blank line
     the packed batch's four varlen keys (cu_seq_lens_q/k, max_length_q/k) are string literals in at
@@ -146,11 +147,30 @@ def imported_modules(path: Path) -> set[str]:
                 continue
             module = (node.module or "").removeprefix("packing_collators").lstrip(".")
             target = ".".join(base + (module.split(".") if module else []))
-            found.add(target)
-            found |= {f"{target}.{a.name}".lstrip(".") for a in node.names if f"{target}.{a.name}".lstrip(".") in NAMES}
+            for alias in node.names:  # a submodule by its name (``from . import _compile``), else the module's name
+                submodule = f"{target}.{alias.name}".lstrip(".")
+                found.add(submodule if submodule in NAMES else target)
         elif isinstance(node, ast.Import):
             found |= {a.name.removeprefix("packing_collators").lstrip(".") for a in node.names if a.name.startswith("packing_collators")}
     return {name for name in found if name in NAMES} - {module_of(path)}
+
+
+def test_imports_between_modules_run_one_way():
+    """No circle of modules either, function-level imports included (the facade, ``""``, stays above all)."""
+    graph = {name: imported_modules(path) - {""} for name, path in NAMES.items() if name not in ("", "__main__")}
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            pytest.fail("import cycle between modules: " + " -> ".join(path[path.index(node) :] + [node]))
+        if node in done:
+            return
+        for target in sorted(graph.get(node, ())):
+            visit(target, path + [node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
 
 
 def test_the_module_graph_sees_submodules_and_folders():

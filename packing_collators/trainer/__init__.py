@@ -5,9 +5,11 @@ _prepare_model.py     enable_packing on the model (and on one model_init builds)
                       where state crosses ranks
 _predictions.py       predict() / compute_metrics: one row per example, a collator's padding segment none
 _neftune.py           NEFTune's noise per example; the stock Trainer's (per row) refused
-_dataloader.py        PackingTrainer's dataloaders: lengths -> sampler -> collator -> DataLoader
+_dataloader.py        PackingTrainer's dataloaders: lengths -> the budget -> sampler -> collator -> DataLoader
 _check_callback.py    PackingCheckCallback and the FA4 warm-up, added when training begins
-_trainer_budget.py    max_tokens_per_batch="auto" and memory_check, agreed over ranks
+_autocast.py          the autocast the Trainer trains under: the probe's forwards and the budget's dry runs
+_trainer_budget.py    TrainerBudget: a dataloader's token budget, planned once ("auto" measured, memory_check),
+                      agreed over ranks, handed on as a value
 _memory_budget.py     measure_token_budget / check_token_budget: max_tokens_per_batch against the GPU's memory, measured
 _compile.py           torch_compile=True: rows padded to buckets, graphs compiled before the first step
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs

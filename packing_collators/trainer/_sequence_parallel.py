@@ -21,6 +21,7 @@ import logging
 
 from .._model_unwrap import probe_module, text_config
 from ..checks import check_collated_features, check_packing_support, refuse_failed_probe
+from ._autocast import training_autocast
 
 __all__ = ["SequenceParallelCheckCallback", "global_target_count", "group_budget_error", "setup_sequence_parallel"]
 
@@ -111,7 +112,6 @@ class SequenceParallelCheckCallback(_callback_base()):
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         from ..parallel import inner_attention, probe_sequence_parallel
-        from ._check_callback import training_autocast
 
         if model is None or train_dataloader is None:
             return
