@@ -23,6 +23,7 @@ Built on every other folder: the attention backends (``attention/``), the checks
 (``checks/``), sequence parallelism (``parallel/``), the sampler and the collators.
 """
 
+from .._lazy import lazy_names
 from ._memory_budget import TokenBudget, check_token_budget, fit_token_budget, measure_token_budget, plan_token_budget
 from ._sequence_loss import count_sequences, sequence_loss_weights, sequence_mean_loss
 
@@ -43,19 +44,15 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # PackingTrainer / PackingCheckCallback / PackingMetricsCallback subclass transformers' Trainer
-    # classes: importing those takes seconds, so they load on first use.
-    if name in ("PackingCheckCallback", "PackingTrainer"):
-        from . import _packing_trainer
-
-        return getattr(_packing_trainer, name)
-    if name in ("CompileReport", "warm_up_compiled"):  # _compile.py subclasses transformers' TrainerCallback
-        from . import _compile
-
-        return getattr(_compile, name)
-    if name == "PackingMetricsCallback":
-        from ._metrics import PackingMetricsCallback
-
-        return PackingMetricsCallback
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# PackingTrainer, the callbacks and the compile report subclass transformers' Trainer classes: importing
+# those takes seconds, so they load on first use (one rule for every facade: _lazy.py).
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "PackingTrainer": "._packing_trainer",
+        "PackingCheckCallback": "._check_callback",
+        "PackingMetricsCallback": "._metrics",
+        "CompileReport": "._compile",
+        "warm_up_compiled": "._compile",
+    },
+)
