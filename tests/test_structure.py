@@ -188,3 +188,23 @@ def test_the_varlen_keys_are_spelled_in_at_most_two_modules():
         if any(isinstance(n, ast.Constant) and n.value in keys for n in ast.walk(ast.parse(path.read_text())))
     )
     assert len(spelled) <= 2, f"the varlen keys are string literals in {spelled}; use packing_collators.batch's names"
+
+
+def test_tests_import_nothing_from_scripts():
+    """``scripts/`` holds runnable tools; what a test shares with one lives in ``benchmarks/`` (on the tests' path)."""
+    tests = Path(__file__).resolve().parent
+
+    def reaches_scripts(tree: ast.AST) -> bool:  # a path to scripts/ ("scripts"), or an import of a module there
+        return any(
+            (isinstance(n, ast.Constant) and n.value == "scripts")
+            or (isinstance(n, (ast.Import, ast.ImportFrom)) and "scripts" in ast.unparse(n))
+            for n in ast.walk(tree)
+        )
+
+    reaching = sorted(
+        str(path.relative_to(tests))
+        for path in tests.rglob("*.py")
+        if path != Path(__file__).resolve() and reaches_scripts(ast.parse(path.read_text()))
+    )
+    assert not reaching, f"tests that load from scripts/: {reaching}"
+    assert reaches_scripts(ast.parse('spec_from_file_location("sweep", ROOT / "scripts" / "sweep.py")'))
