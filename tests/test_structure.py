@@ -66,22 +66,29 @@ def test_no_folder_imports_the_package_root():
     assert not importers, f"import from the module that defines the name, not the package root: {importers}"
 
 
-def test_imports_between_folders_run_one_way():
-    graph = import_graph()
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` (its nodes, the first repeated last), or None."""
     done: set[str] = set()
 
-    def visit(node: str, path: list[str]) -> None:
+    def visit(node: str, path: list[str]) -> list[str] | None:
         if node in path:
-            cycle = path[path.index(node) :] + [node]
-            pytest.fail("import cycle between folders: " + " -> ".join(cycle))
+            return path[path.index(node) :] + [node]
         if node in done:
-            return
+            return None
         for target in sorted(graph.get(node, ())):
-            visit(target, path + [node])
+            cycle = visit(target, path + [node])
+            if cycle:
+                return cycle
         done.add(node)
+        return None
 
-    for node in sorted(graph):
-        visit(node, [])
+    return next((cycle for node in sorted(graph) if (cycle := visit(node, []))), None)
+
+
+def test_imports_between_folders_run_one_way():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle between folders: " + " -> ".join(cycle or [])
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
 def test_the_graph_sees_function_level_and_absolute_imports():
@@ -158,19 +165,8 @@ def imported_modules(path: Path) -> set[str]:
 def test_imports_between_modules_run_one_way():
     """No circle of modules either, function-level imports included (the facade, ``""``, stays above all)."""
     graph = {name: imported_modules(path) - {""} for name, path in NAMES.items() if name not in ("", "__main__")}
-    done: set[str] = set()
-
-    def visit(node: str, path: list[str]) -> None:
-        if node in path:
-            pytest.fail("import cycle between modules: " + " -> ".join(path[path.index(node) :] + [node]))
-        if node in done:
-            return
-        for target in sorted(graph.get(node, ())):
-            visit(target, path + [node])
-        done.add(node)
-
-    for node in sorted(graph):
-        visit(node, [])
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between modules: " + " -> ".join(cycle or [])
 
 
 def test_the_module_graph_sees_submodules_and_folders():
