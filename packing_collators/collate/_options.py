@@ -12,7 +12,6 @@ Cost: constant, at construction.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
