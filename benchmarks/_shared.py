@@ -6,7 +6,9 @@ part of it: ``cpu/_offline_jobs.py``, ``gpu/_fa4_exactness.py``, ``gpu/_throughp
 this folder on ``sys.path`` and imports from here:
 
 - data: ``lengths_of`` (the standard length distributions, from ``_lengths.py``, which the tests
-  import too), ``markov_tokens`` (token ids whose loss curve has a known floor) and ``markov_examples``;
+  import too), ``markov_tokens`` (token ids whose loss curve has a known floor) and ``markov_examples``
+  (``_architectures.py`` beside it: every causal LM as a tiny model, for ``scripts/architecture_sweep.py``
+  and the tests);
 - model: ``SIZES``, ``model_config`` (Llama, Qwen2 or Mistral) and ``build_model`` (random weights),
   ``padded_batch``, ``to_device`` and ``sync``;
 - timing: ``alternate`` + ``median`` (CPU, wall clock), ``median_round`` (a GPU mode's median

@@ -110,6 +110,23 @@ def hub_examples(name: str, count: int, rng) -> tuple[object, list[dict]]:
     return model, out
 
 
+def packed_and_alone(model, collator, examples: list[dict]) -> tuple[float, float]:
+    """The loss of ``examples`` packed in one row, and the same loss with each example alone (token-weighted),
+    before training: what packing must not change."""
+    device = next(model.parameters()).device
+
+    def loss_and_targets(batch: dict) -> tuple[float, int]:
+        batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
+        return float(model(**batch).loss), int((batch["labels"][:, 1:] != -100).sum())
+
+    model.eval()
+    with torch.no_grad():
+        packed, _ = loss_and_targets(collator(examples))
+        alone = [loss_and_targets(collator([example])) for example in examples]
+    model.train()
+    return packed, sum(loss * n for loss, n in alone) / sum(n for _, n in alone)
+
+
 def main() -> None:
     from datasets import Dataset
 
@@ -131,6 +148,8 @@ def main() -> None:
         model=model, args=training_args, train_dataset=Dataset.from_list(examples),
         max_tokens_per_batch=args.max_tokens_per_batch,
     )  # fmt: skip
+    first = examples[:4]  # two with an image, two text only
+    packed, alone = packed_and_alone(trainer.model, trainer.data_collator, first)
     result = trainer.train()
     images = sum(1 for e in examples if "pixel_values" in e)
     patches = sum(int(np.prod(e["image_grid_thw"], axis=1).sum()) for e in examples if "image_grid_thw" in e)
@@ -140,6 +159,8 @@ def main() -> None:
     print(f"text tokens:    {sum(len(e['input_ids']) for e in examples):,}; vision patches {patches:,}")
     print(f"steps:          {trainer.state.global_step} in {result.metrics['train_runtime']:.1f} s")
     print(f"losses:         {', '.join(f'{x:.3f}' for x in losses)}")
+    print(f"packed = alone: {packed:.6f} vs {alone:.6f} before training, the first {len(first)} examples in one row "
+          f"or each alone (|difference| {abs(packed - alone):.1e})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ The public API (everything in ``__all__``); the package is a folder per concept,
 built only on the ones above it in this map::
 
     engine/    pack_lengths, PackingResult, PackStats    lengths -> rows of indices (no torch)
+    batch/     (packing_collators.batch)                 the packed batch: its keys, its SegmentLayout, and the one
+               PackedBatch, SegmentLayout, read_layout   rule that reads its examples back; collate/ writes it, the rest read it
     collate/   FlatteningCollator, PrePackedCollator,    examples or packed rows -> batches
                pack_sequences, concatenate_and_pack,     (length_buckets: a few row lengths
                length_buckets                            for torch.compile)
@@ -35,16 +37,19 @@ built only on the ones above it in this map::
     _validation.py    the argument checks every folder shares
     _progress.py      when long work shows a progress bar (one rule, following datasets/transformers)
     _model_unwrap.py  the transformers model inside its wrappers, and its text config
+    _lazy.py          names a facade loads on first use (this one, trainer/'s, sampler/'s)
 
 ``PackingTrainer``, ``PackingCheckCallback``, ``PackingMetricsCallback``, ``MultipackBatchSampler``,
 ``enable_packing`` and ``enable_chunked_loss`` load on first use (they import transformers' Trainer or torch), so
-``import packing_collators`` stays fast.
+``import packing_collators`` stays fast. What a user needs leaves here; the rest is its folder's
+(``CompileReport`` and ``warm_up_compiled`` in ``packing_collators.trainer``, the backends' names
+``FA4_ATTENTION`` and ``VARLEN_ATTENTION`` in ``packing_collators.attention``: asked for here, each
+says so).
 """
 
 from ._version import __version__  # noqa: F401  (the version, not in __all__)
+from ._lazy import lazy_names
 from .attention import (
-    FA4_ATTENTION,
-    VARLEN_ATTENTION,
     choose_attention,
     register_fa4_attention,
     register_varlen_attention,
@@ -75,7 +80,6 @@ from .trainer import (
 
 __all__ = [
     "ChatStats",
-    "CompileReport",
     "CostFit",
     "FlatteningCollator",
     "MultipackBatchSampler",
@@ -90,8 +94,6 @@ __all__ = [
     "ProbeReport",
     "SequenceShardCollator",
     "TokenBudget",
-    "FA4_ATTENTION",
-    "VARLEN_ATTENTION",
     "check_packing_support",
     "check_token_budget",
     "choose_attention",
@@ -119,38 +121,29 @@ __all__ = [
     "tokenize_chat_example",
     "varlen_attention_forward",
     "warm_up_attention",
-    "warm_up_compiled",
 ]
 
 
-def __getattr__(name: str):
-    # PackingTrainer / PackingCheckCallback subclass transformers' Trainer classes and the sampler
-    # subclasses torch's Sampler; importing those takes seconds, so they load on first use and
-    # `import packing_collators` (the engine, the collators, the command line) stays fast.
-    if name in (
-        "CompileReport",
-        "PackingCheckCallback",
-        "PackingMetricsCallback",
-        "PackingTrainer",
-        "warm_up_compiled",
-    ):
-        from . import trainer
-
-        return getattr(trainer, name)
-    if name == "enable_packing":  # models/ imports torch
-        from .models import enable_packing
-
-        return enable_packing
-    if name == "enable_chunked_loss":  # loss/ imports torch
-        from .loss import enable_chunked_loss
-
-        return enable_chunked_loss
-    if name in ("PackingDPOTrainer", "PreferenceCollator"):  # preference/ imports torch (and TRL, for the trainer)
-        from . import preference
-
-        return getattr(preference, name)
-    if name == "MultipackBatchSampler":
-        from . import sampler
-
-        return sampler.MultipackBatchSampler
-    raise AttributeError(f"module 'packing_collators' has no attribute {name!r}")
+# PackingTrainer and the callbacks subclass transformers' Trainer classes, the sampler torch's Sampler, and
+# models/, loss/ and preference/ import torch (and TRL, for the DPO trainer): they load on first use, so `import
+# packing_collators` (the engine, the collators, the command line) stays fast. Names that moved under their
+# folder say where they are now.
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "PackingCheckCallback": ".trainer",
+        "PackingMetricsCallback": ".trainer",
+        "PackingTrainer": ".trainer",
+        "MultipackBatchSampler": ".sampler",
+        "enable_packing": ".models",
+        "enable_chunked_loss": ".loss",
+        "PackingDPOTrainer": ".preference",
+        "PreferenceCollator": ".preference",
+    },
+    moved={
+        "CompileReport": "packing_collators.trainer",
+        "warm_up_compiled": "packing_collators.trainer",
+        "FA4_ATTENTION": "packing_collators.attention",
+        "VARLEN_ATTENTION": "packing_collators.attention",
+    },
+)

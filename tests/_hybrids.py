@@ -1,21 +1,14 @@
 """Tiny hybrid models (recurrent / convolutional layers beside attention) of the installed transformers.
 
-Built by the architecture sweep's ``build_tiny`` (``scripts/architecture_sweep.py``, the one home of
-the tiny configs, hybrids' state sizes included), float32 on the CPU, seeded. ``HYBRIDS`` lists the
-hybrid causal LMs this transformers has; a type it lacks is not listed (and not tested).
+Built by ``build_tiny`` of ``benchmarks/_architectures.py`` (the one home of the tiny configs, hybrids'
+state sizes included, shared with ``scripts/architecture_sweep.py``), float32 on the CPU, seeded.
+``HYBRIDS`` lists the hybrid causal LMs this transformers has; a type it lacks is not listed (and not tested).
 """
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+import _architectures as sweep  # benchmarks/ is on sys.path (conftest.py): the tiny configs and the sweep's rows
 import torch
-
-_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "architecture_sweep.py"
-_spec = importlib.util.spec_from_file_location("architecture_sweep", _SCRIPT)
-sweep = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sweep)
 
 # Gated DeltaNet, Mamba2, Mamba, short convolutions, KDA, lightning attention, RG-LRU, n-gram PLE.
 CANDIDATES = (

@@ -1,6 +1,6 @@
 """Tiny mixture-of-experts causal LMs routed as their checkpoints route: 8 experts, 2 per token.
 
-Built by the architecture sweep's ``build_tiny`` (``scripts/architecture_sweep.py``), float32 on the CPU,
+Built by the architecture sweep's ``build_tiny`` (``benchmarks/_architectures.py``), float32 on the CPU,
 seeded, in eval mode, with ``use_cache`` left at the config's default (True, as checkpoints have it).
 ``MOES`` lists the types this transformers has (Qwen3-MoE, Mixtral, OLMoE, GLM-4.5 and Nemotron-H among them).
 """

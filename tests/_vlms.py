@@ -1,6 +1,6 @@
 """Tiny vision-language models (Qwen2-VL-style multimodal rope) and processor-style examples with synthetic images.
 
-A model is the sweep's tiny config of its type (``scripts/architecture_sweep.py``) with a two-block
+A model is the sweep's tiny config of its type (``benchmarks/_architectures.py``) with a two-block
 vision tower of width 32, patches of 2 and a 2x2 merge, and rotary sections that fit the tiny heads.
 An example is what a processor returns for one conversation: ``input_ids`` with ``<start> <image>*n
 <end>`` per image (n = t*h*w / 4), ``mm_token_type_ids`` (1 on image tokens), ``pixel_values``

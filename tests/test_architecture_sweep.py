@@ -1,6 +1,6 @@
 """The architecture sweep on a few representative causal LMs: whatever check_packing_support accepts packs exactly.
 
-The full sweep (every causal LM of transformers, ``scripts/architecture_sweep.py``) takes minutes;
+The full sweep (every causal LM of transformers, ``benchmarks/_architectures.py``) takes minutes;
 this runs its functions on ten architectures that span the ways examples are kept apart or not:
 rotary (llama, gpt_neox, phi), learned absolute positions (gpt2), ALiBi (falcon), sliding windows
 and softcapping (gemma2), positions from the attention mask (opt), bidirectional encoders used as
@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from _hybrids import sweep  # noqa: E402  (scripts/architecture_sweep.py, loaded once for the tests)
+import _architectures as sweep  # noqa: E402  (benchmarks/_architectures.py: the sweep's rows)
 
 ACCEPTED = ("llama", "gpt2", "gpt_neox", "phi", "falcon", "gemma2")
 REFUSED = ("opt", "bert", "mamba")  # opt numbers positions from the attention mask; bert is bidirectional

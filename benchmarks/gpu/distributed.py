@@ -153,9 +153,8 @@ class ReplayTrainer(PackingTrainer):
 
     replicas = 2
 
-    def make_batch_sampler(self, lengths, batch_size, *, shuffle):
-        budget = self.token_budget(lengths, batch_size)
-        return AllRanks(samplers(lengths, budget, self.replicas, self.args.seed, shuffle=shuffle))
+    def make_batch_sampler(self, lengths, max_tokens_per_batch, *, shuffle):
+        return AllRanks(samplers(lengths, max_tokens_per_batch, self.replicas, self.args.seed, shuffle=shuffle))
 
 
 def _setup_options(setup: str) -> dict:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ..batch import KV_INDEX, varlen_values
+
 __all__ = ["PackedInputs", "autocast_inputs", "flat", "flat_lengths", "is_causal", "packed_inputs", "window"]
 
 
@@ -38,9 +40,8 @@ class PackedInputs(NamedTuple):
 def packed_inputs(module, query, key, value, kwargs: dict, *, name: str) -> PackedInputs:
     """From an attention function's ``kwargs``: the checked packed layout (``cu_seq_lens_q/k``,
     ``max_length_q/k``), q/k/v in autocast's dtype, causality and the ``sliding_window``'s window."""
-    layout = (kwargs.get(key) for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"))
-    cu_q, cu_k, max_q, max_k = flat_lengths(query, key, *layout, name=name)
-    kv_index = kwargs.get("kv_index")
+    cu_q, cu_k, max_q, max_k = flat_lengths(query, key, *varlen_values(kwargs), name=name)
+    kv_index = kwargs.get(KV_INDEX)
     if kv_index is not None:  # keys laid out apart from the queries (a shared prompt): gathered from the row
         kv_index = kv_index.to(key.device)
         key, value = key.index_select(2, kv_index), value.index_select(2, kv_index)

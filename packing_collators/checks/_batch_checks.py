@@ -2,9 +2,9 @@
 
     [S1 S1 S1 S2 S2 S3 S3 S3]  position_ids [0 1 2 0 1 0 1 2]  cu_seq_lens_q [0 3 5 8]
 
-must restart positions where cu_seq_lens says, carry no attention_mask beside a packed
-layout, and be one row under flash attention.
-Cost: a few numpy ops over the batch's position_ids.
+must restart positions where cu_seq_lens says (the batch's rule read both ways gives the same
+examples: ``packing_collators.batch``), carry no attention_mask beside a packed layout, and be one
+row under flash attention. Cost: a comparison over the batch's position_ids.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from ..attention import attention_kind, own_backend
+from ..batch import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, segment_starts
 
-__all__ = ["check_batch"]
+__all__ = ["check_batch", "numpy_of"]
 
 
 def numpy_of(value) -> np.ndarray:
@@ -25,16 +26,9 @@ def numpy_of(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def segments_from_positions(position_ids: np.ndarray) -> np.ndarray:
-    """int64 (k + 1,) segment starts (and the end) that transformers' packed-mask detection sees."""
-    row = position_ids.reshape(-1)
-    new = np.flatnonzero(np.diff(row) != 1) + 1
-    return np.r_[0, new, len(row)].astype(np.int64)
-
-
 def _restarts(positions: np.ndarray, attention_mask) -> bool:
     """Whether positions restart inside a row (between two real tokens, when there is a mask)."""
-    restart = np.diff(positions, axis=-1) != 1
+    restart = numpy_of(segment_starts({"position_ids": positions}, positions.shape))[:, 1:]
     if attention_mask is not None:
         mask = numpy_of(attention_mask).astype(bool).reshape(positions.shape)
         restart &= mask[:, 1:] & mask[:, :-1]
@@ -48,9 +42,9 @@ def _check_cu_seq_lens(cu: np.ndarray, positions: np.ndarray, kind: str, impleme
             f"cu_seq_lens_q={cu.tolist()[:8]}... does not split the {positions.size} tokens of the batch "
             "(it must start at 0, never decrease and end at the token count)."
         )
-    if kind == "position_ids" and not np.array_equal(
-        segments_from_positions(positions), cu[np.r_[True, np.diff(cu) > 0]]
-    ):
+    by_positions = segment_starts({"position_ids": positions}, positions.shape)
+    by_cu_seq_lens = segment_starts({CU_SEQ_LENS_Q: cu}, positions.shape)
+    if kind == "position_ids" and not bool((by_positions == by_cu_seq_lens).all()):
         raise ValueError(
             f"position_ids do not restart where cu_seq_lens_q says examples start, and {implementation!r} "
             "separates examples by position_ids only, so they would attend to each other. "
@@ -64,7 +58,7 @@ def check_batch(batch: Mapping[str, Any], implementation: str, config) -> None:
         raise ValueError(
             "The batch sets use_cache=True; a cache switches off packed-sequence detection. Drop use_cache from the batch."
         )
-    flat = "cu_seq_lens_q" in batch or "cu_seq_lens_k" in batch
+    flat = CU_SEQ_LENS_Q in batch or CU_SEQ_LENS_K in batch
     positions = batch.get("position_ids")
     if positions is not None:
         positions = numpy_of(positions)
@@ -87,8 +81,8 @@ def check_batch(batch: Mapping[str, Any], implementation: str, config) -> None:
             "The batch is flattened (has cu_seq_lens) but has no position_ids: positions would run on across "
             "examples. Collate with FlatteningCollator, which returns position_ids restarting per example."
         )
-    if "cu_seq_lens_q" in batch:
-        _check_cu_seq_lens(numpy_of(batch["cu_seq_lens_q"]).astype(np.int64), positions, kind, implementation)
+    if CU_SEQ_LENS_Q in batch:
+        _check_cu_seq_lens(numpy_of(batch[CU_SEQ_LENS_Q]).astype(np.int64), positions, kind, implementation)
     elif kind == "cu_seq_lens" and positions.shape[0] > 1:
         raise ValueError(
             f"The batch has {positions.shape[0]} rows whose position_ids restart (packed rows) and no cu_seq_lens_q/k, "

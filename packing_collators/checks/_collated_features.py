@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ._batch_checks import numpy_of, segments_from_positions
+from ..batch import segment_starts
+from ._batch_checks import numpy_of
 
 __all__ = ["check_collated_features"]
 
@@ -23,21 +24,16 @@ def _inner_starts(feature) -> np.ndarray:
     if feature.get("seq_lengths") is not None:
         inner = np.cumsum(numpy_of(feature["seq_lengths"]))[:-1]
     elif feature.get("position_ids") is not None:
-        inner = np.flatnonzero(np.diff(numpy_of(feature["position_ids"]).reshape(-1)) != 1) + 1
+        positions = numpy_of(feature["position_ids"]).reshape(1, -1)
+        inner = np.flatnonzero(numpy_of(segment_starts({"position_ids": positions}, positions.shape))[0, 1:]) + 1
     else:
         inner = np.empty(0, np.int64)
     return np.r_[0, inner].astype(np.int64)
 
 
 def _row_starts(batch: Mapping[str, Any], row: int) -> np.ndarray:
-    """Where segments start in one row of the collated batch (cu_seq_lens for one row, else position_ids)."""
-    if batch.get("cu_seq_lens_q") is not None and numpy_of(batch["input_ids"]).shape[0] == 1:
-        cu = numpy_of(batch["cu_seq_lens_q"]).astype(np.int64)
-        return cu[:-1][np.diff(cu) > 0]
-    if batch.get("position_ids") is not None:
-        positions = numpy_of(batch["position_ids"])
-        return segments_from_positions(positions.reshape(-1, positions.shape[-1])[row])[:-1]
-    return np.zeros(1, np.int64)  # nothing in the batch separates examples within a row
+    """Where examples start in one row of the collated batch, by the batch's rule (``packing_collators.batch``)."""
+    return np.flatnonzero(numpy_of(segment_starts(batch))[row])
 
 
 def _joined_error(token: int, row: int | None, have: np.ndarray, prepacked: bool) -> ValueError:

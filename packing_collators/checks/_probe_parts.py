@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..batch import TARGET_KEYS
+
 __all__ = ["PROBE_LENGTHS", "model_inputs", "output_logits", "probe_dtype", "synthetic_tokens", "tolerance"]
 
 PROBE_LENGTHS = (7, 5, 9)
@@ -48,7 +50,7 @@ def model_inputs(batch: dict, device) -> dict:
 
     inputs = {}
     for key, value in batch.items():
-        if key in ("labels", "shift_labels"):
+        if key in TARGET_KEYS:
             continue
         if isinstance(value, np.ndarray):
             value = torch.from_numpy(value)

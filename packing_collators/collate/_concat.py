@@ -1,9 +1,11 @@
-"""Turning many token sequences (lists, numpy arrays or tensors) into one flat int64 array.
+"""A batch's columns laid end to end: each column's values in one flat int64 array, every value checked.
 
 Every value is checked to be an integer, at the speed of a plain copy::
 
     concat_tokens([[1, 2], [3, 4]], 4)       [1, 2, 3, 4]        int64 (4,)
     concat_tokens([[1, 2], [3, 4.5]], 4)     TypeError: Example 1: ... got float 4.5 at position 1 ...
+    token_features(columns)                  TokenFeatures: input_ids, labels, carried keys, int64 (T,) each;
+                                             input_ids never negative, attention_mask all ones (else refused)
 
 Lists (what a ``datasets.Dataset`` yields) are appended with ``array("q").fromlist``,
 which converts each value like ``operator.index`` does, so a float, string or None
@@ -19,11 +21,15 @@ from __future__ import annotations
 import operator
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["check_non_negative", "concat_tokens", "sequence_lengths"]
+from .._validation import check_unpadded
+from ._features import Columns
+
+__all__ = ["TokenFeatures", "check_non_negative", "concat_tokens", "mask_zero_owners", "token_features"]
 
 _INT64 = np.iinfo(np.int64)
 _FIX = "Store them as integers: a float or a string here means the column was built wrong (look at the dataset's features)."
@@ -35,27 +41,6 @@ _BOOL_FIX = (
 
 def _is_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch")
-
-
-def sequence_lengths(sequences: Sequence[Any], *, what: str = "input_ids", item: str = "Example") -> np.ndarray:
-    """int64 (n,) length of each sequence, or an error naming the first that is not 1-D.
-
-    >>> sequence_lengths([[1, 2, 3], np.array([4, 5])]).tolist()
-    [3, 2]
-    """
-    try:
-        return np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
-    except TypeError:
-        pass
-    for i, seq in enumerate(sequences):
-        shape = getattr(seq, "shape", None)
-        if shape is not None and len(shape) != 1:
-            raise ValueError(f"{item} {i}: {what} must be one-dimensional, got shape {tuple(shape)}.")
-        if not hasattr(seq, "__len__"):
-            raise TypeError(
-                f"{item} {i}: {what} must be a list, numpy array or tensor of token ids, got {type(seq).__name__}."
-            )
-    raise TypeError(f"{what} must be a sequence of token sequences.")
 
 
 def concat_tokens(
@@ -248,3 +233,63 @@ def check_non_negative(flat: np.ndarray, lengths: np.ndarray, *, item: str = "Ex
         f"{item} {example}: input_ids[{position}] = {int(flat[token])} is negative; token ids are 0 or more (an "
         "embedding row). A -100 belongs in labels, not input_ids: tokenize again or fix this example."
     )
+
+
+@dataclass(frozen=True)
+class TokenFeatures:
+    """A batch's per-token features laid end to end: ``input_ids``, ``labels`` and the ``carried`` keys, int64 (T,) each."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    carried: dict[str, np.ndarray]
+
+
+def token_features(columns: Columns, *, collator: str) -> TokenFeatures:
+    """The columns' values laid end to end, each checked; an example without labels gets labels = input_ids only
+    when no example has labels.
+
+    >>> from packing_collators.collate._features import read_columns
+    >>> columns = read_columns([{"input_ids": [5, 6], "token_type_ids": [0, 1]}, {"input_ids": [7], "token_type_ids": [1]}],
+    ...                        collator="FlatteningCollator")
+    >>> tokens = token_features(columns, collator="FlatteningCollator")
+    >>> tokens.input_ids.tolist(), tokens.labels.tolist(), {k: v.tolist() for k, v in tokens.carried.items()}
+    ([5, 6, 7], [5, 6, 7], {'token_type_ids': [0, 1, 1]})
+    """
+    item, lengths = columns.item, columns.lengths
+    total = int(lengths.sum())
+    input_ids = concat_tokens(columns.input_ids, total, item=item)
+    check_non_negative(input_ids, lengths, item=item)
+    owners = None if columns.masks is None else mask_zero_owners(columns.masks, lengths, item=item)
+    labels = input_ids.copy() if columns.labels is None else concat_tokens(columns.labels, total, what="labels", item=item)
+    carried = {key: _read_carried(values, total, key, collator, item) for key, values in columns.carried.items()}
+    if owners is not None:
+        check_unpadded(owners, len(lengths), item=item)
+    return TokenFeatures(input_ids, labels, carried)
+
+
+def _read_carried(values: list, total: int, key: str, collator: str, item: str) -> np.ndarray:
+    """A per-token key laid end to end as int64 (total,); integers or bools only, like the tokens."""
+    try:
+        return concat_tokens(values, total, what=key, item=item, allow_bool=True)
+    except TypeError as error:
+        raise TypeError(
+            f"{error} {collator} carries per-token keys as int64; if {key!r} holds other values (weights, text), "
+            f"remove it before collating (dataset.remove_columns([{key!r}]))."
+        ) from None
+
+
+def mask_zero_owners(masks: list, lengths: np.ndarray, *, item: str = "Example") -> np.ndarray:
+    """int64, one entry per ``attention_mask`` zero: the example holding it (ascending), for :func:`check_unpadded`.
+
+    ``masks`` holds each example's mask, None for one without (no padding); their lengths are checked.
+
+    >>> mask_zero_owners([None, [1, 0, 0]], np.array([2, 3])).tolist()
+    [1, 1]
+    >>> check_unpadded(mask_zero_owners([[1, 0]], np.array([2])), 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: Example 0 is padded: its attention_mask has 1 zero(s) (1 of 1 examples have attention_mask zeros). Example 0 has attention_mask zeros inside it, so packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1).
+    """
+    masks = [np.ones(n, np.int64) if mask is None else mask for mask, n in zip(masks, lengths.tolist())]
+    flat = concat_tokens(masks, int(lengths.sum()), what="attention_mask", item=item, allow_bool=True)
+    return np.searchsorted(np.cumsum(lengths), np.flatnonzero(flat == 0), side="right").astype(np.int64)

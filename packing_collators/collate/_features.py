@@ -1,49 +1,38 @@
-"""What the collators read from a batch's features, checked: columns, lengths, padding, tensors.
+"""What the collators read from a batch's features: its columns, checked for shape, before any value is read.
 
 Every key of every example is looked at (the union of their keys), and each is either read or refused::
 
-    input_ids                     [[5, 6, 7], [8, 9]]       concatenated: int64 (T,)
-    labels                        [[-100, 6, 7], [8, 9]]    concatenated (every example, or none, has them)
-    attention_mask                [[1, 1, 1], None]         checked all ones wherever given (check_unpadded,
-                                                            in _validation.py), then dropped
+    input_ids                     [[5, 6, 7], [8, 9]]       lengths [3, 2]: every other column is checked against them
+    labels                        [[-100, 6, 7], [8, 9]]    read (every example, or none, has them)
+    attention_mask                [[1, 1, 1], None]         read: all ones wherever given, checked by its values
     position_ids                  [[0, 1, 2], [0, 1]]       dropped (the collators rebuild them)
-    token_type_ids (any other)    [[0, 0, 1], [1, 1]]       per token: concatenated like input_ids, int64 (T,)
+    token_type_ids (any other)    [[0, 0, 1], [1, 1]]       per token: carried like input_ids
     source, idx (not per token)   ["web", "math"]           ValueError: Example 0: 'source' is 'web' (str), ...
+    cu_seq_lens_q, seq_idx, ...                             ValueError: the collator writes them itself
     a key whose value is None                               skipped for that example
 
 For features ``[{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8, 9]}]``::
 
     feature_column(features, "input_ids")   [[5, 6, 7], [8, 9]]
-    read_token_features(features, ...)      ValueError: Example 1 has no 'labels' but example 0 has ...
+    read_columns(features, ...)             ValueError: Example 1 has no 'labels' but example 0 has ...
     check_same_lengths([3, 1], [3, 2], "labels")   ValueError: Example 1: labels has 1 tokens but input_ids has 2 ...
 
-Every check names the example (or row), the key, the value and the fix. Cost: one pass
-over the keys per example and vectorised numpy over the tokens.
+The columns' values are then laid end to end and checked as integers, once, by ``_concat.py``.
+Every check names the example (or row), the key, the value and the fix. Cost: one pass over the
+keys per example and a ``len`` per value; no token is read here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .._validation import check_unpadded
-from ._concat import check_non_negative, concat_tokens, sequence_lengths
+from ..batch import PACKING_KEYS
 
-__all__ = [
-    "TokenFeatures",
-    "check_same_lengths",
-    "check_unpadded",
-    "feature_column",
-    "mask_zero_owners",
-    "read_token_features",
-    "to_tensors",
-]
-
-# keys the collators write into a batch, so an example may not bring its own
-WRITTEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+__all__ = ["Columns", "check_same_lengths", "feature_column", "read_columns", "sequence_lengths"]
 
 
 def feature_column(features: Sequence[Mapping[str, Any]], key: str) -> list:
@@ -62,41 +51,60 @@ def feature_column(features: Sequence[Mapping[str, Any]], key: str) -> list:
         ) from None
 
 
+def sequence_lengths(sequences: Sequence[Any], *, what: str = "input_ids", item: str = "Example") -> np.ndarray:
+    """int64 (n,) length of each sequence, or an error naming the first that is not 1-D.
+
+    >>> sequence_lengths([[1, 2, 3], np.array([4, 5])]).tolist()
+    [3, 2]
+    """
+    try:
+        return np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+    except TypeError:
+        pass
+    for i, seq in enumerate(sequences):
+        shape = getattr(seq, "shape", None)
+        if shape is not None and len(shape) != 1:
+            raise ValueError(f"{item} {i}: {what} must be one-dimensional, got shape {tuple(shape)}.")
+        if not hasattr(seq, "__len__"):
+            raise TypeError(
+                f"{item} {i}: {what} must be a list, numpy array or tensor of token ids, got {type(seq).__name__}."
+            )
+    raise TypeError(f"{what} must be a sequence of token sequences.")
+
+
 @dataclass(frozen=True)
-class TokenFeatures:
-    """A batch's per-token features laid end to end: ``input_ids``, ``labels`` and the ``carried`` keys, int64 (T,) each."""
+class Columns:
+    """A batch's columns, checked for shape: each a list of one value per example (``masks``: None where an
+    example has none), and ``lengths``, int64 (n,), the examples' input_ids lengths."""
 
-    input_ids: np.ndarray
-    labels: np.ndarray
-    carried: dict[str, np.ndarray]
+    lengths: np.ndarray
+    input_ids: list
+    labels: list | None = None
+    masks: list | None = None
+    carried: dict[str, list] = field(default_factory=dict)
+    item: str = "Example"
 
 
-def read_token_features(
-    features: Sequence[Mapping[str, Any]],
-    lengths: np.ndarray,
-    *,
-    collator: str,
-    item: str = "Example",
-    own: Sequence[str] = (),
-) -> TokenFeatures:
-    """Read every key of every example: ``input_ids``, ``labels`` and the per-token keys to carry.
+def read_columns(
+    features: Sequence[Mapping[str, Any]], *, collator: str, item: str = "Example", own: Sequence[str] = ()
+) -> Columns:
+    """Every key of every example: ``input_ids``, ``labels``, ``attention_mask`` and the per-token keys to carry.
 
-    ``lengths`` are the examples' input_ids lengths; ``own`` names keys the caller reads itself.
-    An example without labels gets labels = input_ids only when no example has labels.
+    ``own`` names keys the caller reads itself. Refused here: a key the collator writes, one some examples
+    lack, one that is not one entry per token, a value of another length than the example's input_ids.
 
-    >>> tokens = read_token_features([{"input_ids": [5, 6], "token_type_ids": [0, 1]}, {"input_ids": [7], "token_type_ids": [1]}],
-    ...                              np.array([2, 1]), collator="FlatteningCollator")
-    >>> tokens.input_ids.tolist(), tokens.labels.tolist(), {k: v.tolist() for k, v in tokens.carried.items()}
-    ([5, 6, 7], [5, 6, 7], {'token_type_ids': [0, 1, 1]})
-    >>> read_token_features([{"input_ids": [5, 6], "idx": 3}], np.array([2]), collator="FlatteningCollator")
+    >>> columns = read_columns([{"input_ids": [5, 6], "token_type_ids": [0, 1]}, {"input_ids": [7], "token_type_ids": [1]}],
+    ...                        collator="FlatteningCollator")
+    >>> columns.lengths.tolist(), columns.labels, columns.carried
+    ([2, 1], None, {'token_type_ids': [[0, 1], [1]]})
+    >>> read_columns([{"input_ids": [5, 6], "idx": 3}], collator="FlatteningCollator")
     Traceback (most recent call last):
     ...
     ValueError: Example 0: 'idx' is 3 (int), not a list with one entry per token (input_ids has 2 tokens). FlatteningCollator carries only per-token keys; remove this column before collating: remove_unused_columns=True (the Trainer's default) drops the columns the model does not take, or dataset.remove_columns(['idx']).
     """
-    total = int(lengths.sum())
-    input_ids = concat_tokens(feature_column(features, "input_ids"), total, item=item)
-    check_non_negative(input_ids, lengths, item=item)
-    labels, carried = None, {}
+    input_ids = feature_column(features, "input_ids")
+    lengths = sequence_lengths(input_ids, item=item)
+    labels, masks, carried = None, None, {}
     for key in sorted(set().union(*features), key=str):  # every example's keys, not only the first one's
         if key in ("input_ids", "position_ids", *own):
             continue  # read by the caller, or rebuilt
@@ -105,32 +113,24 @@ def read_token_features(
         if not given:
             continue
         _refuse_written_keys(key, given[0], collator, item)
-        if key == "attention_mask":
-            check_unpadded(mask_zero_owners(features, lengths, item=item), len(features), item=item)
-        elif key == "labels":
+        if key == "attention_mask":  # an example without one has no padding
+            masks = values
+            present = sequence_lengths([values[i] for i in given], what=key, item=item)
+            check_same_lengths(present, lengths[given], key, item=item, examples=given)
+            continue
+        if key == "labels":
             _refuse_missing(key, values, given, item)
             check_same_lengths(sequence_lengths(values, what="labels", item=item), lengths, "labels", item=item)
-            labels = concat_tokens(values, total, what="labels", item=item)
-        else:
-            _check_per_token(values, given, key, lengths, collator, item)
-            _refuse_missing(key, values, given, item)
-            carried[key] = _read_carried(values, total, key, collator, item)
-    return TokenFeatures(input_ids, input_ids.copy() if labels is None else labels, carried)
-
-
-def _read_carried(values: list, total: int, key: str, collator: str, item: str) -> np.ndarray:
-    """A per-token key laid end to end as int64 (total,); integers or bools only, like the tokens."""
-    try:
-        return concat_tokens(values, total, what=key, item=item, allow_bool=True)
-    except TypeError as error:
-        raise TypeError(
-            f"{error} {collator} carries per-token keys as int64; if {key!r} holds other values (weights, text), "
-            f"remove it before collating (dataset.remove_columns([{key!r}]))."
-        ) from None
+            labels = values
+            continue
+        _check_per_token(values, given, key, lengths, collator, item)
+        _refuse_missing(key, values, given, item)
+        carried[key] = values
+    return Columns(lengths, input_ids, labels, masks, carried, item)
 
 
 def _refuse_written_keys(key: str, index: int, collator: str, item: str) -> None:
-    if key in WRITTEN_KEYS:
+    if key in PACKING_KEYS:
         raise ValueError(
             f"{item} {index} has {key!r}, which {collator} writes itself; remove it before collating "
             f"(dataset.remove_columns([{key!r}]))."
@@ -194,33 +194,11 @@ def _check_per_token(values: list, given: list[int], key: str, lengths: np.ndarr
             )
 
 
-def mask_zero_owners(
-    features: Sequence[Mapping[str, Any]], lengths: np.ndarray, *, item: str = "Example"
-) -> np.ndarray:
-    """int64, one entry per ``attention_mask`` zero: the example holding it (ascending), for :func:`check_unpadded`.
-
-    Every example that has an attention_mask is read (its length checked against input_ids);
-    one without it (or with None) has no padding.
-
-    >>> mask_zero_owners([{"input_ids": [1, 2]}, {"input_ids": [3, 0, 0], "attention_mask": [1, 0, 0]}], np.array([2, 3])).tolist()
-    [1, 1]
-    >>> check_unpadded(mask_zero_owners([{"input_ids": [3, 0], "attention_mask": [1, 0]}], np.array([2])), 1)
-    Traceback (most recent call last):
-    ...
-    ValueError: Example 0 is padded: its attention_mask has 1 zero(s) (1 of 1 examples have attention_mask zeros). Example 0 has attention_mask zeros inside it, so packing would put its pad tokens into rows and train on them. Tokenize with padding=False, or strip the padding first (keep the tokens where attention_mask is 1).
-    """
-    masks = [feature.get("attention_mask") for feature in features]
-    if not any(mask is not None for mask in masks):
-        return np.empty(0, np.int64)
-    masks = [np.ones(n, np.int64) if mask is None else mask for mask, n in zip(masks, lengths.tolist())]
-    mask_lengths = sequence_lengths(masks, what="attention_mask", item=item)
-    check_same_lengths(mask_lengths, lengths, "attention_mask", item=item)
-    flat = concat_tokens(masks, int(mask_lengths.sum()), what="attention_mask", item=item, allow_bool=True)
-    return np.searchsorted(np.cumsum(lengths), np.flatnonzero(flat == 0), side="right").astype(np.int64)
-
-
-def check_same_lengths(other: np.ndarray, lengths: np.ndarray, key: str, item: str = "Example") -> None:
-    """Raise a ValueError naming the first example whose ``key`` is not as long as its input_ids.
+def check_same_lengths(
+    other: np.ndarray, lengths: np.ndarray, key: str, item: str = "Example", examples: Sequence[int] | None = None
+) -> None:
+    """Raise a ValueError naming the first example whose ``key`` is not as long as its input_ids (``examples``: the
+    indices of ``other``'s entries, when only some examples have ``key``).
 
     >>> check_same_lengths(np.array([3, 1]), np.array([3, 2]), "labels")
     Traceback (most recent call last):
@@ -230,15 +208,8 @@ def check_same_lengths(other: np.ndarray, lengths: np.ndarray, key: str, item: s
     bad = np.flatnonzero(other != lengths)
     if len(bad):
         i = int(bad[0])
+        index = i if examples is None else examples[i]
         raise ValueError(
-            f"{item} {i}: {key} has {other[i]} tokens but input_ids has {lengths[i]}; they must be the same length."
+            f"{item} {index}: {key} has {other[i]} tokens but input_ids has {lengths[i]}; they must be the same length."
         )
 
-
-def to_tensors(batch: dict[str, Any], return_tensors: str) -> dict[str, Any]:
-    """numpy arrays to torch tensors (zero-copy) when ``return_tensors == "pt"``."""
-    if return_tensors == "np":
-        return batch
-    import torch
-
-    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ._concat import sequence_lengths
-from ._features import feature_column, read_token_features
+from ._concat import token_features
+from ._features import read_columns
 from ._media import MEDIA_KEYS, read_media
 from ._no_targets import NoTargetWarning
 from ._options import CollateOptions, ReturnTensors
@@ -132,16 +132,15 @@ class FlatteningCollator:
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not len(features):
             raise ValueError("FlatteningCollator got an empty batch (no examples).")
-        ids = feature_column(features, "input_ids")
-        lengths = sequence_lengths(ids)
-        empty = np.flatnonzero(lengths == 0)
+        columns = read_columns(features, collator="FlatteningCollator", own=MEDIA_KEYS)
+        empty = np.flatnonzero(columns.lengths == 0)
         if len(empty):
             raise ValueError(
                 f"Example {int(empty[0])} has no tokens ({len(empty)} empty example(s) in this batch). "
                 "Filter empty examples out of the dataset before training."
             )
-        tokens = read_token_features(features, lengths, collator="FlatteningCollator", own=MEDIA_KEYS)
-        batch = self.options.flat_batch(tokens.input_ids, tokens.labels, lengths, tokens.carried)
-        self._no_targets.check(batch["labels"], examples=len(lengths), tokens=int(lengths.sum()))
-        batch.update(read_media(features))
-        return self.options.finish(batch)
+        tokens = token_features(columns, collator="FlatteningCollator")
+        media = read_media(features)
+        batch = self.options.flat_batch(tokens, columns.lengths)
+        self._no_targets.check(batch["labels"], examples=len(columns.lengths), tokens=len(tokens.input_ids))
+        return self.options.finish({**batch, **media})

@@ -12,19 +12,18 @@ Cost: constant, at construction.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import numpy as np
 
 from .._validation import validate_choice, validate_positive_int
+from ..batch import PACKING_KEYS, segment_layout
 from ._buckets import bucket_length, validate_buckets
-from ._features import to_tensors
-from ._flat_row import flat_batch, pad_to_multiple
-from ._segments import segment_layout
+from ._concat import TokenFeatures
+from ._flat_row import flat_batch
 
-__all__ = ["CollateOptions", "Mode", "PrePackedOptions", "ReturnTensors"]
+__all__ = ["CollateOptions", "Mode", "PrePackedOptions", "ReturnTensors", "to_tensors"]
 
 ReturnTensors = Literal["pt", "np"]
 Mode = Literal["flatten", "pad"]
@@ -75,46 +74,34 @@ class CollateOptions:
             batch["use_cache"] = False
         return batch
 
-    def flat_batch(
-        self,
-        input_ids: np.ndarray,
-        labels: np.ndarray,
-        segments: np.ndarray,
-        carried: Mapping[str, np.ndarray] | None = None,
-    ) -> dict[str, Any]:
-        """One flat row of these segments with these options: padded to ``pad_to_multiple_of``, then to
-        the smallest of ``pad_to_buckets`` that holds it; numpy.
+    def flat_batch(self, tokens: TokenFeatures, lengths: np.ndarray) -> dict[str, Any]:
+        """One flat row of ``tokens`` in segments of ``lengths`` with these options: padded to ``pad_to_multiple_of``,
+        then to the smallest of ``pad_to_buckets`` that holds it (one padding segment); numpy.
 
-        ``carried`` per-token keys (int64 (T,) each) come back as int64 (1, T), 0 in the padding.
-
-        >>> batch = CollateOptions(pad_to_multiple_of=4).flat_batch(
-        ...     np.array([5, 6, 7]), np.array([5, 6, 7]), np.array([3]), {"token_type_ids": np.array([1, 1, 1])})
-        >>> batch["input_ids"].tolist(), batch["token_type_ids"].tolist()
-        ([[5, 6, 7, 0]], [[1, 1, 1, 0]])
+        >>> tokens = TokenFeatures(np.array([5, 6, 7]), np.array([5, 6, 7]), {"token_type_ids": np.array([1, 1, 1])})
+        >>> batch = CollateOptions(pad_to_multiple_of=4).flat_batch(tokens, np.array([3]))
+        >>> batch["input_ids"].tolist(), batch["token_type_ids"].tolist(), batch["cu_seq_lens_q"].tolist()
+        ([[5, 6, 7, 0]], [[1, 1, 1, 0]], [0, 3, 4])
         """
-        total = len(input_ids)
-        input_ids, labels, segments = pad_to_multiple(
-            input_ids, labels, segments, self._padded_length(total), self.pad_token_id, self.label_pad_id
-        )
-        batch = flat_batch(
-            input_ids,
-            labels,
-            segment_layout(segments),
+        layout = segment_layout(lengths).padded_to(self.padded_length(len(tokens.input_ids)))
+        return flat_batch(
+            tokens,
+            layout,
+            pad_token_id=self.pad_token_id,
             position_ids_start=self.position_ids_start,
             label_pad_id=self.label_pad_id,
             return_seq_idx=self.return_seq_idx,
         )
-        padding = np.zeros(len(input_ids) - total, np.int64)
-        for key, values in (carried or {}).items():
-            batch[key] = np.concatenate([values, padding])[None] if len(padding) else values[None]
-        return batch
 
-    def _padded_length(self, total: int) -> int | None:
-        """What ``pad_to_multiple`` pads a row of ``total`` tokens to a multiple of: one padding segment at most."""
+    def padded_length(self, total: int) -> int:
+        """The length a row of ``total`` tokens is padded to: a multiple of ``pad_to_multiple_of``, then a bucket.
+
+        >>> CollateOptions(pad_to_multiple_of=8).padded_length(13), CollateOptions(pad_to_buckets=[16, 32]).padded_length(17)
+        (16, 32)
+        """
         multiple = self.pad_to_multiple_of
-        if self.pad_to_buckets is None:
-            return multiple
-        return bucket_length(-(-total // multiple) * multiple if multiple else total, self.pad_to_buckets)
+        padded = -(-total // multiple) * multiple if multiple else total
+        return padded if self.pad_to_buckets is None else bucket_length(padded, self.pad_to_buckets)
 
     def keywords(self) -> str:
         """The shared options as ``name=value`` keywords, for a collator's ``repr``."""
@@ -166,9 +153,18 @@ def _kept_names(keep_columns) -> tuple[str, ...]:
     for name in names:
         if not isinstance(name, str):
             raise TypeError(f"keep_columns must hold column names (strings), got {name!r}.")
-        if name in _NOT_PER_EXAMPLE or name.startswith(("cu_seq_lens", "max_length_")) or name == "seq_idx":
+        if name in _NOT_PER_EXAMPLE or name in PACKING_KEYS:
             raise ValueError(
                 f"keep_columns cannot name {name!r}: PrePackedCollator reads or writes it itself (keep_columns are "
                 "the per-example columns pack_dataset kept, one value per example in each row)."
             )
     return names
+
+
+def to_tensors(batch: dict[str, Any], return_tensors: str) -> dict[str, Any]:
+    """numpy arrays to torch tensors (zero-copy) when ``return_tensors == "pt"``."""
+    if return_tensors == "np":
+        return batch
+    import torch
+
+    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}

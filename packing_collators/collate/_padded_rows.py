@@ -31,11 +31,24 @@ import numpy as np
 
 from .._ranges import ranges
 from ..engine import Overflow, PackingResult, Strategy, pack_lengths
-from ._concat import concat_tokens, sequence_lengths
-from ._features import check_same_lengths
-from ._segments import into_rows, segment_layout
+from ..batch import segment_layout
+from ._concat import concat_tokens
+from ._features import check_same_lengths, sequence_lengths
 
-__all__ = ["concatenate_and_pack", "pack_sequences"]
+__all__ = ["concatenate_and_pack", "into_rows", "pack_sequences"]
+
+
+def into_rows(values: np.ndarray, target: np.ndarray, shape: tuple[int, int], fill: int) -> np.ndarray:
+    """int64 ``shape``: ``values`` placed at the flat positions ``target`` of padded rows, ``fill`` elsewhere.
+
+    ``target`` is ``ranges(row * width + column, lengths)``: each run of tokens from where it starts in its row.
+
+    >>> into_rows(np.array([5, 6, 7, 8]), ranges([0, 4], [3, 1]), (2, 3), fill=0).tolist()
+    [[5, 6, 7], [0, 8, 0]]
+    """
+    out = np.full(shape[0] * shape[1], fill, np.int64)
+    out[target] = values
+    return out.reshape(shape)
 
 
 def _warn_losses(result: PackingResult) -> None:

@@ -25,13 +25,14 @@ import numpy as np
 
 from .._ranges import ranges
 from .._validation import check_not_too_long
-from ._concat import concat_tokens, sequence_lengths
-from ._features import TokenFeatures, feature_column, read_token_features
+from ..batch import SEQ_IDX, segment_layout
+from ._concat import TokenFeatures, concat_tokens, token_features
+from ._features import feature_column, read_columns, sequence_lengths
 from ._kept_columns import per_example_values
 from ._media import MEDIA_KEYS
 from ._no_targets import NoTargetWarning
 from ._options import Mode, PrePackedOptions, ReturnTensors
-from ._segments import into_rows, segment_layout
+from ._padded_rows import into_rows
 
 __all__ = ["PrePackedCollator"]
 
@@ -140,7 +141,7 @@ class PrePackedCollator:
             raise ValueError("PrePackedCollator got an empty batch (no rows).")
         tokens, row_lengths, segments, segments_per_row = self._read(rows)
         if self.mode == "flatten":
-            batch = self.options.flat_batch(tokens.input_ids, tokens.labels, segments, tokens.carried)
+            batch = self.options.flat_batch(tokens, segments)
         else:
             batch = self._pad(tokens, row_lengths, segments, segments_per_row)
         self._no_targets.check(batch["labels"], examples=len(segments), tokens=int(row_lengths.sum()))
@@ -154,15 +155,15 @@ class PrePackedCollator:
                 f"Row {media[0]} has {media[1]!r}: pre-packed rows hold text only (pack_dataset refuses image "
                 "columns). Collate vision-language examples online with FlatteningCollator (or PackingTrainer)."
             )
-        row_lengths = sequence_lengths(feature_column(rows, "input_ids"), item="Row")
         _check_has_seq_lengths(rows)
+        own = ("seq_lengths", *self.options.keep_columns)
+        columns = read_columns(rows, collator="PrePackedCollator", item="Row", own=own)
         seq_column = feature_column(rows, "seq_lengths")
         segments_per_row = sequence_lengths(seq_column, what="seq_lengths", item="Row")
         segments = concat_tokens(seq_column, int(segments_per_row.sum()), what="seq_lengths", item="Row")
-        _check_segments(segments, segments_per_row, row_lengths)
-        own = ("seq_lengths", *self.options.keep_columns)
-        tokens = read_token_features(rows, row_lengths, collator="PrePackedCollator", item="Row", own=own)
-        return tokens, row_lengths, segments, segments_per_row
+        _check_segments(segments, segments_per_row, columns.lengths)
+        tokens = token_features(columns, collator="PrePackedCollator")
+        return tokens, columns.lengths, segments, segments_per_row
 
     def _pad(self, tokens: TokenFeatures, row_lengths, segments, segments_per_row):
         width, num_rows = self.max_length, len(row_lengths)
@@ -190,7 +191,7 @@ class PrePackedCollator:
         }
         if self.options.return_seq_idx:
             seq_idx = layout.seq_idx().reshape(num_rows, width)
-            batch["seq_idx"] = seq_idx - seq_idx[:, :1]
+            batch[SEQ_IDX] = seq_idx - seq_idx[:, :1]
         for key, values in tokens.carried.items():
             batch[key] = into_rows(values, target, shape, 0)
         return batch

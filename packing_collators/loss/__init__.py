@@ -6,16 +6,16 @@ _head.py      output_head, check_output_head: the model's head and what follows 
 _forward.py   chunked_forward, log_prob_forward: one forward whose head computes them, no logits returned
 _enable.py    enable_chunked_loss(model): the same for a stock Trainer or a loop of your own, in one line
 
-Built on torch and the top-level helpers; ``trainer/`` builds on it.
+The targets each position predicts are the packed batch's (``packing_collators.batch.shifted_targets``).
+Built on torch, the batch's home and the top-level helpers; ``trainer/`` builds on it.
 """
 
 from ._chunked import MAX_CHUNK_ROWS, LogitTransform, chunk_rows, token_log_probs, weighted_cross_entropy
-from ._forward import IGNORE_INDEX, add_aux_loss, chunked_forward, log_prob_forward, shifted_targets, training_loss
+from ._forward import add_aux_loss, chunked_forward, log_prob_forward, training_loss
 from ._enable import enable_chunked_loss
 from ._head import LossImplementation, OutputHead, check_output_head, checked_head, head_call, output_head
 
 __all__ = [
-    "IGNORE_INDEX",
     "MAX_CHUNK_ROWS",
     "LogitTransform",
     "LossImplementation",
@@ -29,7 +29,6 @@ __all__ = [
     "head_call",
     "log_prob_forward",
     "output_head",
-    "shifted_targets",
     "training_loss",
     "token_log_probs",
     "weighted_cross_entropy",

@@ -24,7 +24,8 @@ import types
 import torch
 
 from .._model_unwrap import unwrap_model
-from ._forward import add_aux_loss, chunked_forward, shifted_targets
+from ..batch import shifted_targets, target_count
+from ._forward import add_aux_loss, chunked_forward
 from ._head import check_output_head, output_head
 
 __all__ = ["enable_chunked_loss"]
@@ -83,20 +84,17 @@ def enable_chunked_loss(model, *, eval_logits: bool = True):
 def _chunked_loss_forward(self, *args, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
     """The model's forward, with its training loss computed a chunk of tokens at a time (see enable_chunked_loss)."""
     own = functools.partial(type(self).forward, self)
-    chunked = labels is not None or shift_labels is not None
-    chunked = chunked and (self.training or not getattr(self, _EVAL_LOGITS, True))
+    given = {k: v for k, v in (("labels", labels), ("shift_labels", shift_labels)) if v is not None}
+    chunked = bool(given) and (self.training or not getattr(self, _EVAL_LOGITS, True))
     head = output_head(self)[0] if chunked else None
     if head is None:
-        extra = {k: v for k, v in (("labels", labels), ("shift_labels", shift_labels)) if v is not None}
-        if num_items_in_batch is not None:
-            extra["num_items_in_batch"] = num_items_in_batch
+        extra = dict(given) if num_items_in_batch is None else {**given, "num_items_in_batch": num_items_in_batch}
         return own(*args, **kwargs, **extra)
     if args:  # the arguments given by position, by their names in the model's signature
         kwargs.update(inspect.signature(type(self).forward).bind_partial(self, *args).arguments)
         kwargs.pop("self", None)
-    batch = {**kwargs, "labels": labels, "shift_labels": shift_labels}
-    targets = shifted_targets({k: v for k, v in batch.items() if v is not None})
-    count = num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum()
+    targets = shifted_targets(given)
+    count = num_items_in_batch if num_items_in_batch is not None else target_count(given)
     weights = torch.ones(targets.shape, dtype=torch.float32, device=targets.device)
     weights = weights / torch.as_tensor(count, device=targets.device, dtype=torch.float32).clamp(min=1)
     loss, outputs = chunked_forward(own, kwargs, head, targets, weights)

@@ -21,29 +21,15 @@ from collections.abc import Mapping
 
 import torch
 
+from ..batch import IGNORE_INDEX, TARGET_KEYS, shifted_targets
 from ._chunked import token_log_probs, weighted_cross_entropy
 from ._head import LossImplementation, OutputHead, checked_head, head_call
 
-__all__ = ["IGNORE_INDEX", "add_aux_loss", "chunked_forward", "log_prob_forward", "shifted_targets", "training_loss"]
-
-IGNORE_INDEX = -100
-
-
-def shifted_targets(batch: Mapping) -> torch.Tensor:
-    """int64 (B, T): the token each position predicts (``-100``: none), as transformers' causal-LM loss shifts.
-
-    >>> shifted_targets({"labels": torch.tensor([[-100, 12, 13, -100, 22]])}).tolist()
-    [[12, 13, -100, 22, -100]]
-    """
-    shifted = batch.get("shift_labels")
-    if shifted is not None:
-        return shifted
-    labels = batch["labels"]
-    return torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+__all__ = ["add_aux_loss", "chunked_forward", "log_prob_forward", "training_loss"]
 
 
 def _model_inputs(inputs: Mapping) -> dict:
-    return {key: value for key, value in inputs.items() if key not in ("labels", "shift_labels", "num_items_in_batch")}
+    return {key: value for key, value in inputs.items() if key not in (*TARGET_KEYS, "num_items_in_batch")}
 
 
 def _selected(hidden: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Models whose layers need more than positions to keep packed examples apart: hybrids and VLMs.
 
-_row_segments.py    RowSegments: where each example of a batch sits; the row as padded batches and back
+_row_segments.py    RowSegments: the batch's examples (read by packing_collators.batch's rule) as padded batches and back
 _mixers.py          find_stateful_layers: the layers that carry state along the sequence, by structure
 _scope.py           the forward's scope: one call's examples, opened and closed by the model's hooks
 _per_example.py     run_per_example: the exact path for any such layer, its arguments read by name
@@ -16,8 +16,8 @@ _multimodal.py      multimodal rotary positions per example (the model's own get
 _wrappers.py        PEFT prompt and prefix tuning: refused (a prompt per row, not per example)
 _enable.py          enable_packing(model): installs each layer's path and the hooks, where missing
 
-Imports nothing of the package's other folders (the top-level helpers only); ``checks/`` and
-``trainer/`` build on it.
+Imports nothing of the package's other folders but the packed batch's home (``batch/``: its keys and
+the one rule that reads a batch's examples) and the top-level helpers; ``checks/`` and ``trainer/`` build on it.
 """
 
 from ._enable import PackingLayers, enable_packing, packing_layers

@@ -35,7 +35,8 @@ from ._kernels import HYBRID_EXTRA, VarlenKernels, fla_kernels
 from ._mixers import find_stateful_layers
 from ._multimodal import MultimodalPositions, multimodal_model
 from ._packed_mask import PackedMaskForward, is_causal_attention
-from ._per_example import PACKING_KEYWORDS, LayerArguments, run_per_example
+from ..batch import CU_SEQ_LENS_Q, KV_INDEX, PACKING_KEYS, Q_INDEX
+from ._per_example import LayerArguments, run_per_example
 from ._row_segments import RowSegments
 from ._scope import CACHE_KEYWORDS, LayerForward, PackingRuntime
 from ._varlen import VarlenLayer, run_varlen, varlen_layer
@@ -136,13 +137,13 @@ def _holds_tokens(cache) -> bool:
 def _unpacked(name: str, kwargs: dict) -> dict:
     """``kwargs`` without cu_seq_lens_* / max_length_* / seq_idx, which only say "one example" here
     (transformers' reference kernels refuse them even then); several examples would be a bug."""
-    cu = kwargs.get("cu_seq_lens_q")
+    cu = kwargs.get(CU_SEQ_LENS_Q)
     if cu is not None and cu.numel() > 2:
         raise RuntimeError(
             f"{name} got cu_seq_lens_q of {cu.numel() - 1} examples outside a call of the model (its boundaries "
             "pre-hook did not run). Call the model itself with the packed batch."
         )
-    return {k: v for k, v in kwargs.items() if k not in PACKING_KEYWORDS}
+    return {k: v for k, v in kwargs.items() if k not in PACKING_KEYS}
 
 
 class StatefulForward(LayerForward):
@@ -161,7 +162,7 @@ class StatefulForward(LayerForward):
         scope = self.runtime.scope
         if scope is not None and scope.kv_index is not None:  # a shared prompt: run on the keys' layout
             args = tuple(scope.to_keys(a) for a in args)
-            kwargs = {k: v if k in ("kv_index", "q_index") else scope.to_keys(v) for k, v in kwargs.items()}
+            kwargs = {k: v if k in (KV_INDEX, Q_INDEX) else scope.to_keys(v) for k, v in kwargs.items()}
             return scope.to_queries(self._run(*args, **kwargs))
         return self._run(*args, **kwargs)
 
@@ -175,7 +176,7 @@ class StatefulForward(LayerForward):
         kernels = self.kernels
         if self.varlen is not None and kernels is not None and hidden.device.type == kernels.device_type:
             mask = self.arguments.named(args, kwargs).get("attention_mask")
-            return run_varlen(self.varlen, self.layer, hidden, segments.cu_seqlens, kernels, mask)
+            return run_varlen(self.varlen, self.layer, hidden, segments.cu_seq_lens, kernels, mask)
         return run_per_example(self.call_original, self.arguments, segments, args, kwargs)
 
 

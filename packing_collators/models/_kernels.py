@@ -144,6 +144,6 @@ def fla_kernels() -> tuple[VarlenKernels | None, str]:
         f"flash-linear-attention {version}",
         simple_gla=None if simple_refused else _with_cu_seqlens("fla.ops.simple_gla", "chunk_simple_gla"),
         kda=_with_cu_seqlens("fla.ops.kda", "chunk_kda"),
-        why_missing=simple_refused or refused,
+        why_missing="; ".join(why for why in (refused, simple_refused) if why),
     )
     return kernels, ""

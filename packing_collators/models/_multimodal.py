@@ -72,7 +72,7 @@ class MultimodalPositions:
                 )
             return args, kwargs
         else:
-            cu = segments.cu_seqlens.tolist()
+            cu = segments.layout.cu_seq_lens.tolist()
         kwargs["position_ids"] = self.positions(cu, input_ids, kwargs, counts)
         return args, kwargs
 

@@ -40,7 +40,7 @@ def is_causal_attention(module) -> bool:
 def _same_example(scope: ForwardScope) -> torch.Tensor:
     """bool (B, 1, T, T): query and key tokens of the same example, causal (made once per call)."""
     if scope.same_example is None and scope.kv_index is not None:
-        scope.same_example = keys_layout_mask(scope.kv_index, scope.q_index, scope.segments.cu_seqlens)
+        scope.same_example = keys_layout_mask(scope.kv_index, scope.q_index, scope.segments.cu_seq_lens)
     if scope.same_example is None:
         ids = scope.segments.seq_idx()
         scope.same_example = torch.tril(ids[:, :, None] == ids[:, None, :])[:, None]

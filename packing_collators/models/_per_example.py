@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 
+from ..batch import PACKING_KEYS
 from ._row_segments import RowSegments
 
-__all__ = ["PACKING_KEYWORDS", "LayerArguments", "run_per_example"]
+__all__ = ["LayerArguments", "run_per_example"]
 
-PACKING_KEYWORDS = frozenset({"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"})
 TOKEN_ARGUMENTS = frozenset(
     {"hidden_states", "input_states", "input_ids", "inputs_embeds", "position_ids", "conv_mask", "dynamic_input"}
 )
@@ -115,7 +115,7 @@ def _token_major(value: Any, shape: tuple[int, int]) -> bool:
 def run_per_example(forward, arguments: LayerArguments, segments: RowSegments, args: tuple, kwargs: dict) -> Any:
     """``forward(*args, **kwargs)`` once per group of the row's examples (each a padded batch), and the
     token-major outputs laid back into the row."""
-    kwargs = {k: v for k, v in kwargs.items() if k not in PACKING_KEYWORDS}
+    kwargs = {k: v for k, v in kwargs.items() if k not in PACKING_KEYS}
     names = list(arguments.named(args, {}))
     relay, outs = _Relay(arguments, segments), []
     for group, gather in enumerate(segments.groups):

@@ -3,7 +3,7 @@
 A flat row of three examples (lengths 3, 2, 4), and the padded batch that a layer which carries
 state along the sequence runs on, one example per row, so that no state crosses a boundary::
 
-    row     (1, 9):  a b c | d e | f g h i       cu_seq_lens [0, 3, 5, 9]
+    row     (1, 9):  a b c | d e | f g h i       cu_seq_lens [0, 3, 5, 9]   (read_layout: the batch's one rule)
     group 0 (2, 4):  f g h i                     gather [[5, 6, 7, 8], [0, 1, 2, 9]]   (9: a zero row)
                      a b c .
     group 1 (1, 2):  d e                         gather [[3, 4]]
@@ -15,8 +15,9 @@ length, longest first, into padded batches whose lengths stay within a factor of
 other (``group``): a row of 40 examples of 10 to 2,000 tokens is a few batches, and at most
 half of any batch is padding, instead of 40 rows of 2,000. Several packed rows
 (``PrePackedCollator(mode="pad")``, position_ids restarting inside each row) are read the same
-way over the flattened ``B * T`` tokens. Cost: one host read of the boundaries per forward, then
-two gathers per layer call and group.
+way over the flattened ``B * T`` tokens. The examples are the batch's as every reader finds them
+(``packing_collators.batch``: ``cu_seq_lens_q`` of one row, else restarting ``position_ids``).
+Cost: one host read of the boundaries per forward, then two gathers per layer call and group.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from ..batch import CU_SEQ_LENS_Q, SegmentLayout, segment_starts
 
 __all__ = ["RowSegments", "row_segments"]
 
@@ -34,22 +37,27 @@ class RowSegments:
 
     Attributes:
         batch_shape: (B, T) of the batch the model was called with.
-        cu_seqlens: int32 (S + 1,) boundaries over the flattened ``B * T`` tokens, on the batch's device.
-        max_length: the longest example.
+        layout: the examples over the flattened ``B * T`` tokens (host).
+        cu_seq_lens: int32 (S + 1,) the layout's boundaries, on the batch's device.
         groups: int64 (S_g, L_g) per group: the token of each padded slot (``B * T`` for a padding slot).
         scatter: int64 (B * T,) slot of each token in the groups' slots, flattened and concatenated.
     """
 
     batch_shape: tuple[int, int]
-    cu_seqlens: torch.Tensor
-    max_length: int
+    layout: SegmentLayout
+    cu_seq_lens: torch.Tensor
     groups: tuple[torch.Tensor, ...]
     scatter: torch.Tensor
 
     @property
     def count(self) -> int:
         """How many examples (segments) the batch holds."""
-        return int(self.cu_seqlens.numel()) - 1
+        return self.layout.count
+
+    @property
+    def max_length(self) -> int:
+        """The longest example."""
+        return self.layout.max_length
 
     @property
     def tokens(self) -> int:
@@ -72,7 +80,7 @@ class RowSegments:
 
     def seq_idx(self) -> torch.Tensor:
         """int32 (B, T): the example each token belongs to (numbered across the whole batch)."""
-        lengths = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
+        lengths = self.cu_seq_lens[1:] - self.cu_seq_lens[:-1]
         ids = torch.arange(self.count, device=lengths.device, dtype=torch.int32)
         return torch.repeat_interleave(ids, lengths.long()).reshape(self.batch_shape)
 
@@ -88,13 +96,12 @@ def _groups(lengths: list[int]) -> list[list[int]]:
     return groups
 
 
-def _from_lengths(lengths: torch.Tensor, batch_shape: tuple[int, int]) -> RowSegments:
-    """The gathers for segments of ``lengths`` (int64, on the batch's device) laid end to end."""
-    device = lengths.device
-    sizes = lengths.tolist()
+def _gathers(layout: SegmentLayout, batch_shape: tuple[int, int], device) -> RowSegments:
+    """The gathers for ``layout``'s segments, on ``device``."""
+    sizes = layout.lengths.tolist()
     tokens = batch_shape[0] * batch_shape[1]
-    cu = torch.zeros(len(sizes) + 1, dtype=torch.int64, device=device)
-    torch.cumsum(lengths, 0, out=cu[1:])
+    lengths = torch.as_tensor(layout.lengths, device=device)
+    cu = torch.as_tensor(layout.cu_seq_lens, device=device).long()
     gathers, slot_of = [], torch.empty(tokens, dtype=torch.int64, device=device)
     offset = 0
     for members in _groups(sizes):
@@ -106,18 +113,7 @@ def _from_lengths(lengths: torch.Tensor, batch_shape: tuple[int, int]) -> RowSeg
         gathers.append(torch.where(real, gather, torch.full_like(gather, tokens)))
         slot_of[gather[real]] = offset + torch.nonzero(real.reshape(-1)).reshape(-1)
         offset += len(members) * width
-    return RowSegments(batch_shape, cu.to(torch.int32), max(sizes, default=0), tuple(gathers), slot_of)
-
-
-def _lengths_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
-    """Segment lengths over the flattened rows: a segment starts where a position is not the previous + 1,
-    and at every row's first token (the rule transformers' packed-sequence detection uses)."""
-    rows, width = position_ids.shape
-    start = torch.ones_like(position_ids, dtype=torch.bool)
-    start[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
-    starts = torch.nonzero(start.reshape(-1)).reshape(-1)
-    ends = torch.cat([starts[1:], starts.new_tensor([rows * width])])
-    return ends - starts
+    return RowSegments(batch_shape, layout, cu.to(torch.int32), tuple(gathers), slot_of)
 
 
 def row_segments(
@@ -134,27 +130,14 @@ def row_segments(
     >>> row = torch.arange(9.0)[None, :, None]
     >>> bool((segments.from_padded([segments.to_padded(row, g) for g in range(2)]) == row).all())
     True
-    >>> row_segments((2, 4), position_ids=torch.tensor([[0, 1, 0, 1], [0, 1, 2, 0]])).cu_seqlens.tolist()
+    >>> row_segments((2, 4), position_ids=torch.tensor([[0, 1, 0, 1], [0, 1, 2, 0]])).cu_seq_lens.tolist()
     [0, 2, 4, 7, 8]
     >>> row_segments((2, 3), position_ids=torch.tensor([[0, 1, 2], [0, 1, 2]])) is None
     True
     """
-    rows, width = batch_shape
-    if cu_seq_lens is not None and rows == 1:
-        cu = cu_seq_lens.reshape(-1).long()
-        if int(cu[-1]) != width or int(cu[0]) != 0:
-            raise ValueError(
-                f"cu_seq_lens_q={cu.tolist()[:8]}... does not split the batch's {width} tokens (it must start at 0 "
-                "and end at the token count); collate with FlatteningCollator, which builds both together."
-            )
-        lengths = cu[1:] - cu[:-1]
-        lengths = lengths[lengths > 0]
-    elif position_ids is not None:
-        if position_ids.dim() == 3:  # multimodal rope (3 or 4, B, T): the first row numbers the text
-            position_ids = position_ids[0]
-        lengths = _lengths_from_positions(position_ids.reshape(rows, width))
-    else:
-        return None
-    if int(lengths.numel()) <= rows:
+    starts = segment_starts({CU_SEQ_LENS_Q: cu_seq_lens, "position_ids": position_ids}, batch_shape)
+    first = torch.nonzero(starts.reshape(-1)).reshape(-1)
+    if first.numel() <= batch_shape[0]:
         return None  # one example per row: nothing to keep apart
-    return _from_lengths(lengths, batch_shape)
+    layout = SegmentLayout.from_cu_seq_lens(torch.cat([first, first.new_tensor([starts.numel()])]).cpu().numpy())
+    return _gathers(layout, batch_shape, starts.device)

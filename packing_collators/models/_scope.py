@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..batch import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, KV_INDEX, Q_INDEX
 from ._row_segments import RowSegments, row_segments
 
 __all__ = ["CACHE_KEYWORDS", "CarryScope", "ForwardScope", "LayerForward", "PackingRuntime", "read_scope"]
@@ -102,11 +103,11 @@ def read_scope(module, args: tuple, kwargs: dict) -> ForwardScope:
     positions = kwargs.get("position_ids")
     if positions is None and args:  # (input_ids, attention_mask, position_ids, ...) given positionally
         positions = inspect.signature(module.forward).bind_partial(*args).arguments.get("position_ids")
-    kv_index = kwargs.get("kv_index")
+    kv_index = kwargs.get(KV_INDEX)
     if kv_index is not None:  # keys laid out apart from the queries: the examples are the keys'
-        segments = row_segments((1, kv_index.numel()), cu_seq_lens=kwargs.get("cu_seq_lens_k"))
-        return ForwardScope(segments=segments, kv_index=kv_index, q_index=kwargs.get("q_index"))
-    segments = row_segments(shape, cu_seq_lens=kwargs.get("cu_seq_lens_q"), position_ids=positions)
+        segments = row_segments((1, kv_index.numel()), cu_seq_lens=kwargs.get(CU_SEQ_LENS_K))
+        return ForwardScope(segments=segments, kv_index=kv_index, q_index=kwargs.get(Q_INDEX))
+    segments = row_segments(shape, cu_seq_lens=kwargs.get(CU_SEQ_LENS_Q), position_ids=positions)
     return ForwardScope(segments=segments)
 
 

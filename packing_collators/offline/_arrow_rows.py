@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow as pa
 
-from ..collate import segment_layout
+from ..batch import segment_layout
 from ._columns import ExampleColumns
 from ._row_plan import RowPlan
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..batch import CU_SEQ_LENS_Q, IGNORE_INDEX, SEQ_IDX, SHIFT_LABELS, read_layout, varlen_kwargs
+
 __all__ = ["SequenceShardCollator", "shard_flat_batch"]
 
-_TOKEN_KEYS = ("input_ids", "labels", "position_ids", "shift_labels", "seq_idx")
-_GLOBAL_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+_TOKEN_KEYS = ("input_ids", "labels", "position_ids", SHIFT_LABELS, SEQ_IDX)
 
 
 def _as_tensor(value):
@@ -39,7 +40,7 @@ def _as_tensor(value):
 def _check_flat(batch: dict, size: int, rank: int) -> None:
     if not isinstance(size, int) or size < 1 or not isinstance(rank, int) or not 0 <= rank < size:
         raise ValueError(f"rank must be in [0, size) and size a positive integer; got rank={rank}, size={size}.")
-    missing = [k for k in ("input_ids", "labels", "position_ids", "cu_seq_lens_q") if batch.get(k) is None]
+    missing = [k for k in ("input_ids", "labels", "position_ids", CU_SEQ_LENS_Q) if batch.get(k) is None]
     if missing:
         raise ValueError(
             f"Sequence parallelism cuts a flat packed row, and this batch lacks {missing}. Collate with "
@@ -54,39 +55,33 @@ def _check_flat(batch: dict, size: int, rank: int) -> None:
         )
 
 
-def _shifted(labels, cu_seq_lens):
-    """labels[1:] + [-100], with -100 at the last token of every sequence: (1, T) int64."""
+def _shifted(labels, ends):
+    """labels[1:] + [-100], with -100 at the last token of every sequence (``ends``: where each ends): (1, T) int64."""
     import torch
 
-    shift = torch.full_like(labels, -100)
+    shift = torch.full_like(labels, IGNORE_INDEX)
     shift[:, :-1] = labels[:, 1:]
-    ends = cu_seq_lens[1:].long() - 1
-    shift[0, ends[ends >= 0]] = -100
+    shift[0, torch.as_tensor(ends, dtype=torch.long) - 1] = IGNORE_INDEX
     return shift
 
 
-def _padded(batch: dict, size: int, pad_token_id: int) -> dict:
-    """The row padded to a multiple of ``size`` by a segment of its own (labels -100)."""
+def _padded(batch: dict, layout, size: int, pad_token_id: int) -> dict:
+    """The row padded to a multiple of ``size`` by a segment of its own (labels -100), its layout rewritten."""
     import torch
 
     length = batch["input_ids"].shape[1]
-    pad = -length % size
+    padded = layout.padded_to(-(-length // size) * size)
+    pad = padded.total - length
+    out = {**batch, **{k: v if isinstance(v, int) else _as_tensor(v) for k, v in varlen_kwargs(padded).items()}}
     if not pad:
-        return batch
-    out = dict(batch)
-    cu = torch.cat([batch["cu_seq_lens_q"], batch["cu_seq_lens_q"][-1:] + pad])
-    out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = cu
-    for key, fill in (("input_ids", pad_token_id), ("labels", -100), ("shift_labels", -100)):
-        if key in out:
-            out[key] = torch.cat([out[key], out[key].new_full((1, pad), fill)], dim=1)
+        return out
+    for key, fill in (("input_ids", pad_token_id), ("labels", IGNORE_INDEX), (SHIFT_LABELS, IGNORE_INDEX)):
+        out[key] = torch.cat([out[key], out[key].new_full((1, pad), fill)], dim=1)
     positions = torch.arange(pad, dtype=batch["position_ids"].dtype)[None]
     out["position_ids"] = torch.cat([batch["position_ids"], positions], dim=1)
-    if "seq_idx" in out:
-        last = int(out["seq_idx"].max())
-        out["seq_idx"] = torch.cat([out["seq_idx"], out["seq_idx"].new_full((1, pad), last + 1)], dim=1)
-    for key in ("max_length_q", "max_length_k"):
-        if key in out:
-            out[key] = max(int(out[key]), pad)
+    if SEQ_IDX in out:
+        last = int(out[SEQ_IDX].max())
+        out[SEQ_IDX] = torch.cat([out[SEQ_IDX], out[SEQ_IDX].new_full((1, pad), last + 1)], dim=1)
     return out
 
 
@@ -106,9 +101,10 @@ def shard_flat_batch(batch: dict, *, rank: int, size: int, pad_token_id: int = 0
     ([[5, 6, 7, 0]], [[-100, 7, -100, -100]], [0, 5, 7, 8])
     """
     _check_flat(batch, size, rank)
-    batch = {k: (_as_tensor(v) if k in _TOKEN_KEYS or k.startswith("cu_seq_lens") else v) for k, v in batch.items()}
-    batch["shift_labels"] = _shifted(batch["labels"], batch["cu_seq_lens_q"])
-    batch = _padded(batch, size, pad_token_id)
+    batch = {k: (_as_tensor(v) if k in _TOKEN_KEYS else v) for k, v in batch.items()}
+    layout = read_layout(batch)  # the row's examples, as every reader finds them
+    batch[SHIFT_LABELS] = _shifted(batch["labels"], layout.cu_seq_lens[1:])
+    batch = _padded(batch, layout, size, pad_token_id)
     width = batch["input_ids"].shape[1] // size
     cut = slice(rank * width, (rank + 1) * width)
     return {k: (v[:, cut].contiguous() if k in _TOKEN_KEYS else v) for k, v in batch.items()}

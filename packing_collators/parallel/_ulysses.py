@@ -26,6 +26,7 @@ from typing import Any
 
 from .._compat import attention_registry, attn_implementation, set_attn_implementation
 from .._model_unwrap import text_config
+from ..batch import CU_SEQ_LENS_Q
 
 __all__ = ["ULYSSES_PREFIX", "check_sequence_parallel_model", "enable_ulysses_attention", "inner_attention"]
 
@@ -105,7 +106,7 @@ def _masked_attention(query, key, value, kwargs: dict):
     """sdpa/eager over the whole row: the packed mask from the global cu_seq_lens, k/v repeated to the query heads."""
     import torch
 
-    cu = kwargs.get("cu_seq_lens_q")
+    cu = kwargs.get(CU_SEQ_LENS_Q)
     if cu is None:
         raise ValueError(
             "Sequence-parallel attention needs the global cu_seq_lens_q in the batch; collate with "

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..loss import IGNORE_INDEX, OutputHead, log_prob_forward, shifted_targets
+from ..batch import IGNORE_INDEX, shifted_targets
+from ..loss import OutputHead, log_prob_forward
 from ._collator import PAIR_KEYS
 
 __all__ = ["PairLogProbs", "pair_log_probs"]

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..batch import CU_SEQ_LENS_K, KV_INDEX, Q_INDEX, segment_layout, varlen_kwargs
+
 __all__ = ["SHARED_ATTENTION", "shared_batch", "shared_mask", "with_shared_mask"]
 
 # the attention implementations that keep a shared prompt's layout: the keys gathered (varlen), or the dense mask
@@ -71,12 +73,6 @@ class _Layout:
         self.row, self.keys = len(self.ids), self.keys + c + r
 
 
-def _cumulative(lengths: list[int]) -> torch.Tensor:
-    out = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=out[1:])
-    return torch.from_numpy(out)
-
-
 def shared_batch(sequences: list[dict]) -> dict:
     """The batch of ``sequences`` (chosen, rejected, chosen, ... as ``PreferenceCollator.sequences`` gives them).
 
@@ -91,15 +87,13 @@ def shared_batch(sequences: list[dict]) -> dict:
     layout = _Layout()
     for i in range(0, len(sequences), 2):
         layout.add(i // 2, sequences[i], sequences[i + 1])
+    varlen = varlen_kwargs(segment_layout(layout.q_lengths), segment_layout(layout.k_lengths))
     return {
         "input_ids": torch.tensor([layout.ids], dtype=torch.int64),
         "position_ids": torch.tensor([layout.positions], dtype=torch.int64),
-        "cu_seq_lens_q": _cumulative(layout.q_lengths),
-        "cu_seq_lens_k": _cumulative(layout.k_lengths),
-        "max_length_q": max(layout.q_lengths, default=0),
-        "max_length_k": max(layout.k_lengths, default=0),
-        "kv_index": torch.tensor(layout.kv, dtype=torch.int64),
-        "q_index": torch.tensor(layout.q_index, dtype=torch.int64),
+        **{key: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for key, v in varlen.items()},
+        KV_INDEX: torch.tensor(layout.kv, dtype=torch.int64),
+        Q_INDEX: torch.tensor(layout.q_index, dtype=torch.int64),
         "pair_labels": torch.tensor([layout.labels], dtype=torch.int64),
         "pair_sequence": torch.tensor([layout.sequence], dtype=torch.int64),
         "use_cache": False,
@@ -116,13 +110,13 @@ def shared_mask(batch: dict) -> torch.Tensor:
     """
     from ..models import keys_layout_mask
 
-    return keys_layout_mask(batch["kv_index"], batch["q_index"], batch["cu_seq_lens_k"])
+    return keys_layout_mask(batch[KV_INDEX], batch[Q_INDEX], batch[CU_SEQ_LENS_K])
 
 
 def with_shared_mask(batch: dict, implementation: str, dtype) -> dict:
     """``batch`` with the dense ``attention_mask`` a position-based attention needs for the shared layout
     (sdpa: bool; eager: additive, in ``dtype``); a varlen kernel reads ``kv_index`` instead."""
-    if "kv_index" not in batch or implementation not in ("sdpa", "eager"):
+    if KV_INDEX not in batch or implementation not in ("sdpa", "eager"):
         return batch
     mask = shared_mask(batch)
     if implementation == "eager":

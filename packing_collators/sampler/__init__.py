@@ -11,6 +11,7 @@
 and the command line stay free of torch.
 """
 
+from .._lazy import lazy_names
 from ._cost_model import CostFit, fit_attention_weight
 from ._dataset_lengths import example_lengths, lengths_from_dataset
 from ._epoch_plan import EpochPlan, check_overflow, plan_epoch
@@ -32,9 +33,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name == "MultipackBatchSampler":
-        from ._batch_sampler import MultipackBatchSampler
-
-        return MultipackBatchSampler
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, {"MultipackBatchSampler": "._batch_sampler"})  # it subclasses torch's Sampler

@@ -5,9 +5,11 @@ _prepare_model.py     enable_packing on the model (and on one model_init builds)
                       where state crosses ranks
 _predictions.py       predict() / compute_metrics: one row per example, a collator's padding segment none
 _neftune.py           NEFTune's noise per example; the stock Trainer's (per row) refused
-_dataloader.py        PackingTrainer's dataloaders: lengths -> sampler -> collator -> DataLoader
+_dataloader.py        PackingTrainer's dataloaders: lengths -> the budget -> sampler -> collator -> DataLoader
 _check_callback.py    PackingCheckCallback and the FA4 warm-up, added when training begins
-_trainer_budget.py    max_tokens_per_batch="auto" and memory_check, agreed over ranks
+_autocast.py          the autocast the Trainer trains under: the probe's forwards and the budget's dry runs
+_trainer_budget.py    TrainerBudget: a dataloader's token budget, planned once ("auto" measured, memory_check),
+                      agreed over ranks, handed on as a value
 _memory_budget.py     measure_token_budget / check_token_budget: max_tokens_per_batch against the GPU's memory, measured
 _compile.py           torch_compile=True: rows padded to buckets, graphs compiled before the first step
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
@@ -21,6 +23,7 @@ Built on every other folder: the attention backends (``attention/``), the checks
 (``checks/``), sequence parallelism (``parallel/``), the sampler and the collators.
 """
 
+from .._lazy import lazy_names
 from ._memory_budget import TokenBudget, check_token_budget, fit_token_budget, measure_token_budget, plan_token_budget
 from ._sequence_loss import count_sequences, sequence_loss_weights, sequence_mean_loss
 
@@ -41,19 +44,15 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # PackingTrainer / PackingCheckCallback / PackingMetricsCallback subclass transformers' Trainer
-    # classes: importing those takes seconds, so they load on first use.
-    if name in ("PackingCheckCallback", "PackingTrainer"):
-        from . import _packing_trainer
-
-        return getattr(_packing_trainer, name)
-    if name in ("CompileReport", "warm_up_compiled"):  # _compile.py subclasses transformers' TrainerCallback
-        from . import _compile
-
-        return getattr(_compile, name)
-    if name == "PackingMetricsCallback":
-        from ._metrics import PackingMetricsCallback
-
-        return PackingMetricsCallback
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# PackingTrainer, the callbacks and the compile report subclass transformers' Trainer classes: importing
+# those takes seconds, so they load on first use (one rule for every facade: _lazy.py).
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "PackingTrainer": "._packing_trainer",
+        "PackingCheckCallback": "._check_callback",
+        "PackingMetricsCallback": "._metrics",
+        "CompileReport": "._compile",
+        "warm_up_compiled": "._compile",
+    },
+)

@@ -26,6 +26,7 @@ from ..checks import (
     refuse_failed_probe,
     refuse_no_batches,
 )
+from ._autocast import training_autocast
 from ._launch import refuse_data_parallel
 from ._neftune import refuse_row_scaled_neftune
 
@@ -60,17 +61,6 @@ def _largest_bucket(collate_fn) -> int | None:
             return max(buckets)
         collate_fn = getattr(collate_fn, "data_collator", None)  # transformers' RemoveColumnsCollator
     return None
-
-
-def training_autocast(args, model):
-    """The autocast the Trainer trains under (``bf16``/``fp16``), for the probe's forwards; None without."""
-    if not (getattr(args, "bf16", False) or getattr(args, "fp16", False)):
-        return None
-    import torch
-
-    parameter = next(model.parameters(), None)
-    device = parameter.device.type if parameter is not None else "cpu"
-    return torch.autocast(device_type=device, dtype=torch.bfloat16 if args.bf16 else torch.float16)
 
 
 class PackingCheckCallback(TrainerCallback):

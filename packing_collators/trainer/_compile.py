@@ -39,6 +39,7 @@ from transformers import TrainerCallback
 
 from .._compat import dynamo_counters, trainer_step_inputs
 from .._model_unwrap import text_config
+from ..batch import VARLEN_KEYS
 
 __all__ = [
     "CompilePlan",
@@ -156,7 +157,7 @@ def warm_up_compiled(step, collator, buckets: tuple[int, ...], *, vocab: int) ->
     return time.perf_counter() - started, graphs_compiled() - graphs
 
 
-PACKING_SOURCES = r".*\['(cu_seq_lens_q|cu_seq_lens_k|max_length_q|max_length_k)'\]"
+PACKING_SOURCES = r".*\['(" + "|".join(VARLEN_KEYS) + r")'\]"
 """The batch keys Dynamo should take as dynamic from the first trace (a ``dynamic_sources`` regex)."""
 
 

@@ -1,12 +1,12 @@
-"""PackingTrainer's dataloaders: example lengths -> MultipackBatchSampler -> collator -> DataLoader.
+"""PackingTrainer's dataloaders: example lengths -> the token budget -> MultipackBatchSampler -> collator -> DataLoader.
 
-    dataset --lengths--> trainer.make_batch_sampler --> index lists for this rank
-            --collator--> (compile buckets) (sequence shard) --> accelerate.prepare(DataLoader)
+    dataset --lengths--> the trainer's TrainerBudget.plan --> PlannedBudget (once; checked on the GPU for training)
+            --budget--> trainer.make_batch_sampler --> index lists for this rank
+            --collator--> (compile buckets at the budget) (sequence shard) --> accelerate.prepare(DataLoader)
 
 :func:`multipack_dataloader` returns what it made, a :class:`PackedLoader`: the prepared loader,
-its sampler and, for training, the token budget, the longest example a micro-batch holds and the
-compile plan. It writes nothing on the trainer; PackingTrainer hands those values to the memory
-check and to the callbacks that need them. accelerate's batch-sampler shard wrapper is made a
+its sampler, the planned budget and, for training, the compile plan. It writes nothing on the
+trainer; PackingTrainer hands those values to the callbacks that need them. accelerate's batch-sampler shard wrapper is made a
 pass-through: the sampler already gives this rank its share (sharding again would train each rank
 on 1/world of its batches).
 Cost: one pass over the lengths column per dataloader (the Arrow column for a ``datasets.Dataset``).
@@ -23,6 +23,7 @@ import numpy as np
 from .._compat import collator_with_removed_columns, remove_unused_columns
 from ..checks import refuse_no_examples
 from ..sampler import example_lengths
+from ._trainer_budget import GpuRun, PlannedBudget
 
 __all__ = ["PackedLoader", "multipack_dataloader", "report_dropped"]
 
@@ -36,23 +37,22 @@ class PackedLoader:
     Attributes:
         loader: the DataLoader, prepared by accelerate.
         sampler: this rank's batch sampler (``trainer.make_batch_sampler``'s).
-        budget: training: the micro-batch token budget (None for evaluation or no examples).
-        longest: training: the longest example a micro-batch holds, ``min(longest example, budget)``.
+        budget: the micro-batch token budget and the longest example a micro-batch holds.
         compile_plan: training under ``torch_compile=True``: the bucketed collator and its report.
     """
 
     loader: Any
     sampler: Any
-    budget: int | None = None
-    longest: int | None = None
+    budget: PlannedBudget
     compile_plan: Any = None
 
     @property
     def warm_up_length(self) -> int | None:
         """The longest sequence a training micro-batch can hold: a compile bucket's padding segment counts."""
-        if self.longest is None or self.compile_plan is None:
-            return self.longest
-        return max([self.longest, *self.compile_plan.report.buckets])
+        longest = self.budget.longest or None
+        if longest is None or self.compile_plan is None:
+            return longest
+        return max([longest, *self.compile_plan.report.buckets])
 
 
 def report_dropped(sampler) -> None:
@@ -114,10 +114,10 @@ def _lengths(trainer, dataset, description: str, *, shuffle: bool):
     return dataset, lengths
 
 
-def _sampler(trainer, lengths: np.ndarray, batch_size: int, shuffle: bool):
+def _sampler(trainer, lengths: np.ndarray, budget: int, shuffle: bool):
     """trainer.make_batch_sampler; an example over a sequence-parallel group's budget said as such."""
     try:
-        return trainer.make_batch_sampler(lengths, batch_size, shuffle=shuffle)
+        return trainer.make_batch_sampler(lengths, budget, shuffle=shuffle)
     except ValueError as error:  # an example over the budget: under sequence parallelism, the group's
         if trainer.sequence_parallel_mesh is None:
             raise
@@ -165,13 +165,11 @@ def multipack_dataloader(trainer, dataset, description: str, batch_size: int, *,
     from ._compile import compile_plan
 
     dataset, lengths = _lengths(trainer, dataset, description, shuffle=shuffle)
-    sampler = _sampler(trainer, lengths, batch_size, shuffle)
-    collator, budget, longest, plan = trainer.data_collator, None, None, None
-    if shuffle and len(lengths):
-        budget = trainer.token_budget(lengths, batch_size)
-        longest = int(min(lengths.max(), budget))
-        if trainer.args.torch_compile:  # rows padded to a bucket, every graph compiled before the first step
-            plan = compile_plan(collator, sampler, budget)
-            collator = plan.collator if plan is not None else collator
+    budget = trainer._budget.plan(lengths, batch_size, GpuRun.of(trainer), training=shuffle)  # once, as a value
+    sampler = _sampler(trainer, lengths, budget.tokens, shuffle)
+    collator, plan = trainer.data_collator, None
+    if shuffle and len(lengths) and trainer.args.torch_compile:  # rows padded to a bucket, graphs compiled first
+        plan = compile_plan(collator, sampler, budget.tokens)
+        collator = plan.collator if plan is not None else collator
     loader = _prepared(trainer, dataset, sampler, _rank_collator(trainer, collator, dataset, description))
-    return PackedLoader(loader, sampler, budget, longest, plan)
+    return PackedLoader(loader, sampler, budget, plan)

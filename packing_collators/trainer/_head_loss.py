@@ -24,7 +24,8 @@ import torch
 
 from .._model_unwrap import probe_module, unwrap_model
 from .._validation import validate_choice
-from ..loss import LossImplementation, add_aux_loss, checked_head, chunked_forward, shifted_targets
+from ..batch import IGNORE_INDEX, shifted_targets
+from ..loss import LossImplementation, add_aux_loss, checked_head, chunked_forward
 from ._liger import liger_forward
 
 __all__ = ["HeadLoss", "LossImplementation", "why_full_logits"]
@@ -88,7 +89,7 @@ def _token_weights(trainer, targets: torch.Tensor, num_items_in_batch):
     """1 / (the step's target tokens) per token and the Trainer's scale over ranks, as Trainer.compute_loss does."""
     args = trainer.args
     counted = num_items_in_batch is not None and trainer.model_accepts_loss_kwargs
-    count = num_items_in_batch if counted else (targets != -100).sum()
+    count = num_items_in_batch if counted else (targets != IGNORE_INDEX).sum()
     denominator = torch.as_tensor(count, device=targets.device, dtype=torch.float32).clamp(min=1)
     weights = torch.ones(targets.shape, dtype=torch.float32, device=targets.device) / denominator
     scale = 1.0

@@ -15,11 +15,11 @@ What is counted, per micro-batch (``T`` slots = ``input_ids.numel()``)::
     padded rows     [[a, b, c, pad], [d, e, pad, pad]]  attention_mask zeros are padding: T=8, real=5, examples=2
     flattened row   [[a, b, c, d, e]]  cu_seq_lens_q=[0, 3, 5]   no padding: T=5, real=5, examples=2
 
-Rule: real tokens = slots - ``attention_mask`` zeros (all slots without a mask); examples =
-``len(cu_seq_lens_q) - 1``, else the ``position_ids == 0`` starts of one flat row without a
-mask, else rows. ``FlatteningCollator(pad_to_multiple_of=m)``'s padding is a segment of its own
-that no shape tells apart from an example: it counts as real tokens and one example (under
-``m`` tokens per micro-batch).
+Rule: real tokens = slots - ``attention_mask`` zeros (all slots without a mask); examples = the
+batch's examples as every reader counts them (``packing_collators.batch``: ``cu_seq_lens_q`` of one
+row, else restarting ``position_ids``, else rows). ``FlatteningCollator(pad_to_multiple_of=m)``'s
+padding is a segment of its own that no shape tells apart from an example: it counts as real
+tokens and one example (under ``m`` tokens per micro-batch).
 
 Design: the Trainer gives callbacks no batches and adds the reporters' callbacks before yours,
 so the callback wraps two methods of the trainer instance: ``training_step`` counts each
@@ -46,6 +46,7 @@ from collections.abc import Mapping
 
 from .._compat import caller_frame
 from .._validation import validate_positive_int
+from ..batch import segment_count
 
 try:
     from transformers import TrainerCallback
@@ -60,14 +61,9 @@ def _batch_counts(inputs) -> tuple:
     ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
     if ids is None or not hasattr(ids, "shape") or len(ids.shape) == 0:
         return 0, 0, 0
-    mask, cu, positions = (inputs.get(k) for k in ("attention_mask", "cu_seq_lens_q", "position_ids"))
+    mask = inputs.get("attention_mask")
     pad = (mask == 0).sum() if mask is not None else 0
-    if cu is not None:
-        examples = cu.shape[0] - 1
-    elif mask is None and positions is not None and ids.shape[0] == 1:
-        examples = (positions == 0).sum()
-    else:
-        examples = ids.shape[0]
+    examples = segment_count(inputs)
     slots = 1
     for size in ids.shape:
         slots *= int(size)

@@ -9,8 +9,8 @@ row's length ``L`` and the hidden size ``d``::
     here: L = the length of each token's example           alpha / sqrt(100 d), as alone
 
 ``PackingTrainer`` takes NEFTune over from the Trainer: a forward pre-hook on the model (and its base
-model, which PEFT calls) reads the batch's examples (``cu_seq_lens_q``, else restarting
-``position_ids``; a batch of one example per row keeps the row's length, as transformers does), and
+model, which PEFT calls) reads the batch's examples (``packing_collators.batch``: ``cu_seq_lens_q``, else
+restarting ``position_ids``; a batch of one example per row keeps the row's length, as transformers does), and
 a forward hook on the input embeddings adds the noise in training. A stock ``Trainer`` with
 ``PackingCheckCallback`` and NEFTune is refused (``refuse_row_scaled_neftune``), naming the fix.
 Cost: one (B, T) tensor of lengths per training forward.
@@ -70,7 +70,7 @@ class PackedNEFTune(TrainerCallback):
     def read_lengths(self, module, args: tuple, kwargs: dict) -> None:
         import torch
 
-        from ..models import row_segments
+        from ..batch import segment_ids
 
         tokens = kwargs.get("input_ids", args[0] if args else None)
         if tokens is None:
@@ -78,12 +78,9 @@ class PackedNEFTune(TrainerCallback):
         if not isinstance(tokens, torch.Tensor):
             return
         shape = tuple(tokens.shape[:2])
-        segments = row_segments(shape, cu_seq_lens=kwargs.get("cu_seq_lens_q"), position_ids=kwargs.get("position_ids"))
-        if segments is None:  # one example per row: the row's length, as transformers scales it
-            self.lengths = torch.full((*shape, 1), shape[1], device=tokens.device)
-            return
-        sizes = (segments.cu_seqlens[1:] - segments.cu_seqlens[:-1]).long()
-        self.lengths = torch.repeat_interleave(sizes, sizes).reshape(*shape, 1)
+        ids = segment_ids(kwargs, shape).reshape(-1)  # one example per row: the row's length, as transformers scales it
+        sizes = torch.bincount(ids)
+        self.lengths = sizes[ids].reshape(*shape, 1).to(tokens.device)
 
     def add_noise(self, module, args: tuple, output):
         import torch

@@ -28,8 +28,9 @@ from typing import Any, Literal
 import numpy as np
 
 from .._compat import positional_collator, train_batch_size, trainer_hooks
-from .._validation import validate_choice, validate_positive_int
+from .._validation import validate_choice
 from ..attention import AUTO_ATTENTION, choose_attention
+from ..batch import target_count
 from ..collate import FlatteningCollator
 from ..engine import Overflow, Strategy
 from ..sampler import check_sampler_option
@@ -41,10 +42,10 @@ from ._head_loss import HeadLoss, LossImplementation
 from ._launch import refuse_data_parallel
 from ._liger import check_liger_setup
 from ._neftune import PackedNEFTune
-from ._predictions import EXAMPLE_COUNT, examples_counted, per_example_predictions
+from ._predictions import EXAMPLE_COUNT, examples_counted, is_flat_row, per_example_predictions
 from ._prepare_model import prepare_trainer_model
 from ._sequence_loss import LossNormalization, check_sequence_setup, global_sequence_count, sequence_compute_loss
-from ._trainer_budget import TokenBudgets, memory_model
+from ._trainer_budget import GpuRun, TrainerBudget
 
 try:
     from transformers import Trainer
@@ -54,7 +55,6 @@ except ImportError as error:  # pragma: no cover - transformers is a dependency
 __all__ = ["PackingCheckCallback", "PackingTrainer"]
 
 EvalPacking = Literal["off", "multipack"]
-AUTO_BUDGET = "auto"  # max_tokens_per_batch measured on the model's GPU
 
 
 @trainer_hooks  # the Trainer's private hooks (epoch start, kept columns, target count): see _compat.py
@@ -160,16 +160,11 @@ class PackingTrainer(Trainer):
         self.overflow = check_sampler_option("overflow", overflow)
         validate_choice("loss_normalization", loss_normalization, LossNormalization)
         validate_choice("eval_packing", eval_packing, EvalPacking)
-        if max_tokens_per_batch != AUTO_BUDGET:
-            validate_positive_int(
-                "max_tokens_per_batch",
-                max_tokens_per_batch,
-                allow_none=True,
-                none_means="derived from the batch size; or 'auto', measured on the GPU",
-            )
-        self.max_tokens_per_batch = max_tokens_per_batch
-        self.memory_check = memory_check
-        self._budgets = TokenBudgets(self)  # "auto" measured once, the budgets memory_check passed
+        # the budget's setting, checked here; each dataloader plans its value from it (_trainer_budget.py)
+        self._budget = TrainerBudget(
+            max_tokens_per_batch, memory_check=memory_check, sequence_parallel_size=sequence_parallel_size
+        )
+        self.sequence_parallel_size = self._budget.sequence_parallel_size
         self.length_column = length_column
         self.eval_packing = eval_packing
         self.loss_normalization = loss_normalization
@@ -177,7 +172,6 @@ class PackingTrainer(Trainer):
         self._loss_only = True  # evaluation: whether the step needs the loss alone (no logits for compute_metrics)
         self._train_loader: PackedLoader | None = None  # what the train dataloader's builder made
         self._eval_token_loss = None  # (sum of token losses, target tokens) of the evaluation under way
-        self.sequence_parallel_size = validate_positive_int("sequence_parallel_size", sequence_parallel_size)
         self._sequence_parallel = None
         if not positional_collator(args) and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = FlatteningCollator()
@@ -218,33 +212,37 @@ class PackingTrainer(Trainer):
         """What compiling cost (:class:`CompileReport`), under ``torch_compile=True``; else None."""
         return self._compile.report
 
+    @property
+    def max_tokens_per_batch(self) -> int | Literal["auto"] | None:
+        """The budget as given (``max_tokens_per_batch=``); a dataloader's own is :meth:`token_budget`'s.
+        Setting it checks it, for the dataloaders built after."""
+        return self._budget.max_tokens_per_batch
+
+    @max_tokens_per_batch.setter
+    def max_tokens_per_batch(self, value) -> None:
+        budget = self._budget
+        self._budget = TrainerBudget(
+            value, memory_check=budget.memory_check, sequence_parallel_size=budget.sequence_parallel_size
+        )
+
     def token_budget(self, lengths: np.ndarray, batch_size: int) -> int:
         """The micro-batch token budget for these example lengths (see ``max_tokens_per_batch``).
 
         Under ``sequence_parallel_size=n`` it is the group's: ``n`` times one rank's (a number, or
         ``"auto"`` measured for one rank's ``1/n`` of the longest example); ``None`` derives it from
         the batch size as for one GPU (``per_device_train_batch_size`` examples per micro-batch).
+        Each dataloader plans it once and hands the value to :meth:`make_batch_sampler`.
         """
-        n = self.sequence_parallel_size
-        if self.max_tokens_per_batch == AUTO_BUDGET:
-            return n * self._budgets.measured(-(-int(lengths.max()) // n) if len(lengths) else 1)
-        if self.max_tokens_per_batch is not None:
-            return n * self.max_tokens_per_batch
-        if not len(lengths):
-            return 1
-        return max(int(lengths.max()), int(round(batch_size * float(lengths.mean()))))
+        return self._budget.plan(lengths, batch_size, GpuRun.of(self)).tokens
 
-    def _memory_model(self):
-        """The model whose memory the budget is measured on, or None (see :func:`memory_model`)."""
-        return memory_model(self)
-
-    def make_batch_sampler(self, lengths: np.ndarray, batch_size: int, *, shuffle: bool):
+    def make_batch_sampler(self, lengths: np.ndarray, max_tokens_per_batch: int, *, shuffle: bool):
         """The batch sampler of a train (``shuffle=True``) or eval dataloader: this rank's index lists.
 
-        The default is a :class:`MultipackBatchSampler` over ``lengths`` at
-        :meth:`token_budget`, seeded by ``data_seed`` (else ``seed``), planned for
-        ``world_size`` ranks. Override it to plan micro-batches another way; the result
-        must yield lists of dataset indices and, for training, have ``set_epoch``.
+        ``max_tokens_per_batch`` is the dataloader's budget, planned once (:meth:`token_budget`).
+        The default is a :class:`MultipackBatchSampler` over ``lengths`` at that budget, seeded
+        by ``data_seed`` (else ``seed``), planned for ``world_size`` ranks. Override it to plan
+        micro-batches another way; the result must yield lists of dataset indices and, for
+        training, have ``set_epoch``.
         """
         from ..sampler import MultipackBatchSampler
 
@@ -253,7 +251,7 @@ class PackingTrainer(Trainer):
         replicas, rank = (mesh.dp_size, mesh.dp_rank) if mesh is not None else (args.world_size, args.process_index)
         return MultipackBatchSampler(
             lengths,
-            self.token_budget(lengths, batch_size),
+            max_tokens_per_batch,
             strategy=self.strategy,
             attention_weight=self.attention_weight,
             shuffle=shuffle,
@@ -277,8 +275,6 @@ class PackingTrainer(Trainer):
                 "set_epoch(epoch); a training sampler needs one (called every epoch and on resume, so each "
                 "epoch gets its own plan). Give it a set_epoch method, or subclass MultipackBatchSampler."
             )
-        if built.budget is not None:
-            self._budgets.check(built.budget, built.longest)
         if built.compile_plan is not None:
             self._compile.prepare(built.compile_plan)
         self._train_loader = built
@@ -360,15 +356,13 @@ class PackingTrainer(Trainer):
             loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
         finally:
             self._loss_only = True
-        targets = inputs.get("labels")
-        if loss is not None and targets is not None and self._eval_token_loss is not None:
-            shifted = inputs.get("shift_labels")  # a sequence shard's own targets
-            count = (shifted != -100).sum() if shifted is not None else (targets[..., 1:] != -100).sum()
+        if loss is not None and inputs.get("labels") is not None and self._eval_token_loss is not None:
+            count = target_count(inputs)  # the tokens predicted (a sequence shard's own)
             summed = torch.where(
                 count > 0, loss.detach().float() * count, 0.0
             )  # a shard may hold no target (mean: nan)
             self._eval_token_loss += torch.stack((summed, count.float()))
-        if inputs.get("cu_seq_lens_q") is not None and not prediction_loss_only:
+        if is_flat_row(inputs) and not prediction_loss_only:
             main_input = getattr(self.model, "main_input_name", "input_ids")
             logits, labels = per_example_predictions(inputs, logits, labels, examples, main_input)
         return loss, logits, labels

@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-__all__ = ["EXAMPLE_COUNT", "ExampleCount", "examples_counted", "per_example", "per_example_predictions"]
+from ..batch import CU_SEQ_LENS_Q, read_layout
+
+__all__ = ["EXAMPLE_COUNT", "ExampleCount", "examples_counted", "is_flat_row", "per_example", "per_example_predictions"]
 
 EXAMPLE_COUNT = "packing_example_count"
 
@@ -49,14 +51,14 @@ def examples_counted(trainer):
         trainer.data_collator = collator
 
 
-def per_example(tensor, cu_seq_lens, count: int | None = None):
+def per_example(tensor, cu_seq_lens: list[int], count: int | None = None):
     """(1, T, ...) -> (n, longest, ...): each of the first ``count`` examples of a flat row (all its segments
     by default) in a row of its own, padded with -100."""
     import torch
 
     if tensor is None or not hasattr(tensor, "dim") or tensor.dim() < 2 or tensor.shape[0] != 1:
         return tensor
-    cu = cu_seq_lens.tolist()
+    cu = cu_seq_lens
     pieces = [tensor[0, start:end] for start, end in zip(cu[:-1], cu[1:]) if end > start][:count]
     return torch.nn.utils.rnn.pad_sequence(pieces, batch_first=True, padding_value=-100)
 
@@ -64,7 +66,7 @@ def per_example(tensor, cu_seq_lens, count: int | None = None):
 def per_example_predictions(inputs: dict, logits: Any, labels, count: int | None, main_input: str):
     """``logits`` and ``labels`` of a flat row as one row per example; ``inputs[main_input]`` too, in place
     (the evaluation loop reads it after the prediction step, for ``include_for_metrics=["inputs"]``)."""
-    cu = inputs["cu_seq_lens_q"]
+    cu = read_layout(inputs).cu_seq_lens.tolist()
     if isinstance(logits, (tuple, list)):
         logits = type(logits)(per_example(x, cu, count) for x in logits)
     else:
@@ -72,3 +74,8 @@ def per_example_predictions(inputs: dict, logits: Any, labels, count: int | None
     if main_input in inputs:
         inputs[main_input] = per_example(inputs[main_input], cu, count)
     return logits, per_example(labels, cu, count)
+
+
+def is_flat_row(inputs: dict) -> bool:
+    """Whether a batch is flat rows laid out by ``cu_seq_lens_q`` (what :func:`per_example_predictions` splits)."""
+    return inputs.get(CU_SEQ_LENS_Q) is not None

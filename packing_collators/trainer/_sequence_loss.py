@@ -8,9 +8,9 @@ example alike: each of its target tokens gets ``1 / (its example's target tokens
     weights  = [[ 0, 1/2, 1/2, 0,  1,   0, 1/3, 1/3, 1/3]]   float32 (B, T), aligned with labels
     loss     = sum(token_loss * weights) / 3                 3 = weights.sum() = examples
 
-Examples are found as the collators lay them out: ``cu_seq_lens_q`` of a one-row batch,
-else where ``position_ids`` do not go up by one (a padded pack row), else one example per
-row (a padded batch). Label 0 of every row is never a target (a causal LM shifts labels by
+Examples are found by the batch's one rule (``packing_collators.batch``): ``cu_seq_lens_q`` of a
+one-row batch, else where ``position_ids`` do not go up by one (a padded pack row), else one
+example per row (a padded batch). Label 0 of every row is never a target (a causal LM shifts labels by
 one), and an example with no target counts for nothing. The trade-off: a short example's
 tokens weigh more than a long one's (each example counts once), which is what
 ``loss_normalization="sequence"`` asks for and what the token mean avoids.
@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from ..batch import IGNORE_INDEX, segment_ids
+
 __all__ = [
     "LossNormalization",
     "count_sequences",
@@ -32,22 +34,6 @@ __all__ = [
 ]
 
 LossNormalization = Literal["token", "sequence"]
-IGNORE_INDEX = -100
-
-
-def _segments(labels, cu_seq_lens=None, position_ids=None):
-    """(B, T) int64: the example each token belongs to, numbered over the whole batch."""
-    import torch
-
-    rows, width = labels.shape
-    if cu_seq_lens is not None and rows == 1:
-        cu = torch.as_tensor(cu_seq_lens, device=labels.device).to(torch.int64)
-        return torch.searchsorted(cu[1:], torch.arange(width, device=labels.device), right=True)[None]
-    if position_ids is not None and tuple(position_ids.shape) == (rows, width):
-        starts = torch.ones_like(labels, dtype=torch.bool)
-        starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
-        return (torch.cumsum(starts.reshape(-1), 0) - 1).reshape(rows, width)
-    return torch.arange(rows, device=labels.device)[:, None].expand(rows, width)
 
 
 def sequence_loss_weights(batch: Mapping[str, Any], *, ignore_index: int = IGNORE_INDEX):
@@ -82,7 +68,7 @@ def _target_counts(batch: Mapping[str, Any], ignore_index: int = IGNORE_INDEX):
             "The per-sequence loss needs batch['labels'] as a (batch, tokens) torch tensor, got "
             f"{type(labels).__name__}; collate with return_tensors='pt' (the default) and keep the labels."
         )
-    segments = _segments(labels, batch.get("cu_seq_lens_q"), batch.get("position_ids"))
+    segments = segment_ids(batch, tuple(labels.shape)).to(labels.device)
     targets = labels != ignore_index
     targets[:, 0] = False  # a causal LM's first token is never predicted
     counts = torch.bincount(segments[targets], minlength=int(segments.max()) + 1 if segments.numel() else 0)

@@ -21,6 +21,7 @@ import logging
 
 from .._model_unwrap import probe_module, text_config
 from ..checks import check_collated_features, check_packing_support, refuse_failed_probe
+from ._autocast import training_autocast
 
 __all__ = ["SequenceParallelCheckCallback", "global_target_count", "group_budget_error", "setup_sequence_parallel"]
 
@@ -85,10 +86,12 @@ def group_budget_error(error: ValueError, size: int, budget) -> ValueError:
 
 
 def global_target_count(batch_samples, accelerator, device):
-    """The targets (``shift_labels != -100``) of this step's micro-batches summed over every rank."""
+    """The targets (a shard's ``shift_labels`` that are not -100) of this step's micro-batches summed over every rank."""
     import torch
 
-    count = sum(batch["shift_labels"].ne(-100).sum() for batch in batch_samples)
+    from ..batch import target_count
+
+    count = sum(target_count(batch) for batch in batch_samples)
     count = torch.as_tensor(count, device=device)
     return accelerator.gather(count.reshape(1)).sum() if accelerator.num_processes > 1 else count
 
@@ -109,7 +112,6 @@ class SequenceParallelCheckCallback(_callback_base()):
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         from ..parallel import inner_attention, probe_sequence_parallel
-        from ._check_callback import training_autocast
 
         if model is None or train_dataloader is None:
             return

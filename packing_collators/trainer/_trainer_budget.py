@@ -1,23 +1,36 @@
-"""PackingTrainer's token budget against the GPU: ``max_tokens_per_batch="auto"`` and ``memory_check``.
+"""PackingTrainer's micro-batch token budget: computed in one place, once per dataloader, handed on as a value.
 
-    "auto"        TokenBudgets.measured: measure_token_budget(model, longest) on each rank -> the smallest over ranks
-    memory_check  TokenBudgets.check: check_token_budget(model, budget, longest) on each rank -> refused on every rank
+    PackingTrainer(max_tokens_per_batch=...)  ->  TrainerBudget: the setting, checked at construction
+    a dataloader's lengths, batch size, GPU   ->  TrainerBudget.plan  ->  PlannedBudget(tokens, longest)
+        None          tokens = max(longest example, batch size x mean length)
+        a number N    tokens = n x N                                  (n = sequence_parallel_size)
+        "auto"        tokens = n x measure_token_budget(model, longest / n): measured once, the smallest over ranks
+        training      memory_check: check_token_budget(model, tokens / n, longest / n), once per pair, on every rank
+    PlannedBudget  ->  make_batch_sampler(lengths, tokens), the compile buckets, the FA4 warm-up: the same value
 
-Only a model whole on one CUDA device is measured (not a CPU model, not FSDP/DeepSpeed
-shards, not a model split over devices). A refusal on one rank is raised on every rank,
-after all of them took part in the collective, so no rank is left waiting.
+Only a model whole on one CUDA device is measured (:class:`GpuRun`: not a CPU model, not FSDP/DeepSpeed
+shards, not a model split over devices). A refusal on one rank is raised on every rank, after all of
+them took part in the collective, so no rank is left waiting.
 Cost: two forward + backward passes per measured budget, once per (budget, longest).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from .._model_unwrap import probe_module
+from .._validation import validate_positive_int
+from ._autocast import autocast_dtype
 
-__all__ = ["TokenBudgets", "memory_model"]
+__all__ = ["AUTO_BUDGET", "GpuRun", "PlannedBudget", "TrainerBudget", "memory_model"]
 
 logger = logging.getLogger(__name__)
+
+AUTO_BUDGET = "auto"  # max_tokens_per_batch measured on the model's GPU
 
 
 def _agreed_over_ranks(measure, model, *, elsewhere: str, hint: str = "") -> int:
@@ -69,44 +82,88 @@ def memory_model(trainer):
     return None if split or next(iter(devices)).type != "cuda" else model
 
 
-def _autocast_dtype(args):
-    """The dtype the Trainer autocasts the forward to (``bf16`` / ``fp16``), or None."""
-    import torch
+@dataclass(frozen=True)
+class GpuRun:
+    """What a budget is measured on: the model whole on one CUDA device (None: it cannot be), the Trainer's
+    autocast dtype, and the loss its steps compute."""
 
-    return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
+    model: Any
+    autocast_dtype: Any = None
+    loss_implementation: str = "auto"
 
-
-class TokenBudgets:
-    """PackingTrainer's token budgets against its GPU: ``"auto"`` measured once, and the (budget, longest)
-    pairs ``memory_check`` passed, kept here (not on the trainer) so each is measured or checked once.
-
-    ``trainer`` gives the model (``trainer._memory_model()``), ``args``, ``memory_check`` and
-    ``sequence_parallel_size``.
-    """
-
-    def __init__(self, trainer) -> None:
-        self.trainer = trainer
-        self.auto: int | None = None  # max_tokens_per_batch="auto", once measured
-        self.checked: set[tuple[int, int]] = set()  # (budget, longest) that passed the memory check
-
-    def loss_implementation(self) -> str:
-        """The loss the dry runs compute: the trainer's (the full logits where its set-up needs them)."""
+    @classmethod
+    def of(cls, trainer) -> GpuRun:
         from ._head_loss import why_full_logits
 
-        trainer = self.trainer
-        return "full" if why_full_logits(trainer) else trainer._head_loss.implementation
+        loss = "full" if why_full_logits(trainer) else trainer._head_loss.implementation
+        return cls(memory_model(trainer), autocast_dtype(trainer.args), loss)
 
-    def measured(self, longest: int) -> int:
-        """``max_tokens_per_batch="auto"``: measure_token_budget for ``longest``, the smallest over ranks.
 
-        Measured once, by the first dataloader that asks (training, or an evaluation before
-        it), and kept: evaluation during training must not measure a training step beside the
-        optimizer's real states.
-        """
-        if self.auto is not None:
-            return self.auto
-        model = self.trainer._memory_model()
-        if model is None:
+@dataclass(frozen=True)
+class PlannedBudget:
+    """A dataloader's token budget.
+
+    Attributes:
+        tokens: the micro-batch token budget (a sequence-parallel group's, ``n`` ranks' together).
+        longest: the longest example a micro-batch holds, ``min(longest example, tokens)``.
+    """
+
+    tokens: int
+    longest: int
+
+
+class TrainerBudget:
+    """PackingTrainer's token budget: the setting (checked here), ``"auto"`` measured once, and the
+    ``(tokens, longest)`` pairs ``memory_check`` passed, so each is measured or checked once.
+
+    >>> TrainerBudget(None, memory_check=True, sequence_parallel_size=1).plan(np.array([3, 5, 10]), 4, GpuRun(None))
+    PlannedBudget(tokens=24, longest=10)
+    >>> TrainerBudget(64, memory_check=True, sequence_parallel_size=2).plan(np.array([3, 5, 100]), 4, GpuRun(None))
+    PlannedBudget(tokens=128, longest=100)
+    >>> TrainerBudget(0, memory_check=True, sequence_parallel_size=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_tokens_per_batch must be a positive integer or None (derived from the batch size; or 'auto', measured on the GPU), got 0.
+    """
+
+    def __init__(self, max_tokens_per_batch, *, memory_check: bool, sequence_parallel_size: int) -> None:
+        if max_tokens_per_batch != AUTO_BUDGET:
+            validate_positive_int(
+                "max_tokens_per_batch",
+                max_tokens_per_batch,
+                allow_none=True,
+                none_means="derived from the batch size; or 'auto', measured on the GPU",
+            )
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.memory_check = memory_check
+        self.sequence_parallel_size = validate_positive_int("sequence_parallel_size", sequence_parallel_size)
+        self._auto: int | None = None  # max_tokens_per_batch="auto", once measured (one rank's)
+        self._checked: set[tuple[int, int]] = set()  # (tokens, longest) of one rank that passed the memory check
+
+    def plan(self, lengths: np.ndarray, batch_size: int, gpu: GpuRun, *, training: bool = False) -> PlannedBudget:
+        """The budget of a dataloader over ``lengths``; a training one is checked against the GPU (``memory_check``)."""
+        tokens = self._tokens(lengths, batch_size, gpu)
+        longest = int(min(lengths.max(), tokens)) if len(lengths) else 0
+        if training and len(lengths):
+            self._check(tokens, longest, gpu)
+        return PlannedBudget(tokens, longest)
+
+    def _tokens(self, lengths: np.ndarray, batch_size: int, gpu: GpuRun) -> int:
+        n = self.sequence_parallel_size
+        if self.max_tokens_per_batch == AUTO_BUDGET:
+            return n * self._measured(-(-int(lengths.max()) // n) if len(lengths) else 1, gpu)
+        if self.max_tokens_per_batch is not None:
+            return n * self.max_tokens_per_batch
+        if not len(lengths):
+            return 1
+        return max(int(lengths.max()), int(round(batch_size * float(lengths.mean()))))
+
+    def _measured(self, longest: int, gpu: GpuRun) -> int:
+        """``"auto"``: measure_token_budget for ``longest``, the smallest over ranks; measured once, by the first
+        dataloader that asks (evaluation during training must not measure a step beside the optimizer's states)."""
+        if self._auto is not None:
+            return self._auto
+        if gpu.model is None:
             raise ValueError(
                 "max_tokens_per_batch='auto' measures the model's memory on its GPU, but the model is not whole "
                 "on one CUDA device (on a CPU, sharded by FSDP/DeepSpeed, or split over devices). Pass a number "
@@ -115,56 +172,50 @@ class TokenBudgets:
         from ..parallel import inner_attention
         from ._memory_budget import measure_token_budget
 
-        autocast_dtype = _autocast_dtype(self.trainer.args)
-
         def measure() -> int:
-            with inner_attention(model):  # one rank's share, measured without the group's collectives
+            with inner_attention(gpu.model):  # one rank's share, measured without the group's collectives
                 budget = measure_token_budget(
-                    model, longest=longest, autocast_dtype=autocast_dtype, loss_implementation=self.loss_implementation()
+                    gpu.model, longest=longest, autocast_dtype=gpu.autocast_dtype, loss_implementation=gpu.loss_implementation
                 )
             logger.info("PackingTrainer: max_tokens_per_batch='auto' on this rank: %s", budget.summary())
             return budget.max_tokens_per_batch
 
-        self.auto = _agreed_over_ranks(
+        self._auto = _agreed_over_ranks(
             measure,
-            model,
+            gpu.model,
             elsewhere=f"max_tokens_per_batch='auto': another rank could not fit one example of {longest} tokens "
             "on its GPU (its error says why).",
         )
-        self.checked.add((self.auto, longest))  # measured: no need to check it again
-        return self.auto
+        self._checked.add((self._auto, longest))  # measured: no need to check it again
+        return self._auto
 
-    def check(self, budget: int, longest: int) -> None:
+    def _check(self, tokens: int, longest: int, gpu: GpuRun) -> None:
         """``memory_check``: refuse a training budget that does not fit this GPU, before the first step."""
-        trainer = self.trainer
-        model = trainer._memory_model() if trainer.memory_check else None
-        n = trainer.sequence_parallel_size  # a rank holds 1/n of the group's row: checked as such, without Ulysses
-        budget, longest = budget // n, -(-longest // n)
-        if model is None or (budget, longest) in self.checked:
+        n = self.sequence_parallel_size  # a rank holds 1/n of the group's row: checked as such, without Ulysses
+        tokens, longest = tokens // n, -(-longest // n)
+        if not self.memory_check or gpu.model is None or (tokens, longest) in self._checked:
             return
         from ..parallel import inner_attention
         from ._memory_budget import check_token_budget
 
-        autocast_dtype = _autocast_dtype(trainer.args)
-
         def check() -> int:
-            with inner_attention(model):
+            with inner_attention(gpu.model):
                 share = check_token_budget(
-                    model, budget, longest=longest, autocast_dtype=autocast_dtype,
-                    loss_implementation=self.loss_implementation(),
-                )
+                    gpu.model, tokens, longest=longest, autocast_dtype=gpu.autocast_dtype,
+                    loss_implementation=gpu.loss_implementation,
+                )  # fmt: skip
             logger.info(
                 "PackingTrainer: a step of %d tokens (examples of %d) peaks at %.1f%% of the GPU's memory",
-                budget,
+                tokens,
                 longest,
                 100 * share,
             )
-            return budget
+            return tokens
 
         _agreed_over_ranks(
             check,
-            model,
-            elsewhere=f"max_tokens_per_batch={budget} does not fit another rank's GPU (its error says why).",
+            gpu.model,
+            elsewhere=f"max_tokens_per_batch={tokens} does not fit another rank's GPU (its error says why).",
             hint=" PackingTrainer(memory_check=False) skips this check.",
         )
-        self.checked.add((budget, longest))
+        self._checked.add((tokens, longest))

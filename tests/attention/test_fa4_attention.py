@@ -172,8 +172,20 @@ def test_trainer_warm_up_runs_under_the_trainers_autocast(monkeypatch, tmp_path)
 
     from packing_collators import PackingTrainer
 
+    from transformers import TrainerCallback
+
+    calls = []  # the longest sequence of each kernel call, through the half-only rule
+
+    def recording(query):
+        kernel = half_only(query)  # refuses float32: the warm-up must autocast as training does
+        return lambda *args, **kwargs: calls.append(kwargs["max_seqlen_q"]) or kernel(*args, **kwargs)
+
+    class WarmedUp(TrainerCallback):  # added after the trainer's own: runs once the warm-up is done
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.calls = list(calls)
+
     register_fa4_attention()
-    monkeypatch.setattr(_fa4, "_kernel", half_only)
+    monkeypatch.setattr(_fa4, "_kernel", recording)
     trainer = PackingTrainer(
         model=tiny_model("llama", attn="packing_fa4"),
         args=training_args(tmp_path, bf16=True, max_steps=1, gradient_accumulation_steps=1),
@@ -182,9 +194,11 @@ def test_trainer_warm_up_runs_under_the_trainers_autocast(monkeypatch, tmp_path)
         attn_implementation=None,
         packing_probe=False,
     )
+    warmed = WarmedUp()
+    trainer.add_callback(warmed)
     trainer.train()
-    warm = next(c for c in trainer.callback_handler.callbacks if type(c).__name__ == "_AttentionWarmUp")
-    assert warm.seconds is not None and trainer.state.global_step == 1
+    assert trainer.state.global_step == 1 and len(calls) > len(warmed.calls) > 0  # warm-up, then the step
+    assert max(warmed.calls) == 9  # compiled up to the longest example a micro-batch holds, before the first step
 
 
 @pytest.mark.parametrize("name", ["packing_fa4", "packing_varlen"])

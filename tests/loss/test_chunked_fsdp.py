@@ -24,7 +24,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from _tiny_models import random_examples, tiny_model
 from packing_collators import FlatteningCollator
-from packing_collators.loss import chunked_forward, output_head, shifted_targets
+from packing_collators.batch import shifted_targets
+from packing_collators.loss import chunked_forward, output_head
 
 dist.init_process_group("gloo")
 rank, own_head = dist.get_rank(), sys.argv[2] == "own_head"

@@ -15,7 +15,8 @@ import torch
 from _hybrids import sweep
 
 from packing_collators import FlatteningCollator, enable_packing
-from packing_collators.loss import add_aux_loss, check_output_head, chunked_forward, output_head, shifted_targets
+from packing_collators.batch import shifted_targets
+from packing_collators.loss import add_aux_loss, check_output_head, chunked_forward, output_head
 
 CAUSAL = {
     "llama": "LlamaForCausalLM",

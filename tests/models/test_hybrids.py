@@ -156,8 +156,16 @@ def test_models_without_stateful_layers_are_left_alone():
     from _tiny_models import tiny_model
 
     model = tiny_model("llama")
+    ids = torch.tensor([examples_for(model, (9,))[0]["input_ids"]] * 2)
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
     assert find_stateful_layers(model) == []
-    assert packing_layers(enable_packing(model)).summary().startswith("no layer carries state")
+    layers = packing_layers(enable_packing(model))
+    assert layers.paths == {} and layers.counts == {} and layers.multimodal is None
+    assert not any(m._forward_pre_hooks or m._forward_hooks or "forward" in m.__dict__ for m in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, before)  # nothing installed: nothing for compile to trace
+    assert layers.summary().startswith("no layer carries state")
 
 
 GATED_DELTANET = [t for t in ("qwen3_5_text", "qwen3_next", "qwen3_5_moe_text") if t in HYBRIDS]

@@ -32,7 +32,7 @@ def test_round_trip_and_padding_bound(seed):
 def test_rows_of_a_padded_prepacked_batch():
     positions = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 0, 1, 2, 3]])
     segments = row_segments((2, 6), position_ids=positions)
-    assert segments.cu_seqlens.tolist() == [0, 3, 5, 6, 8, 12]
+    assert segments.cu_seq_lens.tolist() == [0, 3, 5, 6, 8, 12]
     assert segments.seq_idx().tolist() == [[0, 0, 0, 1, 1, 2], [3, 3, 4, 4, 4, 4]]
 
 

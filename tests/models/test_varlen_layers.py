@@ -229,35 +229,17 @@ def _fake_fla(patch, *, hopper_triton_3_6: bool, tilelang: bool) -> None:
 
 @pytest.mark.parametrize("tilelang", [True, False])
 def test_fla_kernels_finds_each_kernel_and_drops_the_gated_ones_fla_would_refuse(monkeypatch, tilelang):
-    """On Hopper with Triton 3.4 to 3.7.0, fla's gated chunk backward raises unless tilelang is installed: without it
-    the delta rule and simple GLA are not used (their layers run per example, and the path says why)."""
+    """On Hopper with Triton 3.4 to 3.7.0, fla's gated chunk backward raises: tilelang stands in for the delta rule's,
+    not for simple GLA's (seen on an H100: its backend refuses float32 states and g_gamma), so simple GLA is never
+    used there and the delta rule only with tilelang (their layers run per example, and the path says why)."""
     from packing_collators.models._kernels import fla_kernels
 
     with monkeypatch.context() as patch:
         _fake_fla(patch, hopper_triton_3_6=True, tilelang=tilelang)
         kernels, why_not = fla_kernels()
     assert why_not == "" and kernels.conv is not None and kernels.kda.__name__ == "chunk_kda"
+    assert kernels.simple_gla is None and "simple-GLA backward refuses Hopper" in kernels.why_missing
     if tilelang:
-        assert kernels.simple_gla.__name__ == "chunk_simple_gla" and kernels.delta_rule is not None
+        assert kernels.delta_rule is not None
     else:
-        assert kernels.simple_gla is None and kernels.delta_rule is None
-        assert "needs tilelang on Hopper with Triton < 3.7.1" in kernels.why_missing
-
-
-def test_simple_gla_runs_per_example_where_its_backward_would_refuse(monkeypatch):
-    # an H100 with Triton 3.6: fla raises in simple GLA's backward even with tilelang installed (its backend
-    # refuses float32 states and g_gamma); Mamba2 and lightning attention must take the per-example path there
-    import sys
-    import types
-
-    from packing_collators.models import _kernels
-
-    fake = types.ModuleType("fla.utils")
-    fake.IS_NVIDIA_HOPPER, fake.TRITON_ABOVE_3_4_0, fake.TRITON_ABOVE_3_7_1 = True, True, False
-    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))
-    monkeypatch.setitem(sys.modules, "fla.utils", fake)
-    monkeypatch.setattr(_kernels.importlib.util, "find_spec", lambda name: object())  # tilelang installed
-    assert _kernels._gated_backward_refused() == ""  # the delta rule: tilelang stands in
-    assert "Triton >= 3.7.1" in _kernels._gated_backward_refused(simple_gla=True)
-    fake.TRITON_ABOVE_3_7_1 = True
-    assert _kernels._gated_backward_refused(simple_gla=True) == ""
+        assert kernels.delta_rule is None and "needs tilelang on Hopper with Triton < 3.7.1" in kernels.why_missing

@@ -27,10 +27,13 @@ def test_the_example_configs_pass_and_leave_the_batch_numbers_to_transformers(na
     check_deepspeed_setup(trainer)
 
 
-def test_numbers_equal_to_what_auto_fills_pass():
-    check_deepspeed_config(
-        {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "train_batch_size": 16}, **SIZES
-    )
+@pytest.mark.parametrize("key", ["train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"])
+def test_numbers_pass_exactly_when_equal_to_what_auto_fills(key):
+    filled = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "train_batch_size": 16}
+    assert check_deepspeed_config(filled, **SIZES) is None  # 4 per rank x 2 steps x 2 ranks: what "auto" gives
+    for off in (filled[key] - 1, filled[key] + 1):  # one off either way is refused, naming the key
+        with pytest.raises(ValueError, match=rf"has {key}={off}"):
+            check_deepspeed_config({**filled, key: off}, **SIZES)
 
 
 @pytest.mark.parametrize(

@@ -112,8 +112,8 @@ class _BothRanks:
 
 def test_make_batch_sampler_override_decides_the_micro_batches(tmp_path):
     class BothRanksTrainer(PackingTrainer):
-        def make_batch_sampler(self, lengths, batch_size, *, shuffle):
-            return _BothRanks(lengths, self.max_tokens_per_batch)
+        def make_batch_sampler(self, lengths, max_tokens_per_batch, *, shuffle):
+            return _BothRanks(lengths, max_tokens_per_batch)
 
     seen = []
 
@@ -140,7 +140,7 @@ def test_make_batch_sampler_override_decides_the_micro_batches(tmp_path):
 
 def test_a_training_sampler_without_set_epoch_is_refused(tmp_path):
     class ListTrainer(PackingTrainer):
-        def make_batch_sampler(self, lengths, batch_size, *, shuffle):
+        def make_batch_sampler(self, lengths, max_tokens_per_batch, *, shuffle):
             return [[i] for i in range(len(lengths))]
 
     trainer = ListTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset())

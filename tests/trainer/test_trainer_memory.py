@@ -11,7 +11,7 @@ import torch
 from _tiny_models import random_examples, tiny_model, training_args
 
 from packing_collators import PackingTrainer, TokenBudget
-from packing_collators.trainer import _memory_budget, _packing_trainer, _trainer_budget
+from packing_collators.trainer import _memory_budget, _trainer_budget
 
 datasets = pytest.importorskip("datasets")
 from transformers import TrainerCallback  # noqa: E402
@@ -48,7 +48,7 @@ class Calls(list):
 def fake_gpu(monkeypatch):
     """The model counts as on a GPU of 80 GiB; ``peaks[tokens]`` is a step's peak (None: out of memory)."""
     peaks, calls = {}, Calls()
-    monkeypatch.setattr(_packing_trainer.PackingTrainer, "_memory_model", lambda self: probe(self))
+    monkeypatch.setattr(_trainer_budget, "memory_model", lambda trainer: probe(trainer))
     monkeypatch.setattr(_memory_budget, "_on_gpu", lambda model, caller, states: (2, 4 * GIB, 80 * GIB))
 
     def peak_bytes(model, tokens, longest, states=0, autocast_dtype=None, loss=None):
@@ -201,7 +201,7 @@ def test_only_a_model_whole_on_one_gpu_is_measured(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     run = trainer(tmp_path, max_tokens_per_batch=64)
-    assert run._memory_model() is None  # on a CPU
+    assert _trainer_budget.memory_model(run) is None  # on a CPU
 
     def placed(*devices):  # a stand-in model whose parameters sit on these devices
         params = [SimpleNamespace(device=torch.device(*d)) for d in devices]
@@ -210,11 +210,11 @@ def test_only_a_model_whole_on_one_gpu_is_measured(tmp_path, monkeypatch):
     whole, split = placed(("cuda", 0), ("cuda", 0)), placed(("cuda", 0), ("cuda", 1))
     monkeypatch.setattr(_trainer_budget, "probe_module", lambda model: model)
     run.model = whole
-    assert run._memory_model() is whole
+    assert _trainer_budget.memory_model(run) is whole
     run.model = split  # device_map over two GPUs: the first GPU would be charged every parameter's states
-    assert run._memory_model() is None
+    assert _trainer_budget.memory_model(run) is None
     run.model, run.is_model_parallel = whole, True
-    assert run._memory_model() is None
+    assert _trainer_budget.memory_model(run) is None
 
 
 def test_the_dry_run_computes_the_loss_training_computes(tmp_path, fake_gpu):

@@ -1,9 +1,9 @@
-"""segment_layout: positions, boundaries and segment ids of segments laid end to end."""
+"""SegmentLayout: positions, boundaries and segment ids of segments laid end to end."""
 
 import numpy as np
 import pytest
 
-from packing_collators.collate import segment_layout
+from packing_collators.batch import segment_layout
 
 
 @pytest.mark.parametrize("seed", range(10))

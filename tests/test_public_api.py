@@ -1,0 +1,45 @@
+"""The public surface: what a user needs leaves through ``packing_collators``, each name documented;
+what moved under its folder says where it lives now."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import packing_collators
+
+ROOT = Path(__file__).resolve().parents[1]
+MOVED = {
+    "CompileReport": "packing_collators.trainer",
+    "warm_up_compiled": "packing_collators.trainer",
+    "FA4_ATTENTION": "packing_collators.attention",
+    "VARLEN_ATTENTION": "packing_collators.attention",
+}
+
+
+def test_every_public_name_resolves_and_the_list_is_sorted():
+    assert packing_collators.__all__ == sorted(packing_collators.__all__)
+    for name in packing_collators.__all__:
+        assert getattr(packing_collators, name) is not None, name
+
+
+def test_every_public_name_is_documented():
+    text = "".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    undocumented = [name for name in packing_collators.__all__ if not re.search(rf"\b{name}\b", text)]
+    assert not undocumented, f"public but in no page of the manual: {undocumented}"
+
+
+@pytest.mark.parametrize("name, home", sorted(MOVED.items()))
+def test_a_moved_name_says_where_it_lives(name, home):
+    assert name not in packing_collators.__all__
+    with pytest.raises(AttributeError, match=rf"from {re.escape(home)} import {name}"):
+        getattr(packing_collators, name)
+    module = __import__(home, fromlist=[name])
+    assert getattr(module, name) is not None
+
+
+def test_an_unknown_name_is_an_ordinary_attribute_error():
+    with pytest.raises(AttributeError, match="module 'packing_collators' has no attribute 'nothing'"):
+        packing_collators.nothing  # noqa: B018
