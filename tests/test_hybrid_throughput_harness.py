@@ -77,5 +77,5 @@ def test_padded_batches_on_the_kernels_make_each_rows_padding_a_segment():
     moved = harness.with_padding_segments(batch)
     assert moved["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2, 3, 4], list(range(8)), [0, 1, 2, 3, 4, 5, 0, 1]]
     segments = row_segments(tuple(batch["input_ids"].shape), position_ids=moved["position_ids"])
-    assert segments.cu_seqlens.tolist() == [0, 3, 8, 16, 22, 24]
+    assert segments.cu_seq_lens.tolist() == [0, 3, 8, 16, 22, 24]
     assert harness.real_tokens(moved) == 17 == int(torch.tensor([3, 8, 6]).sum())
