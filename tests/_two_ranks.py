@@ -11,6 +11,10 @@ rest (seconds, more on a loaded machine), and in between any process may take it
 port of an outgoing connection. Rank 0 then fails with EADDRINUSE and rank 1 waits for it until the
 timeout: the test failed as "a rank hung" now and then under load. A launch whose rank says the
 address is in use is started again on another port (3 tries).
+
+The exit: a rank that ran its script to the end leaves its process group and ends with ``os._exit(0)``
+(output flushed first). Left to the interpreter's teardown, gloo's threads were now and then destroyed
+while still running ("terminate called without an active exception", exit -6) after the work had passed.
 """
 
 from __future__ import annotations
@@ -27,6 +31,18 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 _PORT_TAKEN = ("EADDRINUSE", "address already in use")
+
+
+_EPILOGUE = """
+
+import os as _os, sys as _sys
+import torch.distributed as _dist
+if _dist.is_initialized():
+    _dist.destroy_process_group()
+_sys.stdout.flush()
+_sys.stderr.flush()
+_os._exit(0)
+"""
 
 
 def free_port() -> int:
@@ -67,7 +83,7 @@ def _wait(procs: list[subprocess.Popen], timeout: float) -> str:
 def run_two_ranks(worker: str, out: Path, *, hang: str = "a rank hung", timeout: float = 240) -> None:
     """Run ``worker`` (source) as ranks 0 and 1 with ``out`` as its argument; both must exit 0."""
     script = out / "worker.py"
-    script.write_text(worker.format(tests=str(TESTS)))
+    script.write_text(worker.format(tests=str(TESTS)) + _EPILOGUE)
     for _ in range(3):
         procs = _launch(script, out, free_port())
         state = _wait(procs, timeout)
