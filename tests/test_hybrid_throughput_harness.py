@@ -40,7 +40,7 @@ def results(tmp_path_factory):
     try:
         for model in MODELS:
             sys.argv = [str(SCRIPT), "--model", model, "--smoke", "--kernels", "reference", "--distributions", "sft",
-                        "--steps", "2", "--out", str(out)]  # fmt: skip
+                        "--steps", "1", "--out", str(out)]  # fmt: skip
             harness.main(sys.argv[1:])  # the results' "command" is read from sys.argv
     finally:
         sys.argv = argv

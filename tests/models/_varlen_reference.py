@@ -1,9 +1,9 @@
 """Reference simple-GLA and KDA kernels in torch, with the signatures of flash-linear-attention's ``chunk_simple_gla``
 and ``chunk_kda`` (the keywords the varlen paths pass; anything else is refused, not ignored).
 
-Each example of the row is its own recurrence, one token at a time: slow, plain, and independent of
-transformers' chunked torch code and of fla's, so the varlen paths' wiring (projections, heads, groups,
-gates, decays, norms) is checked on a CPU against each layer's own forward. ``BLIND_CONV`` and
+Each example of the row is its own recurrence (KDA one token at a time, simple GLA unrolled into its causal
+matrix): slow, plain, and independent of transformers' chunked torch code and of fla's, so the varlen
+paths' wiring (projections, heads, groups, gates, decays, norms) is checked on a CPU against each layer's own forward. ``BLIND_CONV`` and
 ``BLIND_SCAN`` ignore ``cu_seqlens`` in the conv or in the recurrences (the row one sequence): the
 tests' control that every boundary the paths pass matters.
 """
@@ -25,20 +25,24 @@ def chunk_simple_gla(
     q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None
 ):
     """(o (1, T, H, V), None): state_t = exp(g_t) state_{t-1} + k_t^T v_t, o_t = scale q_t state_t, per example;
-    g (1, T, H) per token, or g_gamma (H,) for every token; scale defaults to K^-0.5."""
+    g (1, T, H) per token, or g_gamma (H,) for every token; scale defaults to K^-0.5. Unrolled, as the
+    example's causal matrix: o_t = scale sum_{s<=t} exp(g_{s+1} + ... + g_t) (q_t . k_s) v_s."""
     assert initial_state is None and not output_final_state
     assert (g is None) != (g_gamma is None)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    heads, width = q.shape[2], v.shape[-1]
-    decay = (g[0] if g is not None else g_gamma.expand(q.shape[1], heads)).float()
+    decay = (g[0] if g is not None else g_gamma.expand(q.shape[1], q.shape[2])).float()
     qf, kf, vf = (x[0].float() for x in (q, k, v))
     out = []
     for start, end in _segments(cu_seqlens, q.shape[1]):
-        state = qf.new_zeros(heads, q.shape[-1], width)
-        for t in range(start, end):
-            state = state * decay[t].exp()[:, None, None] + kf[t][:, :, None] * vf[t][:, None, :]
-            out.append(scale * (qf[t][:, :, None] * state).sum(1))
-    return torch.stack(out)[None].to(q.dtype), None
+        length = end - start
+        later = torch.ones(length, length, dtype=torch.bool).tril(-1)[..., None]  # [r, s]: r > s
+        # [t, s]: g_{s+1} + ... + g_t, summed from s on (no difference of two long sums: nothing cancels)
+        decays = decay[start:end, None].expand(length, length, -1).masked_fill(~later, 0).cumsum(0)
+        causal = torch.ones(length, length, dtype=torch.bool).tril()[..., None]
+        kept = decays.masked_fill(~causal, float("-inf")).exp()  # (t, s, H)
+        scores = torch.einsum("thk,shk->tsh", qf[start:end], kf[start:end]) * kept
+        out.append(scale * torch.einsum("tsh,shv->thv", scores, vf[start:end]))
+    return torch.cat(out)[None].to(q.dtype), None
 
 
 def chunk_kda(

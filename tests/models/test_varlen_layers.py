@@ -90,7 +90,7 @@ def _assert_gradients_equal(model, reference) -> None:
             assert p.grad is None or not p.grad.any(), name
             continue
         assert p.grad is not None, f"{name}: no gradient through the varlen path"
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5 * float(q.grad.abs().max()) + 1e-7, msg=name)
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5 * float(q.grad.abs().max()) + 1e-7, msg=lambda m: f"{name}: {m}")
         checked += 1
     assert checked > 10
 
