@@ -181,11 +181,17 @@ def run_step(step: Step, work: Path, timeout: float) -> tuple[int | None, float]
     return (None if timed_out.is_set() else proc.returncode), time.perf_counter() - started
 
 
-def run_plan(out: Path, deadline_s: float, smoke: bool = False, fa4_disk_cache: bool = False) -> dict:
-    """Run the steps that fit the deadline; rewrite $OUT's files after each; the runs' records."""
+def run_plan(out: Path, deadline_s: float, smoke: bool = False, fa4_disk_cache: bool = False,
+             only: list[str] | None = None) -> dict:
+    """Run the steps that fit the deadline (``only``: those named, in the plan's order); rewrite $OUT's files
+    after each; the runs' records."""
     began = time.perf_counter()
     work = out / "work" if smoke else WORK
     steps = plan_steps(work, smoke, fa4_disk_cache)
+    unknown = set(only or ()) - {step.name for step in steps}
+    if unknown:
+        raise SystemExit(f"--only: no step named {sorted(unknown)}; the plan's: {[step.name for step in steps]}")
+    steps = [step for step in steps if only is None or step.name in only]
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     status: dict[str, dict] = {"commit": {"status": "info", "output": _commit()}}
@@ -416,7 +422,8 @@ def main(args) -> None:
     if args.plan:
         if args.out is None:
             raise SystemExit("--plan needs --out (the device's $OUT)")
-        run_plan(args.out, args.deadline_s, smoke=args.smoke, fa4_disk_cache=args.fa4_disk_cache)
+        only = args.only.split(",") if args.only else None
+        run_plan(args.out, args.deadline_s, smoke=args.smoke, fa4_disk_cache=args.fa4_disk_cache, only=only)
         return
     source = args.report / "results.json"
     runs = json.loads(source.read_text())["runs"] if source.exists() else {

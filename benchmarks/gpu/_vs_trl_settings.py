@@ -184,9 +184,11 @@ def trl_budget(args, model, dataset):
     import torch
 
     from packing_collators.trainer import fit_token_budget
+    from packing_collators.trainer._allocator import avoid_fragmentation
 
     if not _on_cuda(model):
         raise SystemExit("trl_auto_cap measures GPU memory: it needs a CUDA GPU (it has no --smoke form).")
+    avoid_fragmentation(model.device)  # as ours_auto's measure_token_budget does: the same allocator on both sides
     few = dataset.select(range(min(len(dataset), 64)))  # the measuring trainer's own rows are never trained
     probe = trl_trainer(args, model, few, args.auto_steps, packing=True, max_length=args.budget)
     if args.gc:  # as Trainer.train() will turn it on

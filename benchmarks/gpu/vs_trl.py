@@ -43,7 +43,9 @@ without the trials, by the method ``ours_auto`` uses (``packing_collators.traine
 at two sizes, a line, the planned size measured again, within 90% of the card with AdamW's states counted), but
 each measurement runs TRL's own step: its collator's batch, its ``compute_loss`` (a fused LM head that never forms
 the full logits), backward, under the same gradient checkpointing. Then TRL's SFTTrainer trains bfd rows of that
-``max_length``. The budget on each side is the JSON's ``max_tokens_per_batch`` / ``max_length``.
+``max_length``. The budget on each side is the JSON's ``max_tokens_per_batch`` / ``max_length``. Both auto settings
+run on CUDA's expandable segments (``packing_collators.trainer._allocator``: ours turns them on for its auto budget,
+the harness does the same for TRL's).
 
 Attention: FA4 on both sides (``--attn flash_attention_4``, transformers' own, for TRL's settings and
 ours_flattening; PackingTrainer picks ``packing_fa4``, the same kernel). transformers 5.17 hands FA4 its max

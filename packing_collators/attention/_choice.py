@@ -137,16 +137,39 @@ MANY_SEQUENCES = 300
 ``BIN_BATCH_SEARCH_THRESH``)."""
 
 
+def warm_up_lengths(max_length: int) -> list[int]:
+    """The longest-example lengths a warm-up runs: both ends of every octave from 16 up to ``max_length``.
+
+    A JIT kernel's variant follows thresholds on the batch's longest example (FA4's backward
+    specializes on whether the queries or keys fit one tile of 64 or 128; its forward on whether
+    the grouped-query-packed queries fit one block): lengths ``2**j`` and ``2**j + 1`` fall on both
+    sides of every power-of-two threshold, and each octave holds both ends, so a threshold inside
+    one (a tile over 3 query heads) also has a length on each side.
+
+    >>> warm_up_lengths(300)
+    [16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 300]
+    >>> warm_up_lengths(10)
+    [10]
+    """
+    lengths, power = [min(16, max_length)], 16
+    while power < max_length:
+        lengths += [n for n in (power + 1, 2 * power) if n <= max_length]
+        power *= 2
+    return sorted(set(lengths) | {max_length})
+
+
 def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
     """Run forward and backward on flat batches whose longest example grows from 16 to ``max_length`` tokens.
 
     JIT-compiled kernels (FlashAttention-4) compile one variant per configuration, and the
-    configuration follows the batch: its ``max_length_q`` (e.g. FA4 packs grouped-query heads
-    for short sequences) and its number of sequences (more than 256 get another scheduler):
-    left alone, a run compiles kernels whenever a batch of a new kind arrives, seconds at a
-    time in the middle of training. So each length is run twice: as ``tokens`` tokens of examples of that length, and as
-    one example of that length among ``MANY_SEQUENCES`` 8-token ones. Gradients are
-    cleared after; no weight changes. Returns the seconds it took.
+    configuration follows the batch: its ``max_length_q`` (FA4 packs grouped-query heads for
+    short sequences; its backward has a variant for queries or keys that fit one tile) and its
+    number of sequences (more than 256 get another scheduler): left alone, a run compiles
+    kernels whenever a batch of a new kind arrives, seconds at a time in the middle of training
+    (an 8B run on 4 H100s stalled 2.8 s at its first step of examples of 109-125 tokens). So each
+    length of :func:`warm_up_lengths` is run twice: as ``tokens`` tokens of examples of that
+    length, and as one example of that length among ``MANY_SEQUENCES`` 8-token ones. Gradients
+    are cleared after; no weight changes. Returns the seconds it took.
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> from packing_collators import choose_attention
@@ -173,13 +196,8 @@ def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
         }
         model(**batch).loss.backward()
 
-    length = 16
-    while True:
-        length = min(length, max_length)
+    for length in warm_up_lengths(max_length):
         run([length] * max(1, min(tokens, max_length * 4) // length))
         run([length] + [min(8, length)] * MANY_SEQUENCES)
-        if length == max_length:
-            break
-        length *= 4
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - started
