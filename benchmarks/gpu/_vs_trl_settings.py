@@ -281,6 +281,6 @@ def described(trainer, setting: str, about: dict) -> dict:
     elif setting != "ours_flattening":
         heads = getattr(getattr(trainer, "_head_loss", None), "heads", {})
         about["loss"] = "PackingTrainer chunked" if any(h is not None for h in heads.values()) else "full logits"
-        measured = getattr(getattr(trainer, "_budgets", None), "auto", None)
+        measured = getattr(getattr(trainer, "_budget", None), "_auto", None)  # TrainerBudget: "auto", once measured
         about["max_tokens_per_batch"] = measured or about.get("max_tokens_per_batch")
     return about
