@@ -172,3 +172,25 @@ def test_without_optimizer_states_one_pass_is_measured(monkeypatch):
     fake = _FakeCuda(monkeypatch, model, peak=GIB)
     assert _peak_bytes(model, 64, 32, states_per_parameter=0) == GIB
     assert fake.forwards == 1 and fake.states_alive == []
+
+
+@pytest.mark.parametrize("shallow", [5, 20, 200])
+def test_a_line_too_shallow_into_out_of_memory_searches_down_to_near_the_real_limit(shallow):
+    # measured on an H100: TRL's step at 2,048 and 4,096 tokens drew a line ~20x too shallow; the planned size
+    # ran out of memory, and redrawing the line through it (as the whole card) left the budget at 4,096
+    from packing_collators.trainer import fit_token_budget
+
+    longest, total, base, per_token = 2048, 80 * GIB, 6 * GIB, 1e4
+    limit = int((0.9 * total - base) / (per_token * shallow))  # the real per-token cost is `shallow` times the line's
+
+    def step(tokens):
+        if tokens <= 2 * longest:
+            return int(base + per_token * tokens)
+        return None if tokens > limit else int(base + per_token * shallow * tokens)
+
+    measured = []
+    budget = fit_token_budget(lambda t: measured.append(t) or step(t), longest=longest, total_bytes=total)
+    chosen = budget.max_tokens_per_batch
+    assert chosen in measured and step(chosen) is not None
+    assert chosen >= limit * 7 / 8 - 64  # near the largest size that fits (the search has 8 measurements)
+    assert len(measured) <= 2 + 8
