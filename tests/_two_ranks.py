@@ -1,4 +1,5 @@
-"""Start a worker script as 2 gloo ranks on CPU (plain processes, torch.distributed's env vars) and wait.
+"""Start a worker script as 2 gloo ranks on CPU (processes forked with torch imported, ``_preloaded.py``;
+torch.distributed's env vars) and wait.
 
 The worker is Python source with a ``{tests!r}`` placeholder for this folder (so it can import
 ``_tiny_models``); it gets the output folder as ``sys.argv[1]`` and imports the package of this
@@ -21,12 +22,11 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from _preloaded import Started, start
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -51,21 +51,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(script: Path, out: Path, port: int) -> list[subprocess.Popen]:
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
-               "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}  # fmt: skip
-        with open(out / f"rank{rank}.log", "w") as log:  # a file, not a pipe: no rank blocks on a full pipe
-            procs.append(subprocess.Popen([sys.executable, str(script), str(out)], env=env, stdout=log,
-                                          stderr=subprocess.STDOUT))  # fmt: skip
-    return procs
+class Ranks:
+    """``nproc`` ranks of ``argv`` (a script and its arguments) as gloo processes, forked with torch imported
+    (``_preloaded.py``), each rank's output in ``logs/rank<r>.log`` (a file, not a pipe: no rank blocks on a
+    full pipe). ``wait`` starts them again on another port when a rank found its port taken (3 tries)."""
+
+    def __init__(self, argv: list[str], logs: Path, nproc: int = 2):
+        self.argv, self.logs, self.nproc = [str(a) for a in argv], Path(logs), nproc
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs = self._start()
+
+    def _start(self) -> list[Started]:
+        port, procs = free_port(), []
+        for rank in range(self.nproc):
+            env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                   "LOCAL_RANK": str(rank), "WORLD_SIZE": str(self.nproc), "LOCAL_WORLD_SIZE": str(self.nproc)}  # fmt: skip
+            procs.append(start(self.argv, log=self.logs / f"rank{rank}.log", env=env))
+        return procs
+
+    def wait(self, timeout: float) -> tuple[str, list[str]]:
+        """(``"done"``, ``"failed"`` or ``"hung"`` as ``_wait`` says, each rank's output)."""
+        for attempt in range(3):
+            state = _wait(self.procs, timeout)
+            outputs = [(self.logs / f"rank{rank}.log").read_text(errors="replace") for rank in range(self.nproc)]
+            taken = any(word.lower() in output.lower() for output in outputs for word in _PORT_TAKEN)
+            if not taken or attempt == 2:
+                return state, outputs
+            self.procs = self._start()
+
+    def failed_output(self, outputs: list[str]) -> str:
+        """The output of the rank that failed first (not one stopped here, exit -9), else rank 0's."""
+        return ([o for p, o in zip(self.procs, outputs) if p.returncode not in (0, -9)] or outputs)[0]
 
 
-def _wait(procs: list[subprocess.Popen], timeout: float) -> str:
-    """Wait for both ranks: ``"done"``, ``"failed"`` (once one fails the other is stopped: it would wait for
+def _wait(procs: list[Started], timeout: float) -> str:
+    """Wait for every rank: ``"done"``, ``"failed"`` (once one fails the other is stopped: it would wait for
     it in a collective) or ``"hung"`` (the timeout)."""
     deadline = time.monotonic() + timeout
     while None in [p.poll() for p in procs]:  # a list: every rank polled, each time
@@ -84,13 +104,8 @@ def run_two_ranks(worker: str, out: Path, *, hang: str = "a rank hung", timeout:
     """Run ``worker`` (source) as ranks 0 and 1 with ``out`` as its argument; both must exit 0."""
     script = out / "worker.py"
     script.write_text(worker.format(tests=str(TESTS)) + _EPILOGUE)
-    for _ in range(3):
-        procs = _launch(script, out, free_port())
-        state = _wait(procs, timeout)
-        outputs = [(out / f"rank{rank}.log").read_text() for rank in range(2)]
-        if not any(word.lower() in output.lower() for output in outputs for word in _PORT_TAKEN):
-            break
+    ranks = Ranks([script, out], out)
+    state, outputs = ranks.wait(timeout)
     if state == "hung":
         pytest.fail(f"{hang}; the ranks' last output:\n" + "\n".join(o[-1500:] for o in outputs))
-    failed = [o for p, o in zip(procs, outputs) if p.returncode not in (0, -9)] or outputs  # -9: stopped here
-    assert state == "done", failed[0][-3000:]
+    assert state == "done", ranks.failed_output(outputs)[-3000:]

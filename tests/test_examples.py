@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _preloaded as preloaded
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +48,8 @@ def sft_dataset(names, max_examples, max_length, tokenizer):
 
 
 def run(*command: str, timeout: int = 300) -> str:
+    """Run ``command`` from the repository root (offline, one thread); its stdout. A Python script (or ``-c``)
+    runs forked with torch already imported (``_preloaded.py``), as ``python script`` would run it."""
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -54,9 +57,13 @@ def run(*command: str, timeout: int = 300) -> str:
         "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": "1",
     }  # tiny models: a second thread only adds contention
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    return done.stdout
+    if command[0] == sys.executable and command[1] != "-m":
+        code, stdout, stderr = preloaded.run(list(command[1:]), env=env, cwd=ROOT, timeout=timeout)
+    else:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        code, stdout, stderr = done.returncode, done.stdout, done.stderr
+    assert code == 0, f"{command} failed:\n{stdout[-3000:]}\n{stderr[-5000:]}"
+    return stdout
 
 
 def number(text: str) -> float:

@@ -14,11 +14,11 @@ import importlib
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _preloaded import run as preloaded_run
 from _two_ranks import free_port, run_two_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,15 +56,13 @@ def smoke_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("scale_8b")
     worker = WORKER.replace("{script!r}", repr(str(SCRIPT))).replace("{smoke!r}", repr(SMOKE))
     run_two_ranks(worker.replace("{", "{{").replace("}", "}}"), out, timeout=300)
-    for name, replicas in (("replay", "4"), ("other_plan", "2")):
+    for name, replicas in (("replay", "4"), ("other_plan", "2")):  # forked with torch imported (_preloaded.py)
         env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}  # fmt: skip
+               "MASTER_PORT": str(free_port())}  # fmt: skip
         args = [*SMOKE, "--name", name, "--out", str(out)]
         args[args.index("--replicas") + 1] = replicas
-        done = subprocess.run(
-            [sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=300
-        )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        code, stdout, stderr = preloaded_run([str(SCRIPT), *args], env=env, timeout=300)
+        assert code == 0, stdout[-3000:] + stderr[-3000:]
     return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
 
 

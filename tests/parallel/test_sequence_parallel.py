@@ -1,6 +1,7 @@
 """Sequence parallelism (packing_collators.parallel): shards, checks, and exactness against one process.
 
-The distributed tests launch ``tests/parallel/_sp_worker.py`` with torchrun (gloo, float32, CPU): the
+The distributed tests launch ``tests/parallel/_sp_worker.py`` as gloo ranks (``tests/_two_ranks.py``'s ``Ranks``:
+forked with torch imported; float32, CPU): the
 building blocks against the whole row on one rank (2 and 4 ranks, Llama / Mistral's sliding
 window / Qwen2, GQA with 1 kv head), PackingTrainer(sequence_parallel_size=2) against the
 one-process run of the same micro-batches, the refusals on every rank, and a leak the probe catches.
@@ -9,13 +10,11 @@ one-process run of the same micro-batches, the refusals on every rank, and a lea
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _two_ranks import Ranks
 
 from packing_collators import FlatteningCollator
 from packing_collators.parallel import (
@@ -98,32 +97,24 @@ def test_packing_trainer_refuses_a_bad_sequence_parallel_size(tmp_path):
         PackingTrainer(model=tiny_model(), args=training_args(tmp_path), sequence_parallel_size=2)
 
 
-# ----------------------------------------------------------------------------- distributed (torchrun, gloo)
+# ----------------------------------------------------------------------------- distributed (gloo ranks)
 
 
-def _launch(nproc: int, *args: str, timeout: int = 150) -> subprocess.Popen:
-    # --standalone: torchrun binds its rendezvous port itself (a port chosen here could be taken before it
-    # binds it, tests/_two_ranks.py); the workers import this checkout's package, whatever copy is installed
-    path = os.pathsep.join(p for p in (str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               str(HERE / "_sp_worker.py"), *args]
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _launch(nproc: int, logs: Path, *args: str) -> Ranks:
+    # the ranks are forked with torch imported (tests/_preloaded.py) and import this checkout's package
+    return Ranks([HERE / "_sp_worker.py", *args], logs, nproc)
 
 
-def _wait(proc: subprocess.Popen, timeout: int = 150) -> str:
-    try:
-        return proc.communicate(timeout=timeout)[0]
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def _wait(ranks: Ranks, timeout: int = 150) -> str:
+    state, outputs = ranks.wait(timeout)
+    if state == "hung":
         pytest.fail("a rank hung (a refusal raised on one rank only leaves the others in a collective)")
+    assert state == "done", ranks.failed_output(outputs)[-8000:]
+    return "\n".join(outputs)
 
 
 def _run(nproc: int, *args: str) -> str:
-    proc = _launch(nproc, *args)
-    output = _wait(proc)
-    assert proc.returncode == 0, output[-8000:]
-    return output
+    return _wait(_launch(nproc, Path(args[1]) / "logs", *args))
 
 
 @pytest.mark.slow
@@ -160,11 +151,10 @@ def test_building_blocks_on_four_ranks_with_one_kv_head(tmp_path):
 @pytest.mark.distributed
 def test_packing_trainer_sequence_parallel_with_checkpointing_equals_one_process(tmp_path):
     # one process at the group's budget (2 x 24) sees the same micro-batches as the group of 2
-    single = _launch(1, "trainer", str(tmp_path), "sp=1", "budget=48")
-    group = _launch(2, "trainer", str(tmp_path), "sp=2", "budget=24", "gc=1")  # with gradient checkpointing
-    for proc in (single, group):
-        output = _wait(proc)
-        assert proc.returncode == 0, output[-4000:]
+    single = _launch(1, tmp_path / "logs1", "trainer", str(tmp_path), "sp=1", "budget=48")
+    group = _launch(2, tmp_path / "logs2", "trainer", str(tmp_path), "sp=2", "budget=24", "gc=1")  # checkpointing
+    for ranks in (single, group):
+        _wait(ranks)
     one = json.loads((tmp_path / "trainer_sp1_rank0.json").read_text())
     for rank in range(2):
         run = json.loads((tmp_path / f"trainer_sp2_rank{rank}.json").read_text())
@@ -189,11 +179,10 @@ def test_two_groups_of_two_equal_two_data_parallel_ranks(tmp_path):
     # budget: the same sampler plan (2 replicas), gradients reduced over all 4 ranks, eval loss over both groups
     (tmp_path / "dp").mkdir()
     (tmp_path / "sp").mkdir()
-    plain = _launch(2, "trainer", str(tmp_path / "dp"), "sp=1", "budget=48")
-    mesh = _launch(4, "trainer", str(tmp_path / "sp"), "sp=2", "budget=24")
-    for proc in (plain, mesh):
-        output = _wait(proc)
-        assert proc.returncode == 0, output[-4000:]
+    plain = _launch(2, tmp_path / "dp" / "logs", "trainer", str(tmp_path / "dp"), "sp=1", "budget=48")
+    mesh = _launch(4, tmp_path / "sp" / "logs", "trainer", str(tmp_path / "sp"), "sp=2", "budget=24")
+    for ranks in (plain, mesh):
+        _wait(ranks)
     reference = json.loads((tmp_path / "dp" / "trainer_sp1_rank0.json").read_text())
     for rank in range(4):
         run = json.loads((tmp_path / "sp" / f"trainer_sp2_rank{rank}.json").read_text())

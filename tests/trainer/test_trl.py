@@ -12,9 +12,6 @@ downloaded: tiny models from configs, a word-level tokenizer built here.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import datasets
@@ -156,12 +153,13 @@ def test_sft_trainer_default_collator_on_packed_rows_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_example_script_trains_both_recipes(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(EXAMPLES / "sft_trl.py"), "--max-examples", "24", "--batch-size", "4"]
+    from _preloaded import run  # the script forked with torch imported, as `python sft_trl.py ...` runs it
+
+    command = [str(EXAMPLES / "sft_trl.py"), "--max-examples", "24", "--batch-size", "4"]
     command += ["--max-length", "96", "--logging-steps", "1", "--pack-length", "192"]
-    done = subprocess.run(command, cwd=EXAMPLES.parent, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    titles = [line for line in done.stdout.splitlines() if line.startswith("== ")]
+    code, stdout, stderr = run(command, cwd=EXAMPLES.parent)
+    assert code == 0, stderr[-3000:]
+    titles = [line for line in stdout.splitlines() if line.startswith("== ")]
     assert titles == ["== SFTTrainer + FlatteningCollator ==", "== SFTTrainer + pack_dataset + PrePackedCollator =="]
-    losses = [float(line.split(":")[1]) for line in done.stdout.splitlines() if line.startswith("final loss:")]
+    losses = [float(line.split(":")[1]) for line in stdout.splitlines() if line.startswith("final loss:")]
     assert len(losses) == 2 and all(np.isfinite(losses))
