@@ -19,6 +19,9 @@ torch starts no threads, so forking after it is safe (multiprocessing's own fork
 (3, "hello ['x']\\n")
 >>> run(["-c", "import sys; print('out'); print('err', file=sys.stderr)"])
 (0, 'out\\n', 'err\\n')
+>>> _ = start(["-c", "import sys; print('one'); print('two', file=sys.stderr); print('three')"], log=log).wait(60)
+>>> log.read_text()  # both streams in one log, in order, none overwriting the other
+'one\\ntwo\\nthree\\n'
 """
 
 from __future__ import annotations
@@ -65,9 +68,10 @@ def _server():
 def _main(argv: list[str], env: dict, cwd: str, log: str, err: str | None) -> None:
     """The forked process: ``python *argv`` in ``cwd`` with ``env``, its output to ``log`` (its stderr to ``err``
     if given); exits with the script's code."""
-    for stream, path in ((1, log), (2, err or log)):
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if stream == 1 or err else 0), 0o644)
-        os.dup2(descriptor, stream)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    output = os.open(log, flags, 0o644)
+    os.dup2(output, 1)
+    os.dup2(output if err is None else os.open(err, flags, 0o644), 2)  # one log: one descriptor, one offset
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the process's own stdout)
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     os.environ.clear()
