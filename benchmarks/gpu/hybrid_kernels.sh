@@ -3,10 +3,12 @@
 # and LFM2-like models on flash-linear-attention's varlen kernels, sft / flan_like / orcamath_like, packed against
 # the oracles and padding, and exact against each example alone. From the repository root.
 #
-# fla and tilelang are staged by shared/gpu/fla-wheels.sh (run `bash ../shared/gpu/fla-wheels.sh` here first), and
-# one call carries at most 64 MiB, so two device calls, the second right after the first:
-#   call 1, carry [".fla1"]:  mkdir -p /tmp/fla && cp .fla1/* /tmp/fla/
-#   call 2, carry [".fla2"]:  bash benchmarks/gpu/hybrid_kernels.sh
+# fla is staged by shared/gpu/fla-wheels.sh (run `bash ../shared/gpu/fla-wheels.sh` here first: `.fla2`, and tilelang
+# in `.fla1`), and mamba-ssm built without its CUDA extensions (its SSD scan is Triton) in `.mamba`:
+#   mkdir -p .mamba && MAMBA_SKIP_CUDA_BUILD=TRUE pip wheel --no-deps --no-build-isolation -w .mamba mamba-ssm==2.3.2.post1
+# Mamba2 and the short convolutions need no tilelang (it stands in for fla's Gated DeltaNet backward on Hopper with
+# Triton < 3.7.1), so one device call, carry [".fla2", ".mamba"]:  bash benchmarks/gpu/hybrid_kernels.sh
+# (with tilelang: first a call with carry [".fla1"]: mkdir -p /tmp/fla && cp .fla1/* /tmp/fla/).
 # Results: $OUT/hybrid_kernels/results.json (one entry per model) and logs/, to commit as
 # benchmarks/results/hybrid_kernels_<card>/.
 #
@@ -23,14 +25,15 @@ DEADLINE=$((START + ${HYBRID_SECONDS:-555}))  # 9 min 15 s after the start: the 
 OUT_DIR=${OUT:-/tmp/out}/hybrid_kernels
 mkdir -p "$OUT_DIR/logs"
 
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/flasite .fla2/*.whl /tmp/fla/*.whl \
-  > "$OUT_DIR/logs/install.log" 2>&1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/flasite .fla2/*.whl \
+  $(ls /tmp/fla/*.whl .mamba/*.whl 2>/dev/null) > "$OUT_DIR/logs/install.log" 2>&1
 export PYTHONPATH=/tmp/flasite:$PWD${PYTHONPATH:+:$PYTHONPATH}
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton, transformers, fla; print('torch', torch.__version__, 'triton', triton.__version__,
 'transformers', transformers.__version__, 'fla', fla.__version__)"
   python3 -c "import tilelang; print('tilelang', tilelang.__version__)"
+  python3 -c "from packing_collators.models._ssd import mamba_ssm_ssd; print('SSD scan:', mamba_ssm_ssd()[1])"
   git log -1 --format='commit %H' 2>/dev/null || true; } 2>&1 | tee "$OUT_DIR/logs/versions.log"
 
 # run <cap seconds> <log name> <hybrid_throughput.py arguments...>: at most <cap>, and never past the deadline

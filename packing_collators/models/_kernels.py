@@ -4,17 +4,19 @@
     conv         causal_conv1d            (x (1, T, D), weight (D, W), bias, activation,        every layer with
                                           cu_seqlens) -> y (1, T, D)                            a short conv
     delta_rule   chunk_gated_delta_rule   (q, k, v, g, beta, cu_seqlens) -> o (1, T, HV, V)     Gated DeltaNet
-    simple_gla   chunk_simple_gla         fla's own: (q, k, v, g=, g_gamma=, scale=,            Mamba2, lightning
-                                          cu_seqlens=) -> (o (1, T, H, V), None)                attention
+    ssd          mamba-ssm's              (x, dt, A, B, C, D, chunk_size, cu_seqlens)           Mamba2, lightning
+                 mamba_chunk_scan_combined, -> y (1, T, h, p) (``_ssd.py``)                     attention
+                 or fla's chunk_simple_gla
     kda          chunk_kda                fla's own: (q, k, v, g=, beta=, cu_seqlens=,          KDA
                                           use_qk_l2norm_in_kernel=) -> (o (1, T, H, V), None)
 
 Every kernel restarts its state (the conv window, the recurrence) at each boundary of ``cu_seqlens``
 (int32 (S + 1,)), so the row's examples run in one launch per kernel, no padding. ``fla_kernels()``
-finds them in the installed flash-linear-attention (``pip install "packing-collators[hybrid]"``);
-a kernel that is missing or takes no ``cu_seqlens`` is None, and the layers that need it run per
-example (so are the gated ones where fla's backward would refuse to run: on Hopper with Triton < 3.7.1, the
-delta rule without tilelang, simple GLA (Mamba2, lightning) always). The tests pass torch references with the same signatures (``tests/models/_gdn_reference.py``,
+finds them in the installed flash-linear-attention (``pip install "packing-collators[hybrid]"``), the SSD
+scan in mamba-ssm where it is installed (the ``mamba2`` extra), else in fla; a kernel that is missing or takes
+no ``cu_seqlens`` is None, and the layers that need it run per example (so are the gated ones where fla's
+backward would refuse to run: on Hopper with Triton < 3.7.1, the delta rule without tilelang, and fla's simple
+GLA always, so the SSD scan there only from mamba-ssm). The tests pass torch references with the same signatures (``tests/models/_gdn_reference.py``,
 ``_varlen_reference.py``), so the wiring is checked on a CPU. Cost: one import, at ``enable_packing``.
 """
 
@@ -25,6 +27,8 @@ import importlib.util
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from ._ssd import MAMBA2_EXTRA, mamba_ssm_ssd, simple_gla_ssd
 
 __all__ = ["FLA_CHECKED", "HYBRID_EXTRA", "VarlenKernels", "causal_conv", "fla_kernels", "zero_padding"]
 
@@ -41,7 +45,7 @@ class VarlenKernels:
     delta_rule: Callable | None
     name: str
     device_type: str = "cuda"
-    simple_gla: Callable | None = None
+    ssd: Callable | None = None
     kda: Callable | None = None
     why_missing: str = ""  # why a kernel is None, where not "this package has none with cu_seqlens"
 
@@ -114,7 +118,10 @@ def _gated_backward_refused(*, simple_gla: bool = False) -> str:
     if not (IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1):
         return ""
     if simple_gla:
-        return "fla's simple-GLA backward refuses Hopper with Triton < 3.7.1 and tilelang does not cover it (Triton >= 3.7.1)"
+        return (
+            "fla's simple-GLA backward refuses Hopper with Triton < 3.7.1 and tilelang does not cover it: the SSD scan "
+            f"needs mamba-ssm there ({MAMBA2_EXTRA}) or Triton >= 3.7.1"
+        )
     if importlib.util.find_spec("tilelang") is not None:
         return ""
     return "fla's gated backward needs tilelang on Hopper with Triton < 3.7.1 (pip install tilelang, or Triton >= 3.7.1)"
@@ -137,12 +144,19 @@ def fla_kernels() -> tuple[VarlenKernels | None, str]:
                 f"flash-linear-attention {version}'s {function.__name__} takes no cu_seqlens; install "
                 f"flash-linear-attention>={FLA_CHECKED} for the varlen kernels"
             )
-    refused, simple_refused = _gated_backward_refused(), _gated_backward_refused(simple_gla=True)
+    refused, name = _gated_backward_refused(), f"flash-linear-attention {version}"
+    ssd, ssd_from = mamba_ssm_ssd()
+    simple_refused = "" if ssd is not None else _gated_backward_refused(simple_gla=True)
+    if ssd is not None:
+        name += f" and {ssd_from}'s SSD scan"
+    elif not simple_refused:
+        simple_gla = _with_cu_seqlens("fla.ops.simple_gla", "chunk_simple_gla")
+        ssd = None if simple_gla is None else simple_gla_ssd(simple_gla)
     kernels = VarlenKernels(
         _fla_conv,
         None if refused else _fla_delta_rule,
-        f"flash-linear-attention {version}",
-        simple_gla=None if simple_refused else _with_cu_seqlens("fla.ops.simple_gla", "chunk_simple_gla"),
+        name,
+        ssd=ssd,
         kda=_with_cu_seqlens("fla.ops.kda", "chunk_kda"),
         why_missing="; ".join(why for why in (refused, simple_refused) if why),
     )

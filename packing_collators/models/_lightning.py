@@ -1,7 +1,7 @@
 """Lightning attention (MiniMax) on the varlen simple-GLA kernel: the packed row in one launch, exact.
 
     hidden (1, T, H) -> act(qkv_proj) -> q, k, v (1, T, h, d)
-                     -> chunk_simple_gla(q, k, v, g_gamma=-slope_rate, scale=1, cu_seqlens)
+                     -> ssd(x=v, dt=1, A=-slope_rate, B=k, C=q, D=None, cu_seqlens)   (``_ssd.py``)
                      -> norm -> sigmoid(output_gate(hidden)) * . -> out_proj
 
 MiniMax's lightning attention is a linear attention whose state decays by a fixed rate per head:
@@ -9,9 +9,10 @@ MiniMax's lightning attention is a linear attention whose state decays by a fixe
     state_t = exp(-slope_h) * state_{t-1} + k_t^T v_t,     o_t = q_t state_t      (no 1/sqrt(d))
 
 which transformers' ``MiniMaxLightningAttention.forward`` (5.15 to 5.24) computes block by block
-(``query_decay``, ``key_decay``, ``diagonal_decay``), and fla's ``chunk_simple_gla`` computes with a
-data-independent log decay ``g_gamma``. The layer's own ``slope_rate`` buffer gives it (fla's
-``chunk_lightning_attn`` computes another slope from the layer index, so it is not used). Given the
+(``query_decay``, ``key_decay``, ``diagonal_decay``), and which is Mamba2's SSD scan with a step of 1, a decay
+``A = -slope`` per head, keys as B and queries as C (one group per head) and no skip: mamba-ssm's
+``mamba_chunk_scan_combined``, or fla's ``chunk_simple_gla``. The layer's own ``slope_rate`` buffer gives the
+decay (fla's ``chunk_lightning_attn`` computes another slope from the layer index, so it is not used). Given the
 boundaries, the state restarts at every example. Cost: one kernel on ``T`` tokens per layer, no padding.
 """
 
@@ -40,7 +41,8 @@ def lightning_varlen_forward(
     qkv = zero_padding(module.act_fn(module.qkv_proj(hidden_states)), mask).reshape(1, length, heads, 3 * dim)
     query, key, value = torch.split(qkv, dim, dim=3)
     decay = -module.slope_rate.reshape(heads).float()
-    o, _ = kernels.simple_gla(query, key, value, g_gamma=decay, scale=1.0, cu_seqlens=cu_seqlens)
+    steps = torch.ones(1, length, heads, device=hidden_states.device)
+    o = kernels.ssd(value, steps, decay, key, query, None, 256, cu_seqlens)
     o = module.norm(o.reshape(1, length, heads * dim))
     o = torch.sigmoid(module.output_gate(hidden_states)) * o
     return module.out_proj(o), None

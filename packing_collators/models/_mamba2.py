@@ -3,7 +3,7 @@
     hidden (1, T, H) -> in_proj -> gate z | xBC | dt
       xBC -> causal_conv1d(cu_seqlens) + activation -> x (heads h, head_dim p) | B, C (groups g, state n)
       dt  -> softplus(dt + dt_bias), clamped to time_step_limit;   A = -exp(A_log)   (per head)
-      y   = chunk_simple_gla(q=C, k=B, v=x * dt, g=A * dt, scale=1, cu_seqlens) + D * x
+      y   = ssd(x, dt, A, B, C, D, chunk_size, cu_seqlens)       (the SSD scan, ``_ssd.py``, includes D * x)
       out = out_proj(norm(y, z))          (Falcon-H1 without its norm: y * silu(z))
 
 Mamba2's SSD is a gated linear attention with one decay per head and token:
@@ -11,7 +11,8 @@ Mamba2's SSD is a gated linear attention with one decay per head and token:
     state_t = exp(A * dt_t) * state_{t-1} + B_t^T (dt_t * x_t)        (n x p per head)
     y_t     = C_t state_t + D * x_t
 
-which is ``chunk_simple_gla`` with queries C, keys B (each group's repeated over its heads, as
+which mamba-ssm's ``mamba_chunk_scan_combined`` computes (the model's own kernel, boundaries as ``seq_idx``),
+and fla's ``chunk_simple_gla`` too, with queries C, keys B (each group's repeated over its heads, as
 transformers' ``repeat_interleave``), values ``x * dt``, log decay ``A * dt`` and no scale. The state
 restarts at every boundary of ``cu_seqlens``, as does the conv window. The arithmetic is that of
 transformers' torch path (``mamba2_chunk_scan``, 5.15 to 5.24): dt, the decay and ``D * x`` in float32,
@@ -22,7 +23,7 @@ the gated RMSNorm the layer's own module (grouped or not, as the installed versi
                 the gated RMSNorm optional (mamba_rms_norm) and before or after the gate as its module says
 
 Mamba (1) layers (Jamba, Zamba: a decay per channel and state) are not these; they run per example.
-Cost: the two kernels on ``T`` tokens, B and C repeated to (T, heads, n) each.
+Cost: the two kernels on ``T`` tokens (on fla's simple GLA, B and C repeated to (T, heads, n) each).
 """
 
 from __future__ import annotations
@@ -52,14 +53,11 @@ def mamba2_layout(module) -> str | None:
 
 
 def _heads(module, x: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x (1, T, h, p); B and C (1, T, h, n), each group's repeated over its heads."""
+    """x (1, T, h, p); B and C (1, T, g, n)."""
     groups = module.n_groups * module.ssm_state_size
     x, B, C = torch.split(x, [module.intermediate_size, groups, groups], dim=-1)
     x = x.reshape(1, length, -1, module.head_dim)
-    repeat = x.shape[2] // module.n_groups
-    B = B.reshape(1, length, module.n_groups, -1).repeat_interleave(repeat, dim=2)
-    C = C.reshape(1, length, module.n_groups, -1).repeat_interleave(repeat, dim=2)
-    return x, B, C
+    return x, B.reshape(1, length, module.n_groups, -1), C.reshape(1, length, module.n_groups, -1)
 
 
 def mamba2_varlen_forward(
@@ -80,9 +78,8 @@ def mamba2_varlen_forward(
     low, high = module.time_step_limit
     dt = F.softplus(dt.float() + module.dt_bias.float()).clamp(min=low, max=high)  # (1, T, h)
     A = -torch.exp(module.A_log.float())
-    values = (x.float() * dt[..., None]).to(x.dtype)
-    y, _ = kernels.simple_gla(C, B, values, g=A * dt, scale=1.0, cu_seqlens=cu_seqlens)
-    y = (y.float() + module.D[:, None] * x.float()).reshape(1, length, -1)
+    chunk_size = getattr(module, "chunk_size", 256)
+    y = kernels.ssd(x, dt, A, B, C, module.D, chunk_size, cu_seqlens).reshape(1, length, -1)
     if getattr(module, "mamba_rms_norm", True):
         y = module.norm(y, gate)
     else:  # Falcon-H1 without its norm

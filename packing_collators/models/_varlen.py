@@ -2,10 +2,10 @@
 
     family               found by (its structure)                           kernels             module
     Gated DeltaNet       in_proj_qkv.. / in_proj_qkvz.., conv1d, A_log        conv, delta_rule    _gated_deltanet.py
-    Mamba2               in_proj, conv1d, A_log (one per head), D, dt_bias    conv, simple_gla    _mamba2.py
+    Mamba2               in_proj, conv1d, A_log (one per head), D, dt_bias    conv, ssd           _mamba2.py
     short convolution    in_proj (3 x channels), depthwise conv, out_proj     conv                _short_conv.py
     KDA                  q/k/v_proj, conv1d, forget_gate, b_proj, o_norm       conv, kda           _kda.py
-    lightning attention  qkv_proj, output_gate, slope_rate                    simple_gla          _lightning.py
+    lightning attention  qkv_proj, output_gate, slope_rate                    ssd                 _lightning.py
 
 Any other stateful layer (Mamba (1), RG-LRU, OLMo-hybrid's and LaRA's Gated DeltaNet, Inkling2's
 convolution, ...) has no varlen path and runs per example. A packed batch of ``B`` rows is run as one
@@ -52,12 +52,10 @@ class VarlenFamily:
 FAMILIES = (
     VarlenFamily("Gated DeltaNet", gated_deltanet_layout, _gated_deltanet, ("conv", "delta_rule"),
                  "causal_conv1d + chunk_gated_delta_rule"),
-    VarlenFamily("Mamba2", mamba2_layout, mamba2_varlen_forward, ("conv", "simple_gla"),
-                 "causal_conv1d + chunk_simple_gla"),
+    VarlenFamily("Mamba2", mamba2_layout, mamba2_varlen_forward, ("conv", "ssd"), "causal_conv1d + the SSD scan"),
     VarlenFamily("short convolution", short_conv_layout, short_conv_varlen_forward, ("conv",), "causal_conv1d"),
     VarlenFamily("KDA", kda_layout, kda_varlen_forward, ("conv", "kda"), "causal_conv1d + chunk_kda"),
-    VarlenFamily("lightning attention", lightning_layout, lightning_varlen_forward, ("simple_gla",),
-                 "chunk_simple_gla"),
+    VarlenFamily("lightning attention", lightning_layout, lightning_varlen_forward, ("ssd",), "the SSD scan"),
 )  # fmt: skip
 
 

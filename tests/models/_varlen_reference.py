@@ -14,6 +14,7 @@ import torch
 from _gdn_reference import conv, delta_rule
 
 from packing_collators.models._kernels import VarlenKernels
+from packing_collators.models._ssd import simple_gla_ssd
 
 
 def _segments(cu_seqlens, length: int) -> list[tuple[int, int]]:
@@ -67,7 +68,27 @@ def chunk_kda(
     return torch.stack(out)[None].to(q.dtype), None
 
 
-REFERENCE = VarlenKernels(conv, delta_rule, "reference", "cpu", simple_gla=chunk_simple_gla, kda=chunk_kda)
+def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, seq_idx=None):
+    """mamba-ssm's scan (the keywords the SSD path passes), one token at a time: the state restarts where
+    ``seq_idx`` (1, T) changes; y_t = C_t state_t + D x_t, state_t = exp(A dt_t) state_{t-1} + B_t^T dt_t x_t."""
+    assert chunk_size >= 16 and seq_idx.dtype == torch.int32 and seq_idx.shape == x.shape[:2]
+    repeat = x.shape[2] // B.shape[2]
+    xf, dtf = x[0].float(), dt[0].float()
+    Bf, Cf = (t[0].float().repeat_interleave(repeat, dim=1) for t in (B, C))  # (T, h, n)
+    state, out = None, []
+    for t in range(x.shape[1]):
+        if t == 0 or seq_idx[0, t] != seq_idx[0, t - 1]:
+            state = xf.new_zeros(x.shape[2], B.shape[-1], x.shape[-1])  # (h, n, p)
+        decay = torch.exp(A.float() * dtf[t])[:, None, None]
+        state = decay * state + Bf[t][:, :, None] * (dtf[t][:, None] * xf[t])[:, None, :]
+        y = (Cf[t][:, :, None] * state).sum(1)
+        out.append(y if D is None else y + D.float()[:, None] * xf[t])
+    return torch.stack(out)[None].to(x.dtype)
+
+
+REFERENCE = VarlenKernels(
+    conv, delta_rule, "reference", "cpu", ssd=simple_gla_ssd(chunk_simple_gla), kda=chunk_kda
+)  # fmt: skip
 
 
 def _blind(kernel):
@@ -82,7 +103,9 @@ def _blind_conv(x, weight, bias, activation, cu_seqlens):
 
 
 # Controls: the conv, or the recurrences, run the row as one sequence (the boundaries ignored).
-BLIND_CONV = VarlenKernels(_blind_conv, delta_rule, "blind conv", "cpu", simple_gla=chunk_simple_gla, kda=chunk_kda)
+BLIND_CONV = VarlenKernels(
+    _blind_conv, delta_rule, "blind conv", "cpu", ssd=simple_gla_ssd(chunk_simple_gla), kda=chunk_kda
+)  # fmt: skip
 BLIND_SCAN = VarlenKernels(
-    conv, delta_rule, "blind scan", "cpu", simple_gla=_blind(chunk_simple_gla), kda=_blind(chunk_kda)
+    conv, delta_rule, "blind scan", "cpu", ssd=simple_gla_ssd(_blind(chunk_simple_gla)), kda=_blind(chunk_kda)
 )  # fmt: skip

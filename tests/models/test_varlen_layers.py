@@ -10,17 +10,19 @@ multipliers and gated norm both ways.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 
 import pytest
 import torch
 from _hybrids import HYBRIDS, alone_logits, examples_for, sweep
-from _varlen_reference import BLIND_CONV, BLIND_SCAN, REFERENCE
+from _varlen_reference import BLIND_CONV, BLIND_SCAN, REFERENCE, mamba_chunk_scan_combined
 
 from packing_collators import FlatteningCollator, PrePackedCollator, enable_packing
 from packing_collators.models import find_stateful_layers, packing_layers
 from packing_collators.models._enable import enable_packing_with
 from packing_collators.models._kernels import VarlenKernels
+from packing_collators.models._ssd import _mamba_chunk_scan
 
 _CLAMP = {"time_step_limit": (0.2, 1.5)}
 _FALCON = {"mamba_n_groups": 2, **_CLAMP, "ssm_in_multiplier": 0.7, "ssm_multipliers": [1.3, 0.8, 1.1, 0.9, 1.2]}
@@ -108,6 +110,27 @@ def test_packed_logits_and_gradients_equal_each_example_alone(name):
     _assert_gradients_equal(model, reference)
 
 
+# The SSD scan as mamba-ssm's kernel is called (boundaries as seq_idx, grouped B and C, D inside), token by token.
+MAMBA_SSM = VarlenKernels(
+    REFERENCE.conv, REFERENCE.delta_rule, "mamba-ssm signature", "cpu", ssd=_mamba_chunk_scan(mamba_chunk_scan_combined)
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [n for n in TYPES if FAMILIES[n][1] in ("Mamba2", "lightning attention")])
+def test_the_ssd_scan_on_mamba_ssms_signature_is_exact(name):
+    """Mamba2 and lightning attention through mamba-ssm's ``mamba_chunk_scan_combined`` signature: packed equals
+    each example alone, logits and gradients (the seq_idx built from cu_seqlens, the groups, D, a unit step)."""
+    reference = build(name)
+    examples = examples_for(reference, (7, 12, 5, 9))
+    alone = alone_logits(reference, examples)
+    _weighted_sum(alone).backward()
+    model = _on_kernels(name, MAMBA_SSM)
+    packed = model(**_inputs(examples)).logits[0]
+    assert _relative(packed, alone) < 1e-5
+    _weighted_sum(packed).backward()
+    _assert_gradients_equal(model, reference)
+
+
 CHECKPOINTED = [name for name in ("nemotron_h", "falcon_h1_norm_after_gate", "lfm2", "kimi_linear", "minimax")
                 if name.split("_norm")[0] in HYBRIDS]  # fmt: skip
 
@@ -169,11 +192,12 @@ def test_without_kernels_one_log_line_names_the_extra(caplog):
 
 @pytest.mark.skipif("nemotron_h" not in HYBRIDS or "lfm2" not in HYBRIDS, reason="needs Nemotron-H and LFM2")
 def test_a_kernel_package_without_a_kernel_sends_only_its_layers_per_example(caplog):
-    """An fla without chunk_simple_gla: Mamba2 runs per example (said once), the short conv still on the conv."""
-    partial = VarlenKernels(REFERENCE.conv, REFERENCE.delta_rule, "old fla", "cpu", simple_gla=None, kda=None)
+    """No SSD scan (an fla without chunk_simple_gla, no mamba-ssm): Mamba2 runs per example (said once), the short
+    conv still on the conv."""
+    partial = VarlenKernels(REFERENCE.conv, REFERENCE.delta_rule, "old fla", "cpu", ssd=None, kda=None)
     with caplog.at_level(logging.INFO, logger="packing_collators"):
         mamba = enable_packing_with(build("nemotron_h"), lambda: (partial, ""))
-    assert "old fla has no simple_gla kernel with cu_seqlens" in packing_layers(mamba).paths["NemotronHMamba2Mixer"]
+    assert "old fla has no ssd kernel with cu_seqlens" in packing_layers(mamba).paths["NemotronHMamba2Mixer"]
     assert sum("run per example" in r.getMessage() for r in caplog.records) == 1
     conv = enable_packing_with(build("lfm2"), lambda: (partial, ""))
     assert "old fla varlen kernels on cpu (short convolution" in packing_layers(conv).paths["Lfm2ShortConv"]
@@ -224,7 +248,46 @@ def _fake_fla(patch, *, hopper_triton_3_6: bool, tilelang: bool) -> None:
     utils.TRITON_ABOVE_3_7_1 = False
     for name, module in modules.items():
         patch.setitem(sys.modules, name, module)
-    patch.setattr("importlib.util.find_spec", lambda name, *a: object() if tilelang or name != "tilelang" else None)
+    real = importlib.util.find_spec
+    patch.setattr("importlib.util.find_spec", lambda name, *a: (object() if tilelang else None) if name == "tilelang"
+                  else real(name, *a))  # fmt: skip
+
+
+def _fake_mamba_ssm(patch, root) -> None:
+    """mamba-ssm as built with MAMBA_SKIP_CUDA_BUILD=TRUE: ``import mamba_ssm`` fails on the compiled selective scan,
+    its Triton SSD scan module imports (it imports a sibling module of the package too)."""
+    package = root / "mamba_ssm"
+    (package / "ops" / "triton").mkdir(parents=True)
+    (package / "__init__.py").write_text("import selective_scan_cuda  # not built\n")
+    (package / "ops" / "__init__.py").write_text("")
+    (package / "ops" / "triton" / "__init__.py").write_text("")
+    (package / "ops" / "triton" / "ssd_bmm.py").write_text("CHUNKS = 'bmm'\n")
+    (package / "ops" / "triton" / "ssd_combined.py").write_text(
+        "from mamba_ssm.ops.triton.ssd_bmm import CHUNKS\n\n"
+        "def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, seq_idx=None):\n    return CHUNKS\n"
+    )
+    patch.syspath_prepend(str(root))
+
+
+@pytest.mark.parametrize("hopper_triton_3_6", [True, False])
+def test_the_ssd_scan_comes_from_mamba_ssm_built_without_cuda_and_leaves_no_trace(monkeypatch, tmp_path, hopper_triton_3_6):
+    """mamba-ssm installed: the SSD scan is its Triton kernel, on Hopper with Triton 3.6 too, although its package's
+    __init__ cannot import; afterwards ``import mamba_ssm`` fails as it did (sys.modules is as it was)."""
+    import sys
+
+    from packing_collators.models._kernels import fla_kernels
+
+    with monkeypatch.context() as patch:
+        _fake_fla(patch, hopper_triton_3_6=hopper_triton_3_6, tilelang=True)
+        _fake_mamba_ssm(patch, tmp_path)
+        kernels, why_not = fla_kernels()
+        assert not any(name.startswith("mamba_ssm") for name in sys.modules)
+        with pytest.raises(ImportError, match="selective_scan_cuda"):
+            import mamba_ssm  # noqa: F401
+    assert why_not == "" and kernels.ssd.provider == "mamba_chunk_scan_combined" and kernels.why_missing == ""
+    assert kernels.name == "flash-linear-attention ? and mamba-ssm ?'s SSD scan"
+    cu_seqlens = torch.tensor([0, 3, 5], dtype=torch.int32)
+    assert kernels.ssd(torch.zeros(1, 5, 2, 4), None, None, None, None, None, 64, cu_seqlens) == "bmm"
 
 
 @pytest.mark.parametrize("tilelang", [True, False])
@@ -238,8 +301,18 @@ def test_fla_kernels_finds_each_kernel_and_drops_the_gated_ones_fla_would_refuse
         _fake_fla(patch, hopper_triton_3_6=True, tilelang=tilelang)
         kernels, why_not = fla_kernels()
     assert why_not == "" and kernels.conv is not None and kernels.kda.__name__ == "chunk_kda"
-    assert kernels.simple_gla is None and "simple-GLA backward refuses Hopper" in kernels.why_missing
+    assert kernels.ssd is None and "simple-GLA backward refuses Hopper" in kernels.why_missing
+    assert "needs mamba-ssm there" in kernels.why_missing and "[hybrid,mamba2]" in kernels.why_missing
     if tilelang:
         assert kernels.delta_rule is not None
     else:
         assert kernels.delta_rule is None and "needs tilelang on Hopper with Triton < 3.7.1" in kernels.why_missing
+
+
+def test_without_mamba_ssm_the_ssd_scan_is_flas_simple_gla_where_its_backward_runs(monkeypatch):
+    from packing_collators.models._kernels import fla_kernels
+
+    with monkeypatch.context() as patch:
+        _fake_fla(patch, hopper_triton_3_6=False, tilelang=False)
+        kernels, _ = fla_kernels()
+    assert kernels.ssd.provider == "chunk_simple_gla" and kernels.why_missing == ""
