@@ -49,16 +49,28 @@ def alternate_modes(plans: dict, rounds: int, device, warmup: int, tokens_of, la
     the median tokens/s per mode, every round's, and the ratios of ``packed`` to the others."""
     runs: dict[str, list[float]] = {name: [] for name in plans}
     steps_ms: dict[str, list[list[float]]] = {name: [] for name in plans}
+    failed: dict[str, str] = {}  # a mode out of memory: said, and left out of the later rounds
     for round_ in range(rounds):
         for name in list(plans) if round_ % 2 == 0 else list(reversed(plans)):
+            if name in failed:
+                continue
             model, attention, batches = plans[name]
             set_attention(model, attention)
-            result = timed(model, batches, device, warmup, tokens_of)
+            try:
+                result = timed(model, batches, device, warmup, tokens_of)
+            except torch.OutOfMemoryError as error:
+                failed[name] = f"out of memory in round {round_}: {str(error).splitlines()[0]}"
+                print(f"  {label} round {round_} {name}: {failed[name]}", flush=True)
+                model.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                continue
             runs[name].append(result["real_tokens_per_s"])
             steps_ms[name].append([round(ms, 2) for ms in result["steps_ms"]])
             print(f"  {label} round {round_} {name}: {runs[name][-1]:,.0f} tokens/s", flush=True)
-    median = {name: statistics.median(values) for name, values in runs.items()}
+    median = {name: statistics.median(values) for name, values in runs.items() if values}
     out = {"tokens_per_s": median, "rounds_tokens_per_s": runs, "rounds_steps_ms": steps_ms}
+    if failed:
+        out["failed"] = failed
     for other in median:
         if other != "packed" and "packed" in median:
             out[f"packed_vs_{other}"] = median["packed"] / median[other]
