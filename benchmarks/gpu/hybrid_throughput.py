@@ -101,18 +101,10 @@ def oracle_work_rows(lengths: np.ndarray, tokens: int, vocab: int, steps: int) -
     return packed_rows(np.full(count * steps, work), count * work, vocab, steps, seed=4)
 
 
-def padded_batches(lengths: np.ndarray, vocab: int, steps: int, size: int = 8, rows_per_call: int = 8) -> list[dict]:
-    """``steps`` batches of ``size`` examples in random order, right-padded to each batch's longest, each run as
-    calls of ``rows_per_call`` of its rows (the same width: the same padding and work, in less memory; transformers'
-    Mamba2 torch reference holds (rows x width x chunk x heads x state) at once)."""
+def padded_batches(lengths: np.ndarray, vocab: int, steps: int, size: int = 8) -> list[dict]:
     examples = [{"input_ids": t.tolist()} for t in markov_tokens(lengths, vocab, seed=3)]
     random.Random(0).shuffle(examples)
-    batches = [padded_batch(examples[i * size : (i + 1) * size]) for i in range(steps)]
-    return [
-        {key: value[start : start + rows_per_call] for key, value in batch.items()}
-        for batch in batches
-        for start in range(0, size, rows_per_call)
-    ]
+    return [padded_batch(examples[i * size : (i + 1) * size]) for i in range(steps)]
 
 
 def with_padding_segments(batch: dict) -> dict:
@@ -135,14 +127,15 @@ def throughput(args, model, per_example, device, distribution: str) -> dict:
     lengths = lengths_of(distribution, args.examples, seed=0)
     vocab, steps, slow = model.config.vocab_size, args.steps + args.warmup, args.padded_steps + args.warmup
     modes = args.modes.split(",")
-    split = args.padded_rows_per_call
-    padded = padded_batches(lengths, vocab, slow, rows_per_call=split) if {"padded", "padded_kernels"} & set(modes) else []
+    padded = padded_batches(lengths, vocab, slow) if {"padded", "padded_kernels"} & set(modes) else []
+    split = [{key: value[start : start + args.padded_rows_per_call] for key, value in batch.items()}
+             for batch in padded for start in range(0, len(batch["input_ids"]), args.padded_rows_per_call)]  # fmt: skip
     makers = {
         "packed": lambda: (model, args.attn, packed_rows(lengths, args.tokens_per_step, vocab, steps, seed=0)),
         "per_example": lambda: (per_example, args.attn, packed_rows(lengths, args.tokens_per_step, vocab, steps, 0)),
         "oracle": lambda: (model, args.attn, oracle_rows(lengths, args.tokens_per_step, vocab, steps)),
         "oracle_work": lambda: (model, args.attn, oracle_work_rows(lengths, args.tokens_per_step, vocab, steps)),
-        "padded": lambda: (model, "sdpa", padded),
+        "padded": lambda: (model, "sdpa", split),
         "padded_kernels": lambda: (model, "sdpa", [with_padding_segments(b) for b in padded]),
     }
     plans = {name: makers[name]() for name in modes if name != "per_example" or per_example is not None}
@@ -201,7 +194,9 @@ def _arguments(argv=None):
     parser.add_argument("--padded-steps", type=int, help="timed steps of the padded modes (default: --steps)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--padded-rows-per-call", type=int, default=8,
-                        help="run each padded batch of 8 as calls of this many of its rows (same width: less memory)")
+                        help="padded mode: each batch of 8 run as calls of this many of its rows (the same width, "
+                             "padding and work, in less memory: transformers' Mamba2 torch reference holds rows x "
+                             "width x chunk x heads x state floats at once); padded_kernels runs the whole batch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--check-examples", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
