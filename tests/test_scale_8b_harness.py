@@ -190,3 +190,7 @@ def test_the_device_plan_gives_both_sides_the_same_settings(tmp_path):
     assert (
         "--compile.enable" in steps["titan_varlen_4_compile"].command and "--compile" in steps["ours_4_compile"].command
     )
+    keep, titan_keep = steps["ours_4_keep"], steps["titan_varlen_4_keep"]  # both sides keep the gathered parameters
+    assert option(keep, "--reshard-after-forward") == "never" and ours_defaults.reshard_after_forward == "always"
+    assert option(titan_keep, "--parallelism.fsdp_reshard_after_forward") == "never"
+    assert option(titan_keep, "--model.flavor") == "8B_varlen" and option(keep, "--steps") == option(ours4, "--steps")

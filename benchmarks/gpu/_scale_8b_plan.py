@@ -150,6 +150,9 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
             120,
             200,
         ),  # fmt: skip
+        # both sides keep the gathered parameters from forward to backward (torchtitan's fsdp_reshard_after_forward)
+        ours("ours_4_keep", big, 12, 3, "--reshard-after-forward", "never", expected=100, timeout=200),
+        titan("titan_varlen_4_keep", "8B_varlen", "--parallelism.fsdp_reshard_after_forward", "never", expected=90),
     ]
 
 
@@ -326,12 +329,14 @@ def build(runs: dict) -> dict:
     row("ours_4", "4 GPUs, FSDP2, full AC, bf16, 1 x 8,192 tokens, eager", "titan_varlen_4", same)
     row("ours_4", "4 GPUs, FSDP2, full AC, bf16, 1 x 8,192 tokens, eager", "titan_causal_4", unpacked)
     row("ours_4_compile", "4 GPUs, as above, torch.compile per layer", "titan_varlen_4_compile", same)
+    row("ours_4_keep", "4 GPUs, eager, gathered parameters kept from forward to backward (reshard_after_forward "
+        "never, both sides)", "titan_varlen_4_keep", same)
     row("ours_trainer_4", "4 GPUs, PackingTrainer (accelerate FSDP2), eager", None, "ours through the Trainer")
     row("ours_2", "2 GPUs (4 sampler ranks: 2 micro-batches per step)", None, "scaling; replay of ours_4")
     row("ours_1", "1 GPU (4 sampler ranks: 4 micro-batches per step), no FSDP", None, "scaling; replay of ours_4")
     per_gpu = {n: {"gpus": ours[n]["gpus"], "tokens_per_s_per_gpu": ours[n]["tokens_per_s_per_gpu"],
                    "step_token_imbalance": ours[n].get("step_token_imbalance")}
-               for n in ("ours_1", "ours_2", "ours_4") if n in ours}  # fmt: skip
+               for n in ("ours_1", "ours_2", "ours_4", "ours_4_keep") if n in ours}  # fmt: skip
     base = next(iter(per_gpu.values()), None)  # the fewest GPUs that ran: 1, else 2
     scaling = {
         "runs": per_gpu,
