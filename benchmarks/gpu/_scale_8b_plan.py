@@ -153,6 +153,7 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
         # both sides keep the gathered parameters from forward to backward (torchtitan's fsdp_reshard_after_forward)
         ours("ours_4_keep", big, 12, 3, "--reshard-after-forward", "never", expected=100, timeout=200),
         titan("titan_varlen_4_keep", "8B_varlen", "--parallelism.fsdp_reshard_after_forward", "never", expected=90),
+        ours("ours_2_keep", half, 6, 2, "--reshard-after-forward", "never", expected=70, timeout=150),
     ]
 
 
@@ -333,10 +334,11 @@ def build(runs: dict) -> dict:
         "never, both sides)", "titan_varlen_4_keep", same)
     row("ours_trainer_4", "4 GPUs, PackingTrainer (accelerate FSDP2), eager", None, "ours through the Trainer")
     row("ours_2", "2 GPUs (4 sampler ranks: 2 micro-batches per step)", None, "scaling; replay of ours_4")
+    row("ours_2_keep", "2 GPUs, as above, reshard_after_forward never", None, "scaling; replay of ours_4")
     row("ours_1", "1 GPU (4 sampler ranks: 4 micro-batches per step), no FSDP", None, "scaling; replay of ours_4")
     per_gpu = {n: {"gpus": ours[n]["gpus"], "tokens_per_s_per_gpu": ours[n]["tokens_per_s_per_gpu"],
                    "step_token_imbalance": ours[n].get("step_token_imbalance")}
-               for n in ("ours_1", "ours_2", "ours_4", "ours_4_keep") if n in ours}  # fmt: skip
+               for n in ("ours_1", "ours_2", "ours_2_keep", "ours_4", "ours_4_keep") if n in ours}  # fmt: skip
     base = next(iter(per_gpu.values()), None)  # the fewest GPUs that ran: 1, else 2
     scaling = {
         "runs": per_gpu,
@@ -346,7 +348,10 @@ def build(runs: dict) -> dict:
         else {},
         "one_gpu": runs.get("ours_1", {}).get("status", "not run"),
     }
-    losses = {n: loss_check(ours.get("ours_4"), ours.get(n)) for n in ("ours_2", "ours_1")}
+    reference = "ours_4" if "ours_4" in ours else "ours_1"  # a 2-GPU machine: the 2-GPU runs against the 1-GPU one
+    replays = ("ours_2", "ours_1") if reference == "ours_4" else ("ours_2", "ours_2_keep")
+    losses = {n: loss_check(ours.get(reference), ours.get(n)) for n in replays}
+    losses = {n: check and {**check, "reference": reference} for n, check in losses.items()}
     card = next((r["card"] for r in ours.values()), None)
     return {
         "issue": 46,
@@ -394,7 +399,8 @@ def markdown(results: dict) -> str:
     for name, check in results["loss_vs_replay"].items():
         if check:
             lines.append(
-                f"Losses of ours_4 against its replay {name}: {check['steps_compared']} steps, max difference "
+                f"Losses of {check.get('reference', 'ours_4')} against its replay {name}: {check['steps_compared']} "
+                f"steps, max difference "
                 f"{check['max_abs']:.4f} ({check['max_relative']:.2%} relative; "
                 f"{'within' if check['within_bf16_noise'] else 'NOT within'} {check['tolerance']:.0%})."
             )
