@@ -40,9 +40,7 @@ def _runs(model, examples: list[dict], device, attn: str, precision: str) -> dic
     runs["packed"] = _logits(model, packed, device)[0].float()
     alone, kernel_alone = [], []
     for example in examples:
-        kernel_row = FlatteningCollator()([example, {"input_ids": example["input_ids"][:1]}])
-        kernel_row.pop("labels")
-        kernel_alone.append(_logits(model, kernel_row, device)[0, : len(example["input_ids"])].float())
+        kernel_alone.append(_logits(model, _kernel_row(example), device)[0, : len(example["input_ids"])].float())
         set_attention(model, "sdpa")
         alone.append(_logits(model, {"input_ids": torch.tensor([example["input_ids"]])}, device)[0].float())
         set_attention(model, attn)
@@ -58,30 +56,50 @@ def _weighted(logits: torch.Tensor) -> torch.Tensor:
     return (logits.reshape(-1, logits.shape[-1]).float() * weights).sum()
 
 
+def _kernel_row(example: dict) -> dict:
+    """The example first in a row of its own, a 1-token example after it: the varlen kernels, no example before."""
+    row = FlatteningCollator()([example, {"input_ids": example["input_ids"][:1]}])
+    row.pop("labels")
+    return row
+
+
 def gradient_gap(model, examples: list[dict], device) -> dict:
-    """max |grad packed - grad alone| / max |grad alone| per parameter (float32, sdpa): the worst, its name, and the
-    worst over the stateful layers' parameters."""
+    """max |grad packed - grad other| / max |grad other| per parameter (float32, sdpa), other = each example alone
+    through the layer's own code, and each example alone on the same varlen kernels (``kernel_alone``: what packing
+    changes, without the kernels' arithmetic against the layer's): the worst, its name, and the worst over the
+    stateful layers' parameters."""
     set_attention(model, "sdpa")
     packed = FlatteningCollator()(examples)
     packed.pop("labels")
-    calls = {"packed": [packed], "alone": [{"input_ids": torch.tensor([e["input_ids"]])} for e in examples]}
+    lengths = [len(e["input_ids"]) for e in examples]
+    calls = {
+        "packed": [(packed, sum(lengths))],
+        "alone": [({"input_ids": torch.tensor([e["input_ids"]])}, n) for e, n in zip(examples, lengths)],
+        "kernel_alone": [(_kernel_row(e), n) for e, n in zip(examples, lengths)],
+    }
     grads = {}
     for name, batches in calls.items():
         model.zero_grad(set_to_none=True)
-        _weighted(torch.cat([_logits(model, batch, device)[0] for batch in batches])).backward()
+        _weighted(torch.cat([_logits(model, batch, device)[0, :n] for batch, n in batches])).backward()
         grads[name] = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
-    alone = grads["alone"]
-    gap = {n: float((grads["packed"][n] - g).abs().max() / g.abs().max().clamp(min=1e-12)) for n, g in alone.items()}
-    worst = max(gap, key=gap.get)
     layers = tuple(f"{name}." for name, _ in find_stateful_layers(model))
-    stateful = [v for n, v in gap.items() if n.startswith(layers)]
-    return {
-        "float32_grad_rel_diff_vs_alone": gap[worst],
-        "float32_grad_worst_parameter": worst,
-        "float32_grad_rel_diff_stateful_layers": max(stateful) if stateful else None,
-        "parameters_compared": len(gap),
-    }
+    out = {}
+    for other, suffix in (("alone", "vs_alone"), ("kernel_alone", "vs_kernel_alone")):
+        reference = grads[other]
+        gap = {n: float((grads["packed"][n] - g).abs().max() / g.abs().max().clamp(min=1e-12))
+               for n, g in reference.items()}  # fmt: skip
+        worst = max(gap, key=gap.get)
+        stateful = [v for n, v in gap.items() if n.startswith(layers)]
+        out |= {
+            f"float32_grad_rel_diff_{suffix}": gap[worst],
+            f"float32_grad_worst_parameter{'' if other == 'alone' else '_' + suffix}": worst,
+            f"float32_grad_rel_diff_stateful_layers{'' if other == 'alone' else '_' + suffix}": max(stateful)
+            if stateful
+            else None,
+        }
+        out.setdefault("parameters_compared", len(gap))
+    return out
 
 
 def exactness(args, model, device) -> dict:
