@@ -69,15 +69,15 @@ def _without_package_init(package: str, module: str):
     spec = importlib.util.find_spec(package)
     if spec is None or spec.submodule_search_locations is None:
         raise ImportError(f"{package} is not an installed package")
-    ours = lambda name: name == package or name.startswith(package + ".")  # noqa: E731
-    saved = {name: mod for name, mod in sys.modules.items() if ours(name)}
-    for name in saved:
-        del sys.modules[name]
+    def imported() -> list[str]:
+        return [name for name in sys.modules if name == package or name.startswith(package + ".")]
+
+    saved = {name: sys.modules.pop(name) for name in imported()}
     sys.modules[package] = importlib.util.module_from_spec(spec)  # the package, its __init__ not run
     try:
         return importlib.import_module(module)
     finally:
-        for name in [name for name in sys.modules if ours(name)]:
+        for name in imported():
             del sys.modules[name]
         sys.modules.update(saved)
 
