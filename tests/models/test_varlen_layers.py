@@ -97,17 +97,22 @@ def _assert_gradients_equal(model, reference) -> None:
     assert checked > 10
 
 
-@pytest.mark.parametrize("name", TYPES)
-def test_packed_logits_and_gradients_equal_each_example_alone(name):
+def _assert_packed_equals_alone(name: str, kernels: VarlenKernels) -> None:
+    """Logits and every gradient of a packed row on ``kernels`` against each example alone (the layer's own code)."""
     reference = build(name)
     examples = examples_for(reference, (7, 12, 5, 9))
     alone = alone_logits(reference, examples)
     _weighted_sum(alone).backward()
-    model = _on_kernels(name, REFERENCE)
+    model = _on_kernels(name, kernels)
     packed = model(**_inputs(examples)).logits[0]
     assert _relative(packed, alone) < 1e-5
     _weighted_sum(packed).backward()
     _assert_gradients_equal(model, reference)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_packed_logits_and_gradients_equal_each_example_alone(name):
+    _assert_packed_equals_alone(name, REFERENCE)
 
 
 # The SSD scan as mamba-ssm's kernel is called (boundaries as seq_idx, grouped B and C, D inside), token by token.
@@ -120,15 +125,7 @@ MAMBA_SSM = VarlenKernels(
 def test_the_ssd_scan_on_mamba_ssms_signature_is_exact(name):
     """Mamba2 and lightning attention through mamba-ssm's ``mamba_chunk_scan_combined`` signature: packed equals
     each example alone, logits and gradients (the seq_idx built from cu_seqlens, the groups, D, a unit step)."""
-    reference = build(name)
-    examples = examples_for(reference, (7, 12, 5, 9))
-    alone = alone_logits(reference, examples)
-    _weighted_sum(alone).backward()
-    model = _on_kernels(name, MAMBA_SSM)
-    packed = model(**_inputs(examples)).logits[0]
-    assert _relative(packed, alone) < 1e-5
-    _weighted_sum(packed).backward()
-    _assert_gradients_equal(model, reference)
+    _assert_packed_equals_alone(name, MAMBA_SSM)
 
 
 CHECKPOINTED = [name for name in ("nemotron_h", "falcon_h1_norm_after_gate", "lfm2", "kimi_linear", "minimax")
