@@ -40,7 +40,7 @@ def results(tmp_path_factory):
     try:
         for model in MODELS:
             sys.argv = [str(SCRIPT), "--model", model, "--smoke", "--kernels", "reference", "--distributions", "sft",
-                        "--steps", "1", "--out", str(out)]  # fmt: skip
+                        "--steps", "1", "--padded-rows-per-call", "3", "--out", str(out)]  # fmt: skip
             harness.main(sys.argv[1:])  # the results' "command" is read from sys.argv
     finally:
         sys.argv = argv
@@ -55,6 +55,7 @@ def test_the_stateful_layers_ran_on_the_varlen_path_and_matched_each_example_alo
     exact = run["exactness"]
     assert exact["max_logit_diff_vs_alone"] < 1e-5 and exact["packed_vs_kernel_alone"] < 1e-5
     assert exact["float32_grad_rel_diff_vs_alone"] < 1e-4 and exact["float32_grad_rel_diff_stateful_layers"] < 1e-4
+    assert exact["float32_grad_rel_diff_vs_kernel_alone"] < 1e-4  # the same kernels, each example alone
     assert exact["parameters_compared"] > 30 and len(exact["examples"]) == 6
 
 
@@ -79,3 +80,14 @@ def test_padded_batches_on_the_kernels_make_each_rows_padding_a_segment():
     segments = row_segments(tuple(batch["input_ids"].shape), position_ids=moved["position_ids"])
     assert segments.cu_seq_lens.tolist() == [0, 3, 8, 16, 22, 24]
     assert harness.real_tokens(moved) == 17 == int(torch.tensor([3, 8, 6]).sum())
+
+
+def test_padded_batches_split_into_calls_keep_every_row_at_its_width():
+    harness = _harness()
+    batches = [harness.padded_batch([{"input_ids": [5] * n} for n in lengths], multiple=4)
+               for lengths in ((3, 8, 6, 2, 7), (1, 2))]  # fmt: skip
+    calls = harness.rows_per_call(batches, 2)
+    assert [tuple(c["input_ids"].shape) for c in calls] == [(2, 8), (2, 8), (1, 8), (2, 4)]
+    for key in batches[0]:
+        assert torch.equal(torch.cat([c[key] for c in calls[:3]]), batches[0][key])
+    assert sum(harness.real_tokens(c) for c in calls) == 3 + 8 + 6 + 2 + 7 + 1 + 2

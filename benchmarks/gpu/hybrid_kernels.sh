@@ -52,11 +52,12 @@ run() {
 # mamba-ssm autotunes each of its Triton kernels over up to ~100 configurations at first use (minutes): the results
 # are cached on disk for the later processes of the call (Triton >= 3.4).
 export TRITON_CACHE_AUTOTUNING=1
-# transformers' Mamba2 torch reference (the padded mode) holds rows x width x chunk x heads x state floats at once:
-# each padded batch of 8 runs as calls of 2 of its rows (the same width, padding and work).
 TIMING="--skip-exactness --tokens-per-step 16384 --steps 4 --padded-steps 2 --warmup 2 --rounds 3"
-TIMING+=" --modes packed,oracle,oracle_work,padded,padded_kernels --padded-rows-per-call ${PADDED_ROWS_PER_CALL:-2}"
+TIMING+=" --modes packed,oracle,oracle_work,padded,padded_kernels"
 declare -A LAYERS=([nemotron_h]=12 [granitemoehybrid]=10 [lfm2]=8)
+# transformers' Mamba2 torch reference (the padded mode) holds rows x width x chunk x heads x state floats at once:
+# its padded batches of 8 run as calls of 2 of their rows (the same width, padding and work); LFM2's run whole.
+declare -A PADDED_ROWS=([nemotron_h]=2 [granitemoehybrid]=2 [lfm2]=8)
 declare -A CAPS=([nemotron_h]="170 70" [granitemoehybrid]="140 45" [lfm2]="90 40")
 for entry in ${HYBRID_CAPS:-}; do  # HYBRID_CAPS="nemotron_h:330:150 lfm2:0:60": a model's limits (0: skip that part)
   IFS=: read -r model throughput exactness <<< "$entry"
@@ -64,7 +65,8 @@ for entry in ${HYBRID_CAPS:-}; do  # HYBRID_CAPS="nemotron_h:330:150 lfm2:0:60":
 done
 for model in ${HYBRID_MODELS:-nemotron_h granitemoehybrid lfm2}; do  # HYBRID_MODELS: which, in which order
   read -r throughput exactness <<< "${CAPS[$model]}"
-  (( throughput > 0 )) && run "$throughput" "${model}_throughput" --model "$model" --layers "${LAYERS[$model]}" $TIMING
+  (( throughput > 0 )) && run "$throughput" "${model}_throughput" --model "$model" --layers "${LAYERS[$model]}" $TIMING \
+    --padded-rows-per-call "${PADDED_ROWS[$model]}"
   (( exactness > 0 )) && run "$exactness" "${model}_exactness" --model "$model" --layers "${LAYERS[$model]}" --skip-throughput
 done
 echo "done in $(( $(date +%s) - START ))s"

@@ -107,6 +107,12 @@ def padded_batches(lengths: np.ndarray, vocab: int, steps: int, size: int = 8) -
     return [padded_batch(examples[i * size : (i + 1) * size]) for i in range(steps)]
 
 
+def rows_per_call(batches: list[dict], rows: int) -> list[dict]:
+    """Each padded batch as calls of ``rows`` of its rows, at its width: the same padding and work, less memory."""
+    return [{key: value[start : start + rows] for key, value in batch.items()}
+            for batch in batches for start in range(0, len(batch["input_ids"]), rows)]  # fmt: skip
+
+
 def with_padding_segments(batch: dict) -> dict:
     """A padded batch whose padding restarts the positions: each row's padding is a segment of its own, so
     enable_packing runs the whole (B, W) batch on the varlen kernels (padding included, as padding costs)."""
@@ -128,8 +134,7 @@ def throughput(args, model, per_example, device, distribution: str) -> dict:
     vocab, steps, slow = model.config.vocab_size, args.steps + args.warmup, args.padded_steps + args.warmup
     modes = args.modes.split(",")
     padded = padded_batches(lengths, vocab, slow) if {"padded", "padded_kernels"} & set(modes) else []
-    split = [{key: value[start : start + args.padded_rows_per_call] for key, value in batch.items()}
-             for batch in padded for start in range(0, len(batch["input_ids"]), args.padded_rows_per_call)]  # fmt: skip
+    split = rows_per_call(padded, args.padded_rows_per_call)
     makers = {
         "packed": lambda: (model, args.attn, packed_rows(lengths, args.tokens_per_step, vocab, steps, seed=0)),
         "per_example": lambda: (per_example, args.attn, packed_rows(lengths, args.tokens_per_step, vocab, steps, 0)),
@@ -212,6 +217,8 @@ def _arguments(argv=None):
     unknown = set(args.modes.split(",")) - set(MODES)
     if unknown:
         parser.error(f"--modes {sorted(unknown)}: not among {', '.join(MODES)}")
+    if args.padded_rows_per_call < 1:
+        parser.error(f"--padded-rows-per-call {args.padded_rows_per_call}: give at least 1 row a call")
     if args.smoke:
         args.attn, args.rounds, args.steps, args.warmup, args.tokens_per_step = "sdpa", 1, 2, 1, 1024
         args.examples, args.padded_steps = min(args.examples, 400), 1

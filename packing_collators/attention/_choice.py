@@ -165,8 +165,7 @@ def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
     configuration follows the batch: its ``max_length_q`` (FA4 packs grouped-query heads for
     short sequences; its backward has a variant for queries or keys that fit one tile) and its
     number of sequences (more than 256 get another scheduler): left alone, a run compiles
-    kernels whenever a batch of a new kind arrives, seconds at a time in the middle of training
-    (an 8B run on 4 H100s stalled 2.8 s at its first step of examples of 109-125 tokens). So each
+    kernels whenever a batch of a new kind arrives, seconds at a time in the middle of training. So each
     length of :func:`warm_up_lengths` is run twice: as ``tokens`` tokens of examples of that
     length, and as one example of that length among ``MANY_SEQUENCES`` 8-token ones. Gradients
     are cleared after; no weight changes. Returns the seconds it took.

@@ -3,10 +3,8 @@
 A budget measured to fill 90% of the GPU (``max_tokens_per_batch="auto"``) leaves ~8 GiB
 on an 80 GB card, and packed micro-batches change size every step: with its default fixed-size
 segments the caching allocator keeps freed blocks of the old sizes, and a later step's large
-activation finds no block to fit although enough bytes are free. Seen on an H100: a 1B model at
-a 152k vocabulary ran out of memory at the first training step with 64.0 GiB allocated and
-10.4 GiB reserved but unallocated, after the dry runs had measured the step within budget.
-Expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) grow one mapping
+activation can find no block to fit although enough bytes are free (reserved but unallocated
+memory of gigabytes, at a step the dry runs measured within budget). Expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) grow one mapping
 instead, so reserved memory follows allocated memory. The setting can change at run time and
 applies to segments made after it; a user's own choice of allocator is left alone.
 """

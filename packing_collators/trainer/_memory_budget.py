@@ -140,9 +140,8 @@ def fit_token_budget(
     the allocator), the line is redrawn through the new point and the budget shrinks, until a
     measured step fits. A step that runs out of memory tells nothing of the slope, so the sizes
     that fit and failed are searched between (geometric steps while they lie over 16x apart,
-    halves after) until they are within 1/16 of each other, ``checks`` measurements at most (on an
-    H100, TRL's step at 2,048 and 4,096 tokens drew a line 20x too shallow). The budget is always a
-    size that was measured to fit.
+    halves after) until they are within 1/16 of each other, ``checks`` measurements at most. The
+    budget is always a size that was measured to fit.
 
     >>> oom_above = lambda tokens: None if tokens > 100_000 else int(1e9 + 1e4 * tokens)  # the line says ~7.6M
     >>> fit_token_budget(oom_above, longest=2048, total_bytes=80 << 30).max_tokens_per_batch

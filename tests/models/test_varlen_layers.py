@@ -313,3 +313,23 @@ def test_without_mamba_ssm_the_ssd_scan_is_flas_simple_gla_where_its_backward_ru
         _fake_fla(patch, hopper_triton_3_6=False, tilelang=False)
         kernels, _ = fla_kernels()
     assert kernels.ssd.provider == "chunk_simple_gla" and kernels.why_missing == ""
+
+
+def test_the_install_lines_the_paths_log_name_extras_the_package_defines():
+    """The per-example log line and the SSD scan's refusal name ``pip install`` lines: their extras exist, and the
+    mamba2 one brings mamba-ssm (built without CUDA: its Triton scan is all the path needs)."""
+    import importlib.metadata
+    import re
+
+    from packing_collators.models._kernels import HYBRID_EXTRA
+    from packing_collators.models._ssd import MAMBA2_EXTRA
+
+    metadata = importlib.metadata.metadata("packing-collators")  # the installed package's (pyproject.toml's) extras
+    extras = set(metadata.get_all("Provides-Extra"))
+    requires = metadata.get_all("Requires-Dist")
+    for line in (HYBRID_EXTRA, MAMBA2_EXTRA):
+        named = re.search(r"packing-collators\[([\w,-]+)\]", line).group(1).split(",")
+        assert named and set(named) <= extras, (line, sorted(extras))
+    assert any(r.startswith("mamba-ssm") and 'extra == "mamba2"' in r for r in requires), requires
+    assert any(r.startswith("fla-core") and 'extra == "hybrid"' in r for r in requires), requires
+    assert "MAMBA_SKIP_CUDA_BUILD=TRUE" in MAMBA2_EXTRA
