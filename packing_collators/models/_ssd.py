@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import sys
 from collections.abc import Callable
 
@@ -95,6 +96,8 @@ def mamba_ssm_ssd() -> tuple[Callable | None, str]:
             return None, f"mamba-ssm's SSD scan is not importable ({type(error).__name__}: {error})"
     except Exception as error:  # noqa: BLE001
         return None, f"mamba-ssm's SSD scan is not importable ({type(error).__name__}: {error})"
+    if "seq_idx" not in inspect.signature(scan).parameters:
+        return None, "mamba-ssm's mamba_chunk_scan_combined takes no seq_idx (pip install \"mamba-ssm>=2.2.4\")"
     try:
         version = importlib.metadata.version("mamba-ssm")
     except importlib.metadata.PackageNotFoundError:

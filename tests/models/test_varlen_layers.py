@@ -283,6 +283,16 @@ def test_the_ssd_scan_comes_from_mamba_ssm_built_without_cuda_and_leaves_no_trac
             import mamba_ssm  # noqa: F401
     assert why_not == "" and kernels.ssd.provider == "mamba_chunk_scan_combined" and kernels.why_missing == ""
     assert kernels.name == "flash-linear-attention ? and mamba-ssm ?'s SSD scan"
+    with monkeypatch.context() as patch:  # a mamba-ssm whose scan takes no boundaries: not used, and said why
+        _fake_fla(patch, hopper_triton_3_6=False, tilelang=True)
+        _fake_mamba_ssm(patch, tmp_path / "old")
+        combined = tmp_path / "old" / "mamba_ssm" / "ops" / "triton" / "ssd_combined.py"
+        combined.write_text(combined.read_text().replace(", seq_idx=None", ""))
+        from packing_collators.models._ssd import mamba_ssm_ssd
+
+        assert mamba_ssm_ssd() == (None, "mamba-ssm's mamba_chunk_scan_combined takes no seq_idx "
+                                         '(pip install "mamba-ssm>=2.2.4")')  # fmt: skip
+        assert fla_kernels()[0].ssd.provider == "chunk_simple_gla"
     cu_seqlens = torch.tensor([0, 3, 5], dtype=torch.int32)
     assert kernels.ssd(torch.zeros(1, 5, 2, 4), None, None, None, None, None, 64, cu_seqlens) == "bmm"
 
