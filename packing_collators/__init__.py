@@ -19,10 +19,11 @@ built only on the ones above it in this map::
                warm_up_attention                         and the fastest packed-correct one here
     loss/      enable_chunked_loss                       the loss from the last hidden states a chunk of
                                                          tokens at a time: never the T x V logits
-    models/    enable_packing                            hybrids (Gated DeltaNet, Mamba, short convs) and
+    models/    enable_packing, compile_layers            hybrids (Gated DeltaNet, Mamba, short convs) and
                                                          VLMs keep packed examples apart: stateful layers
                                                          per example or on varlen kernels, each example's
-                                                         multimodal positions
+                                                         multimodal positions; the decoder layers compiled
+                                                         in place (one graph for all)
     checks/    check_packing_support, probe_packing,     refuse, before training, a model, batch or
                ProbeReport                               collator that would mix examples; the probe
     parallel/  SequenceShardCollator, shard_flat_batch,  sequence parallelism (Ulysses) for packed rows:
@@ -97,6 +98,7 @@ __all__ = [
     "check_packing_support",
     "check_token_budget",
     "choose_attention",
+    "compile_layers",
     "concatenate_and_pack",
     "count_sequences",
     "enable_chunked_loss",
@@ -136,6 +138,7 @@ __getattr__ = lazy_names(
         "PackingTrainer": ".trainer",
         "MultipackBatchSampler": ".sampler",
         "enable_packing": ".models",
+        "compile_layers": ".models",
         "enable_chunked_loss": ".loss",
         "PackingDPOTrainer": ".preference",
         "PreferenceCollator": ".preference",

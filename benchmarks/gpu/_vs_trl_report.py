@@ -54,6 +54,7 @@ def pair_row(ours: dict, theirs: dict) -> dict:
         "vs": theirs["name"],
         "vocab": ours["vocab"],
         "grad_checkpointing": ours["grad_checkpointing"],
+        "compiled": ours.get("compiled", False),
         "tokens_per_s": a["median_tokens_per_s"],
         "trl_tokens_per_s": b["median_tokens_per_s"],
         "tokens_per_s_vs_trl": _ratio(a["median_tokens_per_s"], b["median_tokens_per_s"]),
@@ -77,11 +78,12 @@ def pair_row(ours: dict, theirs: dict) -> dict:
 
 
 def pair_rows(runs: list[dict]) -> list[dict]:
-    """A row per ours run whose TRL counterpart (same vocabulary and gradient checkpointing) ran too."""
-    trl = {(r["setting"], r["vocab"], r["grad_checkpointing"]): r for r in runs if r["side"] == "trl"}
+    """A row per ours run whose TRL counterpart (same vocabulary, gradient checkpointing and compile) ran too."""
+    key = lambda r: (r["vocab"], r["grad_checkpointing"], r.get("compiled", False))  # noqa: E731
+    trl = {(r["setting"], *key(r)): r for r in runs if r["side"] == "trl"}
     rows = []
     for run in (r for r in runs if r["side"] == "ours"):
-        theirs = trl.get((PAIRS[run["setting"]], run["vocab"], run["grad_checkpointing"]))
+        theirs = trl.get((PAIRS[run["setting"]], *key(run)))
         if theirs is not None:
             rows.append(pair_row(run, theirs))
     return rows
@@ -100,16 +102,16 @@ def readme(rows: list[dict], runs: list[dict]) -> str:
         "Written by `benchmarks/gpu/vs_trl.py --compare`; one process per setting. Ratios are ours / TRL's: the "
         "median step's real tokens/s, the whole run's peak allocated memory.",
         "",
-        "| ours | TRL | vocab | grad ckpt | tokens/s ours | tokens/s TRL | x TRL | peak GiB ours | peak GiB TRL "
-        "| memory x TRL | same batches | step-1 loss diff |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ours | TRL | vocab | grad ckpt | compiled | tokens/s ours | tokens/s TRL | x TRL | peak GiB ours "
+        "| peak GiB TRL | memory x TRL | same batches | step-1 loss diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         same = {True: "yes", False: "NO"}.get(r.get("same_batches"), "-")
         same += "" if r.get("first_loss_equal", True) else " (step-1 losses differ)"
         lines.append(
             f"| {r['setting']} | {r['vs']} | {r['vocab']} | {'on' if r['grad_checkpointing'] else 'off'} "
-            f"| {_fmt(r['tokens_per_s'])} | {_fmt(r['trl_tokens_per_s'])} | {_fmt(r['tokens_per_s_vs_trl'], '.3f')} "
+            f"| {'yes' if r.get('compiled') else 'no'} | {_fmt(r['tokens_per_s'])} | {_fmt(r['trl_tokens_per_s'])} | {_fmt(r['tokens_per_s_vs_trl'], '.3f')} "
             f"| {_fmt(r['peak_memory_gib'], '.1f')} | {_fmt(r['trl_peak_memory_gib'], '.1f')} "
             f"| {_fmt(r['peak_memory_vs_trl'], '.3f')} | {same} | {_fmt(r.get('first_loss_abs_diff'), '.2e')} |"
         )

@@ -106,7 +106,15 @@ def training_kwargs(args, cuda: bool, steps: int) -> dict:
         use_cpu=not cuda,
         disable_tqdm=True,
         dataloader_pin_memory=cuda,
+        **compile_kwargs(args, cuda),
     )
+
+
+def compile_kwargs(args, cuda: bool) -> dict:
+    """``torch_compile=True`` under ``--torch-compile on`` (Inductor on a GPU, aot_eager's graphs on the CPU)."""
+    if not args.compiled:
+        return {}
+    return {"torch_compile": True, "torch_compile_backend": "inductor" if cuda else "aot_eager"}
 
 
 def _on_cuda(model) -> bool:
@@ -256,9 +264,16 @@ def ours_flattening(args, model, dataset):
     else:
         chunked(model)
         loss = "enable_chunked_loss"
-    arguments = TrainingArguments(
-        **training_kwargs(args, _on_cuda(model), args.steps), per_device_train_batch_size=args.batch_size
-    )
+    kwargs = training_kwargs(args, _on_cuda(model), args.steps)
+    if args.compiled:  # the stock Trainer compiles the whole model; the documented line compiles the layers
+        from packing_collators import choose_attention, compile_layers
+
+        if _on_cuda(model):  # FA4 as one graph node: the library's custom op around the same kernel
+            choose_attention(model, "packing_fa4")
+        compile_layers(model, backend=kwargs.pop("torch_compile_backend"))
+        kwargs.pop("torch_compile")
+        loss += " + compile_layers"
+    arguments = TrainingArguments(**kwargs, per_device_train_batch_size=args.batch_size)
     trainer = Trainer(model=model, args=arguments, train_dataset=dataset, data_collator=FlatteningCollator())
     return trainer, {"batch_size": args.batch_size, "loss": loss}
 
@@ -283,4 +298,6 @@ def described(trainer, setting: str, about: dict) -> dict:
         about["loss"] = "PackingTrainer chunked" if any(h is not None for h in heads.values()) else "full logits"
         measured = getattr(getattr(trainer, "_budget", None), "_auto", None)  # TrainerBudget: "auto", once measured
         about["max_tokens_per_batch"] = measured or about.get("max_tokens_per_batch")
+        report = getattr(trainer, "compile_report", None)
+        about["compile"] = None if report is None else report.summary()
     return about

@@ -99,6 +99,7 @@ DEFAULTS = {  # option: (GPU default, --smoke default)
 FORWARDED = (  # what --all passes on to each setting's process
     *DEFAULTS,
     "grad_checkpointing",
+    "torch_compile",
     "distribution",
     "seed",
     "lr",
@@ -123,6 +124,13 @@ def _arguments(argv=None) -> argparse.Namespace:
     add("--smoke", action="store_true", help="tiny shapes on the CPU: hidden 64, 2 layers, vocab 512, float32, sdpa")
     add("--vocab", type=int, help="vocabulary: 32000 (default), 151936 (Qwen's) or 248320")
     add("--grad-checkpointing", choices=("on", "off"), default="on", help="(on: TRL's default)")
+    add(
+        "--torch-compile",
+        choices=("on", "off"),
+        default="off",
+        help="on: TrainingArguments(torch_compile=True) for TRL and PackingTrainer; ours_flattening\n"
+        "compiles its layers with the documented line (compile_layers(model)) instead (off)",
+    )
     add("--steps", type=int, help="timed optimizer steps after the warm-up (30; auto settings: --auto-steps)")
     add("--warmup", type=int, help="first steps left out of the median and steady rates (4)")
     add("--auto-steps", type=int, help="timed steps of ours_auto and trl_auto_cap, whose steps are larger (8)")
@@ -148,14 +156,16 @@ def _arguments(argv=None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, smoke if args.smoke else gpu)
     args.gc = args.grad_checkpointing == "on"
+    args.compiled = args.torch_compile == "on"
     return args
 
 
 def run_name(args, setting: str) -> str:
-    """The JSON's stem: ``<setting>[_loss<impl>]_<vocab>_gc_<on|off>`` (ours' non-default loss named)."""
+    """The JSON's stem: ``<setting>[_loss<impl>][_compiled]_<vocab>_gc_<on|off>`` (ours' non-default loss named)."""
     named = setting.startswith("ours") and args.loss_implementation != "auto"
     loss = f"_loss{args.loss_implementation}" if named else ""
-    return f"{setting}{loss}_{args.vocab}_gc_{args.grad_checkpointing}"
+    compiled = "_compiled" if args.compiled else ""
+    return f"{setting}{loss}{compiled}_{args.vocab}_gc_{args.grad_checkpointing}"
 
 
 # ----------------------------------------------------------------------------- one setting, in this process
@@ -212,6 +222,7 @@ def run_setting(args) -> dict:
         "side": "ours" if args.setting.startswith("ours") else "trl",
         "vocab": args.vocab,
         "grad_checkpointing": args.gc,
+        "compiled": args.compiled,
         "smoke": args.smoke,
         "device": device_name(device),
         **settings.described(trainer, args.setting, about),

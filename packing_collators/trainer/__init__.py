@@ -11,7 +11,7 @@ _autocast.py          the autocast the Trainer trains under: the probe's forward
 _trainer_budget.py    TrainerBudget: a dataloader's token budget, planned once ("auto" measured, memory_check),
                       agreed over ranks, handed on as a value
 _memory_budget.py     measure_token_budget / check_token_budget: max_tokens_per_batch against the GPU's memory, measured
-_compile.py           torch_compile=True: rows padded to buckets, graphs compiled before the first step
+_compile.py           torch_compile=True: the layers compiled in place, rows padded to buckets, graphs compiled first
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
 _launch.py            one process on several GPUs (python train.py, DataParallel) refused, naming torchrun
 _deepspeed.py         the DeepSpeed config checks (batch numbers the sampler and Trainer own)

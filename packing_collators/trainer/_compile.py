@@ -46,6 +46,7 @@ __all__ = [
     "CompileReport",
     "CompileWarmUp",
     "compile_plan",
+    "compile_trainer_layers",
     "bucketed_collator",
     "compile_buckets",
     "compiled_model",
@@ -255,6 +256,7 @@ class CompileWarmUp(TrainerCallback):
         self.trainer = trainer
         self.report: CompileReport | None = None
         self.collator = None
+        self.whole_model: str | None = None  # torch_compile=True: why the model is compiled whole ("": by layer)
         self._before_warm_up = self._before_training = None
 
     def prepare(self, plan: CompilePlan) -> None:
@@ -299,3 +301,20 @@ class CompileWarmUp(TrainerCallback):
                 "TORCH_LOGS=recompiles says why",
             )
             self.report.recompiles = recompiles
+
+
+def compile_trainer_layers(trainer) -> str:
+    """Under ``torch_compile=True``: compile the trainer's decoder layers in place (``compile_layers``) and turn
+    accelerate's whole-model compile off; returns "" then, else why the model stays compiled whole (accelerate's)."""
+    from ..models import compile_layers, layer_compile_blocker
+
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled or trainer.sequence_parallel_mesh is not None:
+        return "FSDP, DeepSpeed and sequence parallelism compile through accelerate"
+    if why := layer_compile_blocker(trainer.model):
+        return why
+    from accelerate.utils import DynamoBackend
+
+    args = trainer.args
+    compile_layers(trainer.model, backend=args.torch_compile_backend, mode=args.torch_compile_mode)
+    trainer.accelerator.state.dynamo_plugin.backend = DynamoBackend.NO
+    return ""

@@ -11,8 +11,10 @@
 The full-logit loss holds ``T x V`` logits, then a float32 copy of them (16k tokens at a 152k
 vocabulary: 5 GB + 10 GB); this holds one chunk of at most 4,096 tokens (``packing_collators.loss``).
 Kept on the full logits, with the reason logged: ``loss_implementation="full"``, a label smoother,
-a ``compute_loss_func``, Liger's own fused loss, ``torch_compile=True`` (the target selection would
-break the graph), a head the check refuses; and evaluation that hands ``compute_metrics`` its logits.
+a ``compute_loss_func``, Liger's own fused loss, ``torch_compile=True`` where the model is compiled
+whole (FSDP, DeepSpeed, a hybrid: the target selection would break the graph; elsewhere only the
+layers are, ``compile_layers``), a head the check refuses; and evaluation that hands
+``compute_metrics`` its logits.
 Cost: one forward over 16 tokens to check the head, once per model.
 """
 
@@ -41,8 +43,10 @@ def why_full_logits(trainer) -> str:
         return "compute_loss_func is given the model's logits"
     if liger_forward(trainer.model) is not None:
         return "Liger's fused loss replaces the model's forward (it never forms the logits either)"
-    if getattr(args, "torch_compile", False):
-        return "torch_compile=True: selecting the target tokens would break the compiled graph"
+    whole = getattr(getattr(trainer, "_compile", None), "whole_model", None)
+    if getattr(args, "torch_compile", False) and whole != "":
+        why = f" ({whole})" if whole else ""
+        return f"torch_compile=True compiles the whole model{why}: selecting the target tokens would break its graph"
     return ""
 
 

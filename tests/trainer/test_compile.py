@@ -19,6 +19,7 @@ from packing_collators import FlatteningCollator, register_fa4_attention, regist
 from packing_collators.attention import _fa4, _fa4_ops, _varlen
 from packing_collators.collate import bucket_length, bucket_padding_fraction, length_buckets
 from packing_collators.trainer._compile import graphs_compiled, warm_up_compiled
+from packing_collators.models import compiled_layer_count
 
 BACKEND = "aot_eager"
 
@@ -260,7 +261,6 @@ def _train(tmp_path, *, compiled: bool, monkeypatch=None):
         train_dataset=random_examples(rng.integers(3, 30, 48).tolist()),
         max_tokens_per_batch=90,
         attn_implementation=None,
-        loss_implementation="full",  # what torch_compile=True trains with: the eager run must compute the same
     )
     trainer.train()
     return trainer, [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -288,7 +288,9 @@ def test_trainer_compiles_before_the_first_step_and_trains_as_eager(fa4_referenc
     assert f"(and {report.probe_graphs} for the live probe)" in report.summary()
     plan = trainer._train_batch_sampler.plan().row_tokens
     assert report.padding_fraction == bucket_padding_fraction(plan, (96,)) > 0
-    assert probed == ["OptimizedModule"]  # the probe ran the compiled model, as training runs it
+    assert probed == ["LlamaForCausalLM"]  # the model whose layers are compiled in place, as training runs it
+    assert compiled_layer_count(trainer.model) == trainer.model.config.num_hidden_layers
+    assert trainer._head_loss.heads[id(trainer.model)] is not None  # the chunked loss, not the full logits
     _, eager = _train(tmp_path, compiled=False)
     assert losses[0] == eager[0] and np.allclose(losses, eager, rtol=2e-2)
 

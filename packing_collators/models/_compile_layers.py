@@ -1,0 +1,132 @@
+"""The decoder layers compiled in place (``compile_layers``; PackingTrainer under ``torch_compile=True``).
+
+    model.model.layers[i].forward = compiled(type(layer).forward), bound to layer i   (one code object:
+                                    a graph compiled for layer 0 serves every layer of its class)
+    embeddings, final norm, the loss   eager; the chunked loss runs its own compiled chunk
+    accelerate's whole-model torch.compile   off in PackingTrainer (the layers are compiled already)
+
+Why not the whole model (what the stock Trainer compiles): the loss never holds the full logits
+because it projects only the tokens that have a target, a selection whose size depends on the data,
+which breaks a whole-model graph; compiled whole, the model had to keep the full-logit loss. The
+layers hold almost all of a step's element-wise work (norms, rotary embeddings, the MLP's
+activation), which is what compiling fuses; the rest is a few kernels a step.
+
+The compiled forward is bound with ``types.MethodType``, so ``copy.deepcopy`` of the model (a
+reference model) binds it to the copy's layer, and the copy runs its own weights. Cost: the first
+batch of each shape compiles (PackingTrainer does that before the first step, ``_compile.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+__all__ = ["compile_layers", "compiled_layer_count", "layer_compile_blocker", "raise_recompile_limit", "repeated_layers"]
+
+_COMPILED = "_packing_compiled_forward"  # marks a layer whose forward this module compiled
+RECOMPILE_LIMIT = 32  # graphs per compiled forward: the probe's (forward only, its own kwargs) and training's
+
+
+def repeated_layers(model) -> list:
+    """The model's repeated blocks: the longest ``nn.ModuleList`` whose children are all of one class.
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ModuleList([torch.nn.ReLU(), torch.nn.ReLU()]))
+    >>> [type(m).__name__ for m in repeated_layers(model)]
+    ['ReLU', 'ReLU']
+    """
+    import torch
+
+    best: list = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) >= 2:
+            children = list(module)
+            if len({type(child) for child in children}) == 1 and len(children) > len(best):
+                best = children
+    return best
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_forward(cls: type, options: tuple):
+    """One compiled ``cls.forward`` per class and options: every layer of the class shares its graphs."""
+    import torch
+
+    return torch.compile(cls.forward, dynamic=True, **dict(options))
+
+
+def compile_layers(model, *, backend: str | None = None, mode: str | None = None) -> int:
+    """Compile ``model``'s repeated decoder layers in place (``torch.compile`` of their forward); returns how many.
+
+    Layers compiled before are left as they are. The model's parameters, state dict and hooks are
+    unchanged; each layer's ``forward`` becomes its class's compiled forward bound to it, traced with
+    dynamic shapes (a new row length or example count does not recompile), and Dynamo may keep up to
+    ``RECOMPILE_LIMIT`` graphs of it (:func:`raise_recompile_limit`). The stock Trainer's
+    ``torch_compile=True`` compiles the whole model instead: with ``enable_chunked_loss``, leave it off
+    and call this.
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]))
+    >>> compile_layers(model, backend="eager"), compile_layers(model, backend="eager"), compiled_layer_count(model)
+    (2, 0, 2)
+    >>> layer = model[0][1]
+    >>> bool(torch.equal(layer(torch.ones(1, 2)), torch.nn.functional.linear(torch.ones(1, 2), layer.weight, layer.bias)))
+    True
+    """
+    options = tuple(sorted((k, v) for k, v in {"backend": backend, "mode": mode}.items() if v is not None))
+    count = 0
+    for layer in repeated_layers(model):
+        if getattr(layer, _COMPILED, False):
+            continue
+        layer.forward = types.MethodType(_compiled_forward(type(layer), options), layer)
+        setattr(layer, _COMPILED, True)
+        count += 1
+    raise_recompile_limit(RECOMPILE_LIMIT)
+    return count
+
+
+def compiled_layer_count(model) -> int:
+    """How many of ``model``'s modules have a forward :func:`compile_layers` compiled (0 for an eager model)."""
+    return sum(bool(getattr(module, _COMPILED, False)) for module in model.modules())
+
+
+def raise_recompile_limit(limit: int) -> int:
+    """Let Dynamo compile up to ``limit`` graphs of one function (never lowers it); returns the limit now.
+
+    One compiled layer forward serves every call of it: the live probe's (forward only, with and
+    without the packed keys, gradients on and off) and training's (with gradient checkpointing, its
+    recompute too). Together they pass Dynamo's default of 8, after which calls run eager, silently.
+
+    >>> raise_recompile_limit(1) >= 8
+    True
+    """
+    from torch._dynamo import config
+
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(limit, getattr(config, name)))
+    return getattr(config, name)
+
+
+def layer_compile_blocker(model) -> str:
+    """Why ``model``'s layers cannot be compiled one by one ("" when they can): compile it whole instead.
+
+    >>> import torch
+    >>> layer_compile_blocker(torch.nn.Linear(2, 2))
+    'the model has no repeated layers'
+    """
+    from ._enable import packing_layers
+
+    layers = packing_layers(model)
+    if layers is not None and (layers.stateful or layers.multimodal):
+        return "enable_packing prepared layers that read the forward's scope"
+    blocks = repeated_layers(model)
+    if not blocks:
+        return "the model has no repeated layers"
+    replaced = [
+        type(module).__name__
+        for block in blocks
+        for module in block.modules()
+        if "forward" in vars(module) and not getattr(module, _COMPILED, False)
+    ]
+    if replaced:
+        return f"the forward of {replaced[0]} inside a layer was replaced"
+    return ""

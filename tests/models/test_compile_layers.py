@@ -1,0 +1,136 @@
+"""The decoder layers compiled in place (``compile_layers``; PackingTrainer under ``torch_compile=True``).
+
+"aot_eager" builds the graphs Dynamo and AOTAutograd would hand Inductor, without its code generation:
+what is tested is the tracing (one graph for every layer and every batch shape, no break), the arithmetic
+(losses and gradients equal to eager), the copies (a deep copy runs its own weights) and which models are
+kept compiled whole (and so on the full logits), with the reason.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from _tiny_models import fake_fa4, random_examples, reference_fa4_interface, tiny_model, training_args
+
+from packing_collators import FlatteningCollator, compile_layers, register_fa4_attention
+from packing_collators.attention import _fa4, _fa4_ops
+from packing_collators.models._compile_layers import compiled_layer_count, layer_compile_blocker, repeated_layers
+
+BACKEND = "aot_eager"
+BATCHES = [[7, 3, 12, 5, 9], [4, 9, 6], [30, 2], [5] * 7]  # other lengths, counts and longest examples
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def fa4_reference(monkeypatch):
+    register_fa4_attention()
+    monkeypatch.setattr(_fa4_ops, "_interface", reference_fa4_interface)
+    monkeypatch.setattr(_fa4, "_kernel", lambda query: fake_fa4)
+
+
+def _losses_and_grads(model, checkpointing: bool):
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    collate, losses = FlatteningCollator(), []
+    for i, lengths in enumerate(BATCHES):
+        loss = model(**collate(random_examples(lengths, seed=i))).loss
+        loss.backward()
+        losses.append(loss.detach())
+    return torch.stack(losses), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_one_graph_serves_every_layer_and_shape_and_trains_as_eager(fa4_reference, checkpointing):
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    compiled = tiny_model("llama", attn="packing_fa4", num_hidden_layers=3).bfloat16()  # FA4 runs bf16
+    keys = list(compiled.state_dict())
+    assert compile_layers(compiled, backend=BACKEND) == 3 and compiled_layer_count(compiled) == 3
+    assert list(compiled.state_dict()) == keys  # nothing renamed: checkpoints load as before
+    mine = _losses_and_grads(compiled, checkpointing)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    eager = tiny_model("llama", attn="packing_fa4", num_hidden_layers=3).bfloat16()
+    theirs = _losses_and_grads(eager, checkpointing)
+    torch.testing.assert_close(mine[0], theirs[0], rtol=0, atol=0)  # the same ops on the same inputs
+    for a, b in zip(mine[1], theirs[1]):  # the reference backward differs from autograd's in rounding
+        torch.testing.assert_close(a.float(), b.float(), rtol=0.05, atol=0.05)
+
+
+def test_a_deep_copy_runs_its_own_layers():
+    model = tiny_model("llama")
+    compile_layers(model, backend="eager")
+    twin = copy.deepcopy(model)
+    layer, twin_layer = model.model.layers[0], twin.model.layers[0]
+    assert twin_layer.forward.__self__ is twin_layer and layer.forward.__self__ is layer
+    batch = FlatteningCollator()(random_examples([6, 4]))
+    before = model(**batch).loss
+    with torch.no_grad():
+        for p in twin.model.layers.parameters():
+            p.zero_()
+    torch.testing.assert_close(model(**batch).loss, before)  # the original's weights still run in the original
+    assert not torch.allclose(twin(**batch).loss, before)  # and the copy runs its own (zeroed) layers
+
+
+def test_compiling_twice_leaves_compiled_layers_alone():
+    model = tiny_model("llama")
+    first = compile_layers(model, backend="eager")
+    forwards = [layer.forward for layer in model.model.layers]
+    assert compile_layers(model, backend="eager") == 0 and first == len(forwards)
+    assert [layer.forward for layer in model.model.layers] == forwards
+
+
+def test_the_repeated_layers_are_the_decoder_layers():
+    model = tiny_model("llama", num_hidden_layers=3)
+    assert repeated_layers(model) == list(model.model.layers)
+    assert repeated_layers(torch.nn.Linear(2, 2)) == []
+
+
+def _trainer(tmp_path, model, **options):
+    from packing_collators import PackingTrainer
+
+    rng = np.random.default_rng(0)
+    return PackingTrainer(
+        model=model,
+        args=training_args(tmp_path, max_steps=2, gradient_accumulation_steps=1, torch_compile=True,
+                           torch_compile_backend=BACKEND),
+        train_dataset=random_examples(rng.integers(3, 30, 24).tolist()),
+        max_tokens_per_batch=90,
+        packing_probe=False,
+        **options,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_packing_trainer_compiles_the_layers_and_keeps_the_chunked_loss(tmp_path):
+    from accelerate.utils import DynamoBackend
+
+    trainer = _trainer(tmp_path, tiny_model("llama"))
+    assert trainer._compile.whole_model == "" and compiled_layer_count(trainer.model) == 2
+    assert trainer.accelerator.state.dynamo_plugin.backend == DynamoBackend.NO  # no second, whole-model compile
+    trainer.train()
+    assert type(trainer.model_wrapped).__name__ == "LlamaForCausalLM"
+    assert trainer._head_loss.heads[id(trainer.model)] is not None and trainer.compile_report.recompiles == 0
+
+
+def test_a_hybrid_model_stays_compiled_whole_with_the_reason(tmp_path):
+    from _hybrids import HYBRIDS, tiny_hybrid
+
+    kind = next(t for t in ("lfm2", "qwen3_next", "nemotron_h") if t in HYBRIDS)
+    trainer = _trainer(tmp_path, tiny_hybrid(kind).train())
+    assert "enable_packing prepared layers" in trainer._compile.whole_model
+    assert compiled_layer_count(trainer.model) == 0
+    from packing_collators.trainer._head_loss import why_full_logits
+
+    assert why_full_logits(trainer).startswith("torch_compile=True compiles the whole model (enable_packing")
+    assert layer_compile_blocker(trainer.model) == trainer._compile.whole_model
