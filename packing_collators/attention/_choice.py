@@ -158,6 +158,19 @@ def warm_up_lengths(max_length: int) -> list[int]:
     return sorted(set(lengths) | {max_length})
 
 
+def _backward_through_layers(model, batch: dict) -> None:
+    """A forward and backward through every layer without the ``T x V`` logits: only the last position's
+    logits where the model takes ``logits_to_keep`` (every layer's backward kernels still run over all
+    ``T`` tokens), else the model's own loss."""
+    import inspect
+
+    if "logits_to_keep" in inspect.signature(type(unwrap_model(model)).forward).parameters:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        model(**inputs, logits_to_keep=1).logits.float().sum().backward()
+    else:
+        model(**batch).loss.backward()
+
+
 def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
     """Run forward and backward on flat batches whose longest example grows from 16 to ``max_length`` tokens.
 
@@ -167,8 +180,10 @@ def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
     number of sequences (more than 256 get another scheduler): left alone, a run compiles
     kernels whenever a batch of a new kind arrives, seconds at a time in the middle of training. So each
     length of :func:`warm_up_lengths` is run twice: as ``tokens`` tokens of examples of that
-    length, and as one example of that length among ``MANY_SEQUENCES`` 8-token ones. Gradients
-    are cleared after; no weight changes. Returns the seconds it took.
+    length, and as one example of that length among ``MANY_SEQUENCES`` 8-token ones. The backward
+    starts from the last position's logits (not a loss over ``T x V`` logits: a 16,384-token row at a
+    152k vocabulary would hold 25 GB more than training does). Gradients are cleared after; no weight
+    changes. Returns the seconds it took.
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> from packing_collators import choose_attention
@@ -193,7 +208,7 @@ def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
         batch = {
             k: v.to(parameter.device) if hasattr(v, "to") else v for k, v in FlatteningCollator()(examples).items()
         }
-        model(**batch).loss.backward()
+        _backward_through_layers(model, batch)
 
     for length in warm_up_lengths(max_length):
         run([length] * max(1, min(tokens, max_length * 4) // length))

@@ -82,10 +82,11 @@ class PackingCheckCallback(TrainerCallback):
     PackingCheckCallback(probe=True)
     """
 
-    def __init__(self, *, probe: bool = True, model_for_probe=None) -> None:
+    def __init__(self, *, probe: bool = True, model_for_probe=None, collator_for_probe=None) -> None:
         self.probe = probe
         self.last_report = None
         self.model_for_probe = model_for_probe  # () -> the compiled model to probe, or None (PackingTrainer's)
+        self.collator_for_probe = collator_for_probe  # () -> the probe's collator, or None: the dataloader's
 
     def __repr__(self) -> str:
         return f"PackingCheckCallback(probe={self.probe})"
@@ -107,9 +108,10 @@ class PackingCheckCallback(TrainerCallback):
         if self.probe:
             prepacked = any(isinstance(f, dict) and f.get("seq_lengths") is not None for f in features)
             compiled = self.model_for_probe() if self.model_for_probe is not None else None
+            collator = self.collator_for_probe() if self.collator_for_probe is not None else None
             self.last_report = probe_packing(
                 probe_module(model) if compiled is None else compiled,
-                collate_fn,
+                collate_fn if collator is None else collator,
                 prepacked=prepacked,
                 autocast=training_autocast(args, model),
             )
@@ -158,7 +160,9 @@ def add_packing_callbacks(trainer, *, probe: bool, warm_up: bool, metrics: bool)
 
         trainer.add_callback(SequenceParallelCheckCallback(mesh, probe=probe))
     else:
-        trainer.add_callback(PackingCheckCallback(probe=probe, model_for_probe=lambda: compiled_model(trainer)))
+        unbucketed = lambda: trainer.data_collator if trainer._compile.whole_model == "" else None  # noqa: E731
+        trainer.add_callback(PackingCheckCallback(probe=probe, model_for_probe=lambda: compiled_model(trainer),
+                                                  collator_for_probe=unbucketed))  # fmt: skip
     if trainer.args.torch_compile:
         trainer.add_callback(trainer._compile)
     if warm_up and mesh is None:  # under Ulysses, FA4 compiles at first use

@@ -246,9 +246,8 @@ def compile_plan(collator, sampler, budget: int) -> CompilePlan | None:
 
 
 class CompileWarmUp(TrainerCallback):
-    """PackingTrainer's compile hooks (a ``TrainerCallback``'s events): compile every graph of the
-    :class:`CompilePlan` it is given when training begins, count recompiles after.
-
+    """PackingTrainer's compile hooks (a ``TrainerCallback``'s events): the layers compiled at construction,
+    every graph of the :class:`CompilePlan` it is given compiled when training begins, recompiles counted after.
     ``report`` is the :class:`CompileReport` (None until a compiled run prepares its dataloader).
     """
 
@@ -256,7 +255,8 @@ class CompileWarmUp(TrainerCallback):
         self.trainer = trainer
         self.report: CompileReport | None = None
         self.collator = None
-        self.whole_model: str | None = None  # torch_compile=True: why the model is compiled whole ("": by layer)
+        compiling = trainer.args.torch_compile and trainer.model is not None  # the layers compiled here, in place
+        self.whole_model = compile_trainer_layers(trainer) if compiling else None  # why not ("": they are)
         self._before_warm_up = self._before_training = None
 
     def prepare(self, plan: CompilePlan) -> None:
@@ -304,17 +304,16 @@ class CompileWarmUp(TrainerCallback):
 
 
 def compile_trainer_layers(trainer) -> str:
-    """Under ``torch_compile=True``: compile the trainer's decoder layers in place (``compile_layers``) and turn
-    accelerate's whole-model compile off; returns "" then, else why the model stays compiled whole (accelerate's)."""
+    """``torch_compile=True``: the layers compiled in place (``compile_layers``), accelerate's whole-model compile
+    off; returns "" then, else why the model stays compiled whole (by accelerate, as the stock Trainer does)."""
+    from accelerate.utils import DynamoBackend
+
     from ..models import compile_layers, layer_compile_blocker
 
     if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled or trainer.sequence_parallel_mesh is not None:
         return "FSDP, DeepSpeed and sequence parallelism compile through accelerate"
     if why := layer_compile_blocker(trainer.model):
         return why
-    from accelerate.utils import DynamoBackend
-
-    args = trainer.args
-    compile_layers(trainer.model, backend=args.torch_compile_backend, mode=args.torch_compile_mode)
+    compile_layers(trainer.model, backend=trainer.args.torch_compile_backend, mode=trainer.args.torch_compile_mode)
     trainer.accelerator.state.dynamo_plugin.backend = DynamoBackend.NO
     return ""

@@ -35,7 +35,7 @@ from ..collate import FlatteningCollator
 from ..engine import Overflow, Strategy
 from ..sampler import check_sampler_option
 from ._check_callback import PackingCheckCallback, add_packing_callbacks
-from ._compile import CompileWarmUp, compile_trainer_layers
+from ._compile import CompileWarmUp
 from ._dataloader import PackedLoader, multipack_dataloader, report_dropped
 from ._deepspeed import check_deepspeed_setup
 from ._head_loss import HeadLoss, LossImplementation
@@ -188,9 +188,7 @@ class PackingTrainer(Trainer):
             from ._sequence_parallel import setup_sequence_parallel
 
             self._sequence_parallel = setup_sequence_parallel(self, self.sequence_parallel_size)
-        self._compile = CompileWarmUp(self)  # torch_compile=True: buckets, warm-up, recompiles (_compile.py)
-        if self.args.torch_compile and self.model is not None:  # the layers compiled in place (_compile.py)
-            self._compile.whole_model = compile_trainer_layers(self)
+        self._compile = CompileWarmUp(self)  # torch_compile=True: the layers, buckets, warm-up, recompiles (_compile.py)
         add_packing_callbacks(self, probe=packing_probe, warm_up=attention_warm_up, metrics=packing_metrics)
 
     @property
