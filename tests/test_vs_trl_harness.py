@@ -169,3 +169,25 @@ def test_fa4_calls_go_through_the_int_lengths_wrapper_and_are_counted(monkeypatc
     assert calls == [{"max_seqlen_q": 7, "max_seqlen_k": 9}, {"max_seqlen_q": 5, "max_seqlen_k": 5}]
     assert all(type(v) is int for call in calls for v in call.values())
     assert counters == {"installed": True, "calls": 2, "tensor_lengths": 1}
+
+
+def test_torch_compile_on_compiles_our_layers_and_keeps_the_chunked_loss(tmp_path):
+    # --torch-compile on: PackingTrainer(torch_compile=True) compiles its layers (the chunked loss stays), the
+    # stock Trainer side calls compile_layers(model); the names and JSONs say so, and --compare pairs compiled runs
+    # with compiled runs only (an eager TRL run beside them is not their pair).
+    command = [sys.executable, str(SCRIPT), "--all", "--settings", "ours_packing,ours_flattening", *SMOKE]
+    done = subprocess.run([*command, "--torch-compile", "on", "--out", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0 and "FAILED" not in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    packing = json.loads((tmp_path / f"ours_packing_compiled_{VOCAB}_gc_on.json").read_text())
+    flattening = json.loads((tmp_path / f"ours_flattening_compiled_{VOCAB}_gc_on.json").read_text())
+    assert packing["compiled"] is True and packing["loss"] == "PackingTrainer chunked"
+    assert packing["compile"].startswith("torch.compile: ") and "0 recompiles since" in packing["compile"]
+    assert flattening["compiled"] is True and flattening["loss"] == "enable_chunked_loss + compile_layers"
+    assert "--torch-compile on" in packing["command"]
+    _harness()
+    import _vs_trl_report
+
+    eager_trl = {**packing, "setting": "trl_bfd", "name": "trl_bfd", "side": "trl", "compiled": False}
+    assert _vs_trl_report.pair_rows([packing, eager_trl]) == []
+    compiled_trl = {**eager_trl, "compiled": True}
+    assert [row["compiled"] for row in _vs_trl_report.pair_rows([packing, compiled_trl])] == [True]

@@ -47,6 +47,12 @@ the full logits), backward, under the same gradient checkpointing. Then TRL's SF
 run on CUDA's expandable segments (``packing_collators.trainer._allocator``: ours turns them on for its auto budget,
 the harness does the same for TRL's).
 
+``--torch-compile on`` (names end in ``_compiled``; pairs only with compiled runs): ``torch_compile=True`` in every
+setting's arguments (Inductor; aot_eager under --smoke). TRL's Trainer then compiles the whole model (accelerate);
+PackingTrainer compiles its decoder layers in place and keeps its chunked loss; ours_flattening leaves the flag off
+and calls the documented ``compile_layers(model)`` after ``enable_chunked_loss(model)``, with FA4 as
+``packing_fa4`` (the same kernel, one graph node) on a GPU.
+
 Attention: FA4 on both sides (``--attn flash_attention_4``, transformers' own, for TRL's settings and
 ours_flattening; PackingTrainer picks ``packing_fa4``, the same kernel). transformers 5.17 hands FA4 its max
 lengths as 0-d tensors when it derives the examples from position_ids, which FA4 4.0.0b36 refuses: every CUDA
