@@ -17,6 +17,8 @@
     datasets       MemoryMappedTable._apply_replays               replaying a memory-mapped table's ops
     flash_attn     cute.interface._flash_attn_fwd / _bwd          FA4's kernels as torch custom ops
     torch          torch._dynamo.utils.counters                   graphs compiled so far
+    torch          torch._dynamo.config.recompile_limit           graphs Dynamo keeps per function
+                   (cache_size_limit before 2.7)
     CPython        sys._getframe                                  the Trainer that called a callback
 
 Checked on: transformers 5.15.0 (the floor, ``make test-oldest``), 5.17.0 (GPU runs) and 5.24.0
@@ -236,3 +238,18 @@ def dynamo_counters():
     from torch._dynamo.utils import counters
 
     return counters
+
+
+def raise_recompile_limit(limit: int) -> int:
+    """Let Dynamo keep up to ``limit`` graphs of one function (never lowers it); returns the limit now.
+
+    ``torch._dynamo.config.recompile_limit`` (2.7-2.13), ``cache_size_limit`` on 2.6; past it, calls run eager.
+
+    >>> raise_recompile_limit(1) >= 8
+    True
+    """
+    from torch._dynamo import config
+
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(limit, getattr(config, name)))
+    return getattr(config, name)

@@ -25,10 +25,14 @@ from __future__ import annotations
 import functools
 import types
 
-__all__ = ["compile_layers", "compiled_layer_count", "layer_compile_blocker", "raise_recompile_limit", "repeated_layers"]
+from .._compat import raise_recompile_limit
+
+__all__ = ["compile_layers", "compiled_layer_count", "layer_compile_blocker", "repeated_layers"]
 
 _COMPILED = "_packing_compiled_forward"  # marks a layer whose forward this module compiled
-RECOMPILE_LIMIT = 32  # graphs per compiled forward: the probe's (forward only, its own kwargs) and training's
+# graphs per compiled forward: the live probe's (forward only, with and without the packed keys, gradients on and
+# off) and training's (checkpointing's recompute too) pass Dynamo's default of 8, after which calls run eager
+RECOMPILE_LIMIT = 32
 
 
 def repeated_layers(model) -> list:
@@ -64,7 +68,7 @@ def compile_layers(model, *, backend: str | None = None, mode: str | None = None
     Layers compiled before are left as they are. The model's parameters, state dict and hooks are
     unchanged; each layer's ``forward`` becomes its class's compiled forward bound to it, traced with
     dynamic shapes (a new row length or example count does not recompile), and Dynamo may keep up to
-    ``RECOMPILE_LIMIT`` graphs of it (:func:`raise_recompile_limit`). The stock Trainer's
+    ``RECOMPILE_LIMIT`` graphs of it. The stock Trainer's
     ``torch_compile=True`` compiles the whole model instead: with ``enable_chunked_loss``, leave it off
     and call this.
 
@@ -91,23 +95,6 @@ def compile_layers(model, *, backend: str | None = None, mode: str | None = None
 def compiled_layer_count(model) -> int:
     """How many of ``model``'s modules have a forward :func:`compile_layers` compiled (0 for an eager model)."""
     return sum(bool(getattr(module, _COMPILED, False)) for module in model.modules())
-
-
-def raise_recompile_limit(limit: int) -> int:
-    """Let Dynamo compile up to ``limit`` graphs of one function (never lowers it); returns the limit now.
-
-    One compiled layer forward serves every call of it: the live probe's (forward only, with and
-    without the packed keys, gradients on and off) and training's (with gradient checkpointing, its
-    recompute too). Together they pass Dynamo's default of 8, after which calls run eager, silently.
-
-    >>> raise_recompile_limit(1) >= 8
-    True
-    """
-    from torch._dynamo import config
-
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(limit, getattr(config, name)))
-    return getattr(config, name)
 
 
 def layer_compile_blocker(model) -> str:
