@@ -36,22 +36,28 @@ RECOMPILE_LIMIT = 32
 
 
 def repeated_layers(model) -> list:
-    """The model's repeated blocks: the longest ``nn.ModuleList`` whose children are all of one class.
+    """The model's repeated blocks: an ``nn.ModuleList`` whose children are all of one class, the
+    outermost such list (the decoder layers, not a layer's experts), the class the model names in
+    ``_no_split_modules`` (transformers' own decoder-layer list) first where it names one.
 
     >>> import torch
-    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ModuleList([torch.nn.ReLU(), torch.nn.ReLU()]))
+    >>> experts = lambda: torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(8)])
+    >>> layer = lambda: torch.nn.ModuleDict({"experts": experts()})
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ModuleList([layer(), layer()]))
     >>> [type(m).__name__ for m in repeated_layers(model)]
-    ['ReLU', 'ReLU']
+    ['ModuleDict', 'ModuleDict']
     """
     import torch
 
-    best: list = []
-    for module in model.modules():
+    named = set(getattr(model, "_no_split_modules", None) or ())
+    found: list[tuple[bool, int, list]] = []  # (not named, depth, children)
+    for name, module in model.named_modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) >= 2:
             children = list(module)
-            if len({type(child) for child in children}) == 1 and len(children) > len(best):
-                best = children
-    return best
+            if len({type(child) for child in children}) == 1:
+                depth = name.count(".") + 1 if name else 0
+                found.append((type(children[0]).__name__ not in named, depth, children))
+    return min(found, key=lambda f: (f[0], f[1], -len(f[2])))[2] if found else []
 
 
 @functools.lru_cache(maxsize=None)

@@ -134,3 +134,26 @@ def test_a_hybrid_model_stays_compiled_whole_with_the_reason(tmp_path):
 
     assert why_full_logits(trainer).startswith("torch_compile=True compiles the whole model (enable_packing")
     assert layer_compile_blocker(trainer.model) == trainer._compile.whole_model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe", "olmoe"])
+def test_a_mixture_of_experts_compiles_its_decoder_layers_and_trains_as_eager(model_type):
+    # 8 experts, 2 per token, use_cache as the checkpoint has it: the decoder layers are compiled (not an expert list,
+    # in older layouts a ModuleList of identical MLPs longer than the layers), and the losses are eager's
+    from _moes import MOES, tiny_moe
+
+    if model_type not in MOES:
+        pytest.skip(f"{model_type} is not in this transformers")
+    compiled, eager = tiny_moe(model_type).train(), tiny_moe(model_type).train()
+    assert repeated_layers(compiled) == list(compiled.model.layers)
+    compile_layers(compiled, backend=BACKEND)
+    collate = FlatteningCollator()
+    for i, lengths in enumerate(BATCHES):
+        batch = collate(random_examples(lengths, seed=i))
+        mine, theirs = compiled(**batch).loss, eager(**batch).loss
+        mine.backward(), theirs.backward()
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    for a, b in zip(compiled.parameters(), eager.parameters()):
+        if a.grad is not None or b.grad is not None:
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)
