@@ -16,7 +16,9 @@ reference model) binds it to the copy's layer, and the copy runs its own weights
 shapes: a new row length or number of examples does not recompile; gradients on or off, checkpointing's
 recompute and the live probe's calls each add a graph (a handful per run). Cost: those compiles, seconds
 each, before the first step under PackingTrainer (``trainer/_compile.py``), in the first steps otherwise.
-Measured (1B, one H100, both sides compiled): 1.24-1.33x TRL's compiled ``SFTTrainer`` under gradient
+Gradient checkpointing: transformers 5.15-5.17 checkpoint in the layer's ``__call__``, around the compiled
+forward; 5.24 wraps the class's ``forward``, so the checkpoint is traced inside the graph (equal losses and
+gradients on the CPU; the GPU rows below ran 5.17). Measured (1B, one H100, both sides compiled): 1.24-1.33x TRL's compiled ``SFTTrainer`` under gradient
 checkpointing, 1.02-1.03x without (docs/benchmarks.md).
 """
 
@@ -33,6 +35,7 @@ _COMPILED = "_packing_compiled_forward"  # marks a layer whose forward this modu
 # graphs per compiled forward: the live probe's (forward only, with and without the packed keys, gradients on and
 # off) and training's (checkpointing's recompute too) pass Dynamo's default of 8, after which calls run eager
 RECOMPILE_LIMIT = 32
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that replay CUDA graphs
 
 
 def repeated_layers(model) -> list:
@@ -86,6 +89,12 @@ def compile_layers(model, *, backend: str | None = None, mode: str | None = None
     >>> bool(torch.equal(layer(torch.ones(1, 2)), torch.nn.functional.linear(torch.ones(1, 2), layer.weight, layer.bias)))
     True
     """
+    if mode in CUDA_GRAPH_MODES:
+        raise ValueError(
+            f"compile_layers(mode={mode!r}): this mode replays CUDA graphs, and every layer shares one compiled "
+            "forward, so a layer's replay would overwrite the output of the one before. Use mode=None (the default) "
+            "or 'max-autotune-no-cudagraphs'."
+        )
     options = tuple(sorted((k, v) for k, v in {"backend": backend, "mode": mode}.items() if v is not None))
     count = 0
     for layer in repeated_layers(model):
@@ -94,17 +103,23 @@ def compile_layers(model, *, backend: str | None = None, mode: str | None = None
         layer.forward = types.MethodType(_compiled_forward(type(layer), options), layer)
         setattr(layer, _COMPILED, True)
         count += 1
-    raise_recompile_limit(RECOMPILE_LIMIT)
+    if count:
+        raise_recompile_limit(RECOMPILE_LIMIT)
     return count
 
 
 def compiled_layer_count(model) -> int:
-    """How many of ``model``'s modules have a forward :func:`compile_layers` compiled (0 for an eager model)."""
+    """How many of ``model``'s modules have a forward :func:`compile_layers` compiled (0 for an eager model).
+
+    >>> import torch
+    >>> compiled_layer_count(torch.nn.Linear(2, 2))
+    0
+    """
     return sum(bool(getattr(module, _COMPILED, False)) for module in model.modules())
 
 
-def layer_compile_blocker(model) -> str:
-    """Why ``model``'s layers cannot be compiled one by one ("" when they can): compile it whole instead.
+def layer_compile_blocker(model, *, mode: str | None = None) -> str:
+    """Why ``model``'s layers cannot be compiled one by one under ``mode`` ("" when they can): compile it whole.
 
     >>> import torch
     >>> layer_compile_blocker(torch.nn.Linear(2, 2))
@@ -112,12 +127,18 @@ def layer_compile_blocker(model) -> str:
     """
     from ._enable import packing_layers
 
+    if mode in CUDA_GRAPH_MODES:
+        return f"mode={mode!r} replays CUDA graphs, which layers sharing one compiled forward cannot"
+
     layers = packing_layers(model)
     if layers is not None and (layers.stateful or layers.multimodal):
         return "enable_packing prepared layers that read the forward's scope"
     blocks = repeated_layers(model)
     if not blocks:
         return "the model has no repeated layers"
+    named = set(getattr(model, "_no_split_modules", None) or ())
+    if named and type(blocks[0]).__name__ not in named:
+        return f"its repeated {type(blocks[0]).__name__} blocks are not the layers it names ({', '.join(sorted(named))})"
     replaced = [
         type(module).__name__
         for block in blocks

@@ -160,9 +160,8 @@ def add_packing_callbacks(trainer, *, probe: bool, warm_up: bool, metrics: bool)
 
         trainer.add_callback(SequenceParallelCheckCallback(mesh, probe=probe))
     else:
-        unbucketed = lambda: trainer.data_collator if trainer._compile.whole_model == "" else None  # noqa: E731
         trainer.add_callback(PackingCheckCallback(probe=probe, model_for_probe=lambda: compiled_model(trainer),
-                                                  collator_for_probe=unbucketed))  # fmt: skip
+                                                  collator_for_probe=trainer._compile.probe_collator))  # fmt: skip
     if trainer.args.torch_compile:
         trainer.add_callback(trainer._compile)
     if warm_up and mesh is None:  # under Ulysses, FA4 compiles at first use

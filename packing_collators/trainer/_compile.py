@@ -1,31 +1,17 @@
-"""Packed training under ``torch.compile``: a few shapes, every graph compiled before the first step.
+"""Packed training under ``torch.compile``: the layers compiled in place, every graph compiled before the first step.
 
-A compiled model guards on what it was traced with, and a packed batch changes three things
-every step: its length ``T``, its number of examples (``cu_seq_lens`` has ``n + 1`` entries)
-and its longest example (``max_length_q/k``, Python ints). Left alone, that recompiles until
-Dynamo's limit and then falls back to eager. Here::
+    PackingTrainer(torch_compile=True)
+      compile_layers(model)      each decoder layer's forward compiled (dynamic shapes), in place; the loss
+                                 chunked outside the graph; accelerate kept from compiling the whole model
+                                 (else, with the reason: FSDP, DeepSpeed, sequence parallelism, hybrids, VLMs)
+      T                          padded to a bucket (the token budget); the padding a segment of its own
+      n, max_length              symbolic: the attention ops take them as SymInts (FA4's custom op, torch's
+                                 varlen op); traced dynamic from the first compile (symbolic_packing_sizes)
+      warm_up_compiled           forward and backward on two bucket-sized batches before the first step
 
-    T                padded to a bucket (one by default: the token budget, which multipack
-                     micro-batches nearly fill); the padding a segment of its own, never trained
-    n, max_length    symbolic: the attention ops take them as SymInts (FA4's custom op,
-                     torch's varlen op), so the graph does not depend on them
-
-so a run compiles a bounded number of graphs, whatever its data. ``n`` and the max lengths are
-traced as dynamic from the first compile (``torch.compiler.config.dynamic_sources``, see
-:func:`symbolic_packing_sizes`; without it Dynamo's automatic dynamic shapes make them so at the
-second batch, one compile more), and with several buckets one more graph takes ``T`` dynamic::
-
-    warm-up batch    bucket  n  max      graphs so far
-    1                16384   4  4096     1   (n, max_length symbolic)
-    2                16384   7  10240    1
-    training steps   16384   any any     1   (no recompile)
-
-:func:`warm_up_compiled` runs those batches (forward and backward, as a training step does,
-gradients cleared after) before the first step, so no timed step compiles; PackingTrainer
-counts any later recompile and warns. The live probe runs the compiled model too, forward only on
-its own shapes, and compiles graphs of its own: :class:`CompileReport` counts them apart
-(``probe_graphs``), so ``graphs`` is the training graphs the table shows. Cost: the compiles themselves (seconds to a minute per
-graph on a GPU), once, and the buckets' padding, reported as :class:`CompileReport`.
+so no training step compiles (PackingTrainer counts a later recompile and warns). The live probe runs
+the compiled model on its own shapes, its graphs counted apart (``CompileReport.probe_graphs``).
+Cost: the compiles (seconds each on a GPU), once, and the buckets' padding (``CompileReport``).
 """
 
 from __future__ import annotations
@@ -74,10 +60,8 @@ class CompileReport:
     Attributes:
         buckets: the row lengths micro-batches are padded to.
         padding_fraction: pad slots / all slots the buckets add over the epoch's plan.
-        graphs: training graphs the warm-up compiled before the first step (one per run for one
-            bucket where ``torch.compiler.config.dynamic_sources`` exists, else two).
-        probe_graphs: the other graphs compiled before the first step: the live probe's forwards
-            on the compiled model (its own shapes, no backward), counted apart from ``graphs``.
+        graphs: training graphs the warm-up compiled before the first step (a few: checkpointing's recompute is one).
+        probe_graphs: the live probe's and the budget check's graphs, compiled before the first step.
         seconds: wall time of the warm-up.
         recompiles: graphs compiled after the warm-up, during training (0 expected).
     """
@@ -236,28 +220,33 @@ def compile_plan(collator, sampler, budget: int) -> CompilePlan | None:
     bucketed = bucketed_collator(collator, buckets)
     buckets = getattr(getattr(bucketed, "options", None), "pad_to_buckets", None)
     if buckets is None:
-        logger.warning(
-            "PackingTrainer(torch_compile=True): the data collator (%s) does not pad to buckets, so each new "
-            "batch length may recompile. Use FlatteningCollator (optionally pad_to_buckets=...).",
-            type(collator).__name__,
-        )
+        logger.warning("PackingTrainer(torch_compile=True): the data collator (%s) does not pad to buckets, so each "
+                       "new batch length may recompile. Use FlatteningCollator (optionally pad_to_buckets=...).",
+                       type(collator).__name__)  # fmt: skip
         return None
     return CompilePlan(bucketed, CompileReport(buckets, plan_padding(sampler, buckets) or 0.0))
 
 
 class CompileWarmUp(TrainerCallback):
-    """PackingTrainer's compile hooks (a ``TrainerCallback``'s events): the layers compiled at construction,
-    every graph of the :class:`CompilePlan` it is given compiled when training begins, recompiles counted after.
-    ``report`` is the :class:`CompileReport` (None until a compiled run prepares its dataloader).
-    """
+    """PackingTrainer's compile hooks: the layers compiled at construction, the :class:`CompilePlan`'s graphs when
+    training begins, recompiles counted after; ``report`` (:class:`CompileReport`) once the dataloader is built."""
 
     def __init__(self, trainer) -> None:
         self.trainer = trainer
         self.report: CompileReport | None = None
         self.collator = None
-        compiling = trainer.args.torch_compile and trainer.model is not None  # the layers compiled here, in place
-        self.whole_model = compile_trainer_layers(trainer) if compiling else None  # why not ("": they are)
+        self.whole_model: str | None = None  # torch_compile=True: why the model is compiled whole ("": by layer)
         self._before_warm_up = self._before_training = None
+        if trainer.args.torch_compile and trainer.model is not None:
+            self.compile_layers(trainer.model)
+
+    def compile_layers(self, model) -> None:
+        """Compile ``model``'s layers in place (at construction, and for a model ``model_init`` builds anew)."""
+        self.whole_model = compile_trainer_layers(self.trainer, model)
+
+    def probe_collator(self):
+        """The live probe's collator with the layers compiled (dynamic shapes): the one before bucket padding."""
+        return self.trainer.data_collator if self.whole_model == "" else None
 
     def prepare(self, plan: CompilePlan) -> None:
         """Warm up ``plan``'s collator when training begins; graphs count from now on (the probe's apart)."""
@@ -294,26 +283,39 @@ class CompileWarmUp(TrainerCallback):
             return
         recompiles = graphs_compiled() - self._before_training
         if recompiles > self.report.recompiles:
-            logger.warning(
-                "PackingTrainer: torch.compile compiled %d graph(s) at step %d, after the warm-up (%s).",
-                recompiles - self.report.recompiles,
-                state.global_step,
-                "TORCH_LOGS=recompiles says why",
-            )
-            self.report.recompiles = recompiles
+            new, self.report.recompiles = recompiles - self.report.recompiles, recompiles
+            logger.warning("PackingTrainer: torch.compile compiled %d graph(s) at step %d, after the warm-up "
+                           "(TORCH_LOGS=recompiles says why).", new, state.global_step)  # fmt: skip
 
 
-def compile_trainer_layers(trainer) -> str:
-    """``torch_compile=True``: the layers compiled in place (``compile_layers``), accelerate's whole-model compile
-    off; returns "" then, else why the model stays compiled whole (by accelerate, as the stock Trainer does)."""
-    from accelerate.utils import DynamoBackend
-
+def compile_trainer_layers(trainer, model) -> str:
+    """``torch_compile=True``: ``model``'s layers compiled in place (``compile_layers``), and this trainer's
+    accelerator kept from compiling the whole model; returns "" then, else why it is compiled whole (accelerate's)."""
     from ..models import compile_layers, layer_compile_blocker
 
+    args = trainer.args
     if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled or trainer.sequence_parallel_mesh is not None:
         return "FSDP, DeepSpeed and sequence parallelism compile through accelerate"
-    if why := layer_compile_blocker(trainer.model):
+    if why := layer_compile_blocker(model, mode=args.torch_compile_mode):
         return why
-    compile_layers(trainer.model, backend=trainer.args.torch_compile_backend, mode=trainer.args.torch_compile_mode)
-    trainer.accelerator.state.dynamo_plugin.backend = DynamoBackend.NO
+    compile_layers(model, backend=args.torch_compile_backend, mode=args.torch_compile_mode)
+    _prepare_uncompiled(trainer.accelerator)
     return ""
+
+
+def _prepare_uncompiled(accelerator) -> None:
+    """``accelerator.prepare_model`` with accelerate's dynamo backend off for the call: the layers are compiled, and
+    the plugin (shared by every Accelerator of the process) is left as it was for the next Trainer."""
+    from accelerate.utils import DynamoBackend
+
+    original = getattr(accelerator, "_packing_prepare_model", None) or accelerator.prepare_model
+
+    def prepare_model(model, *args, **kwargs):
+        plugin = accelerator.state.dynamo_plugin
+        backend, plugin.backend = plugin.backend, DynamoBackend.NO
+        try:
+            return original(model, *args, **kwargs)
+        finally:
+            plugin.backend = backend
+
+    accelerator._packing_prepare_model, accelerator.prepare_model = original, prepare_model

@@ -122,11 +122,8 @@ class PackingTrainer(Trainer):
     several GPUs (``python train.py`` without ``torchrun``: ``args.n_gpu > 1``, which the Trainer
     would train under ``torch.nn.DataParallel``), at construction.
 
-    Under ``TrainingArguments(torch_compile=True)`` training micro-batches are padded to one
-    bucket (the token budget; the padding a segment of its own, never trained), every graph
-    is compiled before the first step (:func:`warm_up_compiled`), the probe runs the compiled
-    model, and ``trainer.compile_report`` (:class:`CompileReport`: graphs, seconds, the
-    buckets' padding, recompiles since) is logged; a later recompile is warned about.
+    Under ``TrainingArguments(torch_compile=True)`` the decoder layers are compiled in place, micro-batches
+    padded to one bucket, every graph compiled before the first step, ``trainer.compile_report`` logged (``_compile.py``).
 
     >>> PackingTrainer.__mro__[1].__name__
     'Trainer'
@@ -392,11 +389,13 @@ class PackingTrainer(Trainer):
 
     def call_model_init(self, trial=None):
         """The stock ``model_init`` call; a model ``train()`` builds anew is prepared as the first one was
-        (``enable_packing``, and the attention implementation chosen at construction)."""
+        (``enable_packing``, the attention implementation chosen at construction, its layers compiled)."""
         model = super().call_model_init(trial)
         if getattr(self, "attn_implementation", None) is not None:  # set after __init__'s own call
             prepare_trainer_model(self, model)
             choose_attention(model, self.attn_implementation)
+            if self.args.torch_compile:
+                self._compile.compile_layers(model)
         return model
 
     def predict(self, test_dataset, ignore_keys=None, metric_key_prefix="test"):

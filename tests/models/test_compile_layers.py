@@ -117,10 +117,41 @@ def test_packing_trainer_compiles_the_layers_and_keeps_the_chunked_loss(tmp_path
 
     trainer = _trainer(tmp_path, tiny_model("llama"))
     assert trainer._compile.whole_model == "" and compiled_layer_count(trainer.model) == 2
-    assert trainer.accelerator.state.dynamo_plugin.backend == DynamoBackend.NO  # no second, whole-model compile
+    plugin = trainer.accelerator.state.dynamo_plugin  # shared by every Accelerator: left as the arguments set it
+    assert plugin.backend != DynamoBackend.NO
     trainer.train()
-    assert type(trainer.model_wrapped).__name__ == "LlamaForCausalLM"
+    assert type(trainer.model_wrapped).__name__ == "LlamaForCausalLM"  # no second, whole-model compile
     assert trainer._head_loss.heads[id(trainer.model)] is not None and trainer.compile_report.recompiles == 0
+    assert plugin.backend != DynamoBackend.NO
+
+
+@pytest.mark.slow
+def test_a_stock_trainer_after_it_still_compiles_and_model_init_models_are_compiled(tmp_path):
+    from transformers import Trainer
+
+    first = _trainer(tmp_path, tiny_model("llama"))
+    stock = Trainer(model=tiny_model("llama"), args=first.args, train_dataset=first.train_dataset,
+                    data_collator=FlatteningCollator())  # fmt: skip
+    stock.train()  # the same TrainingArguments: accelerate's torch_compile=True still compiles the stock model
+    assert type(stock.model_wrapped).__name__ == "OptimizedModule"
+    from packing_collators import PackingTrainer
+
+    rebuilt = PackingTrainer(model_init=lambda: tiny_model("llama"), args=first.args, train_dataset=first.train_dataset,
+                             max_tokens_per_batch=90, packing_probe=False)  # fmt: skip
+    rebuilt.train()  # train() builds the model anew: its layers are compiled too
+    assert compiled_layer_count(rebuilt.model) == 2 and rebuilt._compile.whole_model == ""
+
+
+def test_cuda_graph_modes_are_refused_for_shared_layer_graphs(tmp_path):
+    with pytest.raises(ValueError, match="replays CUDA graphs.*Use mode=None"):
+        compile_layers(tiny_model("llama"), mode="reduce-overhead")
+    assert "replays CUDA graphs" in layer_compile_blocker(tiny_model("llama"), mode="max-autotune")
+
+
+def test_a_model_whose_repeated_blocks_are_not_its_named_layers_is_compiled_whole():
+    model = tiny_model("llama")
+    model._no_split_modules = ["SomethingElse"]
+    assert layer_compile_blocker(model).startswith("its repeated LlamaDecoderLayer blocks are not the layers it names")
 
 
 def test_a_hybrid_model_stays_compiled_whole_with_the_reason(tmp_path):
