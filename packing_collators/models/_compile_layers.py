@@ -3,7 +3,7 @@
     model.model.layers[i].forward = compiled(type(layer).forward), bound to layer i   (one code object:
                                     a graph compiled for layer 0 serves every layer of its class)
     embeddings, final norm, the loss   eager; the chunked loss runs its own compiled chunk
-    accelerate's whole-model torch.compile   off in PackingTrainer (the layers are compiled already)
+    accelerate's whole-model torch.compile   skipped by PackingTrainer's prepare (the layers are compiled)
 
 Why not the whole model (what the stock Trainer compiles): the loss never holds the full logits
 because it projects only the tokens that have a target, a selection whose size depends on the data,
@@ -18,8 +18,9 @@ recompute and the live probe's calls each add a graph (a handful per run). Cost:
 each, before the first step under PackingTrainer (``trainer/_compile.py``), in the first steps otherwise.
 Gradient checkpointing: transformers 5.15-5.17 checkpoint in the layer's ``__call__``, around the compiled
 forward; 5.24 wraps the class's ``forward``, so the checkpoint is traced inside the graph (equal losses and
-gradients on the CPU; the GPU rows below ran 5.17). Measured (1B, one H100, both sides compiled): 1.24-1.33x TRL's compiled ``SFTTrainer`` under gradient
-checkpointing, 1.02-1.03x without (docs/benchmarks.md).
+gradients on the CPU; the GPU rows below ran 5.17). Measured (1B, one H100, both sides compiled):
+1.24-1.33x TRL's compiled ``SFTTrainer`` under gradient checkpointing, 1.02-1.03x without
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
