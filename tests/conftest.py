@@ -7,6 +7,9 @@
 - Tiny randomly initialised models, example batches and a reference varlen kernel live in
   ``tests/_tiny_models.py``, their one home: tests import it, and so do the worker processes
   that the distributed tests start (which cannot see fixtures).
+- ``fresh_dynamo`` resets Dynamo's caches around a test (the compile tests opt in with ``usefixtures``);
+  ``fa4_reference`` runs ``packing_fa4`` on the CPU: FA4's custom ops call the float32 reference
+  interface, eager calls the reference kernel.
 - Markers: ``slow`` (seconds each: example scripts, subprocesses, several processes) and
   ``distributed`` (several torch.distributed processes). ``pytest -m "not slow"`` runs the rest
   (what ``make test-oldest`` runs).
@@ -54,3 +57,26 @@ def _varlen_windows_unbounded(monkeypatch):
     module = sys.modules.get("packing_collators.attention._varlen")
     if module is not None:
         monkeypatch.setattr(module, "_varlen_can_pick_cudnn", lambda: False)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches and counters reset before and after the test."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def fa4_reference(monkeypatch):
+    """packing_fa4 on CPU: the custom ops call the reference interface, eager calls the reference kernel."""
+    from _tiny_models import fake_fa4, reference_fa4_interface
+
+    from packing_collators import register_fa4_attention
+    from packing_collators.attention import _fa4, _fa4_ops
+
+    register_fa4_attention()
+    monkeypatch.setattr(_fa4_ops, "_interface", reference_fa4_interface)
+    monkeypatch.setattr(_fa4, "_kernel", lambda query: fake_fa4)

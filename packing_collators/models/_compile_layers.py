@@ -18,9 +18,7 @@ recompute and the live probe's calls each add a graph (a handful per run). Cost:
 each, before the first step under PackingTrainer (``trainer/_compile.py``), in the first steps otherwise.
 Gradient checkpointing: transformers 5.15-5.17 checkpoint in the layer's ``__call__``, around the compiled
 forward; 5.24 wraps the class's ``forward``, so the checkpoint is traced inside the graph (equal losses and
-gradients on the CPU; the GPU rows below ran 5.17). Measured (1B, one H100, both sides compiled):
-1.24-1.33x TRL's compiled ``SFTTrainer`` under gradient checkpointing, 1.02-1.03x without
-(docs/benchmarks.md).
+gradients on the CPU; the GPU runs used 5.17). Measured against TRL: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """CUDA's caching allocator without fragmentation, for a token budget that fills the card.
 
-A budget measured to fill 90% of the GPU (``max_tokens_per_batch="auto"``) leaves ~8 GiB
-on an 80 GB card, and packed micro-batches change size every step: with its default fixed-size
-segments the caching allocator keeps freed blocks of the old sizes, and a later step's large
-activation can find no block to fit although enough bytes are free (reserved but unallocated
-memory of gigabytes, at a step the dry runs measured within budget). Expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) grow one mapping
-instead, so reserved memory follows allocated memory. The setting can change at run time and
-applies to segments made after it; a user's own choice of allocator is left alone.
+A budget measured to fill 90% of the GPU (``max_tokens_per_batch="auto"``) leaves ~8 GiB on an 80 GB card, and
+packed micro-batches change size every step: with its default fixed-size segments the caching allocator keeps
+freed blocks of the old sizes, and a later step's large activation can find no block to fit although enough
+bytes are free (reserved but unallocated memory of gigabytes, at a step the dry runs measured within budget).
+Expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) grow one mapping instead, so
+reserved memory follows allocated memory. The setting can change at run time and applies to segments made
+after it; a user's own choice of allocator is left alone.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class CompileReport:
         buckets: the row lengths micro-batches are padded to.
         padding_fraction: pad slots / all slots the buckets add over the epoch's plan.
         graphs: training graphs the warm-up compiled before the first step (a few: checkpointing's recompute is one).
-        probe_graphs: the live probe's and the budget check's graphs, compiled before the first step.
+        probe_graphs: the other graphs compiled before the first step (the live probe's, FA4's warm-up's).
         seconds: wall time of the warm-up.
         recompiles: graphs compiled after the warm-up, during training (0 expected).
     """

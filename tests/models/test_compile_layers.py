@@ -13,28 +13,16 @@ import copy
 import numpy as np
 import pytest
 import torch
-from _tiny_models import fake_fa4, random_examples, reference_fa4_interface, tiny_model, training_args
+from _tiny_models import random_examples, tiny_model, training_args
 
-from packing_collators import FlatteningCollator, compile_layers, register_fa4_attention
-from packing_collators.attention import _fa4, _fa4_ops
+from packing_collators import FlatteningCollator, compile_layers
 from packing_collators.models._compile_layers import compiled_layer_count, layer_compile_blocker, repeated_layers
 
 BACKEND = "aot_eager"
 BATCHES = [[7, 3, 12, 5, 9], [4, 9, 6], [30, 2], [5] * 7]  # other lengths, counts and longest examples
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-@pytest.fixture
-def fa4_reference(monkeypatch):
-    register_fa4_attention()
-    monkeypatch.setattr(_fa4_ops, "_interface", reference_fa4_interface)
-    monkeypatch.setattr(_fa4, "_kernel", lambda query: fake_fa4)
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # fa4_reference: conftest.py
 
 
 def _losses_and_grads(model, checkpointing: bool):

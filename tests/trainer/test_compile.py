@@ -16,27 +16,15 @@ import torch
 from _tiny_models import fake_fa4, random_examples, reference_fa4_interface, tiny_model
 
 from packing_collators import FlatteningCollator, register_fa4_attention, register_varlen_attention
-from packing_collators.attention import _fa4, _fa4_ops, _varlen
+from packing_collators.attention import _fa4_ops, _varlen
 from packing_collators.collate import bucket_length, bucket_padding_fraction, length_buckets
-from packing_collators.trainer._compile import graphs_compiled, warm_up_compiled
 from packing_collators.models import compiled_layer_count
+from packing_collators.trainer._compile import graphs_compiled, warm_up_compiled
 
 BACKEND = "aot_eager"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-@pytest.fixture
-def fa4_reference(monkeypatch):
-    """packing_fa4 on CPU: the custom ops call the reference interface, eager calls the reference kernel."""
-    register_fa4_attention()
-    monkeypatch.setattr(_fa4_ops, "_interface", reference_fa4_interface)
-    monkeypatch.setattr(_fa4, "_kernel", lambda query: fake_fa4)
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # fa4_reference: conftest.py
 
 
 def _reference_window(window_size):
