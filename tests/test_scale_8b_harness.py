@@ -28,6 +28,7 @@ sys.path[:0] = [str(GPU), str(ROOT / "benchmarks")]
 
 metrics = importlib.import_module("_scale_8b_metrics")
 plan = importlib.import_module("_scale_8b_plan")
+results_of = importlib.import_module("_scale_8b_results")
 
 SMOKE = ["--smoke", "--replicas", "4", "--steps", "3", "--warmup", "1"]
 WORKER = """
@@ -78,11 +79,11 @@ def test_two_ranks_train_the_losses_of_the_one_process_replay(smoke_runs):
     assert abs(two["loss"][0] - math.log(256)) < 0.05  # a token mean at a random init, not a sum over ranks
     assert two["loss"][-1] < two["loss"][0]  # it trains: every weight moves (the head too)
     assert abs(other["loss"][0] - two["loss"][0]) > 1e-4  # another plan: other rows, another loss
-    check = plan.loss_check(two, replay)
+    check = results_of.loss_check(two, replay)
     assert check["within_bf16_noise"] and check["steps_compared"] == 4
     assert 0.9 < two["fill"] <= 1.0  # multipack rows nearly fill the 1,024-token budget
     shape = metrics.TINY
-    assert two["flops_per_token"] == metrics.flops_per_token(shape, 1024)
+    assert two["flops_per_token"] == metrics.flops_per_token(shape, 512)  # attention charged per 512-token document row
     assert two["mfu"] == pytest.approx(two["flops_per_token"] * two["tokens_per_s_per_gpu"] / 989e12)
     assert two["flops_per_token_causal_documents"] < two["flops_per_token"]  # documents are shorter than the row
 
@@ -112,7 +113,7 @@ def test_torchtitans_step_lines_parse_to_their_numbers():
     assert parsed["steps"][1] == {"step": 2, "loss": 11.90512, "grad_norm": 5.0021, "memory_gib": 41.2,
                                   "memory_pct": 52.07, "tps": 6012.0, "tflops": 348.19, "mfu_pct": 35.21}  # fmt: skip
     run = {"status": "ok", "flavor": "8B", **parsed, "data": {"rows": 4}}
-    summary = plan.titan_summary(run)  # steps after the first 3: step 4 alone
+    summary = results_of.titan_summary(run)  # steps after the first 3: step 4 alone
     assert summary["tokens_per_s_per_gpu"] == 5000.0 and summary["steps_timed"] == 1
     assert summary["mfu"] == pytest.approx(57_914_449_920 * 5000 / 989e12)
     assert summary["mfu_logged"] == pytest.approx(0.2928)
@@ -142,7 +143,7 @@ def test_the_rows_scaling_and_loss_verdict_come_from_the_runs():
         "titan_varlen_4": {"status": "ok", "flavor": "8B_varlen", "steps": steps, "data": {"documents": [100] * 82}},
         "titan_causal_4": {"status": "exit 1", "steps": []},
     }  # fmt: skip
-    results = plan.build(runs)
+    results = results_of.build(runs)
     (row,) = [r for r in results["rows"] if r["torchtitan"] == "titan_varlen_4"]
     assert row["torchtitan_tokens_per_s_per_gpu"] == pytest.approx(
         4800.0
@@ -153,11 +154,11 @@ def test_the_rows_scaling_and_loss_verdict_come_from_the_runs():
                                                                       "ours_4": 6000 / 6400})  # fmt: skip
     assert results["loss_vs_replay"]["ours_2"]["within_bf16_noise"]  # 0.1 / 11 < 2%
     assert not results["loss_vs_replay"]["ours_1"]["within_bf16_noise"]  # 0.5 / 11 > 2%
-    table = plan.markdown(results)
+    table = results_of.markdown(results)
     assert "| 6,000 | 4,800 | 1.25 |" in table and "NOT within" in table
 
 
-@pytest.mark.parametrize("name", ["_scale_8b_metrics", "_scale_8b_data", "scale_8b"])
+@pytest.mark.parametrize("name", ["_scale_8b_metrics", "_scale_8b_data", "_scale_8b_results", "scale_8b"])
 def test_the_helpers_docstring_examples(name):
     assert doctest.testmod(importlib.import_module(name)).failed == 0
 
@@ -179,7 +180,7 @@ def test_the_device_plan_gives_both_sides_the_same_settings(tmp_path):
         assert option(titan, "--training.local_batch_size") == "1"  # one 8,192-token row per GPU per step, as ours
         assert option(titan, "--activation_checkpoint.mode") == "full" and ours_defaults.ac == "full"
         assert option(titan, "--training.dtype") == "bfloat16"  # bf16 weights and AdamW states, as ours on CUDA
-        timed = int(option(titan, "--training.steps")) - plan.TITAN_SKIP
+        timed = int(option(titan, "--training.steps")) - results_of.TITAN_SKIP
         assert timed == int(option(ours4, "--steps")) == 12  # the same number of timed steps
         assert "--compile.enable" not in titan.command and "--compile" not in ours4.command
     assert option(steps["titan_varlen_4"], "--model.flavor") == "8B_varlen"  # the documents' boundaries
@@ -194,3 +195,35 @@ def test_the_device_plan_gives_both_sides_the_same_settings(tmp_path):
     assert option(keep, "--reshard-after-forward") == "never" and ours_defaults.reshard_after_forward == "always"
     assert option(titan_keep, "--parallelism.fsdp_reshard_after_forward") == "never"
     assert option(titan_keep, "--model.flavor") == "8B_varlen" and option(keep, "--steps") == option(ours4, "--steps")
+
+
+def test_local_batch_2_gives_both_sides_two_rows_a_gpu_and_its_own_scaling(tmp_path):
+    steps = {s.name: s for s in plan.plan_steps(tmp_path)}
+
+    def option(step, name):
+        return step.command[step.command.index(name) + 1]
+
+    for name in ("titan_varlen_4_lb2", "titan_causal_4_lb2", "titan_varlen_4_keep_lb2", "titan_varlen_4_compile_lb2"):
+        assert option(steps[name], "--training.local_batch_size") == "2" and option(steps[name], "--training.seq_len") == "8192"
+    for name in ("titan_varlen_4", "titan_causal_4"):
+        assert option(steps[name], "--training.local_batch_size") == "1"
+    for name in ("ours_4_lb2", "ours_2_lb2", "ours_1_lb2", "ours_4_keep_lb2", "ours_4_compile_lb2"):
+        assert option(steps[name], "--tokens-per-batch") == "16384" and option(steps[name], "--replicas") == "4"
+    assert "--tokens-per-batch" not in steps["ours_4"].command  # local batch 1: the 8,192-token default
+    assert option(steps["ours_4_keep_lb2"], "--reshard-after-forward") == "never"
+    assert option(steps["titan_varlen_4_keep_lb2"], "--parallelism.fsdp_reshard_after_forward") == "never"
+    # MFU charges attention per 8,192-token document row on both sides, not over our 16,384-token packed row
+    ours_args = importlib.import_module("scale_8b").parse_args(["--tokens-per-batch", "16384"])
+    assert metrics.flops_row(ours_args) == 8192
+
+    ours = {"status": "ok", "gpus": 4, "tokens_per_s_per_gpu": 7600.0, "mfu": 0.44, "mfu_causal_documents": 0.36,
+            "peak_allocated_gib_per_gpu": [25.0], "compile": False, "loss": [12.0, 11.0], "card": "H100"}  # fmt: skip
+    runs = {"ours_4": {**ours, "tokens_per_s_per_gpu": 7000.0}, "ours_1": {**ours, "gpus": 1, "tokens_per_s_per_gpu": 8000.0},
+            "ours_4_lb2": ours, "ours_1_lb2": {**ours, "gpus": 1, "tokens_per_s_per_gpu": 7900.0, "loss": [12.0, 11.001]}}  # fmt: skip
+    results = results_of.build(runs)
+    assert results["scaling"]["per_gpu_efficiency"]["ours_4"] == pytest.approx(7000 / 8000)
+    assert results["scaling_local_batch_2"]["per_gpu_efficiency"]["ours_4_lb2"] == pytest.approx(7600 / 7900)
+    assert results["loss_vs_replay"]["ours_1_lb2"]["reference"] == "ours_4_lb2"
+    assert results["loss_vs_replay"]["ours_1_lb2"]["within_bf16_noise"]
+    assert {r["local_batch"] for r in results["rows"] if r["ours"] == "ours_4_lb2"} == {2}
+    assert "Per-GPU scaling, local batch 2" in results_of.markdown(results)

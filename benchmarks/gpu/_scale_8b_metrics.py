@@ -85,6 +85,17 @@ def causal_document_flops_per_token(shape: Shape, documents: list[int]) -> float
     return 6 * (total - embedding) + attention_flops_per_key(shape) * keys
 
 
+def flops_row(args) -> int:
+    """The row length MFU charges attention over, as torchtitan charges its ``seq_len``: the budget, or the longest
+    document where a budget packs several of torchtitan's rows (``--tokens-per-batch 16384``: its local batch 2).
+
+    >>> from types import SimpleNamespace
+    >>> flops_row(SimpleNamespace(tokens_per_batch=16384, max_length=8192))
+    8192
+    """
+    return min(args.tokens_per_batch, args.max_length)
+
+
 def mfu(flops: float, tokens_per_s_per_gpu: float, peak: float = H100_BF16_PEAK) -> float:
     """Model FLOPs utilisation, a fraction: FLOPs per token * tokens/s per GPU / the GPU's peak.
 

@@ -6,11 +6,7 @@
              8 files, so the runs' own files stay in <work> (/tmp/scale8b) and results.json carries them ("runs").
     --report rebuilds results.json and report.md from a results.json's "runs" (or a folder of <name>.json runs).
 
-Rows (issue #46, item 5): per GPU count and setting, ours and torchtitan's tokens/s per GPU on the same GPUs,
-MFU (``_scale_8b_metrics.py``), peak memory; the scaling 1 -> 2 -> 4 per GPU; ours against its replays (the 2- and
-1-GPU runs train the 4-GPU run's steps: equal losses within bf16 noise, ``TOLERANCE`` relative per step).
-torchtitan's tokens/s is that of its timed steps as one window (the harmonic mean of its per-step ``tps``, steps
-after the first ``TITAN_SKIP``), as ours is its timed steps' tokens over their seconds.
+The rows, scaling and loss checks: ``_scale_8b_results.py``.
 """
 
 from __future__ import annotations
@@ -25,22 +21,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _scale_8b_metrics import (
-    H100_BF16_PEAK,
-    LLAMA_3_1_8B,
-    causal_document_flops_per_token,
-    flops_per_token,
-    mfu,
-    parse_titan_log,
-    steady,
-)
+from _scale_8b_metrics import parse_titan_log
+from _scale_8b_results import SEQ, TITAN_SKIP, build, markdown
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 WORK = Path("/tmp/scale8b")
-TITAN_STEPS, TITAN_SKIP = 15, 3  # torchtitan: steps run, first steps left out (compiles, first all-gathers)
-TOLERANCE = 0.02  # max relative loss difference per step against the replay counted as bf16 noise
-SEQ = 8192
+TITAN_STEPS = 15  # torchtitan's steps; the first TITAN_SKIP are left out (compiles, first all-gathers)
 
 
 @dataclass
@@ -86,7 +73,7 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
     big, half = (2, 1) if smoke else (4, 2)
     seq = 256 if smoke else SEQ
     titan_common = [
-        "--training.seq_len", str(seq), "--training.local_batch_size", "1",
+        "--training.seq_len", str(seq),
         "--training.steps", str(5 if smoke else TITAN_STEPS),
         "--training.dtype", "float32" if smoke else "bfloat16",
         "--training.mixed_precision_param", "float32" if smoke else "bfloat16",
@@ -101,17 +88,20 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
     ours_extra = ["--smoke"] if smoke else ([] if fa4_installed() else ["--attn", "packing_varlen"])
     replicas = str(big)
 
-    def titan(name: str, flavor: str, *extra: str, expected: float = 90, timeout: float = 170) -> Step:
+    def titan(name: str, flavor: str, *extra: str, expected: float = 90, timeout: float = 170, batch: int = 1) -> Step:
         command = [*torchrun(big), "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
                    str(HERE / "_scale_8b_titan.py"), *titan_data, "--data-stats", str(work / f"{name}_data.json"),
-                   "--model.flavor", "debugmodel" if smoke else flavor, *titan_common, *extra]  # fmt: skip
+                   "--model.flavor", "debugmodel" if smoke else flavor, *titan_common,
+                   "--training.local_batch_size", str(batch), *extra]  # fmt: skip
         return Step(name, command, expected, timeout, kind="titan")
 
     cache = {"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(work / "fa4")}
 
-    def ours(name: str, gpus: int, steps: int, warmup: int, *extra: str, expected: float, timeout: float) -> Step:
+    def ours(name: str, gpus: int, steps: int, warmup: int, *extra: str, expected: float, timeout: float,
+             batch: int = 1) -> Step:
+        rows = [] if batch == 1 else ["--tokens-per-batch", str(batch * (1024 if smoke else SEQ))]  # one packed row
         command = [*torchrun(gpus), str(HERE / "scale_8b.py"), "--name", name, "--out", str(work), "--replicas",
-                   replicas, "--steps", str(steps), "--warmup", str(warmup), *ours_extra, *extra]  # fmt: skip
+                   replicas, "--steps", str(steps), "--warmup", str(warmup), *ours_extra, *rows, *extra]  # fmt: skip
         env = {} if smoke else {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(gpus))}
         if gpus == 1 and not smoke:  # 8B with bf16 AdamW states on one 80 GB card: ~64 GB before activations
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -154,6 +144,17 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
         ours("ours_4_keep", big, 12, 3, "--reshard-after-forward", "never", expected=100, timeout=200),
         titan("titan_varlen_4_keep", "8B_varlen", "--parallelism.fsdp_reshard_after_forward", "never", expected=90),
         ours("ours_2_keep", half, 6, 2, "--reshard-after-forward", "never", expected=70, timeout=150),
+        # local batch 2 (torchtitan's published setting): twice the tokens per FSDP gather and reduction
+        ours("ours_4_lb2", big, 12, 3, expected=130, timeout=240, batch=2),
+        titan("titan_varlen_4_lb2", "8B_varlen", expected=120, timeout=220, batch=2),
+        ours("ours_1_lb2", 1, 3, 1, expected=110, timeout=200, batch=2),
+        ours("ours_2_lb2", half, 6, 2, expected=100, timeout=200, batch=2),
+        titan("titan_causal_4_lb2", "8B", expected=110, timeout=220, batch=2),
+        ours("ours_4_keep_lb2", big, 12, 3, "--reshard-after-forward", "never", expected=130, timeout=240, batch=2),
+        titan("titan_varlen_4_keep_lb2", "8B_varlen", "--parallelism.fsdp_reshard_after_forward", "never",
+              expected=120, timeout=220, batch=2),
+        ours("ours_4_compile_lb2", big, 12, 3, "--compile", expected=170, timeout=260, batch=2),
+        titan("titan_varlen_4_compile_lb2", "8B_varlen", "--compile.enable", expected=170, timeout=260, batch=2),
     ]
 
 
@@ -251,166 +252,6 @@ def collect(work: Path, steps: list[Step], status: dict) -> dict:
             record["output_tail"] = text[-3000:]
         runs[step.name] = record
     return runs
-
-
-# ----------------------------------------------------------------------------- the results
-def titan_summary(run: dict) -> dict | None:
-    """torchtitan's timed steps: tokens/s per GPU (one window), MFU both ways, its own MFU, memory, losses."""
-    tps = [s["tps"] for s in run.get("steps", [])]
-    timed = tps[TITAN_SKIP:]
-    if not timed:
-        return None
-    rate = len(timed) / sum(1 / t for t in timed)  # the window's tokens / its seconds: every step has SEQ tokens
-    data = run.get("data") or {}
-    if run.get("flavor") == "8B":  # sdpa: one causal sequence over each whole row
-        documents = [SEQ] * max(1, data.get("rows", 1))
-    else:  # varlen: each document causally, cut where torchtitan cuts them
-        documents = data.get("documents") or [SEQ]
-    flops = flops_per_token(LLAMA_3_1_8B, SEQ)
-    return {
-        "tokens_per_s_per_gpu": rate,
-        "median_step_tps": steady(tps, TITAN_SKIP),
-        "mfu": mfu(flops, rate),
-        "mfu_causal_documents": mfu(causal_document_flops_per_token(LLAMA_3_1_8B, documents), rate),
-        "mfu_logged": steady([s["mfu_pct"] / 100 for s in run["steps"]], TITAN_SKIP),
-        "peak_flops_logged": run.get("peak_flops"),
-        "memory_reserved_gib": max(s["memory_gib"] for s in run["steps"]),
-        "loss": [s["loss"] for s in run["steps"]],
-        "steps_timed": len(timed),
-    }
-
-
-def loss_check(reference: dict | None, replay: dict | None) -> dict | None:
-    """Per-step loss differences of a replay against the reference run, over the steps both ran."""
-    if not reference or not replay or "loss" not in reference or "loss" not in replay:
-        return None
-    pairs = list(zip(reference["loss"], replay["loss"]))
-    relative = max(abs(a - b) / max(abs(a), 1e-9) for a, b in pairs)
-    return {
-        "steps_compared": len(pairs),
-        "max_abs": max(abs(a - b) for a, b in pairs),
-        "max_relative": relative,
-        "within_bf16_noise": relative <= TOLERANCE,
-        "tolerance": TOLERANCE,
-    }
-
-
-def build(runs: dict) -> dict:
-    """results.json: the rows, the scaling, the loss checks, every run."""
-    ok = {name: run for name, run in runs.items() if run.get("status") == "ok"}
-    titans = {name: titan_summary(run) for name, run in ok.items() if name.startswith("titan_") and run.get("steps")}
-    ours = {name: run for name, run in ok.items() if "tokens_per_s_per_gpu" in run}
-    rows = []
-
-    def row(name: str, setting: str, titan_name: str | None, comparison: str) -> None:
-        run = ours.get(name)
-        theirs = titans.get(titan_name) if titan_name else None
-        if run is None and theirs is None:
-            return
-        ours_rate = run["tokens_per_s_per_gpu"] if run else None
-        their_rate = theirs["tokens_per_s_per_gpu"] if theirs else None
-        rows.append({
-            "setting": setting, "gpus": run["gpus"] if run else 4, "ours": name if run else None,
-            "torchtitan": titan_name if theirs else None, "comparison": comparison,
-            "tokens_per_s_per_gpu": ours_rate, "torchtitan_tokens_per_s_per_gpu": their_rate,
-            "ours_vs_torchtitan": ours_rate / their_rate if ours_rate and their_rate else None,
-            "mfu": run["mfu"] if run else None, "mfu_causal_documents": run.get("mfu_causal_documents") if run else None,
-            "torchtitan_mfu": theirs["mfu"] if theirs else None,
-            "torchtitan_mfu_causal_documents": theirs["mfu_causal_documents"] if theirs else None,
-            "torchtitan_mfu_logged": theirs["mfu_logged"] if theirs else None,
-            "peak_allocated_gib_per_gpu": max(run["peak_allocated_gib_per_gpu"]) if run else None,
-            "peak_reserved_gib_per_gpu": max(run.get("peak_reserved_gib_per_gpu") or [0]) if run else None,
-            "torchtitan_peak_reserved_gib": theirs["memory_reserved_gib"] if theirs else None,
-            "compile": bool(run["compile"]) if run else bool(runs.get(titan_name, {}).get("compile")),
-        })  # fmt: skip
-
-    same = "ours: packed documents (FA4 varlen); torchtitan: its varlen attention over the same documents"
-    unpacked = ("ours: packed documents; torchtitan: the same tokens as unpacked 8,192-token rows, one causal "
-                "sequence each (its published setting; the user's comparison)")  # fmt: skip
-    row("ours_4", "4 GPUs, FSDP2, full AC, bf16, 1 x 8,192 tokens, eager", "titan_varlen_4", same)
-    row("ours_4", "4 GPUs, FSDP2, full AC, bf16, 1 x 8,192 tokens, eager", "titan_causal_4", unpacked)
-    row("ours_4_compile", "4 GPUs, as above, torch.compile per layer", "titan_varlen_4_compile", same)
-    row("ours_4_keep", "4 GPUs, eager, gathered parameters kept from forward to backward (reshard_after_forward "
-        "never, both sides)", "titan_varlen_4_keep", same)
-    row("ours_trainer_4", "4 GPUs, PackingTrainer (accelerate FSDP2), eager", None, "ours through the Trainer")
-    row("ours_2", "2 GPUs (4 sampler ranks: 2 micro-batches per step)", None, "scaling; replay of ours_4")
-    row("ours_2_keep", "2 GPUs, as above, reshard_after_forward never", None, "scaling; replay of ours_4")
-    row("ours_1", "1 GPU (4 sampler ranks: 4 micro-batches per step), no FSDP", None, "scaling; replay of ours_4")
-    per_gpu = {n: {"gpus": ours[n]["gpus"], "tokens_per_s_per_gpu": ours[n]["tokens_per_s_per_gpu"],
-                   "step_token_imbalance": ours[n].get("step_token_imbalance")}
-               for n in ("ours_1", "ours_2", "ours_2_keep", "ours_4", "ours_4_keep") if n in ours}  # fmt: skip
-    base = next(iter(per_gpu.values()), None)  # the fewest GPUs that ran: 1, else 2
-    scaling = {
-        "runs": per_gpu,
-        "base": next(iter(per_gpu), None),
-        "per_gpu_efficiency": {n: r["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"] for n, r in per_gpu.items()}
-        if base
-        else {},
-        "one_gpu": runs.get("ours_1", {}).get("status", "not run"),
-    }
-    reference = "ours_4" if "ours_4" in ours else "ours_1"  # a 2-GPU machine: the 2-GPU runs against the 1-GPU one
-    replays = ("ours_2", "ours_1") if reference == "ours_4" else ("ours_2", "ours_2_keep")
-    losses = {n: loss_check(ours.get(reference), ours.get(n)) for n in replays}
-    losses = {n: check and {**check, "reference": reference} for n, check in losses.items()}
-    card = next((r["card"] for r in ours.values()), None)
-    return {
-        "issue": 46,
-        "card": card,
-        "peak_flops": H100_BF16_PEAK,
-        "flops_per_token": flops_per_token(LLAMA_3_1_8B, SEQ),
-        "flops_counting": "torchtitan's: 6 x non-embedding parameters + 12 x layers x heads x head_dim x 8,192 per "
-        "token (attention charged the whole row); mfu_causal_documents charges each query its own document's "
-        "earlier keys only; recompute counted in neither; peak H100 SXM bf16 dense 989 TFLOP/s",
-        "rows": rows,
-        "scaling": scaling,
-        "loss_vs_replay": losses,
-        "eight_gpus": "not lent: run scale_8b.py on nvidia-h100-x8 with --replicas 8 when status lists it",
-        "runs": runs,
-    }
-
-
-def fmt(value, spec: str = ",.0f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def markdown(results: dict) -> str:
-    lines = [
-        f"Llama-3.1-8B shape, random weights, bf16, 8,192-token rows, full activation checkpointing, FSDP2; "
-        f"{results.get('card') or '?'}. MFU: {results['flops_counting']}.",
-        "",
-        "| setting | GPUs | ours tokens/s/GPU | torchtitan tokens/s/GPU | ours / torchtitan | ours MFU (causal docs) | "
-        "torchtitan MFU (causal docs) | peak GiB/GPU: ours allocated / reserved (torchtitan reserved) | compared |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|",
-    ]
-    for r in results["rows"]:
-        pct = lambda a, b: "-" if a is None else f"{a:.1%}" + ("" if b is None else f" ({b:.1%})")  # noqa: E731
-        lines.append(
-            f"| {r['setting']} | {r['gpus']} | {fmt(r['tokens_per_s_per_gpu'])} | "
-            f"{fmt(r['torchtitan_tokens_per_s_per_gpu'])} | {fmt(r['ours_vs_torchtitan'], '.2f')} | "
-            f"{pct(r['mfu'], r['mfu_causal_documents'])} | {pct(r['torchtitan_mfu'], r['torchtitan_mfu_causal_documents'])} | "
-            f"{fmt(r['peak_allocated_gib_per_gpu'], '.1f')} / {fmt(r['peak_reserved_gib_per_gpu'], '.1f')} "
-            f"({fmt(r['torchtitan_peak_reserved_gib'], '.1f')}) | "
-            f"{r['comparison']} |"
-        )
-    scaling = results["scaling"]
-    lines += ["", f"Per-GPU scaling (tokens/s per GPU; efficiency against {scaling['base'] or '-'}): " + ", ".join(
-        f"{n} on {r['gpus']} GPU(s) {fmt(r['tokens_per_s_per_gpu'])} ({scaling['per_gpu_efficiency'][n]:.3f})"
-        for n, r in scaling["runs"].items()) + f"; the 1-GPU run: {scaling['one_gpu']}."]  # fmt: skip
-    for name, check in results["loss_vs_replay"].items():
-        if check:
-            lines.append(
-                f"Losses of {check.get('reference', 'ours_4')} against its replay {name}: {check['steps_compared']} "
-                f"steps, max difference "
-                f"{check['max_abs']:.4f} ({check['max_relative']:.2%} relative; "
-                f"{'within' if check['within_bf16_noise'] else 'NOT within'} {check['tolerance']:.0%})."
-            )
-    check = (results["runs"].get("titan030_import") or {}).get("output", "").strip().splitlines()
-    if check:
-        lines.append(f"torchtitan 0.3.0 on this image: {check[-1][:300]}")
-    states = ", ".join(f"{n} {r.get('status')}" for n, r in results["runs"].items() if n != "commit")
-    lines.append(f"Commit: {results['runs'].get('commit', {}).get('output') or 'not recorded'}.")
-    lines += [f"Runs: {states}. Eight GPUs: {results['eight_gpus']}.", ""]
-    return "\n".join(lines)
 
 
 def write_outputs(out: Path, work: Path, steps: list[Step], runs: dict) -> None:

@@ -79,6 +79,7 @@ from _scale_8b_metrics import (  # noqa: E402
     TINY,
     causal_document_flops_per_token,
     flops_per_token,
+    flops_row,
     mfu,
 )
 from _shared import CompileCounter, gather_ranks, model_config  # noqa: E402
@@ -265,7 +266,7 @@ def run_loop(args, rank: int, world: int, device: torch.device) -> dict | None:
     all_tokens = sum(float(g[0]) for g in gathered)
     rate = all_tokens / max(float(g[1]) for g in gathered) / world
     flops, flops_documents = (
-        flops_per_token(shape, args.tokens_per_batch),
+        flops_per_token(shape, flops_row(args)),
         causal_document_flops_per_token(shape, documents_trained),
     )
     return {
@@ -344,7 +345,7 @@ def run_trainer(args, rank: int, world: int, device: torch.device) -> dict | Non
     if rank != 0:
         return None
     rate = sum(float(g[0]) for g in gathered) / max(float(g[1]) for g in gathered) / world
-    flops = flops_per_token(SHAPES[args.shape], args.tokens_per_batch)
+    flops = flops_per_token(SHAPES[args.shape], flops_row(args))
     return {
         "name": args.name, "runner": "PackingTrainer", "gpus": world, "replicas": args.replicas,
         "card": torch.cuda.get_device_name(device) if cuda else "cpu", "versions": versions(),

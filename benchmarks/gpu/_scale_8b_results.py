@@ -1,0 +1,209 @@
+"""scale_8b.py's results: results.json's rows, scaling and loss checks from the runs' records, and report.md.
+
+Rows (issue #46, item 5): per GPU count, local batch and setting, ours and torchtitan's tokens/s per GPU on the
+same GPUs, MFU (``_scale_8b_metrics.py``), peak memory; the scaling 1 -> 2 -> 4 per GPU at each local batch; ours
+against its replays (the 2- and 1-GPU runs train the 4-GPU run's steps: equal losses within bf16 noise,
+``TOLERANCE`` relative per step). torchtitan's tokens/s is that of its timed steps as one window (the harmonic mean
+of its per-step ``tps``, steps after the first ``TITAN_SKIP``), as ours is its timed steps' tokens over their seconds.
+Local batch 2 (the ``_lb2`` runs): torchtitan's published setting, two 8,192-token rows per GPU a step; ours packs
+them as one 16,384-token row (documents of at most 8,192 tokens, attention per document either way).
+"""
+
+from __future__ import annotations
+
+from _scale_8b_metrics import (
+    H100_BF16_PEAK,
+    LLAMA_3_1_8B,
+    causal_document_flops_per_token,
+    flops_per_token,
+    mfu,
+    steady,
+)
+
+TITAN_SKIP = 3  # torchtitan: first steps left out (compiles, first all-gathers)
+TOLERANCE = 0.02  # max relative loss difference per step against the replay counted as bf16 noise
+SEQ = 8192
+LOCAL_BATCHES = {"": 1, "_lb2": 2}  # run-name suffix: rows of SEQ tokens per GPU a step
+
+
+def titan_summary(run: dict) -> dict | None:
+    """torchtitan's timed steps: tokens/s per GPU (one window), MFU both ways, its own MFU, memory, losses."""
+    tps = [s["tps"] for s in run.get("steps", [])]
+    timed = tps[TITAN_SKIP:]
+    if not timed:
+        return None
+    rate = len(timed) / sum(1 / t for t in timed)  # the window's tokens / its seconds: every step has SEQ tokens
+    data = run.get("data") or {}
+    if run.get("flavor") == "8B":  # sdpa: one causal sequence over each whole row
+        documents = [SEQ] * max(1, data.get("rows", 1))
+    else:  # varlen: each document causally, cut where torchtitan cuts them
+        documents = data.get("documents") or [SEQ]
+    flops = flops_per_token(LLAMA_3_1_8B, SEQ)
+    return {
+        "tokens_per_s_per_gpu": rate,
+        "median_step_tps": steady(tps, TITAN_SKIP),
+        "mfu": mfu(flops, rate),
+        "mfu_causal_documents": mfu(causal_document_flops_per_token(LLAMA_3_1_8B, documents), rate),
+        "mfu_logged": steady([s["mfu_pct"] / 100 for s in run["steps"]], TITAN_SKIP),
+        "peak_flops_logged": run.get("peak_flops"),
+        "memory_reserved_gib": max(s["memory_gib"] for s in run["steps"]),
+        "loss": [s["loss"] for s in run["steps"]],
+        "steps_timed": len(timed),
+    }
+
+
+def loss_check(reference: dict | None, replay: dict | None) -> dict | None:
+    """Per-step loss differences of a replay against the reference run, over the steps both ran."""
+    if not reference or not replay or "loss" not in reference or "loss" not in replay:
+        return None
+    pairs = list(zip(reference["loss"], replay["loss"]))
+    relative = max(abs(a - b) / max(abs(a), 1e-9) for a, b in pairs)
+    return {
+        "steps_compared": len(pairs),
+        "max_abs": max(abs(a - b) for a, b in pairs),
+        "max_relative": relative,
+        "within_bf16_noise": relative <= TOLERANCE,
+        "tolerance": TOLERANCE,
+    }
+
+
+def build(runs: dict) -> dict:
+    """results.json: the rows, the scaling and the loss checks at each local batch, every run."""
+    ok = {name: run for name, run in runs.items() if run.get("status") == "ok"}
+    titans = {name: titan_summary(run) for name, run in ok.items() if name.startswith("titan_") and run.get("steps")}
+    ours = {name: run for name, run in ok.items() if "tokens_per_s_per_gpu" in run}
+    rows = []
+
+    def row(name: str, setting: str, titan_name: str | None, comparison: str, local_batch: int) -> None:
+        run = ours.get(name)
+        theirs = titans.get(titan_name) if titan_name else None
+        if run is None and theirs is None:
+            return
+        ours_rate = run["tokens_per_s_per_gpu"] if run else None
+        their_rate = theirs["tokens_per_s_per_gpu"] if theirs else None
+        rows.append({
+            "setting": setting, "gpus": run["gpus"] if run else 4, "local_batch": local_batch,
+            "ours": name if run else None, "torchtitan": titan_name if theirs else None, "comparison": comparison,
+            "tokens_per_s_per_gpu": ours_rate, "torchtitan_tokens_per_s_per_gpu": their_rate,
+            "ours_vs_torchtitan": ours_rate / their_rate if ours_rate and their_rate else None,
+            "mfu": run["mfu"] if run else None, "mfu_causal_documents": run.get("mfu_causal_documents") if run else None,
+            "torchtitan_mfu": theirs["mfu"] if theirs else None,
+            "torchtitan_mfu_causal_documents": theirs["mfu_causal_documents"] if theirs else None,
+            "torchtitan_mfu_logged": theirs["mfu_logged"] if theirs else None,
+            "peak_allocated_gib_per_gpu": max(run["peak_allocated_gib_per_gpu"]) if run else None,
+            "peak_reserved_gib_per_gpu": max(run.get("peak_reserved_gib_per_gpu") or [0]) if run else None,
+            "torchtitan_peak_reserved_gib": theirs["memory_reserved_gib"] if theirs else None,
+            "compile": bool(run["compile"]) if run else bool(runs.get(titan_name, {}).get("compile")),
+        })  # fmt: skip
+
+    same = "ours: packed documents (FA4 varlen); torchtitan: its varlen attention over the same documents"
+    unpacked = ("ours: packed documents; torchtitan: the same tokens as unpacked 8,192-token rows, one causal "
+                "sequence each (its published setting; the user's comparison)")  # fmt: skip
+    out = {"scaling": {}, "losses": {}}
+    for s, lb in LOCAL_BATCHES.items():
+        tokens = "1 x 8,192 tokens" if lb == 1 else f"{lb} x 8,192 tokens (ours: one {lb * SEQ:,}-token row)"
+        row(f"ours_4{s}", f"4 GPUs, FSDP2, full AC, bf16, {tokens}, eager", f"titan_varlen_4{s}", same, lb)
+        row(f"ours_4{s}", f"4 GPUs, FSDP2, full AC, bf16, {tokens}, eager", f"titan_causal_4{s}", unpacked, lb)
+        row(f"ours_4_compile{s}", f"4 GPUs, {tokens}, torch.compile per layer", f"titan_varlen_4_compile{s}", same, lb)
+        row(f"ours_4_keep{s}", f"4 GPUs, {tokens}, eager, gathered parameters kept from forward to backward "
+            "(reshard_after_forward never, both sides)", f"titan_varlen_4_keep{s}", same, lb)  # fmt: skip
+        row(f"ours_trainer_4{s}", f"4 GPUs, {tokens}, PackingTrainer (accelerate FSDP2), eager", None,
+            "ours through the Trainer", lb)  # fmt: skip
+        row(f"ours_2{s}", f"2 GPUs, {tokens} (4 sampler ranks: 2 micro-batches per step)", None,
+            f"scaling; replay of ours_4{s}", lb)  # fmt: skip
+        row(f"ours_2_keep{s}", f"2 GPUs, {tokens}, as above, reshard_after_forward never", None,
+            f"scaling; replay of ours_4{s}", lb)  # fmt: skip
+        row(f"ours_1{s}", f"1 GPU, {tokens} (4 sampler ranks: 4 micro-batches per step), no FSDP", None,
+            f"scaling; replay of ours_4{s}", lb)  # fmt: skip
+        out["scaling"][s] = _scaling(ours, runs, s)
+        out["losses"].update(_losses(ours, s))
+    card = next((r["card"] for r in ours.values()), None)
+    return {
+        "issue": 46,
+        "card": card,
+        "peak_flops": H100_BF16_PEAK,
+        "flops_per_token": flops_per_token(LLAMA_3_1_8B, SEQ),
+        "flops_counting": "torchtitan's: 6 x non-embedding parameters + 12 x layers x heads x head_dim x 8,192 per "
+        "token (attention charged the whole row); mfu_causal_documents charges each query its own document's "
+        "earlier keys only; recompute counted in neither; peak H100 SXM bf16 dense 989 TFLOP/s",
+        "rows": rows,
+        "scaling": out["scaling"][""],
+        "scaling_local_batch_2": out["scaling"]["_lb2"],
+        "loss_vs_replay": out["losses"],
+        "eight_gpus": "not lent: run scale_8b.py on nvidia-h100-x8 with --replicas 8 when status lists it",
+        "runs": runs,
+    }
+
+
+def _scaling(ours: dict, runs: dict, suffix: str) -> dict:
+    """Tokens/s per GPU at 1, 2 and 4 GPUs (one local batch), and each against the fewest GPUs that ran."""
+    names = [f"{n}{suffix}" for n in ("ours_1", "ours_2", "ours_2_keep", "ours_4", "ours_4_keep")]
+    per_gpu = {n: {"gpus": ours[n]["gpus"], "tokens_per_s_per_gpu": ours[n]["tokens_per_s_per_gpu"],
+                   "step_token_imbalance": ours[n].get("step_token_imbalance")}
+               for n in names if n in ours}  # fmt: skip
+    base = next(iter(per_gpu.values()), None)  # the fewest GPUs that ran: 1, else 2
+    return {
+        "runs": per_gpu,
+        "base": next(iter(per_gpu), None),
+        "per_gpu_efficiency": {n: r["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"] for n, r in per_gpu.items()}
+        if base
+        else {},
+        "one_gpu": runs.get(f"ours_1{suffix}", {}).get("status", "not run"),
+    }
+
+
+def _losses(ours: dict, suffix: str) -> dict:
+    """The replays' losses against the 4-GPU run (a 2-GPU machine: the 2-GPU runs against the 1-GPU one)."""
+    reference = f"ours_4{suffix}" if f"ours_4{suffix}" in ours else f"ours_1{suffix}"
+    replays = ("ours_2", "ours_1") if reference.startswith("ours_4") else ("ours_2", "ours_2_keep")
+    checks = {f"{n}{suffix}": loss_check(ours.get(reference), ours.get(f"{n}{suffix}")) for n in replays}
+    return {n: check and {**check, "reference": reference} for n, check in checks.items() if check or not suffix}
+
+
+def fmt(value, spec: str = ",.0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        f"Llama-3.1-8B shape, random weights, bf16, 8,192-token rows, full activation checkpointing, FSDP2; "
+        f"{results.get('card') or '?'}. MFU: {results['flops_counting']}.",
+        "",
+        "| setting | GPUs | ours tokens/s/GPU | torchtitan tokens/s/GPU | ours / torchtitan | ours MFU (causal docs) | "
+        "torchtitan MFU (causal docs) | peak GiB/GPU: ours allocated / reserved (torchtitan reserved) | compared |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in results["rows"]:
+        pct = lambda a, b: "-" if a is None else f"{a:.1%}" + ("" if b is None else f" ({b:.1%})")  # noqa: E731
+        lines.append(
+            f"| {r['setting']} | {r['gpus']} | {fmt(r['tokens_per_s_per_gpu'])} | "
+            f"{fmt(r['torchtitan_tokens_per_s_per_gpu'])} | {fmt(r['ours_vs_torchtitan'], '.2f')} | "
+            f"{pct(r['mfu'], r['mfu_causal_documents'])} | {pct(r['torchtitan_mfu'], r['torchtitan_mfu_causal_documents'])} | "
+            f"{fmt(r['peak_allocated_gib_per_gpu'], '.1f')} / {fmt(r['peak_reserved_gib_per_gpu'], '.1f')} "
+            f"({fmt(r['torchtitan_peak_reserved_gib'], '.1f')}) | "
+            f"{r['comparison']} |"
+        )
+    lines.append("")
+    for key, label in (("scaling", "local batch 1"), ("scaling_local_batch_2", "local batch 2")):
+        scaling = results.get(key)
+        if not scaling or (key != "scaling" and not scaling["runs"]):
+            continue
+        lines.append(f"Per-GPU scaling, {label} (tokens/s per GPU; efficiency against {scaling['base'] or '-'}): "
+                     + ", ".join(f"{n} on {r['gpus']} GPU(s) {fmt(r['tokens_per_s_per_gpu'])} "
+                                 f"({scaling['per_gpu_efficiency'][n]:.3f})" for n, r in scaling["runs"].items())
+                     + f"; the 1-GPU run: {scaling['one_gpu']}.")  # fmt: skip
+    for name, check in results["loss_vs_replay"].items():
+        if check:
+            lines.append(
+                f"Losses of {check.get('reference', 'ours_4')} against its replay {name}: {check['steps_compared']} "
+                f"steps, max difference "
+                f"{check['max_abs']:.4f} ({check['max_relative']:.2%} relative; "
+                f"{'within' if check['within_bf16_noise'] else 'NOT within'} {check['tolerance']:.0%})."
+            )
+    check = (results["runs"].get("titan030_import") or {}).get("output", "").strip().splitlines()
+    if check:
+        lines.append(f"torchtitan 0.3.0 on this image: {check[-1][:300]}")
+    states = ", ".join(f"{n} {r.get('status')}" for n, r in results["runs"].items() if n != "commit")
+    lines.append(f"Commit: {results['runs'].get('commit', {}).get('output') or 'not recorded'}.")
+    lines += [f"Runs: {states}. Eight GPUs: {results['eight_gpus']}.", ""]
+    return "\n".join(lines)
