@@ -209,6 +209,9 @@ def test_local_batch_2_gives_both_sides_two_rows_a_gpu_and_its_own_scaling(tmp_p
         assert option(steps[name], "--training.local_batch_size") == "1"
     for name in ("ours_4_lb2", "ours_2_lb2", "ours_1_lb2", "ours_4_keep_lb2", "ours_4_compile_lb2"):
         assert option(steps[name], "--tokens-per-batch") == "16384" and option(steps[name], "--replicas") == "4"
+    for name in ("ours_4_lb4", "ours_1_lb4", "ours_4_keep_lb4"):  # two 16,384-token micro-batches per GPU
+        assert option(steps[name], "--tokens-per-batch") == "16384" and option(steps[name], "--replicas") == "8"
+        assert option(steps[name], "--examples") == "6000"  # the 4-GPU run and its 1-GPU replay draw the same
     assert "--tokens-per-batch" not in steps["ours_4"].command  # local batch 1: the 8,192-token default
     assert option(steps["ours_4_keep_lb2"], "--reshard-after-forward") == "never"
     assert option(steps["titan_varlen_4_keep_lb2"], "--parallelism.fsdp_reshard_after_forward") == "never"
@@ -218,11 +221,16 @@ def test_local_batch_2_gives_both_sides_two_rows_a_gpu_and_its_own_scaling(tmp_p
 
     ours = {"status": "ok", "gpus": 4, "tokens_per_s_per_gpu": 7600.0, "mfu": 0.44, "mfu_causal_documents": 0.36,
             "peak_allocated_gib_per_gpu": [25.0], "compile": False, "loss": [12.0, 11.0], "card": "H100"}  # fmt: skip
-    runs = {"ours_4": {**ours, "tokens_per_s_per_gpu": 7000.0}, "ours_1": {**ours, "gpus": 1, "tokens_per_s_per_gpu": 8000.0},
+    runs = {"ours_4": {**ours, "tokens_per_s_per_gpu": 7000.0, "step_seconds": [9.0, 2.0, 2.2, 2.1, 2.3]},
+            "ours_1": {**ours, "gpus": 1, "tokens_per_s_per_gpu": 8000.0, "warmup": 1, "steps": 2,
+                       "step_seconds": [11.0, 7.6, 8.4]},
             "ours_4_lb2": ours, "ours_1_lb2": {**ours, "gpus": 1, "tokens_per_s_per_gpu": 7900.0, "loss": [12.0, 11.001]}}  # fmt: skip
     results = results_of.build(runs)
     assert results["scaling"]["per_gpu_efficiency"]["ours_4"] == pytest.approx(7000 / 8000)
+    # the same micro-batches (steps 1-2): 1 GPU 16.0 s, 4 GPUs 4.2 s each
+    assert results["scaling"]["same_steps_efficiency"]["ours_4"] == pytest.approx(16.0 / (4 * 4.2))
     assert results["scaling_local_batch_2"]["per_gpu_efficiency"]["ours_4_lb2"] == pytest.approx(7600 / 7900)
+    assert results["scaling_local_batch_2"]["same_steps_efficiency"]["ours_4_lb2"] is None  # no step times given
     assert results["loss_vs_replay"]["ours_1_lb2"]["reference"] == "ours_4_lb2"
     assert results["loss_vs_replay"]["ours_1_lb2"]["within_bf16_noise"]
     assert {r["local_batch"] for r in results["rows"] if r["ours"] == "ours_4_lb2"} == {2}

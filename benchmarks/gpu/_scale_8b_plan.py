@@ -99,9 +99,12 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
 
     def ours(name: str, gpus: int, steps: int, warmup: int, *extra: str, expected: float, timeout: float,
              batch: int = 1) -> Step:
-        rows = [] if batch == 1 else ["--tokens-per-batch", str(batch * (1024 if smoke else SEQ))]  # one packed row
+        # local batch 2: one packed row of 2 x 8,192 tokens; 4: two such micro-batches per GPU (8 sampler ranks)
+        rows = [] if batch == 1 else ["--tokens-per-batch", str(min(batch, 2) * (1024 if smoke else SEQ))]
+        ranks = str(big * max(1, batch // 2))
+        rows += ["--examples", "6000"] if batch == 4 and not smoke else []  # enough documents for 10 such steps
         command = [*torchrun(gpus), str(HERE / "scale_8b.py"), "--name", name, "--out", str(work), "--replicas",
-                   replicas, "--steps", str(steps), "--warmup", str(warmup), *ours_extra, *rows, *extra]  # fmt: skip
+                   ranks, "--steps", str(steps), "--warmup", str(warmup), *ours_extra, *rows, *extra]  # fmt: skip
         env = {} if smoke else {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(gpus))}
         if gpus == 1 and not smoke:  # 8B with bf16 AdamW states on one 80 GB card: ~64 GB before activations
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -155,6 +158,10 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
               expected=120, timeout=220, batch=2),
         ours("ours_4_compile_lb2", big, 12, 3, "--compile", expected=170, timeout=260, batch=2),
         titan("titan_varlen_4_compile_lb2", "8B_varlen", "--compile.enable", expected=170, timeout=260, batch=2),
+        # local batch 4: two 16,384-token micro-batches per GPU, gradients reduced once a step
+        ours("ours_4_keep_lb4", big, 8, 2, "--reshard-after-forward", "never", expected=130, timeout=240, batch=4),
+        ours("ours_1_lb4", 1, 3, 1, expected=150, timeout=240, batch=4),
+        ours("ours_4_lb4", big, 8, 2, expected=130, timeout=240, batch=4),
     ]
 
 

@@ -23,7 +23,7 @@ from _scale_8b_metrics import (
 TITAN_SKIP = 3  # torchtitan: first steps left out (compiles, first all-gathers)
 TOLERANCE = 0.02  # max relative loss difference per step against the replay counted as bf16 noise
 SEQ = 8192
-LOCAL_BATCHES = {"": 1, "_lb2": 2}  # run-name suffix: rows of SEQ tokens per GPU a step
+LOCAL_BATCHES = {"": 1, "_lb2": 2, "_lb4": 4}  # run-name suffix: rows of SEQ tokens per GPU a step
 
 
 def titan_summary(run: dict) -> dict | None:
@@ -101,7 +101,7 @@ def build(runs: dict) -> dict:
                 "sequence each (its published setting; the user's comparison)")  # fmt: skip
     out = {"scaling": {}, "losses": {}}
     for s, lb in LOCAL_BATCHES.items():
-        tokens = "1 x 8,192 tokens" if lb == 1 else f"{lb} x 8,192 tokens (ours: one {lb * SEQ:,}-token row)"
+        tokens = "1 x 8,192 tokens" if lb == 1 else f"{lb} x 8,192 tokens (ours: {'one' if lb == 2 else 'two'} 16,384-token row{'s' * (lb > 2)})"
         row(f"ours_4{s}", f"4 GPUs, FSDP2, full AC, bf16, {tokens}, eager", f"titan_varlen_4{s}", same, lb)
         row(f"ours_4{s}", f"4 GPUs, FSDP2, full AC, bf16, {tokens}, eager", f"titan_causal_4{s}", unpacked, lb)
         row(f"ours_4_compile{s}", f"4 GPUs, {tokens}, torch.compile per layer", f"titan_varlen_4_compile{s}", same, lb)
@@ -129,6 +129,7 @@ def build(runs: dict) -> dict:
         "rows": rows,
         "scaling": out["scaling"][""],
         "scaling_local_batch_2": out["scaling"]["_lb2"],
+        "scaling_local_batch_4": out["scaling"]["_lb4"],
         "loss_vs_replay": out["losses"],
         "eight_gpus": "not lent: run scale_8b.py on nvidia-h100-x8 with --replicas 8 when status lists it",
         "runs": runs,
@@ -136,20 +137,40 @@ def build(runs: dict) -> dict:
 
 
 def _scaling(ours: dict, runs: dict, suffix: str) -> dict:
-    """Tokens/s per GPU at 1, 2 and 4 GPUs (one local batch), and each against the fewest GPUs that ran."""
+    """Tokens/s per GPU at 1, 2 and 4 GPUs (one local batch), and each against the fewest GPUs that ran: over each
+    run's own timed steps (``per_gpu_efficiency``), and over the same steps (``same_steps_efficiency``, the fair one:
+    a replay trains the same micro-batches at step k, whose attention costs differ from step to step)."""
     names = [f"{n}{suffix}" for n in ("ours_1", "ours_2", "ours_2_keep", "ours_4", "ours_4_keep")]
     per_gpu = {n: {"gpus": ours[n]["gpus"], "tokens_per_s_per_gpu": ours[n]["tokens_per_s_per_gpu"],
                    "step_token_imbalance": ours[n].get("step_token_imbalance")}
                for n in names if n in ours}  # fmt: skip
-    base = next(iter(per_gpu.values()), None)  # the fewest GPUs that ran: 1, else 2
+    base_name = next(iter(per_gpu), None)  # the fewest GPUs that ran: 1, else 2
+    base = per_gpu.get(base_name)
     return {
         "runs": per_gpu,
-        "base": next(iter(per_gpu), None),
+        "base": base_name,
         "per_gpu_efficiency": {n: r["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"] for n, r in per_gpu.items()}
         if base
         else {},
+        "same_steps_efficiency": {n: same_steps_efficiency(ours[base_name], ours[n]) for n in per_gpu} if base else {},
         "one_gpu": runs.get(f"ours_1{suffix}", {}).get("status", "not run"),
     }
+
+
+def same_steps_efficiency(base: dict, run: dict) -> float | None:
+    """Per-GPU efficiency of ``run`` against ``base`` over the base's timed steps, which both trained (the same
+    micro-batches): (base GPUs x base seconds) / (run GPUs x run seconds); None without step times.
+
+    >>> base = {"gpus": 1, "warmup": 1, "steps": 2, "step_seconds": [9.0, 8.0, 8.4]}
+    >>> round(same_steps_efficiency(base, {"gpus": 4, "step_seconds": [5.0, 2.1, 2.2, 2.0]}), 4)  # 16.4 / (4 x 4.3)
+    0.9535
+    """
+    first, timed = base.get("warmup"), base.get("steps")
+    mine, theirs = base.get("step_seconds"), run.get("step_seconds")
+    if None in (first, timed, mine, theirs) or len(theirs) < first + timed or len(mine) < first + timed:
+        return None
+    steps = slice(first, first + timed)
+    return base["gpus"] * sum(mine[steps]) / (run["gpus"] * sum(theirs[steps]))
 
 
 def _losses(ours: dict, suffix: str) -> dict:
@@ -184,13 +205,16 @@ def markdown(results: dict) -> str:
             f"{r['comparison']} |"
         )
     lines.append("")
-    for key, label in (("scaling", "local batch 1"), ("scaling_local_batch_2", "local batch 2")):
+    for key, label in (("scaling", "1"), ("scaling_local_batch_2", "2"), ("scaling_local_batch_4", "4")):
         scaling = results.get(key)
-        if not scaling or (key != "scaling" and not scaling["runs"]):
+        if not scaling or not scaling["runs"]:
             continue
-        lines.append(f"Per-GPU scaling, {label} (tokens/s per GPU; efficiency against {scaling['base'] or '-'}): "
+        same = scaling.get("same_steps_efficiency", {})
+        lines.append(f"Per-GPU scaling, local batch {label} (tokens/s per GPU; efficiency against "
+                     f"{scaling['base'] or '-'}, over each run's timed steps / over the same steps): "
                      + ", ".join(f"{n} on {r['gpus']} GPU(s) {fmt(r['tokens_per_s_per_gpu'])} "
-                                 f"({scaling['per_gpu_efficiency'][n]:.3f})" for n, r in scaling["runs"].items())
+                                 f"({scaling['per_gpu_efficiency'][n]:.3f} / {fmt(same.get(n), '.3f')})"
+                                 for n, r in scaling["runs"].items())
                      + f"; the 1-GPU run: {scaling['one_gpu']}.")  # fmt: skip
     for name, check in results["loss_vs_replay"].items():
         if check:
