@@ -109,11 +109,10 @@ def build(runs: dict) -> dict:
             "(reshard_after_forward never, both sides)", f"titan_varlen_4_keep{s}", same, lb)  # fmt: skip
         row(f"ours_trainer_4{s}", f"4 GPUs, {tokens}, PackingTrainer (accelerate FSDP2), eager", None,
             "ours through the Trainer", lb)  # fmt: skip
-        row(f"ours_2{s}", f"2 GPUs, {tokens} (4 sampler ranks: 2 micro-batches per step)", None,
-            f"scaling; replay of ours_4{s}", lb)  # fmt: skip
+        row(f"ours_2{s}", f"2 GPUs, {tokens} ({_ranks(ours, f'ours_2{s}')})", None, f"scaling; replay of ours_4{s}", lb)
         row(f"ours_2_keep{s}", f"2 GPUs, {tokens}, as above, reshard_after_forward never", None,
             f"scaling; replay of ours_4{s}", lb)  # fmt: skip
-        row(f"ours_1{s}", f"1 GPU, {tokens} (4 sampler ranks: 4 micro-batches per step), no FSDP", None,
+        row(f"ours_1{s}", f"1 GPU, {tokens} ({_ranks(ours, f'ours_1{s}')}), no FSDP", None,
             f"scaling; replay of ours_4{s}", lb)  # fmt: skip
         out["scaling"][s] = _scaling(ours, runs, s)
         out["losses"].update(_losses(ours, s))
@@ -134,6 +133,13 @@ def build(runs: dict) -> dict:
         "eight_gpus": "not lent: run scale_8b.py on nvidia-h100-x8 with --replicas 8 when status lists it",
         "runs": runs,
     }
+
+
+def _ranks(ours: dict, name: str) -> str:
+    """How a replay trains the 4-GPU run's steps: its sampler ranks and micro-batches per step."""
+    run = ours.get(name, {})
+    ranks, each = run.get("replicas", 4), run.get("micro_batches_per_step_per_gpu", 4 // max(1, run.get("gpus", 1)))
+    return f"{ranks} sampler ranks: {each} micro-batches per step"
 
 
 def _scaling(ours: dict, runs: dict, suffix: str) -> dict:
@@ -174,8 +180,10 @@ def same_steps_efficiency(base: dict, run: dict) -> float | None:
 
 
 def _losses(ours: dict, suffix: str) -> dict:
-    """The replays' losses against the 4-GPU run (a 2-GPU machine: the 2-GPU runs against the 1-GPU one)."""
-    reference = f"ours_4{suffix}" if f"ours_4{suffix}" in ours else f"ours_1{suffix}"
+    """The replays' losses against the 4-GPU run, its default else its keep variant (a 2-GPU machine: the 2-GPU runs
+    against the 1-GPU one)."""
+    fours = [f"ours_4{k}{suffix}" for k in ("", "_keep") if f"ours_4{k}{suffix}" in ours]
+    reference = fours[0] if fours else f"ours_1{suffix}"
     replays = ("ours_2", "ours_1") if reference.startswith("ours_4") else ("ours_2", "ours_2_keep")
     checks = {f"{n}{suffix}": loss_check(ours.get(reference), ours.get(f"{n}{suffix}")) for n in replays}
     return {n: check and {**check, "reference": reference} for n, check in checks.items() if check or not suffix}
