@@ -191,3 +191,25 @@ def test_torch_compile_on_compiles_our_layers_and_keeps_the_chunked_loss(tmp_pat
     assert _vs_trl_report.pair_rows([packing, eager_trl]) == []
     compiled_trl = {**eager_trl, "compiled": True}
     assert [row["compiled"] for row in _vs_trl_report.pair_rows([packing, compiled_trl])] == [True]
+
+
+def test_torch_compile_defaults_runs_each_side_as_its_user_gets_it(tmp_path):
+    # --torch-compile defaults: PackingTrainer keeps its compile_layers="auto" (eager on this CPU, compiled layers
+    # on a GPU), the stock Trainer side adds compile_layers(model) to enable_chunked_loss(model), TRL stays eager;
+    # the pairs are taken among the _defaults runs only.
+    command = [sys.executable, str(SCRIPT), "--all", "--settings", "ours_packing,ours_flattening", *SMOKE]
+    done = subprocess.run([*command, "--torch-compile", "defaults", "--out", str(tmp_path)], capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0 and "FAILED" not in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    packing = json.loads((tmp_path / f"ours_packing_defaults_{VOCAB}_gc_on.json").read_text())
+    flattening = json.loads((tmp_path / f"ours_flattening_defaults_{VOCAB}_gc_on.json").read_text())
+    assert packing["compiled"] == "defaults" and packing["compile"] is None  # "auto" on a CPU: eager
+    assert packing["loss"] == "PackingTrainer chunked"
+    assert flattening["loss"] == "enable_chunked_loss + compile_layers"
+    _harness()
+    import _vs_trl_report
+
+    trl = {**packing, "setting": "trl_bfd", "name": "trl_bfd_defaults", "side": "trl"}
+    assert _vs_trl_report.pair_rows([packing, {**trl, "compiled": False}]) == []
+    (row,) = _vs_trl_report.pair_rows([packing, trl])
+    assert row["compiled"] == "defaults" and "defaults (ours' layers; TRL eager)" in _vs_trl_report.readme([row], [packing])

@@ -89,6 +89,11 @@ def pair_rows(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def _compiled(mode) -> str:
+    """The table's compile column: both sides compiled, each side's default (ours' layers, TRL eager), or neither."""
+    return {True: "both", "defaults": "defaults (ours' layers; TRL eager)"}.get(mode, "no")
+
+
 def _fmt(value, spec: str = ",.0f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -111,7 +116,7 @@ def readme(rows: list[dict], runs: list[dict]) -> str:
         same += "" if r.get("first_loss_equal", True) else " (step-1 losses differ)"
         lines.append(
             f"| {r['setting']} | {r['vs']} | {r['vocab']} | {'on' if r['grad_checkpointing'] else 'off'} "
-            f"| {'yes' if r.get('compiled') else 'no'} | {_fmt(r['tokens_per_s'])} | {_fmt(r['trl_tokens_per_s'])} | {_fmt(r['tokens_per_s_vs_trl'], '.3f')} "
+            f"| {_compiled(r.get('compiled'))} | {_fmt(r['tokens_per_s'])} | {_fmt(r['trl_tokens_per_s'])} | {_fmt(r['tokens_per_s_vs_trl'], '.3f')} "
             f"| {_fmt(r['peak_memory_gib'], '.1f')} | {_fmt(r['trl_peak_memory_gib'], '.1f')} "
             f"| {_fmt(r['peak_memory_vs_trl'], '.3f')} | {same} | {_fmt(r.get('first_loss_abs_diff'), '.2e')} |"
         )

@@ -112,7 +112,7 @@ def training_kwargs(args, cuda: bool, steps: int) -> dict:
 
 def compile_kwargs(args, cuda: bool) -> dict:
     """``torch_compile=True`` under ``--torch-compile on`` (Inductor on a GPU, aot_eager's graphs on the CPU)."""
-    if not args.compiled:
+    if args.torch_compile != "on":
         return {}
     return {"torch_compile": True, "torch_compile_backend": "inductor" if cuda else "aot_eager"}
 
@@ -236,6 +236,7 @@ def packing_trainer(args, model, dataset, steps: int, budget):
         train_dataset=dataset,
         max_tokens_per_batch=budget,
         loss_implementation=args.loss_implementation,
+        **({"compile_layers": False} if args.torch_compile == "off" else {}),  # defaults: its "auto"
     )
 
 
@@ -270,8 +271,9 @@ def ours_flattening(args, model, dataset):
 
         if _on_cuda(model):  # FA4 as one graph node: the library's custom op around the same kernel
             choose_attention(model, "packing_fa4")
-        compile_layers(model, backend=kwargs.pop("torch_compile_backend"))
-        kwargs.pop("torch_compile")
+        backend = kwargs.pop("torch_compile_backend", None) or ("inductor" if _on_cuda(model) else "aot_eager")
+        compile_layers(model, backend=backend)
+        kwargs.pop("torch_compile", None)
         loss += " + compile_layers"
     arguments = TrainingArguments(**kwargs, per_device_train_batch_size=args.batch_size)
     trainer = Trainer(model=model, args=arguments, train_dataset=dataset, data_collator=FlatteningCollator())

@@ -199,7 +199,7 @@ def run_loop(args, rank: int, world: int, device: torch.device) -> dict | None:
                                   **({"fused": True} if cuda else {}))  # fmt: skip
     bucket = [args.tokens_per_batch] if args.compile else None  # compiled: one row length, one graph
     collate = FlatteningCollator(pad_to_buckets=bucket)
-    from packing_collators.trainer._compile import graphs_compiled
+    from packing_collators.models._compile_layers import graphs_compiled
 
     fa4 = CompileCounter()  # FA4's compiled kernels (0 where flash_attn.cute is not installed)
     started = time.perf_counter()

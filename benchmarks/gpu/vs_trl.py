@@ -52,6 +52,10 @@ setting's arguments (Inductor; aot_eager under --smoke). TRL's Trainer then comp
 PackingTrainer compiles its decoder layers in place and keeps its chunked loss; ours_flattening leaves the flag off
 and calls the documented ``compile_layers(model)`` after ``enable_chunked_loss(model)``, with FA4 as
 ``packing_fa4`` (the same kernel, one graph node) on a GPU.
+``--torch-compile defaults`` (names end in ``_defaults``): each side as its user gets it, TRL eager (its default),
+PackingTrainer with its default ``compile_layers="auto"`` (the layers compiled in place on a GPU), ours_flattening with
+its documented lines (``enable_chunked_loss``, ``compile_layers``). ``off``: every side eager, PackingTrainer too
+(``compile_layers=False``).
 
 Attention: FA4 on both sides (``--attn flash_attention_4``, transformers' own, for TRL's settings and
 ours_flattening; PackingTrainer picks ``packing_fa4``, the same kernel). transformers 5.17 hands FA4 its max
@@ -132,10 +136,12 @@ def _arguments(argv=None) -> argparse.Namespace:
     add("--grad-checkpointing", choices=("on", "off"), default="on", help="(on: TRL's default)")
     add(
         "--torch-compile",
-        choices=("on", "off"),
+        choices=("on", "off", "defaults"),
         default="off",
         help="on: TrainingArguments(torch_compile=True) for TRL and PackingTrainer; ours_flattening\n"
-        "compiles its layers with the documented line (compile_layers(model)) instead (off)",
+        "compiles its layers with the documented line (compile_layers(model)) instead; defaults: each\n"
+        "side as its user gets it (TRL eager, PackingTrainer's compile_layers='auto', ours_flattening's\n"
+        "documented lines); off: every side eager (PackingTrainer(compile_layers=False))",
     )
     add("--steps", type=int, help="timed optimizer steps after the warm-up (30; auto settings: --auto-steps)")
     add("--warmup", type=int, help="first steps left out of the median and steady rates (4)")
@@ -162,15 +168,16 @@ def _arguments(argv=None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, smoke if args.smoke else gpu)
     args.gc = args.grad_checkpointing == "on"
-    args.compiled = args.torch_compile == "on"
+    args.compiled = {"on": True, "off": False, "defaults": "defaults"}[args.torch_compile]  # the JSON's, pairs' key
     return args
 
 
 def run_name(args, setting: str) -> str:
-    """The JSON's stem: ``<setting>[_loss<impl>][_compiled]_<vocab>_gc_<on|off>`` (ours' non-default loss named)."""
+    """The JSON's stem: ``<setting>[_loss<impl>][_compiled|_defaults]_<vocab>_gc_<on|off>`` (ours' non-default loss
+    named)."""
     named = setting.startswith("ours") and args.loss_implementation != "auto"
     loss = f"_loss{args.loss_implementation}" if named else ""
-    compiled = "_compiled" if args.compiled else ""
+    compiled = {"on": "_compiled", "defaults": "_defaults"}.get(args.torch_compile, "")
     return f"{setting}{loss}{compiled}_{args.vocab}_gc_{args.grad_checkpointing}"
 
 

@@ -23,12 +23,23 @@ gradients on the CPU; the GPU runs used 5.17). Measured against TRL: docs/benchm
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 
-from .._compat import raise_recompile_limit
+from .._compat import dynamo_counters, raise_recompile_limit
+from ..batch import VARLEN_KEYS
 
-__all__ = ["compile_layers", "compiled_layer_count", "layer_compile_blocker", "repeated_layers"]
+__all__ = [
+    "auto_compile_blocker",
+    "compile_layers",
+    "compiled_layer_count",
+    "graphs_compiled",
+    "layer_compile_blocker",
+    "repeated_layers",
+    "symbolic_packing_sizes",
+    "uncompile_layers",
+]
 
 _COMPILED = "_packing_compiled_forward"  # marks a layer whose forward this module compiled
 # graphs per compiled forward: the live probe's (forward only, with and without the packed keys, gradients on and
@@ -147,3 +158,85 @@ def layer_compile_blocker(model, *, mode: str | None = None) -> str:
     if replaced:
         return f"the forward of {replaced[0]} inside a layer was replaced"
     return ""
+
+
+def uncompile_layers(model) -> int:
+    """Undo :func:`compile_layers`: each compiled layer runs its class's eager forward again; returns how many.
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]))
+    >>> compile_layers(model, backend="eager"), uncompile_layers(model), compiled_layer_count(model)
+    (2, 2, 0)
+    """
+    count = 0
+    for module in model.modules():
+        if getattr(module, _COMPILED, False):
+            delattr(module, "forward")
+            delattr(module, _COMPILED)
+            count += 1
+    return count
+
+
+def auto_compile_blocker(model) -> str:
+    """Why PackingTrainer's ``compile_layers="auto"`` leaves ``model`` eager ("" when it compiles the layers): only
+    an unquantized model without adapters, on a CUDA GPU where Inductor compiles, whose layers compile one by one.
+
+    >>> import torch
+    >>> auto_compile_blocker(torch.nn.Linear(2, 2))
+    'the model is not on a CUDA GPU'
+    """
+    if getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None) is not None:
+        return "the model is quantized"
+    if getattr(model, "peft_config", None) or getattr(model, "_hf_peft_config_loaded", False):
+        return "the model carries PEFT adapters"
+    parameter = next(iter(model.parameters()), None)
+    if parameter is None or not parameter.is_cuda:
+        return "the model is not on a CUDA GPU"
+    return layer_compile_blocker(model) or _inductor_blocker(parameter.device.index or 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _inductor_blocker(device: int) -> str:
+    """Why Inductor cannot compile a kernel for this GPU ("" when it can): no Triton, no C compiler, ..."""
+    import torch
+
+    try:
+        torch.compile(lambda x: x * 2 + 1)(torch.ones(8, device=f"cuda:{device}"))
+    except Exception as error:  # noqa: BLE001 - any failure: the model trains eager, the reason logged
+        return f"torch.compile fails on this machine ({type(error).__name__}: {str(error).strip()[:200]})"
+    return ""
+
+
+def graphs_compiled() -> int:
+    """Graphs Dynamo has compiled in this process so far (Dynamo's counters).
+
+    >>> graphs_compiled() >= 0
+    True
+    """
+    return int(dynamo_counters()["stats"]["unique_graphs"])
+
+
+PACKING_SOURCES = r".*\['(" + "|".join(VARLEN_KEYS) + r")'\]"
+"""The batch keys Dynamo should take as dynamic from the first trace (a ``dynamic_sources`` regex)."""
+
+
+@contextlib.contextmanager
+def symbolic_packing_sizes():
+    """Trace ``cu_seq_lens_q/k`` and ``max_length_q/k`` as dynamic from the first compile on.
+
+    Without it Dynamo compiles a static graph first and a dynamic one at the next batch (automatic
+    dynamic shapes): one compile saved. Needs ``torch.compiler.config.dynamic_sources`` with regex
+    entries; elsewhere a no-op (the second compile then happens in the warm-up).
+
+    >>> with symbolic_packing_sizes():
+    ...     pass
+    """
+    import torch
+
+    config = getattr(torch.compiler, "config", None)
+    if config is None or not hasattr(config, "dynamic_sources"):
+        yield
+        return
+    sources = ",".join(filter(None, [config.dynamic_sources, PACKING_SOURCES]))
+    with config.patch(dynamic_sources=sources):
+        yield

@@ -162,7 +162,7 @@ def add_packing_callbacks(trainer, *, probe: bool, warm_up: bool, metrics: bool)
     else:
         trainer.add_callback(PackingCheckCallback(probe=probe, model_for_probe=lambda: compiled_model(trainer),
                                                   collator_for_probe=trainer._compile.probe_collator))  # fmt: skip
-    if trainer.args.torch_compile:
+    if trainer._compile.enabled:
         trainer.add_callback(trainer._compile)
     if warm_up and mesh is None:  # under Ulysses, FA4 compiles at first use
         trainer.add_callback(_AttentionWarmUp(trainer))

@@ -1,9 +1,10 @@
 """Packed training under ``torch.compile``: the layers compiled in place, every graph compiled before the first step.
 
-    PackingTrainer(torch_compile=True)
+    PackingTrainer(compile_layers="auto") on a CUDA GPU, or torch_compile=True
       compile_layers(model)      each decoder layer's forward compiled (dynamic shapes), in place; the loss
                                  chunked outside the graph; accelerate kept from compiling the whole model
-                                 (else, with the reason: FSDP, DeepSpeed, sequence parallelism, hybrids, VLMs)
+                                 (else eager, or under torch_compile=True whole, with the reason: FSDP,
+                                 DeepSpeed, sequence parallelism, hybrids, VLMs; "auto": quantized, PEFT)
       T                          padded to a bucket (the token budget); the padding a segment of its own
       n, max_length              symbolic: the attention ops take them as SymInts (FA4's custom op, torch's
                                  varlen op); traced dynamic from the first compile (symbolic_packing_sizes)
@@ -23,9 +24,9 @@ from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
-from .._compat import dynamo_counters, trainer_step_inputs
+from .._compat import trainer_step_inputs
 from .._model_unwrap import text_config
-from ..batch import VARLEN_KEYS
+from ..models._compile_layers import graphs_compiled, symbolic_packing_sizes
 
 __all__ = [
     "CompilePlan",
@@ -36,21 +37,11 @@ __all__ = [
     "bucketed_collator",
     "compile_buckets",
     "compiled_model",
-    "graphs_compiled",
     "warm_up_compiled",
     "warm_up_lengths",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def graphs_compiled() -> int:
-    """Graphs Dynamo has compiled in this process so far (Dynamo's counters).
-
-    >>> graphs_compiled() >= 0
-    True
-    """
-    return int(dynamo_counters()["stats"]["unique_graphs"])
 
 
 @dataclass
@@ -142,32 +133,6 @@ def warm_up_compiled(step, collator, buckets: tuple[int, ...], *, vocab: int) ->
     return time.perf_counter() - started, graphs_compiled() - graphs
 
 
-PACKING_SOURCES = r".*\['(" + "|".join(VARLEN_KEYS) + r")'\]"
-"""The batch keys Dynamo should take as dynamic from the first trace (a ``dynamic_sources`` regex)."""
-
-
-@contextlib.contextmanager
-def symbolic_packing_sizes():
-    """Trace ``cu_seq_lens_q/k`` and ``max_length_q/k`` as dynamic from the first compile on.
-
-    Without it Dynamo compiles a static graph first and a dynamic one at the next batch (automatic
-    dynamic shapes): one compile saved. Needs ``torch.compiler.config.dynamic_sources`` with regex
-    entries; elsewhere a no-op (the second compile then happens in the warm-up).
-
-    >>> with symbolic_packing_sizes():
-    ...     pass
-    """
-    import torch
-
-    config = getattr(torch.compiler, "config", None)
-    if config is None or not hasattr(config, "dynamic_sources"):
-        yield
-        return
-    sources = ",".join(filter(None, [config.dynamic_sources, PACKING_SOURCES]))
-    with config.patch(dynamic_sources=sources):
-        yield
-
-
 def compile_buckets(budget: int) -> tuple[int, ...]:
     """PackingTrainer's buckets for a token budget: one, the budget (rounded up to 8), which multipack
     micro-batches nearly fill; the last micro-batches of an epoch pay more.
@@ -229,20 +194,44 @@ def compile_plan(collator, sampler, budget: int) -> CompilePlan | None:
 
 class CompileWarmUp(TrainerCallback):
     """PackingTrainer's compile hooks: the layers compiled at construction, the :class:`CompilePlan`'s graphs when
-    training begins, recompiles counted after; ``report`` (:class:`CompileReport`) once the dataloader is built."""
+    training begins, recompiles counted after; ``report`` (:class:`CompileReport`) once the dataloader is built.
 
-    def __init__(self, trainer) -> None:
-        self.trainer = trainer
+    ``option`` is PackingTrainer's ``compile_layers``: ``"auto"`` compiles the layers where
+    :func:`auto_compile_blocker` finds nothing against it (a CUDA GPU, ...), True wherever they compile one by one,
+    False never (``torch_compile=True`` then compiles the whole model, accelerate's way). ``enabled``: whether
+    training runs compiled (buckets, warm-up), by the layers or, under ``torch_compile=True``, whole."""
+
+    def __init__(self, trainer, option: bool | str = "auto") -> None:
+        if option not in (True, False, "auto"):
+            raise ValueError(f"compile_layers must be 'auto', True or False, got {option!r}.")
+        self.trainer, self.option, self.enabled = trainer, option, bool(trainer.args.torch_compile)
         self.report: CompileReport | None = None
         self.collator = None
-        self.whole_model: str | None = None  # torch_compile=True: why the model is compiled whole ("": by layer)
+        self.whole_model: str | None = None  # compiled: why the model is compiled whole ("": by layer)
         self._before_warm_up = self._before_training = None
-        if trainer.args.torch_compile and trainer.model is not None:
+        if trainer.model is not None:
             self.compile_layers(trainer.model)
 
     def compile_layers(self, model) -> None:
         """Compile ``model``'s layers in place (at construction, and for a model ``model_init`` builds anew)."""
-        self.whole_model = compile_trainer_layers(self.trainer, model)
+        from ..models._compile_layers import auto_compile_blocker
+
+        if self.option is False:
+            self.whole_model = "compile_layers=False" if self.enabled else None
+            return
+        if self.trainer.args.torch_compile:
+            self.whole_model = compile_trainer_layers(self.trainer, model)
+            return
+        why = compile_trainer_layers(self.trainer, model, only_check=True)
+        why = why or (auto_compile_blocker(model) if self.option == "auto" else "")
+        if why and self.option is True:
+            raise ValueError(f"PackingTrainer(compile_layers=True): {why}. Pass compile_layers='auto' or False.")
+        if why:
+            logger.info("PackingTrainer: the layers train eager (compile_layers='auto'): %s.", why)
+            return
+        self.enabled, self.whole_model = True, compile_trainer_layers(self.trainer, model)
+        logger.warning("PackingTrainer: the decoder layers are compiled in place (compile_layers=%r; every graph "
+                       "compiles before the first step; compile_layers=False trains eager).", self.option)  # fmt: skip
 
     def probe_collator(self):
         """The live probe's collator with the layers compiled (dynamic shapes): the one before bucket padding."""
@@ -288,15 +277,16 @@ class CompileWarmUp(TrainerCallback):
                            "(TORCH_LOGS=recompiles says why).", new, state.global_step)  # fmt: skip
 
 
-def compile_trainer_layers(trainer, model) -> str:
-    """``torch_compile=True``: ``model``'s layers compiled in place (``compile_layers``), and this trainer's
-    accelerator kept from compiling the whole model; returns "" then, else why it is compiled whole (accelerate's)."""
+def compile_trainer_layers(trainer, model, *, only_check: bool = False) -> str:
+    """``model``'s layers compiled in place (``compile_layers``), and this trainer's accelerator kept from compiling
+    the whole model; returns "" then, else why they cannot be (compiled whole, accelerate's way, under
+    ``torch_compile=True``). ``only_check``: the reason alone, nothing compiled."""
     from ..models import compile_layers, layer_compile_blocker
 
     args = trainer.args
     if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled or trainer.sequence_parallel_mesh is not None:
         return "FSDP, DeepSpeed and sequence parallelism compile through accelerate"
-    if why := layer_compile_blocker(model, mode=args.torch_compile_mode):
+    if (why := layer_compile_blocker(model, mode=args.torch_compile_mode)) or only_check:
         return why
     compile_layers(model, backend=args.torch_compile_backend, mode=args.torch_compile_mode)
     _prepare_uncompiled(trainer.accelerator)

@@ -38,7 +38,7 @@ class PackedLoader:
         loader: the DataLoader, prepared by accelerate.
         sampler: this rank's batch sampler (``trainer.make_batch_sampler``'s).
         budget: the micro-batch token budget and the longest example a micro-batch holds.
-        compile_plan: training under ``torch_compile=True``: the bucketed collator and its report.
+        compile_plan: training compiled (``trainer._compile.enabled``): the bucketed collator and its report.
     """
 
     loader: Any
@@ -168,7 +168,7 @@ def multipack_dataloader(trainer, dataset, description: str, batch_size: int, *,
     budget = trainer._budget.plan(lengths, batch_size, GpuRun.of(trainer), training=shuffle)  # once, as a value
     sampler = _sampler(trainer, lengths, budget.tokens, shuffle)
     collator, plan = trainer.data_collator, None
-    if shuffle and len(lengths) and trainer.args.torch_compile:  # rows padded to a bucket, graphs compiled first
+    if shuffle and len(lengths) and trainer._compile.enabled:  # rows padded to a bucket, graphs compiled first
         plan = compile_plan(collator, sampler, budget.tokens)
         collator = plan.collator if plan is not None else collator
     loader = _prepared(trainer, dataset, sampler, _rank_collator(trainer, collator, dataset, description))

@@ -114,6 +114,10 @@ class PackingTrainer(Trainer):
             and where the logits are needed (a label smoother, ``compute_loss_func``, Liger's fused loss,
             ``torch_compile=True``, evaluation for ``compute_metrics``), the full logits, the reason logged.
             ``"chunked"``: the same, refused where it cannot run; ``"full"``: the stock full-logit loss.
+        compile_layers: ``"auto"`` (default): on a CUDA GPU, compile each decoder layer in place, the loss
+            still chunked (measured against TRL in docs/benchmarks.md), where the model allows it (not quantized,
+            no PEFT adapters, no FSDP, DeepSpeed or sequence parallelism), else eager with the reason logged;
+            ``True``: the same, refused where it cannot; ``False``: eager (``torch_compile=True``: whole).
 
     ``data_collator`` defaults to :class:`FlatteningCollator`. Before the first step the
     model and the first collated batch go through :func:`check_packing_support`; a DeepSpeed
@@ -122,8 +126,8 @@ class PackingTrainer(Trainer):
     several GPUs (``python train.py`` without ``torchrun``: ``args.n_gpu > 1``, which the Trainer
     would train under ``torch.nn.DataParallel``), at construction.
 
-    Under ``TrainingArguments(torch_compile=True)`` the decoder layers are compiled in place, micro-batches
-    padded to one bucket, every graph compiled before the first step, ``trainer.compile_report`` logged (``_compile.py``).
+    Compiled (``compile_layers`` or ``TrainingArguments(torch_compile=True)``), micro-batches are padded to one
+    bucket, every graph compiled before the first step, ``trainer.compile_report`` logged (``_compile.py``).
 
     >>> PackingTrainer.__mro__[1].__name__
     'Trainer'
@@ -150,6 +154,7 @@ class PackingTrainer(Trainer):
         loss_normalization: LossNormalization = "token",
         loss_implementation: LossImplementation = "auto",
         sequence_parallel_size: int = 1,
+        compile_layers: bool | Literal["auto"] = "auto",
         **kwargs: Any,
     ) -> None:
         self.strategy = check_sampler_option("strategy", strategy)
@@ -185,7 +190,7 @@ class PackingTrainer(Trainer):
             from ._sequence_parallel import setup_sequence_parallel
 
             self._sequence_parallel = setup_sequence_parallel(self, self.sequence_parallel_size)
-        self._compile = CompileWarmUp(self)  # torch_compile=True: the layers, buckets, warm-up, recompiles (_compile.py)
+        self._compile = CompileWarmUp(self, compile_layers)  # the layers, buckets, warm-up, recompiles (_compile.py)
         add_packing_callbacks(self, probe=packing_probe, warm_up=attention_warm_up, metrics=packing_metrics)
 
     @property
@@ -394,8 +399,7 @@ class PackingTrainer(Trainer):
         if getattr(self, "attn_implementation", None) is not None:  # set after __init__'s own call
             prepare_trainer_model(self, model)
             choose_attention(model, self.attn_implementation)
-            if self.args.torch_compile:
-                self._compile.compile_layers(model)
+            self._compile.compile_layers(model)
         return model
 
     def predict(self, test_dataset, ignore_keys=None, metric_key_prefix="test"):

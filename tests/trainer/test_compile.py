@@ -19,7 +19,8 @@ from packing_collators import FlatteningCollator, register_fa4_attention, regist
 from packing_collators.attention import _fa4_ops, _varlen
 from packing_collators.collate import bucket_length, bucket_padding_fraction, length_buckets
 from packing_collators.models import compiled_layer_count
-from packing_collators.trainer._compile import graphs_compiled, warm_up_compiled
+from packing_collators.models._compile_layers import graphs_compiled
+from packing_collators.trainer._compile import warm_up_compiled
 
 BACKEND = "aot_eager"
 

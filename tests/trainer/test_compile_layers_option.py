@@ -1,0 +1,103 @@
+"""PackingTrainer(compile_layers=...): "auto" compiles the decoder layers in place on a CUDA GPU, and leaves
+quantized models, PEFT adapters and CPU runs eager with the reason; True refuses where layers cannot compile;
+False trains eager (and ``torch_compile=True`` then compiles the whole model).
+
+On the CPU, "auto" is put where it would compile by replacing ``auto_compile_blocker`` (the CUDA, quantization,
+PEFT and Inductor checks, tested here one by one where a CPU can); the layers then compile with Dynamo's "eager"
+backend set on the arguments after construction (TrainingArguments turns ``torch_compile`` on for a backend given
+to it), the graphs Dynamo traces, without Inductor's code generation.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from _tiny_models import random_examples, tiny_model
+
+from packing_collators import PackingTrainer
+from packing_collators.models import compiled_layer_count
+from packing_collators.models import _compile_layers
+from packing_collators.trainer import _compile
+from packing_collators.trainer._head_loss import why_full_logits
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+def _trainer(tmp_path, *, option="auto", backend="eager", mode=None, steps=3, **arguments):
+    from _tiny_models import training_args
+
+    args = training_args(tmp_path / str(option), max_steps=steps, gradient_accumulation_steps=1, **arguments)
+    args.torch_compile_backend, args.torch_compile_mode = backend, mode  # after __post_init__: torch_compile stays
+    rng = np.random.default_rng(0)
+    return PackingTrainer(model=tiny_model("llama"), args=args, train_dataset=random_examples(
+        rng.integers(3, 30, 32).tolist()), max_tokens_per_batch=90, compile_layers=option)  # fmt: skip
+
+
+def _losses(trainer):
+    trainer.train()
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def test_auto_on_a_cpu_trains_eager_and_says_why(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger=_compile.__name__):
+        trainer = _trainer(tmp_path)
+    assert not trainer._compile.enabled and compiled_layer_count(trainer.model) == 0
+    assert "the layers train eager (compile_layers='auto'): the model is not on a CUDA GPU" in caplog.text
+    assert trainer.compile_report is None
+
+
+@pytest.mark.slow  # Dynamo traces the tiny Llama: seconds
+def test_auto_where_it_compiles_compiles_the_layers_before_the_first_step_and_trains_as_eager(tmp_path, monkeypatch):
+    eager = _losses(_trainer(tmp_path, option=False))
+    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model: "")  # as on a GPU that compiles
+    trainer = _trainer(tmp_path)
+    assert trainer._compile.enabled and trainer._compile.whole_model == ""
+    layers = trainer.model.config.num_hidden_layers
+    assert compiled_layer_count(trainer.model) == layers
+    assert why_full_logits(trainer) == ""  # the loss stays chunked
+    losses = _losses(trainer)
+    report = trainer.compile_report
+    assert report.buckets == (96,) and report.graphs >= 1 and report.recompiles == 0
+    assert np.allclose(losses, eager, rtol=1e-4)  # float32: the compiled layers compute what the eager ones do
+
+
+def test_auto_leaves_quantized_and_adapter_models_eager():
+    model = tiny_model("llama")
+    model.is_quantized = True
+    assert _compile_layers.auto_compile_blocker(model) == "the model is quantized"
+    peft = pytest.importorskip("peft")
+    adapted = peft.get_peft_model(tiny_model("llama"), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    assert _compile_layers.auto_compile_blocker(adapted) == "the model carries PEFT adapters"
+    assert _compile_layers.auto_compile_blocker(tiny_model("llama")) == "the model is not on a CUDA GPU"
+
+
+def test_true_compiles_on_a_cpu_and_refuses_where_layers_cannot_compile(tmp_path):
+    trainer = _trainer(tmp_path, option=True)
+    assert trainer._compile.enabled and compiled_layer_count(trainer.model) == trainer.model.config.num_hidden_layers
+    with pytest.raises(ValueError, match=r"compile_layers=True\): mode='reduce-overhead' replays CUDA graphs"):
+        _trainer(tmp_path, option=True, mode="reduce-overhead")
+    with pytest.raises(ValueError, match="compile_layers must be 'auto', True or False, got 'yes'"):
+        _trainer(tmp_path, option="yes")
+
+
+def test_false_trains_eager_and_torch_compile_then_compiles_the_whole_model(tmp_path):
+    trainer = _trainer(tmp_path, option=False)
+    assert not trainer._compile.enabled and compiled_layer_count(trainer.model) == 0
+    whole = _trainer(tmp_path, option=False, torch_compile=True, torch_compile_backend="eager")
+    assert whole._compile.enabled and compiled_layer_count(whole.model) == 0
+    assert whole._compile.whole_model == "compile_layers=False"
+    assert "torch_compile=True compiles the whole model (compile_layers=False)" in why_full_logits(whole)
+
+
+def test_uncompile_layers_gives_back_the_eager_forward():
+    model = tiny_model("llama")
+    layer = model.model.layers[0]
+    assert _compile_layers.compile_layers(model, backend="eager") == model.config.num_hidden_layers
+    assert "forward" in vars(layer)
+    assert _compile_layers.uncompile_layers(model) == model.config.num_hidden_layers
+    assert "forward" not in vars(layer) and compiled_layer_count(model) == 0
+    inputs = torch.arange(1, 9)[None]
+    assert torch.equal(model(inputs).logits, model(inputs).logits)  # runs eager, deterministic
