@@ -191,6 +191,28 @@ def test_torch_compile_on_compiles_our_layers_and_keeps_the_chunked_loss(tmp_pat
     assert _vs_trl_report.pair_rows([packing, eager_trl]) == []
     compiled_trl = {**eager_trl, "compiled": True}
     assert [row["compiled"] for row in _vs_trl_report.pair_rows([packing, compiled_trl])] == [True]
+    # its steps count real tokens: the bucket's padding segment (token 0, no target) is neither a token nor an example
+    budget = packing["max_tokens_per_batch"]
+    assert all(0 < step["tokens"] <= budget for step in packing["steps"])
+    assert any(step["tokens"] < budget for step in packing["steps"])  # a row the bucket padded
+    # --recount turns a run counted the old way (every step the bucket, the padding an example) into this one
+    import _vs_trl_recount
+
+    path = tmp_path / f"ours_packing_compiled_{VOCAB}_gc_on.json"
+    old = json.loads(path.read_text())
+    for step in old["steps"]:
+        step["examples"] += int(step["tokens"] < budget)
+        step["tokens"] = budget
+    path.write_text(json.dumps(old))
+    assert _vs_trl_recount.recount(tmp_path) == [path.name]
+    fixed = json.loads(path.read_text())
+    assert [(s["tokens"], s["examples"]) for s in fixed["steps"]] == [(s["tokens"], s["examples"]) for s in packing["steps"]]
+    assert fixed["statistics"]["mean_tokens_per_step"] == pytest.approx(packing["statistics"]["mean_tokens_per_step"])
+    old["steps"][1]["checksum"] += 1  # another micro-batch than the plan's: refused, the file left alone
+    old.pop("recounted", None)
+    path.write_text(json.dumps(old))
+    with pytest.raises(SystemExit, match="step 2 is not the planned micro-batch"):
+        _vs_trl_recount.recount(tmp_path)
 
 
 def test_torch_compile_defaults_runs_each_side_as_its_user_gets_it(tmp_path):

@@ -26,8 +26,11 @@ STALL_FACTOR = 2.0  # a step slower than this many times the median step is a st
 _GIB = 1 << 30
 
 
-def batch_numbers(inputs: dict) -> dict:
-    """A collated batch's real tokens, examples and token-id checksum (tensors where reading them would sync)."""
+def batch_numbers(inputs: dict, padding_id: int | None = None) -> dict:
+    """A collated batch's real tokens, examples and token-id checksum (tensors where reading them would sync);
+    ``padding_id``: the collator pads rows to buckets with a segment of these tokens, which is not counted."""
+    from packing_collators.batch import padding_tail
+
     ids = inputs["input_ids"]
     mask = inputs.get("attention_mask")
     if "cu_seq_lens_q" in inputs:
@@ -36,12 +39,20 @@ def batch_numbers(inputs: dict) -> dict:
         examples = (inputs["position_ids"] == 0).sum()
     else:
         examples = ids.shape[0]
+    tokens = mask.sum() if mask is not None else ids.numel()
+    if mask is None and padding_id is not None:
+        padding = padding_tail(inputs, padding_id)
+        tokens, examples = tokens - padding, examples - (padding > 0).long()
     weights = torch.arange(ids.numel(), device=ids.device).view(ids.shape) % 1009 + 1  # order matters
-    return {
-        "tokens": mask.sum() if mask is not None else ids.numel(),
-        "examples": examples,
-        "checksum": (ids.long() * weights).sum(),
-    }
+    return {"tokens": tokens, "examples": examples, "checksum": (ids.long() * weights).sum()}
+
+
+def bucket_padding_id(trainer) -> int | None:
+    """The token of the padding segment the trainer's collator pads rows to buckets with (PackingTrainer compiled:
+    its compile plan's collator), or None."""
+    collator = getattr(getattr(trainer, "_compile", None), "collator", None) or trainer.data_collator
+    options = getattr(collator, "options", None)
+    return options.pad_token_id if getattr(options, "pad_to_buckets", None) else None
 
 
 def _number(value) -> float:
@@ -63,7 +74,7 @@ class StepRecorder:
         inner = trainer.training_step
 
         def training_step(model, inputs, *args, **kwargs):
-            numbers = batch_numbers(inputs)
+            numbers = batch_numbers(inputs, bucket_padding_id(trainer))
             loss = inner(model, inputs, *args, **kwargs)
             self._micro.append({**numbers, "loss": loss.detach()})
             return loss

@@ -23,7 +23,8 @@ import torch
 from packing_collators import FlatteningCollator, MultipackBatchSampler, warm_up_attention
 from packing_collators.collate import bucket_padding_fraction
 from packing_collators.models._compile_layers import graphs_compiled
-from packing_collators.trainer._compile import compile_buckets, warm_up_compiled
+from packing_collators.collate._bucketed import compile_buckets
+from packing_collators.trainer._compile import warm_up_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _shared module
 from _shared import CompileCounter, build_model, command, lengths_of, loss_gap, markov_tokens, median, sync, to_device  # noqa: E402

@@ -129,6 +129,8 @@ def _arguments(argv=None) -> argparse.Namespace:
     what.add_argument("--setting", choices=SETTINGS, help="run this one setting in this process")
     what.add_argument("--all", action="store_true", help="run --settings one after the other, each its own process")
     what.add_argument("--compare", action="store_true", help="write results.json and README.md from --out's files")
+    what.add_argument("--recount", action="store_true", help="recount the real tokens of --out's bucketed\n"
+                      "PackingTrainer runs measured up to c2a4708 (_vs_trl_recount.py), then --compare")
     add("--settings", help=f"--all: a comma list (default: {','.join(SETTINGS)}; --smoke: the first four)")
     add("--timeout", type=float, default=480, help="--all: seconds per setting before it is stopped (480)")
     add("--smoke", action="store_true", help="tiny shapes on the CPU: hidden 64, 2 layers, vocab 512, float32, sdpa")
@@ -314,7 +316,12 @@ def drive(args) -> None:
 
 def main(argv=None) -> None:
     args = _arguments(argv)
-    if args.compare:
+    if args.recount:
+        from _vs_trl_recount import recount
+
+        print("recounted:", ", ".join(recount(Path(args.out))) or "none")
+        print(compare(Path(args.out)))
+    elif args.compare:
         print(compare(Path(args.out)))
     elif args.all:
         drive(args)

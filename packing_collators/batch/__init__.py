@@ -21,7 +21,7 @@ segments' roles, and writes its keys' own layout with ``varlen_kwargs(queries, k
 numpy only on import; torch is imported by the readers that return tensors.
 """
 
-from ._boundaries import batch_shape, read_layout, segment_count, segment_ids, segment_starts
+from ._boundaries import batch_shape, padding_tail, read_layout, segment_count, segment_ids, segment_starts
 from ._keys import (
     CU_SEQ_LENS_K,
     CU_SEQ_LENS_Q,
@@ -62,6 +62,7 @@ __all__ = [
     "SegmentLayout",
     "VarlenKwargs",
     "batch_shape",
+    "padding_tail",
     "read_layout",
     "segment_count",
     "segment_ids",

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from ._keys import CU_SEQ_LENS_Q
+from ._keys import CU_SEQ_LENS_Q, IGNORE_INDEX
 from ._layout import SegmentLayout
 
-__all__ = ["batch_shape", "read_layout", "segment_count", "segment_ids", "segment_starts"]
+__all__ = ["batch_shape", "padding_tail", "read_layout", "segment_count", "segment_ids", "segment_starts"]
 
 
 def _tensor(value):
@@ -136,6 +136,40 @@ def segment_count(batch: Mapping[str, Any]):
         cu = _tensor(cu).reshape(-1)
         return (cu[1:] > cu[:-1]).sum()
     return segment_starts(batch).sum()
+
+
+def padding_tail(batch: Mapping[str, Any], pad_token_id: int):
+    """The tokens of a one-row ``batch``'s last example when it is a bucket's padding (every token ``pad_token_id``,
+    no target: what ``FlatteningCollator(pad_to_buckets=...)`` appends), else 0; a 0-dim int64 tensor on the
+    batch's device, never waited on. A row of one example, or a batch of several rows, has none.
+
+    >>> import torch
+    >>> row = {"input_ids": torch.tensor([[5, 6, 7, 0, 0]]), "labels": torch.tensor([[-100, 6, 7, -100, -100]]),
+    ...        "cu_seq_lens_q": torch.tensor([0, 3, 5])}
+    >>> int(padding_tail(row, 0)), int(padding_tail({**row, "input_ids": torch.tensor([[5, 6, 7, 0, 9]])}, 0))
+    (2, 0)
+    >>> int(padding_tail({"input_ids": row["input_ids"], "labels": row["labels"],
+    ...                   "position_ids": torch.tensor([[0, 1, 2, 0, 1]])}, 0))
+    2
+    """
+    import torch
+
+    rows, width = batch_shape(batch)
+    ids, labels = batch.get("input_ids"), batch.get("labels")
+    if rows != 1 or ids is None or labels is None:
+        return torch.zeros((), dtype=torch.int64, device=_device(batch))
+    ids, labels = _tensor(ids).reshape(-1), _tensor(labels).reshape(-1)
+    cu = batch.get(CU_SEQ_LENS_Q)
+    if cu is not None:
+        cu = _tensor(cu).reshape(-1).to(ids.device).long()
+        start = cu[-2] if cu.numel() > 2 else cu.new_tensor(width)  # one example: no padding
+    else:
+        segments = segment_ids(batch).reshape(-1).to(ids.device)
+        start = (segments != segments[-1]).sum()
+        start = torch.where(start == 0, width, start)
+    tail = torch.arange(width, device=ids.device) >= start
+    padding = ((ids == pad_token_id) | ~tail).all() & ((labels == IGNORE_INDEX) | ~tail).all()
+    return torch.where(padding, width - start, 0).long()
 
 
 def read_layout(batch: Mapping[str, Any], shape: tuple[int, int] | None = None) -> SegmentLayout:

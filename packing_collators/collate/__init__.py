@@ -5,6 +5,7 @@
     _concat.py        the columns' values laid end to end as int64, every value checked (token_features)
     _flat_row.py      one flat row from those tokens and their SegmentLayout (padding a segment of its own)
     _buckets.py       length buckets: rows padded to a few total lengths (torch.compile shapes)
+    _bucketed.py      a collator padding every row to one bucket, for compiled training
     _options.py       CollateOptions (FlatteningCollator's, shared) and PrePackedOptions: frozen, checked when built
     _flattening.py    FlatteningCollator: a minibatch -> one flat row (online flattening)
     _prepacked.py     PrePackedCollator: rows of pack_dataset -> a flat row or padded rows

@@ -177,31 +177,40 @@ def uncompile_layers(model) -> int:
     return count
 
 
-def auto_compile_blocker(model) -> str:
+def auto_compile_blocker(model, device=None) -> str:
     """Why PackingTrainer's ``compile_layers="auto"`` leaves ``model`` eager ("" when it compiles the layers): only
-    an unquantized model without adapters, on a CUDA GPU where Inductor compiles, whose layers compile one by one.
+    an unquantized model without adapters, trained on a CUDA GPU (``device``, default its parameters') where
+    Inductor compiles, whose layers compile one by one.
 
     >>> import torch
     >>> auto_compile_blocker(torch.nn.Linear(2, 2))
-    'the model is not on a CUDA GPU'
+    'the model does not train on a CUDA GPU'
     """
+    import torch
+
     if getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None) is not None:
         return "the model is quantized"
     if getattr(model, "peft_config", None) or getattr(model, "_hf_peft_config_loaded", False):
         return "the model carries PEFT adapters"
     parameter = next(iter(model.parameters()), None)
-    if parameter is None or not parameter.is_cuda:
-        return "the model is not on a CUDA GPU"
-    return layer_compile_blocker(model) or _inductor_blocker(parameter.device.index or 0)
+    device = torch.device(device) if device is not None else getattr(parameter, "device", None)
+    if device is None or device.type != "cuda":
+        return "the model does not train on a CUDA GPU"
+    return layer_compile_blocker(model) or _inductor_blocker(device.index or 0, parameter.dtype)
 
 
 @functools.lru_cache(maxsize=None)
-def _inductor_blocker(device: int) -> str:
-    """Why Inductor cannot compile a kernel for this GPU ("" when it can): no Triton, no C compiler, ..."""
+def _inductor_blocker(device: int, dtype) -> str:
+    """Why Inductor cannot compile a step like a layer's on this GPU, forward and backward ("" when it can): no
+    Triton, no C compiler, a dtype its kernels do not take, ..."""
     import torch
 
+    def step(x, w):
+        return torch.nn.functional.silu(x @ w).float().pow(2).mean()
+
     try:
-        torch.compile(lambda x: x * 2 + 1)(torch.ones(8, device=f"cuda:{device}"))
+        x, w = (torch.ones(16, 16, device=f"cuda:{device}", dtype=dtype, requires_grad=True) for _ in range(2))
+        torch.compile(step)(x, w).backward()
     except Exception as error:  # noqa: BLE001 - any failure: the model trains eager, the reason logged
         return f"torch.compile fails on this machine ({type(error).__name__}: {str(error).strip()[:200]})"
     return ""

@@ -26,6 +26,7 @@ from transformers import TrainerCallback
 
 from .._compat import trainer_step_inputs
 from .._model_unwrap import text_config
+from ..collate._bucketed import bucketed_collator, compile_buckets, plan_padding
 from ..models._compile_layers import graphs_compiled, symbolic_packing_sizes
 
 __all__ = [
@@ -34,8 +35,6 @@ __all__ = [
     "CompileWarmUp",
     "compile_plan",
     "compile_trainer_layers",
-    "bucketed_collator",
-    "compile_buckets",
     "compiled_model",
     "warm_up_compiled",
     "warm_up_lengths",
@@ -78,24 +77,6 @@ class CompileReport:
         )
 
 
-def bucketed_collator(collator, buckets: tuple[int, ...]):
-    """``collator`` padding to ``buckets``: a FlatteningCollator without buckets gets them; others stay.
-
-    >>> from packing_collators import FlatteningCollator
-    >>> bucketed_collator(FlatteningCollator(), (64,)).options.pad_to_buckets
-    (64,)
-    >>> bucketed_collator(FlatteningCollator(pad_to_buckets=[32]), (64,)).options.pad_to_buckets
-    (32,)
-    """
-    from dataclasses import asdict
-
-    from ..collate import FlatteningCollator
-
-    if type(collator) is not FlatteningCollator or collator.options.pad_to_buckets is not None:
-        return collator
-    return FlatteningCollator(**{**asdict(collator.options), "pad_to_buckets": buckets})
-
-
 def warm_up_lengths(bucket: int) -> list[list[int]]:
     """Two batches of example lengths for ``bucket``, each with another number of examples and another
     longest one (the padding segment included) than the other and than the probe's, so that the
@@ -131,29 +112,6 @@ def warm_up_compiled(step, collator, buckets: tuple[int, ...], *, vocab: int) ->
                 examples = [{"input_ids": torch.randint(0, vocab, (n,), generator=generator)} for n in lengths]
                 step(collator(examples))
     return time.perf_counter() - started, graphs_compiled() - graphs
-
-
-def compile_buckets(budget: int) -> tuple[int, ...]:
-    """PackingTrainer's buckets for a token budget: one, the budget (rounded up to 8), which multipack
-    micro-batches nearly fill; the last micro-batches of an epoch pay more.
-
-    >>> compile_buckets(16384)
-    (16384,)
-    >>> compile_buckets(1001)
-    (1008,)
-    """
-    from ..collate import length_buckets
-
-    return length_buckets(budget, count=1, multiple=8)
-
-
-def plan_padding(sampler, buckets: tuple[int, ...]) -> float | None:
-    """Pad slots / all slots the buckets add over ``sampler``'s epoch plan (None: a sampler without a plan)."""
-    from ..collate import bucket_padding_fraction
-
-    plan = getattr(sampler, "plan", None)
-    tokens = getattr(plan(), "row_tokens", None) if callable(plan) else None
-    return None if tokens is None else bucket_padding_fraction(tokens, buckets)
 
 
 def compiled_model(trainer):
@@ -214,16 +172,24 @@ class CompileWarmUp(TrainerCallback):
 
     def compile_layers(self, model) -> None:
         """Compile ``model``'s layers in place (at construction, and for a model ``model_init`` builds anew)."""
-        from ..models._compile_layers import auto_compile_blocker
+        from ..models._compile_layers import auto_compile_blocker, uncompile_layers
 
+        args = self.trainer.args
+        self.enabled, self.whole_model = bool(args.torch_compile), None
         if self.option is False:
+            if uncompile_layers(model):
+                logger.warning("PackingTrainer(compile_layers=False): the model's compiled layers run eager again.")
             self.whole_model = "compile_layers=False" if self.enabled else None
             return
-        if self.trainer.args.torch_compile:
+        if args.torch_compile:
             self.whole_model = compile_trainer_layers(self.trainer, model)
             return
         why = compile_trainer_layers(self.trainer, model, only_check=True)
-        why = why or (auto_compile_blocker(model) if self.option == "auto" else "")
+        if self.option == "auto":
+            liger = "Liger's kernels replace modules inside the layers when training begins" * bool(
+                getattr(args, "use_liger_kernel", False)
+            )
+            why = _agreed(why or liger or auto_compile_blocker(model, args.device), args.device)
         if why and self.option is True:
             raise ValueError(f"PackingTrainer(compile_layers=True): {why}. Pass compile_layers='auto' or False.")
         if why:
@@ -240,6 +206,9 @@ class CompileWarmUp(TrainerCallback):
     def prepare(self, plan: CompilePlan) -> None:
         """Warm up ``plan``'s collator when training begins; graphs count from now on (the probe's apart)."""
         self.collator, self.report = plan.collator, plan.report
+        for callback in self.trainer.callback_handler.callbacks:  # the metrics count the bucket's padding as such
+            if hasattr(callback, "pads_like"):
+                callback.pads_like(plan.collator)
         self._before_warm_up = graphs_compiled()  # the probe runs the compiled model: its graph counts
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -291,6 +260,19 @@ def compile_trainer_layers(trainer, model, *, only_check: bool = False) -> str:
     compile_layers(model, backend=args.torch_compile_backend, mode=args.torch_compile_mode)
     _prepare_uncompiled(trainer.accelerator)
     return ""
+
+
+def _agreed(why: str, device) -> str:
+    """``why`` where every process of the job compiles too ("" on each): a process left eager would skip the warm-up's
+    steps that the others run through their collectives. Else the reason (this process's, or another's)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return why
+    flag = torch.tensor([0 if why else 1], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return why or ("" if flag.item() else "another process of the job cannot compile its layers (its log says why)")
 
 
 def _prepare_uncompiled(accelerator) -> None:

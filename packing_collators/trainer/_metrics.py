@@ -46,7 +46,7 @@ from collections.abc import Mapping
 
 from .._compat import caller_frame
 from .._validation import validate_positive_int
-from ..batch import segment_count
+from ..batch import padding_tail, segment_count
 
 try:
     from transformers import TrainerCallback
@@ -56,14 +56,18 @@ except ImportError as error:  # pragma: no cover - transformers is a dependency
 __all__ = ["PackingMetricsCallback"]
 
 
-def _batch_counts(inputs) -> tuple:
-    """(slots, pad slots, examples) of one collated micro-batch; pad/examples may be 0-dim tensors."""
+def _batch_counts(inputs, padding_id: int | None = None) -> tuple:
+    """(slots, pad slots, examples) of one collated micro-batch; pad/examples may be 0-dim tensors.
+    ``padding_id``: the collator pads rows to buckets with a segment of these tokens (counted as padding)."""
     ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
     if ids is None or not hasattr(ids, "shape") or len(ids.shape) == 0:
         return 0, 0, 0
     mask = inputs.get("attention_mask")
     pad = (mask == 0).sum() if mask is not None else 0
     examples = segment_count(inputs)
+    if mask is None and padding_id is not None:
+        pad = padding_tail(inputs, padding_id)
+        examples = examples - (pad > 0).long()
     slots = 1
     for size in ids.shape:
         slots *= int(size)
@@ -120,6 +124,7 @@ class PackingMetricsCallback(TrainerCallback):
             "max_tokens_per_batch", max_tokens_per_batch, allow_none=True, none_means="the trainer's sampler's budget"
         )
         self.num_tokens = 0
+        self.padding_id: int | None = None  # a bucket padding segment's token (set from the trainer's collator)
         self._window = [0, 0, 0, 0]  # slots, pad slots, examples, micro-batches (this rank, since the last log)
         self._trainer = None
         self._clock = self._logged_step = None
@@ -156,14 +161,21 @@ class PackingMetricsCallback(TrainerCallback):
             return log(logs, *args, **kwargs)
 
         trainer.training_step, trainer.log = training_step, log_with_metrics
+        self.pads_like(trainer.data_collator)
         if not any(c is self for c in callbacks):
             trainer.add_callback(self)
         self._trainer = trainer
         return self
 
+    def pads_like(self, collator) -> None:
+        """Count the bucket padding of ``collator`` (a FlatteningCollator with ``pad_to_buckets``) as padding."""
+        options = getattr(collator, "options", None)
+        if getattr(options, "pad_to_buckets", None):
+            self.padding_id = options.pad_token_id
+
     def count(self, inputs) -> None:
         """Add one collated micro-batch (shapes, and a mask sum left on its device)."""
-        slots, pad, examples = _batch_counts(inputs)
+        slots, pad, examples = _batch_counts(inputs, self.padding_id)
         # under sequence parallelism a group's ranks hold shards of one micro-batch: its tokens are summed,
         # its examples (the global cu_seq_lens) and the micro-batch itself counted once, by the first shard
         mesh = getattr(self._trainer, "sequence_parallel_mesh", None)

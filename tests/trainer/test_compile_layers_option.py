@@ -45,14 +45,15 @@ def test_auto_on_a_cpu_trains_eager_and_says_why(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger=_compile.__name__):
         trainer = _trainer(tmp_path)
     assert not trainer._compile.enabled and compiled_layer_count(trainer.model) == 0
-    assert "the layers train eager (compile_layers='auto'): the model is not on a CUDA GPU" in caplog.text
+    assert "the layers train eager (compile_layers='auto'): the model does not train on a CUDA GPU" in caplog.text
     assert trainer.compile_report is None
 
 
 @pytest.mark.slow  # Dynamo traces the tiny Llama: seconds
 def test_auto_where_it_compiles_compiles_the_layers_before_the_first_step_and_trains_as_eager(tmp_path, monkeypatch):
-    eager = _losses(_trainer(tmp_path, option=False))
-    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model: "")  # as on a GPU that compiles
+    eager_trainer = _trainer(tmp_path, option=False)
+    eager = _losses(eager_trainer)
+    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")  # a GPU that compiles
     trainer = _trainer(tmp_path)
     assert trainer._compile.enabled and trainer._compile.whole_model == ""
     layers = trainer.model.config.num_hidden_layers
@@ -62,6 +63,45 @@ def test_auto_where_it_compiles_compiles_the_layers_before_the_first_step_and_tr
     report = trainer.compile_report
     assert report.buckets == (96,) and report.graphs >= 1 and report.recompiles == 0
     assert np.allclose(losses, eager, rtol=1e-4)  # float32: the compiled layers compute what the eager ones do
+    # the logged metrics count real tokens and examples: the bucket's padding segment is padding, not an example
+    logged = [h for h in trainer.state.log_history if "num_tokens" in h]
+    plain = [h for h in eager_trainer.state.log_history if "num_tokens" in h]
+    assert [h["num_tokens"] for h in logged] == [h["num_tokens"] for h in plain]
+    assert [h["examples_per_step"] for h in logged] == [h["examples_per_step"] for h in plain]
+    assert all(h["packing_efficiency"] <= 1 and h["padding_fraction"] > 0 for h in logged)
+
+
+@pytest.mark.slow
+def test_a_model_model_init_builds_anew_is_compiled_as_the_first_one(tmp_path, monkeypatch):
+    from _tiny_models import training_args
+
+    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
+    args = training_args(tmp_path, max_steps=2, gradient_accumulation_steps=1)
+    args.torch_compile_backend = "eager"
+    built = []
+    trainer = PackingTrainer(model_init=lambda *a: built.append(tiny_model("llama")) or built[-1], args=args,
+                             train_dataset=random_examples([5, 9, 12, 7] * 4), max_tokens_per_batch=32)  # fmt: skip
+    trainer.train()
+    assert len(built) == 2 and trainer.model is built[-1]  # construction's model, then train()'s
+    assert compiled_layer_count(built[-1]) == built[-1].config.num_hidden_layers and trainer._compile.enabled
+    assert trainer.compile_report.graphs >= 1
+
+
+def test_auto_decides_from_the_device_the_model_will_train_on():
+    # a model still on the CPU (model_init's, place_model_on_device=False) that trains on a GPU: the GPU's checks
+    # run (here, without a GPU, Inductor's fails), not "it is on the CPU"
+    why = _compile_layers.auto_compile_blocker(tiny_model("llama"), torch.device("cuda"))
+    assert why.startswith("torch.compile fails on this machine")
+
+
+def test_auto_leaves_liger_runs_eager(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
+    trainer = _trainer(tmp_path, option=False)
+    trainer._compile.option, trainer.args.use_liger_kernel = "auto", True
+    with caplog.at_level(logging.INFO, logger=_compile.__name__):
+        trainer._compile.compile_layers(trainer.model)
+    assert compiled_layer_count(trainer.model) == 0 and not trainer._compile.enabled
+    assert "Liger's kernels replace modules inside the layers" in caplog.text
 
 
 def test_auto_leaves_quantized_and_adapter_models_eager():
@@ -71,7 +111,7 @@ def test_auto_leaves_quantized_and_adapter_models_eager():
     peft = pytest.importorskip("peft")
     adapted = peft.get_peft_model(tiny_model("llama"), peft.LoraConfig(r=2, target_modules=["q_proj"]))
     assert _compile_layers.auto_compile_blocker(adapted) == "the model carries PEFT adapters"
-    assert _compile_layers.auto_compile_blocker(tiny_model("llama")) == "the model is not on a CUDA GPU"
+    assert _compile_layers.auto_compile_blocker(tiny_model("llama")) == "the model does not train on a CUDA GPU"
 
 
 def test_true_compiles_on_a_cpu_and_refuses_where_layers_cannot_compile(tmp_path):
@@ -86,6 +126,10 @@ def test_true_compiles_on_a_cpu_and_refuses_where_layers_cannot_compile(tmp_path
 def test_false_trains_eager_and_torch_compile_then_compiles_the_whole_model(tmp_path):
     trainer = _trainer(tmp_path, option=False)
     assert not trainer._compile.enabled and compiled_layer_count(trainer.model) == 0
+    compiled = _trainer(tmp_path, option=True)  # a model whose layers an earlier trainer compiled
+    again = PackingTrainer(model=compiled.model, args=compiled.args, train_dataset=compiled.train_dataset,
+                           max_tokens_per_batch=90, compile_layers=False)  # fmt: skip
+    assert compiled_layer_count(again.model) == 0 and not again._compile.enabled
     whole = _trainer(tmp_path, option=False, torch_compile=True, torch_compile_backend="eager")
     assert whole._compile.enabled and compiled_layer_count(whole.model) == 0
     assert whole._compile.whole_model == "compile_layers=False"
@@ -101,3 +145,29 @@ def test_uncompile_layers_gives_back_the_eager_forward():
     assert "forward" not in vars(layer) and compiled_layer_count(model) == 0
     inputs = torch.arange(1, 9)[None]
     assert torch.equal(model(inputs).logits, model(inputs).logits)  # runs eager, deterministic
+
+
+AGREE = r"""
+import sys
+sys.path.insert(0, {tests!r})
+import torch.distributed as dist
+from packing_collators.trainer._compile import _agreed
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+why = _agreed("no Triton here" if rank == 1 else "", "cpu")
+both = _agreed("", "cpu")
+open(sys.argv[1] + f"/rank{{rank}}.txt", "w").write(repr((why, both)))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_every_process_of_a_job_decides_alike(tmp_path):
+    # a process left eager would skip the warm-up steps the others run through DDP's collectives, and hang them
+    from _two_ranks import run_two_ranks
+
+    run_two_ranks(AGREE, tmp_path, timeout=120)
+    zero, one = (eval((tmp_path / f"rank{r}.txt").read_text()) for r in range(2))
+    assert zero == ("another process of the job cannot compile its layers (its log says why)", "")
+    assert one == ("no Triton here", "")
