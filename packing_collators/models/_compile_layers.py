@@ -28,12 +28,13 @@ import functools
 import types
 
 from .._compat import dynamo_counters, raise_recompile_limit
-from ..batch import VARLEN_KEYS
+from ..batch import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, MAX_LENGTH_K, MAX_LENGTH_Q, VARLEN_KEYS
 
 __all__ = [
     "auto_compile_blocker",
     "compile_layers",
     "compiled_layer_count",
+    "compiled_step_failure",
     "graphs_compiled",
     "layer_compile_blocker",
     "repeated_layers",
@@ -213,6 +214,38 @@ def _inductor_blocker(device: int, dtype) -> str:
         torch.compile(step)(x, w).backward()
     except Exception as error:  # noqa: BLE001 - any failure: the model trains eager, the reason logged
         return f"torch.compile fails on this machine ({type(error).__name__}: {str(error).strip()[:200]})"
+    return ""
+
+
+def compiled_step_failure(model, devices: tuple[str, ...] = ("cuda",)) -> str:
+    """Why one training forward and backward of ``model`` (its compiled layers) fails on a packed row of two
+    examples, on the model's own device where it is one of ``devices`` ("" when it runs, or the device is not one);
+    the random state and the model's gradients are left as they were (none).
+
+    >>> import torch
+    >>> compiled_step_failure(torch.nn.Linear(2, 2))  # on the CPU: not run
+    ''
+    """
+    import torch
+
+    parameter = next(iter(model.parameters()), None)
+    if parameter is None or parameter.device.type not in devices:
+        return ""
+    config = getattr(model, "config", None)
+    vocab = getattr(getattr(config, "get_text_config", lambda: config)(), "vocab_size", None) or 2
+    device = parameter.device
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32, device=device)
+    batch = {"input_ids": (torch.arange(16, device=device) % vocab)[None],
+             "position_ids": torch.arange(8, device=device).repeat(2)[None],
+             CU_SEQ_LENS_Q: cu, CU_SEQ_LENS_K: cu, MAX_LENGTH_Q: 8, MAX_LENGTH_K: 8}  # fmt: skip
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), symbolic_packing_sizes():
+            model(**batch, use_cache=False).logits.float().sum().backward()
+    except Exception as error:  # noqa: BLE001 - any failure: the caller trains eager, with this reason
+        first = (str(error).strip().splitlines() or [""])[0]
+        return f"a compiled step failed ({type(error).__name__}: {first[:200]})"
+    finally:
+        model.zero_grad(set_to_none=True)
     return ""
 
 

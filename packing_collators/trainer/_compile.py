@@ -172,7 +172,7 @@ class CompileWarmUp(TrainerCallback):
 
     def compile_layers(self, model) -> None:
         """Compile ``model``'s layers in place (at construction, and for a model ``model_init`` builds anew)."""
-        from ..models._compile_layers import auto_compile_blocker, uncompile_layers
+        from ..models._compile_layers import auto_compile_blocker, compiled_step_failure, uncompile_layers
 
         args = self.trainer.args
         self.enabled, self.whole_model = bool(args.torch_compile), None
@@ -185,16 +185,19 @@ class CompileWarmUp(TrainerCallback):
             self.whole_model = compile_trainer_layers(self.trainer, model)
             return
         why = compile_trainer_layers(self.trainer, model, only_check=True)
-        if self.option == "auto":
+        if why and self.option is True:
+            raise ValueError(f"PackingTrainer(compile_layers=True): {why}. Pass compile_layers='auto' or False.")
+        if self.option == "auto":  # compiled, and one step tried, where nothing speaks against it; else eager
             liger = "Liger's kernels replace modules inside the layers when training begins" * bool(
                 getattr(args, "use_liger_kernel", False)
             )
-            why = _agreed(why or liger or auto_compile_blocker(model, args.device), args.device)
-        if why and self.option is True:
-            raise ValueError(f"PackingTrainer(compile_layers=True): {why}. Pass compile_layers='auto' or False.")
-        if why:
-            logger.info("PackingTrainer: the layers train eager (compile_layers='auto'): %s.", why)
-            return
+            why = why or liger or auto_compile_blocker(model, args.device)
+            why = why or compile_trainer_layers(self.trainer, model) or compiled_step_failure(model)
+            if why := _agreed(why, args.device):
+                uncompile_layers(model)
+                (logger.warning if "step failed" in why else logger.info)(
+                    "PackingTrainer: the layers train eager (compile_layers='auto'): %s.", why)  # fmt: skip
+                return
         self.enabled, self.whole_model = True, compile_trainer_layers(self.trainer, model)
         logger.warning("PackingTrainer: the decoder layers are compiled in place (compile_layers=%r; every graph "
                        "compiles before the first step; compile_layers=False trains eager).", self.option)  # fmt: skip

@@ -116,7 +116,8 @@ class PackingTrainer(Trainer):
             ``"chunked"``: the same, refused where it cannot run; ``"full"``: the stock full-logit loss.
         compile_layers: ``"auto"`` (default): on a CUDA GPU, compile each decoder layer in place, the loss
             still chunked (measured against TRL in docs/benchmarks.md), where the model allows it (not quantized,
-            no PEFT adapters, no FSDP, DeepSpeed or sequence parallelism), else eager with the reason logged;
+            no PEFT adapters or Liger, no FSDP, DeepSpeed or sequence parallelism, and one compiled step runs at
+            construction), else eager with the reason logged;
             ``True``: the same, refused where it cannot; ``False``: eager (``torch_compile=True``: whole).
 
     ``data_collator`` defaults to :class:`FlatteningCollator`. Before the first step the

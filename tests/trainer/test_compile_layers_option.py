@@ -171,3 +171,32 @@ def test_every_process_of_a_job_decides_alike(tmp_path):
     zero, one = (eval((tmp_path / f"rank{r}.txt").read_text()) for r in range(2))
     assert zero == ("another process of the job cannot compile its layers (its log says why)", "")
     assert one == ("no Triton here", "")
+
+
+def test_a_compiled_step_is_tried_and_leaves_the_random_state_and_gradients_alone():
+    model = tiny_model("llama")
+    _compile_layers.compile_layers(model, backend="eager")
+    state = torch.random.get_rng_state()
+    assert _compile_layers.compiled_step_failure(model, devices=("cpu",)) == ""
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert all(p.grad is None for p in model.parameters())
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("no C compiler\nmore lines")
+
+    for layer in model.model.layers:
+        layer.forward = broken.__get__(layer)
+    why = _compile_layers.compiled_step_failure(model, devices=("cpu",))
+    assert why == "a compiled step failed (RuntimeError: no C compiler)"
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_auto_trains_eager_where_the_tried_step_fails(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
+    monkeypatch.setattr(_compile_layers, "compiled_step_failure",
+                        lambda model: "a compiled step failed (BackendCompilerFailed: no C compiler)")  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger=_compile.__name__):
+        trainer = _trainer(tmp_path)
+    assert not trainer._compile.enabled and compiled_layer_count(trainer.model) == 0
+    assert "train eager (compile_layers='auto'): a compiled step failed (BackendCompilerFailed" in caplog.text
+    assert len(_losses(trainer)) == 3 and trainer.compile_report is None
