@@ -160,3 +160,22 @@ def test_wiring_errors_and_turning_it_off(tmp_path):
     )
     off.train()
     assert training_logs(off) and not any(key in training_logs(off)[0] for key in KEYS)
+
+
+def test_a_bucketed_collators_padding_segment_is_padding_not_tokens_or_an_example(tmp_path):
+    # FlatteningCollator(pad_to_buckets=...) appends a segment of token 0 without targets: the stock Trainer's
+    # callback reads the collator's buckets (PackingTrainer's compiled runs hand theirs over the same way)
+    collator = FlatteningCollator(pad_to_buckets=[64])
+    metrics = PackingMetricsCallback(max_tokens_per_batch=64)
+    trainer = Trainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset(),
+                      data_collator=collator)  # fmt: skip
+    metrics.attach(trainer)
+    assert metrics.padding_id == 0
+    trainer.train()
+    logs = training_logs(trainer)
+    assert logs[-1]["num_tokens"] == sum(LENGTHS)  # every real token once, none of the padding
+    assert [entry["examples_per_step"] for entry in logs] == [8.0, 8.0]  # 4 examples a micro-batch, 2 a step
+    assert all(0 < entry["padding_fraction"] < 1 and entry["packing_efficiency"] <= 1 for entry in logs)
+    unpadded = PackingMetricsCallback()
+    unpadded.pads_like(FlatteningCollator())  # no buckets: nothing is taken for padding
+    assert unpadded.padding_id is None
