@@ -220,7 +220,8 @@ def _inductor_blocker(device: int, dtype) -> str:
 def compiled_step_failure(model, devices: tuple[str, ...] = ("cuda",)) -> str:
     """Why one training forward and backward of ``model`` (its compiled layers) fails on a packed row of two
     examples, on the model's own device where it is one of ``devices`` ("" when it runs, or the device is not one);
-    the random state and the model's gradients are left as they were (none).
+    the random state and the model's gradients are left as they were: the backward runs through every layer to
+    the first layer's weight alone (``torch.autograd.grad``), so no parameter's gradient is kept.
 
     >>> import torch
     >>> compiled_step_failure(torch.nn.Linear(2, 2))  # on the CPU: not run
@@ -238,14 +239,19 @@ def compiled_step_failure(model, devices: tuple[str, ...] = ("cuda",)) -> str:
     batch = {"input_ids": (torch.arange(16, device=device) % vocab)[None],
              "position_ids": torch.arange(8, device=device).repeat(2)[None],
              CU_SEQ_LENS_Q: cu, CU_SEQ_LENS_K: cu, MAX_LENGTH_Q: 8, MAX_LENGTH_K: 8}  # fmt: skip
+    layers = repeated_layers(model)
+    trained = [p for m in (layers[:1] or [model]) for p in m.parameters() if p.requires_grad][:1]
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), symbolic_packing_sizes():
-            model(**batch, use_cache=False).logits.float().sum().backward()
+            loss = model(**batch, use_cache=False).logits.float().sum()
+            if trained:  # back through every layer to the first one's weight; no other gradient is kept
+                torch.autograd.grad(loss, trained)
     except Exception as error:  # noqa: BLE001 - any failure: the caller trains eager, with this reason
         first = (str(error).strip().splitlines() or [""])[0]
         return f"a compiled step failed ({type(error).__name__}: {first[:200]})"
     finally:
-        model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return ""
 
 

@@ -181,6 +181,22 @@ def test_a_compiled_step_is_tried_and_leaves_the_random_state_and_gradients_alon
     assert torch.equal(torch.random.get_rng_state(), state)
     assert all(p.grad is None for p in model.parameters())
 
+    class BrokenBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError("backward broke")
+
+    last = model.model.layers[-1]
+    eager_forward = type(last).forward
+    last.forward = (lambda self, *a, **k: BrokenBackward.apply(eager_forward(self, *a, **k))).__get__(last)
+    assert _compile_layers.compiled_step_failure(model, devices=("cpu",)) == (
+        "a compiled step failed (RuntimeError: backward broke)"  # the backward runs through the layers
+    )
+
     def broken(self, *args, **kwargs):
         raise RuntimeError("no C compiler\nmore lines")
 
