@@ -171,13 +171,27 @@ def test_fa4_calls_go_through_the_int_lengths_wrapper_and_are_counted(monkeypatc
     assert counters == {"installed": True, "calls": 2, "tensor_lengths": 1}
 
 
-def test_torch_compile_on_compiles_our_layers_and_keeps_the_chunked_loss(tmp_path):
+@pytest.fixture(scope="module")
+def compile_modes(tmp_path_factory):
+    """Our two settings under ``--torch-compile on`` and ``defaults``, both drivers at once; mode -> its folder."""
+    base = tmp_path_factory.mktemp("vs_trl_compile")
+    command = [sys.executable, str(SCRIPT), "--all", "--settings", "ours_packing,ours_flattening", *SMOKE]
+    drivers = {
+        mode: subprocess.Popen([*command, "--torch-compile", mode, "--out", str(base / mode)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        for mode in ("on", "defaults")
+    }
+    for driver in drivers.values():
+        output, _ = driver.communicate(timeout=300)
+        assert driver.returncode == 0 and "FAILED" not in output, output[-4000:]
+    return {mode: base / mode for mode in drivers}
+
+
+def test_torch_compile_on_compiles_our_layers_and_keeps_the_chunked_loss(compile_modes):
     # --torch-compile on: PackingTrainer(torch_compile=True) compiles its layers (the chunked loss stays), the
     # stock Trainer side calls compile_layers(model); the names and JSONs say so, and --compare pairs compiled runs
     # with compiled runs only (an eager TRL run beside them is not their pair).
-    command = [sys.executable, str(SCRIPT), "--all", "--settings", "ours_packing,ours_flattening", *SMOKE]
-    done = subprocess.run([*command, "--torch-compile", "on", "--out", str(tmp_path)], capture_output=True, text=True)
-    assert done.returncode == 0 and "FAILED" not in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    tmp_path = compile_modes["on"]
     packing = json.loads((tmp_path / f"ours_packing_compiled_{VOCAB}_gc_on.json").read_text())
     flattening = json.loads((tmp_path / f"ours_flattening_compiled_{VOCAB}_gc_on.json").read_text())
     assert packing["compiled"] is True and packing["loss"] == "PackingTrainer chunked"
@@ -215,14 +229,11 @@ def test_torch_compile_on_compiles_our_layers_and_keeps_the_chunked_loss(tmp_pat
         _vs_trl_recount.recount(tmp_path)
 
 
-def test_torch_compile_defaults_runs_each_side_as_its_user_gets_it(tmp_path):
+def test_torch_compile_defaults_runs_each_side_as_its_user_gets_it(compile_modes):
     # --torch-compile defaults: PackingTrainer keeps its compile_layers="auto" (eager on this CPU, compiled layers
     # on a GPU), the stock Trainer side adds compile_layers(model) to enable_chunked_loss(model), TRL stays eager;
     # the pairs are taken among the _defaults runs only.
-    command = [sys.executable, str(SCRIPT), "--all", "--settings", "ours_packing,ours_flattening", *SMOKE]
-    done = subprocess.run([*command, "--torch-compile", "defaults", "--out", str(tmp_path)], capture_output=True,
-                          text=True)  # fmt: skip
-    assert done.returncode == 0 and "FAILED" not in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    tmp_path = compile_modes["defaults"]
     packing = json.loads((tmp_path / f"ours_packing_defaults_{VOCAB}_gc_on.json").read_text())
     flattening = json.loads((tmp_path / f"ours_flattening_defaults_{VOCAB}_gc_on.json").read_text())
     assert packing["compiled"] == "defaults" and packing["compile"] is None  # "auto" on a CPU: eager

@@ -186,7 +186,7 @@ def _losses(ours: dict, suffix: str) -> dict:
     reference = fours[0] if fours else f"ours_1{suffix}"
     replays = ("ours_2", "ours_1") if reference.startswith("ours_4") else ("ours_2", "ours_2_keep")
     checks = {f"{n}{suffix}": loss_check(ours.get(reference), ours.get(f"{n}{suffix}")) for n in replays}
-    return {n: check and {**check, "reference": reference} for n, check in checks.items() if check or not suffix}
+    return {n: {**check, "reference": reference} for n, check in checks.items() if check}
 
 
 def fmt(value, spec: str = ",.0f") -> str:

@@ -48,11 +48,11 @@ def batch_numbers(inputs: dict, padding_id: int | None = None) -> dict:
 
 
 def bucket_padding_id(trainer) -> int | None:
-    """The token of the padding segment the trainer's collator pads rows to buckets with (PackingTrainer compiled:
-    its compile plan's collator), or None."""
-    collator = getattr(getattr(trainer, "_compile", None), "collator", None) or trainer.data_collator
-    options = getattr(collator, "options", None)
-    return options.pad_token_id if getattr(options, "pad_to_buckets", None) else None
+    """The token of the padding segment the trainer's training collator (PackingTrainer compiled: its compile plan's)
+    appends to reach a bucket, or None."""
+    from packing_collators.collate._bucketed import bucket_padding_id as padding_of
+
+    return padding_of(getattr(getattr(trainer, "_compile", None), "collator", None) or trainer.data_collator)
 
 
 def _number(value) -> float:

@@ -3,6 +3,7 @@
     compile_buckets(budget)      one bucket: the token budget (rounded up to 8), which multipack micro-batches nearly fill
     bucketed_collator(c, b)      a FlatteningCollator without buckets gets them; other collators stay as they are
     plan_padding(sampler, b)     the pad slots the buckets add over a sampler's epoch plan
+    bucket_padding_id(c)         the token of the padding segment a bucketed collator appends (what counts padding)
 
 The padding is a segment of its own (``FlatteningCollator(pad_to_buckets=...)``): never trained, counted as padding
 by ``packing_collators.batch.padding_tail``.
@@ -10,7 +11,7 @@ by ``packing_collators.batch.padding_tail``.
 
 from __future__ import annotations
 
-__all__ = ["bucketed_collator", "compile_buckets", "plan_padding"]
+__all__ = ["bucket_padding_id", "bucketed_collator", "compile_buckets", "plan_padding"]
 
 
 def bucketed_collator(collator, buckets: tuple[int, ...]):
@@ -52,3 +53,14 @@ def plan_padding(sampler, buckets: tuple[int, ...]) -> float | None:
     plan = getattr(sampler, "plan", None)
     tokens = getattr(plan(), "row_tokens", None) if callable(plan) else None
     return None if tokens is None else bucket_padding_fraction(tokens, buckets)
+
+
+def bucket_padding_id(collator) -> int | None:
+    """The token of the padding segment ``collator`` appends to reach a bucket, or None where it pads to none.
+
+    >>> from packing_collators import FlatteningCollator
+    >>> bucket_padding_id(FlatteningCollator(pad_to_buckets=[64])), bucket_padding_id(FlatteningCollator())
+    (0, None)
+    """
+    options = getattr(collator, "options", None)
+    return options.pad_token_id if getattr(options, "pad_to_buckets", None) else None

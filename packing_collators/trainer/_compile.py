@@ -28,6 +28,7 @@ from .._compat import trainer_step_inputs
 from .._model_unwrap import text_config
 from ..collate._bucketed import bucketed_collator, compile_buckets, plan_padding
 from ..models._compile_layers import graphs_compiled, symbolic_packing_sizes
+from ._metrics import PackingMetricsCallback
 
 __all__ = [
     "CompilePlan",
@@ -143,7 +144,7 @@ def compile_plan(collator, sampler, budget: int) -> CompilePlan | None:
     bucketed = bucketed_collator(collator, buckets)
     buckets = getattr(getattr(bucketed, "options", None), "pad_to_buckets", None)
     if buckets is None:
-        logger.warning("PackingTrainer(torch_compile=True): the data collator (%s) does not pad to buckets, so each "
+        logger.warning("PackingTrainer, compiled: the data collator (%s) does not pad to buckets, so each "
                        "new batch length may recompile. Use FlatteningCollator (optionally pad_to_buckets=...).",
                        type(collator).__name__)  # fmt: skip
         return None
@@ -192,13 +193,16 @@ class CompileWarmUp(TrainerCallback):
                 getattr(args, "use_liger_kernel", False)
             )
             why = why or liger or auto_compile_blocker(model, args.device)
+            tried = not why  # compiled and a step tried: a failure from here on is worth a warning
             why = why or compile_trainer_layers(self.trainer, model) or compiled_step_failure(model)
             if why := _agreed(why, args.device):
                 uncompile_layers(model)
-                (logger.warning if "step failed" in why else logger.info)(
+                (logger.warning if tried else logger.info)(
                     "PackingTrainer: the layers train eager (compile_layers='auto'): %s.", why)  # fmt: skip
                 return
-        self.enabled, self.whole_model = True, compile_trainer_layers(self.trainer, model)
+        else:
+            compile_trainer_layers(self.trainer, model)
+        self.enabled, self.whole_model = True, ""
         logger.warning("PackingTrainer: the decoder layers are compiled in place (compile_layers=%r; every graph "
                        "compiles before the first step; compile_layers=False trains eager).", self.option)  # fmt: skip
 
@@ -210,7 +214,7 @@ class CompileWarmUp(TrainerCallback):
         """Warm up ``plan``'s collator when training begins; graphs count from now on (the probe's apart)."""
         self.collator, self.report = plan.collator, plan.report
         for callback in self.trainer.callback_handler.callbacks:  # the metrics count the bucket's padding as such
-            if hasattr(callback, "pads_like"):
+            if isinstance(callback, PackingMetricsCallback):
                 callback.pads_like(plan.collator)
         self._before_warm_up = graphs_compiled()  # the probe runs the compiled model: its graph counts
 

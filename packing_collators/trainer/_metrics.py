@@ -47,6 +47,7 @@ from collections.abc import Mapping
 from .._compat import caller_frame
 from .._validation import validate_positive_int
 from ..batch import padding_tail, segment_count
+from ..collate._bucketed import bucket_padding_id
 
 try:
     from transformers import TrainerCallback
@@ -169,9 +170,7 @@ class PackingMetricsCallback(TrainerCallback):
 
     def pads_like(self, collator) -> None:
         """Count the bucket padding of ``collator`` (a FlatteningCollator with ``pad_to_buckets``) as padding."""
-        options = getattr(collator, "options", None)
-        if getattr(options, "pad_to_buckets", None):
-            self.padding_id = options.pad_token_id
+        self.padding_id = bucket_padding_id(collator)
 
     def count(self, inputs) -> None:
         """Add one collated micro-batch (shapes, and a mask sum left on its device)."""

@@ -33,7 +33,8 @@ def _trainer(tmp_path, *, option="auto", backend="eager", mode=None, steps=3, **
     args.torch_compile_backend, args.torch_compile_mode = backend, mode  # after __post_init__: torch_compile stays
     rng = np.random.default_rng(0)
     return PackingTrainer(model=tiny_model("llama"), args=args, train_dataset=random_examples(
-        rng.integers(3, 30, 32).tolist()), max_tokens_per_batch=90, compile_layers=option)  # fmt: skip
+        rng.integers(3, 30, 32).tolist()), max_tokens_per_batch=90, compile_layers=option,
+        packing_probe=False)  # fmt: skip  (the probe's own graphs are tests/trainer/test_compile.py's)
 
 
 def _losses(trainer):
@@ -80,7 +81,7 @@ def test_a_model_model_init_builds_anew_is_compiled_as_the_first_one(tmp_path, m
     args.torch_compile_backend = "eager"
     built = []
     trainer = PackingTrainer(model_init=lambda *a: built.append(tiny_model("llama")) or built[-1], args=args,
-                             train_dataset=random_examples([5, 9, 12, 7] * 4), max_tokens_per_batch=32)  # fmt: skip
+                             train_dataset=random_examples([5, 9, 12, 7] * 4), max_tokens_per_batch=32, packing_probe=False)  # fmt: skip
     trainer.train()
     assert len(built) == 2 and trainer.model is built[-1]  # construction's model, then train()'s
     assert compiled_layer_count(built[-1]) == built[-1].config.num_hidden_layers and trainer._compile.enabled
