@@ -26,7 +26,7 @@ from packing_collators.trainer._head_loss import why_full_logits
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
-def _trainer(tmp_path, *, option="auto", backend="eager", mode=None, steps=3, **arguments):
+def _trainer(tmp_path, *, option="auto", backend="eager", mode=None, steps=2, **arguments):
     from _tiny_models import training_args
 
     args = training_args(tmp_path / str(option), max_steps=steps, gradient_accumulation_steps=1, **arguments)
@@ -213,7 +213,7 @@ def test_auto_trains_eager_where_the_tried_step_fails(tmp_path, monkeypatch, cap
     monkeypatch.setattr(_compile_layers, "compiled_step_failure",
                         lambda model: "a compiled step failed (BackendCompilerFailed: no C compiler)")  # fmt: skip
     with caplog.at_level(logging.WARNING, logger=_compile.__name__):
-        trainer = _trainer(tmp_path)
+        trainer = _trainer(tmp_path, steps=3)
     assert not trainer._compile.enabled and compiled_layer_count(trainer.model) == 0
     assert "train eager (compile_layers='auto'): a compiled step failed (BackendCompilerFailed" in caplog.text
     assert len(_losses(trainer)) == 3 and trainer.compile_report is None
