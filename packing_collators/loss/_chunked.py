@@ -2,7 +2,7 @@
 
     hidden (N, H)  targets (N,)  weights (N,)          the N tokens that have a target, compacted
       for each chunk of r tokens (r <= 4,096, fewer at a large vocabulary):
-        logits  = transform(hidden[c] @ W.T + b)        float32 (r, V), the only (.., V) tensor alive
+        logits  = transform(hidden[c] @ W.T + b)        (r, V), the only (.., V) tensor alive
         loss   += sum(weights[c] * (logsumexp(logits) - logits[target]))
         grad    = weights[c] * (softmax(logits) - onehot(target))        (weighted_cross_entropy:
         dh[c]   = grad @ W;   dW += grad.T @ hidden[c]                    in the forward, if needed)
@@ -15,13 +15,21 @@ weighted sum (preference losses): it keeps one float per token and recomputes ea
 in its backward (four products). ``transform`` is what the model does after its projection:
 a scale (Cohere, Granite, Falcon-H1) and a tanh soft cap (Gemma 2/3).
 
-Exactness: the logits are float32 (the projection accumulates in float32, as the full-logit loss's
-``logits.float()`` after a float32 model), the weight's gradient accumulates in float32 over the
-chunks; in float32 the loss and gradients equal the full-logit ones up to summation order (1e-6).
-Memory: one chunk's float32 logits (``chunk_rows``: about 1 GiB) and their gradient in the
-projection's dtype, and float32 accumulators for the weight's gradient (``V x H``).
-Cost: the same three products as the
-full-logit loss, and a few passes over each chunk's logits instead of the full logits' ~8.
+Two ways to run a chunk:
+- On a GPU (compiled): the logits in the projection's dtype, as the full-logit loss has them before
+  its ``logits.float()`` (bf16 under bf16 training); the softmax, the loss and the gradient computed
+  from them in float32 by one compiled kernel pair, the gradient written over the logits.
+- Elsewhere (eager): float32 logits (the projection accumulates and returns float32), the gradient
+  a second buffer in the projection's dtype.
+
+Exactness: the weight's gradient accumulates in float32 over the chunks; in float32 the loss and
+gradients equal the full-logit ones up to summation order (1e-6).
+Memory: one chunk's logits (``chunk_rows``: 2**28 elements, 0.5 GiB in bf16) and the weight's float32
+gradient (``V x H``), kept in blocks of 2**25 elements that are converted to the weight's dtype one at
+a time, so the conversion never holds a second full copy. (A full-logit loss holds the logits, their
+float32 copy and its gradient: ~10 GB per copy at 16k tokens and a 152k vocabulary.)
+Cost: the same three products as the full-logit loss, and two passes over each chunk's logits instead
+of the full logits' ~8.
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ import torch
 __all__ = ["MAX_CHUNK_ROWS", "LogitTransform", "chunk_rows", "token_log_probs", "weighted_cross_entropy"]
 
 MAX_CHUNK_ROWS = 4096  # the most tokens whose logits are held at once
-_CHUNK_ELEMENTS = 1 << 28  # float32 logits per chunk (1 GiB), and as many bf16 gradient elements
+_CHUNK_ELEMENTS = 1 << 28  # logits per chunk: 0.5 GiB in bf16 (compiled), 1 GiB in float32 (eager)
+_BLOCK_ELEMENTS = 1 << 25  # the weight's float32 gradient, converted to its dtype a block (128 MiB) at a time
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,7 @@ class LogitTransform:
 
 
 def chunk_rows(vocab: int, max_rows: int = MAX_CHUNK_ROWS) -> int:
-    """Tokens per chunk: at most ``max_rows``, and about 1 GiB of float32 logits (a multiple of 128).
+    """Tokens per chunk: at most ``max_rows``, and about 2**28 logits (a multiple of 128).
 
     >>> chunk_rows(32_000), chunk_rows(151_936), chunk_rows(248_320)
     (4096, 1664, 1024)
@@ -75,25 +84,28 @@ def _out_dtype_mm() -> bool:
     return TorchVersion(torch.__version__) >= "2.8"
 
 
-def _project(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``hidden @ weight.T + bias`` accumulated and returned in float32."""
-    if hidden.dtype == torch.float32:
-        out = hidden @ weight.t()
-    elif hidden.is_cuda and _out_dtype_mm():
+def _project(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, float32: bool = True
+) -> torch.Tensor:
+    """``hidden @ weight.T + bias`` accumulated in float32, and returned in float32 (``float32``) or in
+    the inputs' dtype, rounded once as ``nn.Linear`` returns it."""
+    if not float32 or hidden.dtype == torch.float32:
+        return hidden @ weight.t() if bias is None else torch.addmm(bias.to(hidden.dtype), hidden, weight.t())
+    if hidden.is_cuda and _out_dtype_mm():
         out = torch.mm(hidden, weight.t(), out_dtype=torch.float32)
     else:
         out = hidden.float() @ weight.float().t()
     return out if bias is None else out.add_(bias.float())
 
 
-def _accumulate(acc: torch.Tensor, grad: torch.Tensor, hidden: torch.Tensor) -> None:
-    """``acc += grad.T @ hidden`` in float32, without rounding the product to the inputs' dtype first."""
-    if grad.dtype == torch.float32:
-        acc.addmm_(grad.t(), hidden)
-    elif grad.is_cuda and _out_dtype_mm():
-        torch.addmm(acc, grad.t(), hidden, out_dtype=torch.float32, out=acc)
+def _accumulate(acc: torch.Tensor, grad_t: torch.Tensor, hidden: torch.Tensor) -> None:
+    """``acc += grad_t @ hidden`` in float32, without rounding the product to the inputs' dtype first."""
+    if grad_t.dtype == torch.float32:
+        acc.addmm_(grad_t, hidden)
+    elif grad_t.is_cuda and _out_dtype_mm():
+        torch.addmm(acc, grad_t, hidden, out_dtype=torch.float32, out=acc)
     else:
-        acc.addmm_(grad.t().float(), hidden.float())
+        acc.addmm_(grad_t.float(), hidden.float())
 
 
 def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
@@ -131,55 +143,83 @@ def _chunk_eager(z, targets, weights, scale: float, softcap, out_dtype, want_gra
     return loss, lse, chosen, grad.to(out_dtype)
 
 
-def _chunk_functional(z, targets, weights, scale: float, softcap, out_dtype, want_grad: bool):
-    """:func:`_chunk_eager`'s arithmetic without in-place steps, for ``torch.compile`` to fuse into two passes."""
-    logits = z * scale
+def _chunk_in_place(z, targets, weights, scale: float, softcap, want_grad: bool):
+    """:func:`_chunk_eager`'s arithmetic in float32 from ``z`` of any dtype, written for ``torch.compile`` to
+    fuse into two passes; with ``want_grad`` the gradient is written over ``z`` (no second chunk-sized buffer)."""
+    logits = z.float() * scale
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     lse = torch.logsumexp(logits, dim=-1)
     chosen = logits.gather(1, targets[:, None])[:, 0]
     loss = (weights * (lse - chosen)).sum()
-    if not want_grad:
-        return loss, lse, chosen, None
-    onehot = torch.arange(logits.shape[1], device=logits.device)[None] == targets[:, None]
-    grad = (torch.exp(logits - lse[:, None]) - onehot.float()) * (weights[:, None] * scale)
-    if softcap:
-        grad = grad * (1 - (logits / softcap) ** 2)
-    return loss, lse, chosen, grad.to(out_dtype)
+    if want_grad:
+        onehot = torch.arange(logits.shape[1], device=logits.device)[None] == targets[:, None]
+        grad = (torch.exp(logits - lse[:, None]) - onehot.float()) * (weights[:, None] * scale)
+        if softcap:
+            grad = grad * (1 - (logits / softcap) ** 2)
+        z.copy_(grad)
+    return loss, lse, chosen
 
 
 @functools.lru_cache(maxsize=1)
 def _compiled_chunk():
-    """:func:`_chunk_functional` compiled once per process (dynamic row count), or None where it cannot be."""
+    """:func:`_chunk_in_place` compiled once per process (dynamic row count), or None where it cannot be."""
     try:
-        return torch.compile(_chunk_functional, dynamic=True)
+        return torch.compile(_chunk_in_place, dynamic=True)
     except Exception:  # noqa: BLE001 - no compiler on this platform: the eager chunk
         return None
 
 
-def _chunk(z, targets, weights, transform: LogitTransform, out_dtype, want_grad: bool, compiled: bool):
-    fn = _compiled_chunk() if compiled and z.is_cuda else None
-    fn = fn or _chunk_eager
-    return fn(z, targets, weights, float(transform.scale), transform.softcap, out_dtype, want_grad)
+def _compiled(compiled: bool, device: torch.device):
+    """The compiled chunk where asked for and on CUDA, else None (the eager chunk)."""
+    return _compiled_chunk() if compiled and device.type == "cuda" else None
+
+
+def _logits(h, w, bias, fn) -> torch.Tensor:
+    """One chunk's logits: in the projection's dtype for the compiled chunk, float32 for the eager one."""
+    return _project(h, w, bias, float32=fn is None)
+
+
+def _chunk(z, targets, weights, transform: LogitTransform, out_dtype, want_grad: bool, fn):
+    """(loss, lse, chosen, gradient at ``z`` in ``out_dtype`` or None); the compiled ``fn`` writes it over ``z``."""
+    scale, softcap = float(transform.scale), transform.softcap
+    if fn is None:
+        return _chunk_eager(z, targets, weights, scale, softcap, out_dtype, want_grad)
+    loss, lse, chosen = fn(z, targets, weights, scale, softcap, want_grad)
+    return loss, lse, chosen, z if want_grad else None
 
 
 class _Chunks:
-    """The gradients of a chunked projection, filled one chunk at a time (float32 accumulators for W, b)."""
+    """The gradients of a chunked projection, filled one chunk at a time (float32 accumulators for W, b).
+
+    The weight's accumulator is kept in row blocks of about ``_BLOCK_ELEMENTS`` where the weight is not
+    float32, so that :meth:`result` converts and frees one block at a time."""
 
     def __init__(self, hidden, weight, bias) -> None:
         self.dh = torch.empty_like(hidden)
-        self.dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        self.db = None if bias is None else torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device)
+        vocab, width = weight.shape
+        step = vocab if weight.dtype == torch.float32 else max(1, _BLOCK_ELEMENTS // max(1, width))
+        self.blocks = [slice(s, min(s + step, vocab)) for s in range(0, vocab, step)] or [slice(0, 0)]
+        self.dw = [torch.zeros((b.stop - b.start, width), dtype=torch.float32, device=weight.device) for b in self.blocks]
+        self.db = None if bias is None else torch.zeros(vocab, dtype=torch.float32, device=weight.device)
 
     def add(self, grad: torch.Tensor, h: torch.Tensor, w: torch.Tensor, rows: slice) -> None:
         """One chunk's gradient at ``z`` ((r, V), in the projection's dtype): into dh[rows], dW and db."""
         if self.db is not None:
             self.db += grad.float().sum(0)
         self.dh[rows] = (grad @ w).to(self.dh.dtype)
-        _accumulate(self.dw, grad, h[rows])
+        grad_t = grad.t()
+        for block, acc in zip(self.blocks, self.dw):
+            _accumulate(acc, grad_t[block], h[rows])
 
     def result(self, weight, bias):
-        return self.dh, self.dw.to(weight.dtype), None if self.db is None else self.db.to(bias.dtype)
+        """dh, dW and db in their parameters' dtypes; dW's float32 blocks are freed as they are converted."""
+        parts = []
+        while self.dw:
+            parts.append(self.dw.pop(0).to(weight.dtype))
+        dw = parts[0] if len(parts) == 1 else torch.cat(parts)
+        del parts
+        return self.dh, dw, None if self.db is None else self.db.to(bias.dtype)
 
 
 class _WeightedCrossEntropy(torch.autograd.Function):
@@ -191,15 +231,16 @@ class _WeightedCrossEntropy(torch.autograd.Function):
             h, w = hidden.to(dtype), weight.to(dtype)
             loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
             grads = _Chunks(hidden, weight, bias) if needs_grad else None
-            step = chunk_rows(weight.shape[0])
+            fn, step = _compiled(compiled, h.device), chunk_rows(weight.shape[0])
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
-                z = _project(h[rows], w, bias)
-                part, _, _, grad = _chunk(z, targets[rows], weights[rows], transform, dtype, needs_grad, compiled)
+                z = _logits(h[rows], w, bias, fn)
+                part, _, _, grad = _chunk(z, targets[rows], weights[rows], transform, dtype, needs_grad, fn)
                 loss += part
                 if grads is not None:
                     del z
                     grads.add(grad, h, w, rows)
+                    del grad
         ctx.save_for_backward(*(grads.result(weight, bias) if grads is not None else (None, None, None)))
         return loss
 
@@ -224,7 +265,8 @@ def weighted_cross_entropy(
     ``hidden`` (N, H) the tokens that have a target, ``targets`` int64 (N,), ``weights`` float32 (N,).
     Its gradients (to ``hidden``, ``weight``, ``bias``) are made in the forward, chunk by chunk; the
     backward may run once. ``compiled``: on CUDA, each chunk's softmax and gradient run as one
-    ``torch.compile``d kernel pair (two passes over the chunk) instead of eager steps.
+    ``torch.compile``d kernel pair (two passes over the chunk, its logits in the projection's dtype)
+    instead of eager steps over float32 logits.
 
     >>> hidden, weight = torch.randn(5, 4, generator=torch.Generator().manual_seed(0)), torch.eye(6, 4)
     >>> targets, weights = torch.tensor([0, 1, 2, 3, 5]), torch.full((5,), 0.2)
@@ -249,13 +291,13 @@ class _TokenLogProbs(torch.autograd.Function):
             out = torch.empty(h.shape[0], dtype=torch.float32, device=hidden.device)
             lse = torch.empty_like(out)
             none = torch.zeros(h.shape[0], dtype=torch.float32, device=hidden.device)
-            step = chunk_rows(weight.shape[0])
+            fn, step = _compiled(compiled, h.device), chunk_rows(weight.shape[0])
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
-                z = _project(h[rows], w, bias)
+                z = _logits(h[rows], w, bias, fn)
                 if stats is not None:  # before _chunk, which may overwrite z
-                    _token_stats(transform.apply(z), targets[rows], rows, stats, h.shape[0])
-                _, lse[rows], chosen, _ = _chunk(z, targets[rows], none[rows], transform, dtype, False, compiled)
+                    _token_stats(transform.apply(z.float()), targets[rows], rows, stats, h.shape[0])
+                _, lse[rows], chosen, _ = _chunk(z, targets[rows], none[rows], transform, dtype, False, fn)
                 out[rows] = chosen - lse[rows]
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.transform, ctx.dtype, ctx.compiled = transform, dtype, compiled
@@ -267,15 +309,16 @@ class _TokenLogProbs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)
             grads = _Chunks(hidden, weight, bias)
-            step = chunk_rows(weight.shape[0])
+            fn, step = _compiled(ctx.compiled, h.device), chunk_rows(weight.shape[0])
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
-                z = _project(h[rows], w, bias)
+                z = _logits(h[rows], w, bias, fn)
                 # d log p(t) / d logits = onehot(t) - softmax: the weighted gradient with weights -grad_out
                 upstream = -grad_out[rows].float()
-                *_, grad = _chunk(z, targets[rows], upstream, ctx.transform, ctx.dtype, True, ctx.compiled)
+                *_, grad = _chunk(z, targets[rows], upstream, ctx.transform, ctx.dtype, True, fn)
                 del z
                 grads.add(grad, h, w, rows)
+                del grad
         return (*grads.result(weight, bias), None, None, None, None, None)
 
 

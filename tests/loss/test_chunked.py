@@ -95,15 +95,79 @@ def test_under_autocast_the_projection_runs_in_the_autocast_dtype_and_accumulate
 
 
 @pytest.mark.parametrize("transform", TRANSFORMS)
-def test_the_compiled_chunk_computes_the_eager_chunks_numbers(transform):
-    # what torch.compile fuses on a GPU: the same arithmetic, without the in-place steps (run here uncompiled)
+def test_the_compiled_chunk_computes_the_eager_chunks_numbers_and_writes_the_gradient_over_the_logits(transform):
+    # what torch.compile fuses on a GPU: the same arithmetic, the gradient in place (run here uncompiled)
     g = torch.Generator().manual_seed(0)
     z, targets, weights = torch.randn(40, 50, generator=g), torch.randint(0, 50, (40,), generator=g), torch.rand(40)
-    args = (targets, weights, transform.scale, transform.softcap, torch.float32, True)
-    eager = chunked._chunk_eager(z.clone(), *args)
-    functional = chunked._chunk_functional(z.clone(), *args)
-    for a, b in zip(eager, functional):
+    eager = chunked._chunk_eager(z.clone(), targets, weights, transform.scale, transform.softcap, torch.float32, True)
+    in_place = z.clone()
+    numbers = chunked._chunk_in_place(in_place, targets, weights, transform.scale, transform.softcap, True)
+    for a, b in zip(eager, (*numbers, in_place)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # bf16 logits: the softmax and the gradient computed in float32 from them, the gradient rounded once
+    low = z.to(torch.bfloat16)
+    expected = chunked._chunk_eager(low.float(), targets, weights, transform.scale, transform.softcap, torch.bfloat16, True)
+    numbers = chunked._chunk_in_place(low, targets, weights, transform.scale, transform.softcap, True)
+    for a, b in zip(expected[:3], numbers):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert low.dtype == torch.bfloat16 and torch.equal(low, expected[3])
+
+
+@pytest.fixture
+def gpu_chunks(monkeypatch):
+    """The GPU's way through a chunk (logits in the projection's dtype, the gradient over them), uncompiled."""
+    monkeypatch.setattr(chunked, "_compiled", lambda compiled, device: chunked._chunk_in_place if compiled else None)
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_the_gpu_chunk_path_gives_the_full_logits_loss_and_gradients(small_chunks, gpu_chunks, transform):
+    h, w, b, targets, weights = _inputs(True)
+    logits = transform.apply(h @ w.t() + b)
+    (weights * torch.nn.functional.cross_entropy(logits, targets, reduction="none")).sum().backward()
+    expected = _grads(h, w, b)
+    weighted_cross_entropy(h, w, b, targets, weights, transform).backward()
+    for got, want in zip(_grads(h, w, b), expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    upstream = torch.rand(len(targets), generator=torch.Generator().manual_seed(3))
+    full = torch.log_softmax(transform.apply(h @ w.t() + b), -1).gather(1, targets[:, None])[:, 0]
+    (full * upstream).sum().backward()
+    expected = _grads(h, w, b)
+    ours = token_log_probs(h, w, b, targets, transform)
+    (ours * upstream).sum().backward()
+    torch.testing.assert_close(ours, full.detach(), rtol=1e-5, atol=1e-5)
+    for got, want in zip(_grads(h, w, b), expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_in_bf16_the_gpu_path_has_the_full_logit_losss_bf16_logits(small_chunks, gpu_chunks):
+    h, w, _, targets, _ = _inputs(False, n=300, hidden=64)
+    h, w = h.detach().bfloat16().requires_grad_(), w.detach().bfloat16().requires_grad_()
+    logits = torch.nn.functional.linear(h, w)  # bf16, as a bf16 model's head returns them
+    reference = torch.nn.functional.cross_entropy(logits.float(), targets)
+    reference.backward()
+    expected = _grads(h, w)
+    loss = weighted_cross_entropy(h, w, None, targets, torch.full((300,), 1 / 300))
+    loss.backward()
+    assert float(loss) == pytest.approx(float(reference), rel=1e-5)  # the same bf16 logits, each softmax in float32
+    for got, want in zip(_grads(h, w), expected):
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-3)
+
+
+def test_a_weight_not_in_float32_gets_its_gradient_from_float32_blocks_converted_one_at_a_time(monkeypatch):
+    h, w, _, targets, weights = _inputs(False, n=64, hidden=16, vocab=50)
+    h, w = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    weighted_cross_entropy(h, w, None, targets, weights).backward()
+    whole = _grads(h, w)
+    monkeypatch.setattr(chunked, "_BLOCK_ELEMENTS", 16 * 16)  # 16 rows of the (50, 16) weight per block
+    made = []
+    original = chunked._Chunks.result
+    monkeypatch.setattr(chunked._Chunks, "result", lambda self, *a: made.append(len(self.dw)) or original(self, *a))
+    weighted_cross_entropy(h, w, None, targets, weights).backward()
+    assert made == [4]  # 16 + 16 + 16 + 2 rows
+    for got, want in zip(_grads(h, w), whole):
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, want)
 
 
 def test_token_statistics_are_the_full_logits_ones(small_chunks):
