@@ -193,6 +193,7 @@ def trl_budget(args, model, dataset):
 
     from packing_collators.trainer import fit_token_budget
     from packing_collators.trainer._allocator import avoid_fragmentation
+    from packing_collators.trainer._memory_budget import usable_gpu_bytes
 
     if not _on_cuda(model):
         raise SystemExit("trl_auto_cap measures GPU memory: it needs a CUDA GPU (it has no --smoke form).")
@@ -206,7 +207,7 @@ def trl_budget(args, model, dataset):
     budget = fit_token_budget(
         lambda tokens: trl_step_peak(probe, tokens, longest),
         longest=longest,
-        total_bytes=torch.cuda.get_device_properties(model.device).total_memory,
+        total_bytes=usable_gpu_bytes(model.device),  # as ours_auto's: a --memory-cap-gib counted
         optimizer_bytes=STATES_PER_PARAMETER * sum(p.numel() * p.element_size() for p in trainable),
         memory_fraction=args.memory_fraction,
     )

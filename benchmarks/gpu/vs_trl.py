@@ -45,7 +45,8 @@ each measurement runs TRL's own step: its collator's batch, its ``compute_loss``
 the full logits), backward, under the same gradient checkpointing. Then TRL's SFTTrainer trains bfd rows of that
 ``max_length``. The budget on each side is the JSON's ``max_tokens_per_batch`` / ``max_length``. Both auto settings
 run on CUDA's expandable segments (``packing_collators.trainer._allocator``: ours turns them on for its auto budget,
-the harness does the same for TRL's).
+the harness does the same for TRL's). ``--memory-cap-gib 79`` runs any setting as on an 80 GB card on a larger one
+(``torch.cuda.set_per_process_memory_fraction``; both auto budgets plan for the cap, allocations past it fail).
 
 ``--torch-compile on`` (names end in ``_compiled``; pairs only with compiled runs): ``torch_compile=True`` in every
 setting's arguments (Inductor; aot_eager under --smoke). TRL's Trainer then compiles the whole model (accelerate);
@@ -115,6 +116,7 @@ FORWARDED = (  # what --all passes on to each setting's process
     "lr",
     "loss_implementation",
     "memory_fraction",
+    "memory_cap_gib",
     "logging_steps",
     "examples",
     "out",
@@ -159,6 +161,8 @@ def _arguments(argv=None) -> argparse.Namespace:
         "a larger measured budget trains a second epoch of the same examples)",
     )
     add("--memory-fraction", type=float, default=0.9, help="trl_auto_cap: the share of the card its rows may fill")
+    add("--memory-cap-gib", type=float, help="use at most this much of the GPU (torch.cuda.set_per_process_memory_\n"
+        "fraction; both auto budgets plan for it): an 80 GB card's figures on a larger one")
     add("--attn", help="attention of TRL's settings and ours_flattening (flash_attention_4; smoke: sdpa)")
     add("--loss-implementation", choices=("auto", "chunked", "full"), default="auto", help="ours' loss (auto)")
     add("--optim", help="the same optimizer everywhere (adamw_torch_fused; smoke: adamw_torch)")
@@ -193,7 +197,11 @@ def _device(args):
         raise SystemExit("no CUDA GPU here: the 1B settings need one (--smoke runs tiny shapes on the CPU)")
     if torch.cuda.device_count() > 1:
         raise SystemExit("several GPUs are visible: set CUDA_VISIBLE_DEVICES=0 (the Trainer would use DataParallel)")
-    return torch.device("cuda", 0)
+    device = torch.device("cuda", 0)
+    if args.memory_cap_gib:  # the card as one of that size: both auto budgets plan for it, allocations past it fail
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_cap_gib * 2**30 / total), device)
+    return device
 
 
 def _command() -> str:
@@ -247,7 +255,8 @@ def run_setting(args) -> dict:
         "first_losses": [s["loss"] for s in steps[:5]],
         "model": {"dims": settings.DIMS["smoke" if args.smoke else "1b"], "parameters": model.num_parameters()},
         "data": {"distribution": args.distribution, "examples": len(dataset), "mean_length": mean},
-        "options": {k: getattr(args, k) for k in (*DEFAULTS, "lr", "seed", "loss_implementation", "memory_fraction")},
+        "options": {k: getattr(args, k) for k in (*DEFAULTS, "lr", "seed", "loss_implementation", "memory_fraction",
+                                                   "memory_cap_gib")},
         "steps_run": len(steps),
         "steps_planned": args.warmup + timed_steps,
         "setup_seconds": built - began,

@@ -265,7 +265,17 @@ def _on_gpu(model, caller: str, optimizer_states_per_parameter: int | None) -> t
         OPTIMIZER_STATES_PER_PARAMETER if optimizer_states_per_parameter is None else optimizer_states_per_parameter
     )
     optimizer_bytes = states * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return states, optimizer_bytes, torch.cuda.get_device_properties(parameter.device).total_memory
+    return states, optimizer_bytes, usable_gpu_bytes(parameter.device)
+
+
+def usable_gpu_bytes(device) -> int:
+    """The memory this process may allocate on CUDA ``device``: the card's, times the share that
+    ``torch.cuda.set_per_process_memory_fraction`` set (a GPU shared with other processes), if any."""
+    import torch
+
+    total = torch.cuda.get_device_properties(device).total_memory
+    share = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.7
+    return int(total * min(1.0, share(device))) if share is not None else total
 
 
 def measure_token_budget(

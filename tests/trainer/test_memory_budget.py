@@ -194,3 +194,20 @@ def test_a_line_too_shallow_into_out_of_memory_searches_down_to_near_the_real_li
     assert chosen in measured and step(chosen) is not None
     assert chosen >= limit * 7 / 8 - 64  # near the largest size that fits (the search has 8 measurements)
     assert len(measured) <= 2 + 8
+
+
+def test_the_usable_memory_is_the_cards_times_the_share_this_process_was_given(monkeypatch):
+    import types
+
+    import torch
+
+    from packing_collators.trainer._memory_budget import usable_gpu_bytes
+
+    card = types.SimpleNamespace(total_memory=140 * GIB)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: card)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0, raising=False)
+    assert usable_gpu_bytes(0) == 140 * GIB
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 0.5, raising=False)
+    assert usable_gpu_bytes(0) == 70 * GIB  # set_per_process_memory_fraction(0.5): the budget plans for 70 GiB
+    monkeypatch.delattr(torch.cuda, "get_per_process_memory_fraction")  # torch < 2.7: the whole card
+    assert usable_gpu_bytes(0) == 140 * GIB
