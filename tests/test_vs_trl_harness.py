@@ -246,3 +246,18 @@ def test_torch_compile_defaults_runs_each_side_as_its_user_gets_it(compile_modes
     assert _vs_trl_report.pair_rows([packing, {**trl, "compiled": False}]) == []
     (row,) = _vs_trl_report.pair_rows([packing, trl])
     assert row["compiled"] == "defaults" and "defaults (ours' layers; TRL eager)" in _vs_trl_report.readme([row], [packing])
+
+
+def test_a_memory_cap_names_its_runs_and_pairs_them_only_with_runs_under_the_same_cap(tmp_path):
+    harness = _harness()
+    import _vs_trl_report
+
+    capped = harness._arguments(["--setting", "ours_auto", "--memory-cap-gib", "79", "--vocab", "151936", "--out", "x"])
+    assert harness.run_name(capped, "ours_auto") == "ours_auto_cap79_151936_gc_on"
+    whole = harness._arguments(["--setting", "ours_auto", "--vocab", "151936", "--out", "x"])
+    assert harness.run_name(whole, "ours_auto") == "ours_auto_151936_gc_on"
+    with pytest.raises(SystemExit):
+        harness._arguments(["--setting", "ours_auto", "--memory-cap-gib", "0", "--out", "x"])
+    run = {"setting": "ours_auto", "side": "ours", "vocab": 1, "grad_checkpointing": True, "options": {"memory_cap_gib": 79.0}}
+    trl = {**run, "setting": "trl_auto_cap", "side": "trl"}
+    assert _vs_trl_report.pair_rows([run, {**trl, "options": {"memory_cap_gib": None}}]) == []

@@ -78,8 +78,8 @@ def pair_row(ours: dict, theirs: dict) -> dict:
 
 
 def pair_rows(runs: list[dict]) -> list[dict]:
-    """A row per ours run whose TRL counterpart (same vocabulary, gradient checkpointing and compile) ran too."""
-    key = lambda r: (r["vocab"], r["grad_checkpointing"], r.get("compiled", False))  # noqa: E731
+    """A row per ours run whose TRL counterpart (same vocabulary, gradient checkpointing, compile and memory cap) ran too."""
+    key = lambda r: (r["vocab"], r["grad_checkpointing"], r.get("compiled", False), _cap(r))  # noqa: E731
     trl = {(r["setting"], *key(r)): r for r in runs if r["side"] == "trl"}
     rows = []
     for run in (r for r in runs if r["side"] == "ours"):
@@ -87,6 +87,11 @@ def pair_rows(runs: list[dict]) -> list[dict]:
         if theirs is not None:
             rows.append(pair_row(run, theirs))
     return rows
+
+
+def _cap(run: dict):
+    """The run's --memory-cap-gib (None: the whole card): capped runs pair only with runs under the same cap."""
+    return (run.get("options") or {}).get("memory_cap_gib")
 
 
 def _compiled(mode) -> str:

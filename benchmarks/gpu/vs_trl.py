@@ -46,7 +46,9 @@ the full logits), backward, under the same gradient checkpointing. Then TRL's SF
 ``max_length``. The budget on each side is the JSON's ``max_tokens_per_batch`` / ``max_length``. Both auto settings
 run on CUDA's expandable segments (``packing_collators.trainer._allocator``: ours turns them on for its auto budget,
 the harness does the same for TRL's). ``--memory-cap-gib 79`` runs any setting as on an 80 GB card on a larger one
-(``torch.cuda.set_per_process_memory_fraction``; both auto budgets plan for the cap, allocations past it fail).
+(``torch.cuda.set_per_process_memory_fraction``; both auto budgets plan for the cap, allocations past it fail;
+names end in ``_cap79``). The cap bounds PyTorch's caching allocator only: the CUDA context and library
+workspaces lie outside it, so a capped card has up to ~1 GiB more room than a real one of that size.
 
 ``--torch-compile on`` (names end in ``_compiled``; pairs only with compiled runs): ``torch_compile=True`` in every
 setting's arguments (Inductor; aot_eager under --smoke). TRL's Trainer then compiles the whole model (accelerate);
@@ -175,16 +177,19 @@ def _arguments(argv=None) -> argparse.Namespace:
             setattr(args, name, smoke if args.smoke else gpu)
     args.gc = args.grad_checkpointing == "on"
     args.compiled = {"on": True, "off": False, "defaults": "defaults"}[args.torch_compile]  # the JSON's, pairs' key
+    if args.memory_cap_gib is not None and args.memory_cap_gib <= 0:
+        parser.error(f"--memory-cap-gib must be above 0 (GiB of the GPU this run may use), got {args.memory_cap_gib:g}")
     return args
 
 
 def run_name(args, setting: str) -> str:
-    """The JSON's stem: ``<setting>[_loss<impl>][_compiled|_defaults]_<vocab>_gc_<on|off>`` (ours' non-default loss
-    named)."""
+    """The JSON's stem: ``<setting>[_loss<impl>][_compiled|_defaults][_cap<GiB>]_<vocab>_gc_<on|off>`` (ours'
+    non-default loss named)."""
     named = setting.startswith("ours") and args.loss_implementation != "auto"
     loss = f"_loss{args.loss_implementation}" if named else ""
     compiled = {"on": "_compiled", "defaults": "_defaults"}.get(args.torch_compile, "")
-    return f"{setting}{loss}{compiled}_{args.vocab}_gc_{args.grad_checkpointing}"
+    cap = f"_cap{args.memory_cap_gib:g}" if args.memory_cap_gib else ""
+    return f"{setting}{loss}{compiled}{cap}_{args.vocab}_gc_{args.grad_checkpointing}"
 
 
 # ----------------------------------------------------------------------------- one setting, in this process
@@ -198,7 +203,7 @@ def _device(args):
     if torch.cuda.device_count() > 1:
         raise SystemExit("several GPUs are visible: set CUDA_VISIBLE_DEVICES=0 (the Trainer would use DataParallel)")
     device = torch.device("cuda", 0)
-    if args.memory_cap_gib:  # the card as one of that size: both auto budgets plan for it, allocations past it fail
+    if args.memory_cap_gib is not None:  # the card as one of that size: both auto budgets plan for it, allocations past it fail
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_cap_gib * 2**30 / total), device)
     return device

@@ -16,20 +16,23 @@ in its backward (four products). ``transform`` is what the model does after its 
 a scale (Cohere, Granite, Falcon-H1) and a tanh soft cap (Gemma 2/3).
 
 Two ways to run a chunk:
-- On a GPU (compiled): the logits in the projection's dtype, as the full-logit loss has them before
-  its ``logits.float()`` (bf16 under bf16 training); the softmax, the loss and the gradient computed
-  from them in float32 by one compiled kernel pair, the gradient written over the logits.
-- Elsewhere (eager): float32 logits (the projection accumulates and returns float32), the gradient
-  a second buffer in the projection's dtype.
+- On a GPU (compiled, the default there): the logits in the projection's dtype, as the full-logit loss
+  has them before its ``logits.float()`` (bf16 under bf16 training); one compiled kernel pair (two
+  passes over the chunk) computes the softmax, the loss and the gradient from them in float32 and
+  writes the gradient over the logits: one chunk-sized buffer.
+- Elsewhere (eager): float32 logits (the projection accumulates and returns float32) and, where the
+  projection is not float32, the gradient in a second buffer of its dtype (a third under a soft cap:
+  its derivative); a few eager passes over the chunk.
 
 Exactness: the weight's gradient accumulates in float32 over the chunks; in float32 the loss and
 gradients equal the full-logit ones up to summation order (1e-6).
-Memory: one chunk's logits (``chunk_rows``: 2**28 elements, 0.5 GiB in bf16) and the weight's float32
-gradient (``V x H``), kept in blocks of 2**25 elements that are converted to the weight's dtype one at
-a time, so the conversion never holds a second full copy. (A full-logit loss holds the logits, their
-float32 copy and its gradient: ~10 GB per copy at 16k tokens and a 152k vocabulary.)
-Cost: the same three products as the full-logit loss, and two passes over each chunk's logits instead
-of the full logits' ~8.
+Memory: one chunk's logits (``chunk_rows``: 2**28 elements, 0.5 GiB in bf16 on the GPU path, 1 GiB of
+float32 on the eager one) and the weight's float32 gradient (``V x H``). Where the weight is not
+float32 that accumulator is kept in blocks of 2**25 elements, converted to the weight's dtype one at a
+time, so the conversion never holds the float32 accumulator and a converted copy at once. (A full-logit
+loss holds the logits, their float32 copy and its gradient: ~10 GB per copy at 16k tokens and a 152k
+vocabulary.)
+Cost: the same three products as the full-logit loss.
 """
 
 from __future__ import annotations
@@ -163,7 +166,8 @@ def _chunk_in_place(z, targets, weights, scale: float, softcap, want_grad: bool)
 
 @functools.lru_cache(maxsize=1)
 def _compiled_chunk():
-    """:func:`_chunk_in_place` compiled once per process (dynamic row count), or None where it cannot be."""
+    """:func:`_chunk_in_place` wrapped by ``torch.compile`` once per process (dynamic row count), or None where
+    ``torch.compile`` cannot wrap it; the compile itself runs at the first call."""
     try:
         return torch.compile(_chunk_in_place, dynamic=True)
     except Exception:  # noqa: BLE001 - no compiler on this platform: the eager chunk
@@ -192,28 +196,31 @@ def _chunk(z, targets, weights, transform: LogitTransform, out_dtype, want_grad:
 class _Chunks:
     """The gradients of a chunked projection, filled one chunk at a time (float32 accumulators for W, b).
 
-    The weight's accumulator is kept in row blocks of about ``_BLOCK_ELEMENTS`` where the weight is not
-    float32, so that :meth:`result` converts and frees one block at a time."""
+    Where the weight is not float32, its accumulator is kept in row blocks of about ``_BLOCK_ELEMENTS``
+    (a multiple of 128 rows, so each block's slice of a chunk's gradient stays aligned for the GEMM), so
+    that :meth:`result` converts and frees one block at a time."""
 
     def __init__(self, hidden, weight, bias) -> None:
         self.dh = torch.empty_like(hidden)
         vocab, width = weight.shape
-        step = vocab if weight.dtype == torch.float32 else max(1, _BLOCK_ELEMENTS // max(1, width))
-        self.blocks = [slice(s, min(s + step, vocab)) for s in range(0, vocab, step)] or [slice(0, 0)]
+        step = vocab if weight.dtype == torch.float32 else max(128, _BLOCK_ELEMENTS // max(1, width) // 128 * 128)
+        self.blocks = [slice(s, min(s + step, vocab)) for s in range(0, vocab, max(1, step))] or [slice(0, 0)]
         self.dw = [torch.zeros((b.stop - b.start, width), dtype=torch.float32, device=weight.device) for b in self.blocks]
         self.db = None if bias is None else torch.zeros(vocab, dtype=torch.float32, device=weight.device)
 
     def add(self, grad: torch.Tensor, h: torch.Tensor, w: torch.Tensor, rows: slice) -> None:
         """One chunk's gradient at ``z`` ((r, V), in the projection's dtype): into dh[rows], dW and db."""
         if self.db is not None:
-            self.db += grad.float().sum(0)
+            self.db += grad.sum(0, dtype=torch.float32)
         self.dh[rows] = (grad @ w).to(self.dh.dtype)
         grad_t = grad.t()
         for block, acc in zip(self.blocks, self.dw):
             _accumulate(acc, grad_t[block], h[rows])
 
     def result(self, weight, bias):
-        """dh, dW and db in their parameters' dtypes; dW's float32 blocks are freed as they are converted."""
+        """dh, dW and db in their parameters' dtypes; dW's float32 blocks are freed as they are converted (at
+        most one float32 block beside the converted ones, then two copies in the weight's dtype while they are
+        joined: half the float32 accumulator's size in bf16)."""
         parts = []
         while self.dw:
             parts.append(self.dw.pop(0).to(weight.dtype))

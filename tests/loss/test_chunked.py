@@ -113,6 +113,21 @@ def test_the_compiled_chunk_computes_the_eager_chunks_numbers_and_writes_the_gra
     assert low.dtype == torch.bfloat16 and torch.equal(low, expected[3])
 
 
+def test_compiled_the_chunk_writes_its_gradient_into_the_logits_buffer():
+    # torch.compile with an input mutated in place (aot_eager here: the graph Inductor gets on a GPU)
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(7, 50, generator=g).to(torch.bfloat16)
+    targets, weights = torch.randint(0, 50, (7,), generator=g), torch.rand(7, generator=g)
+    expected = chunked._chunk_eager(z.float(), targets, weights, 0.5, 3.0, torch.bfloat16, True)
+    buffer = z.clone()
+    numbers = torch.compile(chunked._chunk_in_place, backend="aot_eager", dynamic=True)(
+        buffer, targets, weights, 0.5, 3.0, True
+    )
+    for a, b in zip(expected[:3], numbers):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert torch.equal(buffer, expected[3])
+
+
 @pytest.fixture
 def gpu_chunks(monkeypatch):
     """The GPU's way through a chunk (logits in the projection's dtype, the gradient over them), uncompiled."""
@@ -155,16 +170,16 @@ def test_in_bf16_the_gpu_path_has_the_full_logit_losss_bf16_logits(small_chunks,
 
 
 def test_a_weight_not_in_float32_gets_its_gradient_from_float32_blocks_converted_one_at_a_time(monkeypatch):
-    h, w, _, targets, weights = _inputs(False, n=64, hidden=16, vocab=50)
+    h, w, _, targets, weights = _inputs(False, n=64, hidden=16, vocab=300)
     h, w = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     weighted_cross_entropy(h, w, None, targets, weights).backward()
     whole = _grads(h, w)
-    monkeypatch.setattr(chunked, "_BLOCK_ELEMENTS", 16 * 16)  # 16 rows of the (50, 16) weight per block
+    monkeypatch.setattr(chunked, "_BLOCK_ELEMENTS", 150 * 16)  # 150 rows, rounded down to 128, per block
     made = []
     original = chunked._Chunks.result
     monkeypatch.setattr(chunked._Chunks, "result", lambda self, *a: made.append(len(self.dw)) or original(self, *a))
     weighted_cross_entropy(h, w, None, targets, weights).backward()
-    assert made == [4]  # 16 + 16 + 16 + 2 rows
+    assert made == [3]  # 128 + 128 + 44 rows
     for got, want in zip(_grads(h, w), whole):
         assert got.dtype == torch.float64
         torch.testing.assert_close(got, want)
