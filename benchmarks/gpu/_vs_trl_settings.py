@@ -193,7 +193,7 @@ def trl_budget(args, model, dataset):
 
     from packing_collators.trainer import fit_token_budget
     from packing_collators.trainer._allocator import avoid_fragmentation
-    from packing_collators.trainer._memory_budget import usable_gpu_bytes
+    from packing_collators._gpu_memory import usable_gpu_bytes
 
     if not _on_cuda(model):
         raise SystemExit("trl_auto_cap measures GPU memory: it needs a CUDA GPU (it has no --smoke form).")

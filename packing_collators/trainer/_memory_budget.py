@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from .._gpu_memory import usable_gpu_bytes
 from .._model_unwrap import text_config
 from .._validation import validate_positive_int
 from ._allocator import avoid_fragmentation
@@ -252,7 +253,7 @@ def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0,
 
 
 def _on_gpu(model, caller: str, optimizer_states_per_parameter: int | None) -> tuple[int, int, int]:
-    """(optimizer states per parameter, their bytes, the GPU's total bytes) for a model on a CUDA device."""
+    """(optimizer states per parameter, their bytes, the GPU bytes this process may use) for a model on a CUDA device."""
     import torch
 
     parameter = next(model.parameters(), None)
@@ -266,16 +267,6 @@ def _on_gpu(model, caller: str, optimizer_states_per_parameter: int | None) -> t
     )
     optimizer_bytes = states * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return states, optimizer_bytes, usable_gpu_bytes(parameter.device)
-
-
-def usable_gpu_bytes(device) -> int:
-    """The memory this process may allocate on CUDA ``device``: the card's, times the share that
-    ``torch.cuda.set_per_process_memory_fraction`` set (a GPU shared with other processes), if any."""
-    import torch
-
-    total = torch.cuda.get_device_properties(device).total_memory
-    share = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.7
-    return int(total * min(1.0, share(device))) if share is not None else total
 
 
 def measure_token_budget(

@@ -201,7 +201,7 @@ def test_the_usable_memory_is_the_cards_times_the_share_this_process_was_given(m
 
     import torch
 
-    from packing_collators.trainer._memory_budget import usable_gpu_bytes
+    from packing_collators._gpu_memory import usable_gpu_bytes
 
     card = types.SimpleNamespace(total_memory=140 * GIB)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: card)
