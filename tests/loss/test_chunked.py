@@ -16,6 +16,19 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(chunked, "_CHUNK_ELEMENTS", 128 * 50)  # chunks of 128 tokens at a vocabulary of 50
 
 
+@pytest.fixture
+def gpu_chunks(monkeypatch):
+    """The GPU's way through a chunk (logits in the projection's dtype, the gradient over them), uncompiled."""
+    monkeypatch.setattr(chunked, "_compiled", lambda compiled, device: chunked._chunk_in_place if compiled else None)
+
+
+@pytest.fixture(params=["eager", "gpu"])
+def chunk_path(request):
+    """Each way through a chunk: eager (float32 logits), and the GPU's (see ``gpu_chunks``)."""
+    if request.param == "gpu":
+        request.getfixturevalue("gpu_chunks")
+
+
 def _inputs(bias: bool, n: int = 300, hidden: int = 16, vocab: int = 50, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(n, hidden, generator=g).requires_grad_()
@@ -34,7 +47,7 @@ def _grads(*tensors):
 
 @pytest.mark.parametrize("transform", TRANSFORMS)
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_weighted_loss_and_its_gradients_are_the_full_logits_ones(small_chunks, transform, bias):
+def test_the_weighted_loss_and_its_gradients_are_the_full_logits_ones(small_chunks, chunk_path, transform, bias):
     h, w, b, targets, weights = _inputs(bias)
     assert chunk_rows(50) == 128 and h.shape[0] > 2 * 128  # three chunks, the last one short
     logits = transform.apply(h @ w.t() + (b if bias else 0))
@@ -49,7 +62,7 @@ def test_the_weighted_loss_and_its_gradients_are_the_full_logits_ones(small_chun
 
 
 @pytest.mark.parametrize("transform", TRANSFORMS)
-def test_token_log_probs_and_their_gradients_are_the_full_logits_ones(small_chunks, transform):
+def test_token_log_probs_and_their_gradients_are_the_full_logits_ones(small_chunks, chunk_path, transform):
     h, w, b, targets, upstream = _inputs(True)
     full = torch.log_softmax(transform.apply(h @ w.t() + b), -1).gather(1, targets[:, None])[:, 0]
     (full * upstream).sum().backward()
@@ -126,32 +139,6 @@ def test_compiled_the_chunk_writes_its_gradient_into_the_logits_buffer():
     for a, b in zip(expected[:3], numbers):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert torch.equal(buffer, expected[3])
-
-
-@pytest.fixture
-def gpu_chunks(monkeypatch):
-    """The GPU's way through a chunk (logits in the projection's dtype, the gradient over them), uncompiled."""
-    monkeypatch.setattr(chunked, "_compiled", lambda compiled, device: chunked._chunk_in_place if compiled else None)
-
-
-@pytest.mark.parametrize("transform", TRANSFORMS)
-def test_the_gpu_chunk_path_gives_the_full_logits_loss_and_gradients(small_chunks, gpu_chunks, transform):
-    h, w, b, targets, weights = _inputs(True)
-    logits = transform.apply(h @ w.t() + b)
-    (weights * torch.nn.functional.cross_entropy(logits, targets, reduction="none")).sum().backward()
-    expected = _grads(h, w, b)
-    weighted_cross_entropy(h, w, b, targets, weights, transform).backward()
-    for got, want in zip(_grads(h, w, b), expected):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    upstream = torch.rand(len(targets), generator=torch.Generator().manual_seed(3))
-    full = torch.log_softmax(transform.apply(h @ w.t() + b), -1).gather(1, targets[:, None])[:, 0]
-    (full * upstream).sum().backward()
-    expected = _grads(h, w, b)
-    ours = token_log_probs(h, w, b, targets, transform)
-    (ours * upstream).sum().backward()
-    torch.testing.assert_close(ours, full.detach(), rtol=1e-5, atol=1e-5)
-    for got, want in zip(_grads(h, w, b), expected):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_in_bf16_the_gpu_path_has_the_full_logit_losss_bf16_logits(small_chunks, gpu_chunks):
