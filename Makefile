@@ -15,9 +15,10 @@ install: $(VENV)/.installed-dev
 demo: $(VENV)/.installed-dev
 	$(PY) examples/demo.py
 
-# two workers (pytest-xdist), a test file each at a time: the files' module fixtures are built once
+# two workers (pytest-xdist) of one thread each (tiny tensors: a second thread only contends), a test file each
+# at a time: the files' module fixtures are built once
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
 
 # The oldest torch / transformers / datasets / accelerate that pyproject.toml claims, in a venv of
 # their own (scripts/install_oldest.sh reads the floors from pyproject.toml). Not the `slow` tests

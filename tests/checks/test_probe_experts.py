@@ -96,5 +96,6 @@ def test_rounding_the_probe_cannot_run_per_token_is_named_as_such():
     model = sweep.build_tiny("jetmoe", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES["jetmoe"])
     report = probe_packing(model)
     assert 0 < report.leak <= report.tolerance, report.summary()
-    with pytest.raises(ValueError, match=r"\(JetMoeAttention\)\), within rounding .*cannot tell the two apart"):
+    # which of its two routed layers moves first is float32 rounding, so it depends on the BLAS thread count
+    with pytest.raises(ValueError, match=r"\(JetMoe(Attention|MoE)\)\), within rounding .*cannot tell the two apart"):
         check_packing_support(model)
