@@ -112,6 +112,8 @@ class StepRecorder:
         self._sync()
         self.last_end = time.perf_counter()
         self.raw.append({"seconds": self.last_end - self._began, "micro": self._micro})
+        # a line per step as it ends (the log shows how far a run that is cut off got; no sync beyond the clock's)
+        print(f"vs_trl: step {len(self.raw)} took {self.raw[-1]['seconds']:.2f} s", flush=True)
 
     def _callback(self):
         from transformers import TrainerCallback
