@@ -11,6 +11,7 @@ _autocast.py          the autocast the Trainer trains under: the probe's forward
 _trainer_budget.py    TrainerBudget: a dataloader's token budget, planned once ("auto" measured, memory_check),
                       agreed over ranks, handed on as a value
 _memory_budget.py     measure_token_budget / check_token_budget: max_tokens_per_batch against the GPU's memory, measured
+                      (the line and the fit: ../_token_budget.py, no torch)
 _compile.py           torch_compile=True: the layers compiled in place, rows padded to buckets, graphs compiled first
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
 _launch.py            one process on several GPUs (python train.py, DataParallel) refused, naming torchrun
@@ -24,7 +25,8 @@ Built on every other folder: the attention backends (``attention/``), the checks
 """
 
 from .._lazy import lazy_names
-from ._memory_budget import TokenBudget, check_token_budget, fit_token_budget, measure_token_budget, plan_token_budget
+from .._token_budget import TokenBudget, fit_token_budget, plan_token_budget
+from ._memory_budget import check_token_budget, measure_token_budget
 from ._sequence_loss import count_sequences, sequence_loss_weights, sequence_mean_loss
 
 __all__ = [

@@ -1,46 +1,27 @@
 """A micro-batch token budget from the GPU's memory, measured on the model (no guessing ``max_tokens_per_batch``).
 
-Under a varlen kernel (flash attention, ``packing_varlen``) a packed micro-batch's memory grows
-linearly with its tokens, whatever its examples' lengths: activations are per token, and
-attention keeps no (T, T) matrix. Two dry runs (forward + backward, then the gradients freed)
-on flat batches of the longest example, once and twice, measure that line::
-
-    peak (GiB)
-      |                                   .  <- memory_fraction * total - optimizer states
-      |                         x  peak(2 L)
-      |               x  peak(L)      |
-      |        base  /                |  bytes per token = (peak(2L) - peak(L)) / L
-      +--------------+---------+------+----- tokens in the micro-batch
-                     L         2L     budget
-
-    budget = (memory_fraction * total - optimizer states - base) / bytes per token
-
-rounded down to a multiple of 64 (never below the longest example). ``base`` holds the weights,
-their gradients and what a step allocates whatever its size; the optimizer's states (AdamW: two
-per parameter, created at the first step) are added from the parameter count, since the dry runs
-make none. Each dry run is two forward + backward passes with those states made between them, as
-training runs its first two steps: the states split the allocator's blocks, and a step that fits
-once on a fresh allocator can still run out of memory at the second step. The line is a first
-guess, so the planned budget is then measured itself: a step whose peak lies above the line
-(gradient checkpointing's recompute, the allocator) redraws the line through that point and
-shrinks the budget, until a measured step fits. An example that does not fit alone is refused
-before training with the numbers and the fix; :func:`check_token_budget` runs the same dry run at
-a budget the user chose and refuses it the same way (``PackingTrainer`` does so before the first
-step).
+Peak memory grows about linearly with a packed micro-batch's tokens (``_token_budget.py`` draws
+that line and fits the budget under it). The measurements are dry runs on flat batches of the
+longest example: each two forward + backward passes, with the optimizer's states (AdamW: two per
+parameter, made at the first step) made between them, as training runs its first two steps: the
+states split the allocator's blocks, and a step that fits once on a fresh allocator can still run
+out of memory at the second step. The states' bytes are added from the parameter count. An
+example that does not fit alone is refused before training with the numbers and the fix;
+:func:`check_token_budget` runs the same dry run at a budget the user chose and refuses it the same
+way (``PackingTrainer`` does so before the first step).
 
 What it measures on a GPU, and how training at the budget fares: docs/trainer.md ("A token budget
 from the GPU's memory"). Cost: two passes at ``longest``, ``2 * longest`` and the budget (up to seven
-more when it shrinks or a size runs out of memory), and the kernels they compile. Since the budget fills
-the card, the dry runs and training run on expandable segments of CUDA's allocator (``_allocator.py``).
+more when it shrinks or a size runs out of memory), and the kernels they compile; each pass's time
+grows with its tokens, which ``ceiling`` bounds. Since the budget fills the card, the dry runs and
+training run on expandable segments of CUDA's allocator (``_allocator.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-
 from .._gpu_memory import usable_gpu_bytes
 from .._model_unwrap import text_config
+from .._token_budget import TokenBudget, fit_token_budget
 from .._validation import validate_positive_int
 from ._allocator import avoid_fragmentation
 from typing import TYPE_CHECKING
@@ -48,154 +29,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # loss/ imports torch; this module is imported with the package, before torch is needed
     from ..loss import LossImplementation
 
-__all__ = ["TokenBudget", "check_token_budget", "fit_token_budget", "measure_token_budget", "plan_token_budget"]
+__all__ = ["check_token_budget", "measure_token_budget"]
 
 _GIB = 1 << 30
-_NOT_ONE = (
-    "Turn on gradient checkpointing, cut long examples (max_length, overflow='truncate' or 'drop'), or use a GPU "
-    "with more memory."
-)
 OPTIMIZER_STATES_PER_PARAMETER = 2  # AdamW: exp_avg and exp_avg_sq, in the parameters' dtype
-
-
-@dataclass(frozen=True)
-class TokenBudget:
-    """A measured token budget and the numbers behind it (bytes).
-
-    Attributes:
-        max_tokens_per_batch: the budget, at least ``longest``, a multiple of 64 unless it is ``longest``.
-        longest: the longest example the budget must hold.
-        base_bytes: peak memory of a step extrapolated to zero tokens (weights, gradients, workspace).
-        bytes_per_token: what one more token in the micro-batch costs at the peak.
-        optimizer_bytes: the optimizer states added to the measured peaks.
-        total_bytes: the GPU's memory; memory_fraction: the share the budget may use.
-    """
-
-    max_tokens_per_batch: int
-    longest: int
-    base_bytes: int
-    bytes_per_token: float
-    optimizer_bytes: int
-    total_bytes: int
-    memory_fraction: float
-
-    def summary(self) -> str:
-        """One line for a log.
-
-        >>> TokenBudget(61440, 4096, 9 << 30, 700_000.0, 2 << 30, 80 << 30, 0.9).summary()
-        'token budget 61440 (longest example 4096): base 9.00 GiB + 0.67 MiB per token + optimizer states 2.00 GiB within 90% of 80.00 GiB'
-        """
-        return (
-            f"token budget {self.max_tokens_per_batch} (longest example {self.longest}): base "
-            f"{self.base_bytes / _GIB:.2f} GiB + {self.bytes_per_token / (1 << 20):.2f} MiB per token + optimizer "
-            f"states {self.optimizer_bytes / _GIB:.2f} GiB within {self.memory_fraction:.0%} of "
-            f"{self.total_bytes / _GIB:.2f} GiB"
-        )
-
-
-def plan_token_budget(
-    peaks: dict[int, int], *, longest: int, total_bytes: int, optimizer_bytes: int = 0, memory_fraction: float = 0.9
-) -> TokenBudget:
-    """The budget from peak memory measured at two token counts (``{tokens: peak bytes}``).
-
-    >>> plan_token_budget({4096: 12 << 30, 8192: 15 << 30}, longest=4096, total_bytes=80 << 30).summary()
-    'token budget 86016 (longest example 4096): base 9.00 GiB + 0.75 MiB per token + optimizer states 0.00 GiB within 90% of 80.00 GiB'
-    >>> plan_token_budget({4096: 74 << 30, 8192: 78 << 30}, longest=4096, total_bytes=80 << 30)
-    Traceback (most recent call last):
-    ...
-    ValueError: One example of 4096 tokens does not fit in 90% of this GPU's 80.00 GiB: a micro-batch of it alone peaks at 74.00 GiB (base 70.00 GiB + 1.00 MiB per token) plus 0.00 GiB of optimizer states. Turn on gradient checkpointing, cut long examples (max_length, overflow='truncate' or 'drop'), or use a GPU with more memory.
-    """
-    validate_positive_int("longest", longest)
-    if not 0 < memory_fraction <= 1:
-        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}.")
-    (small, peak_small), (large, peak_large) = sorted(peaks.items())[:2]
-    per_token = max(0.0, (peak_large - peak_small) / (large - small))
-    base = int(peak_small - per_token * small)
-    room = memory_fraction * total_bytes - optimizer_bytes - base
-    fits = int(room / per_token) if per_token else large
-    budget = max(longest, fits // 64 * 64)  # a multiple of 64, unless that would cut the longest example
-    result = TokenBudget(budget, longest, base, per_token, optimizer_bytes, total_bytes, memory_fraction)
-    if fits < longest:
-        raise ValueError(
-            f"One example of {longest} tokens does not fit in {memory_fraction:.0%} of this GPU's "
-            f"{total_bytes / _GIB:.2f} GiB: a micro-batch of it alone peaks at {peak_small / _GIB:.2f} GiB (base "
-            f"{base / _GIB:.2f} GiB + {per_token / (1 << 20):.2f} MiB per token) plus {optimizer_bytes / _GIB:.2f} GiB "
-            f"of optimizer states. {_NOT_ONE}"
-        )
-    return result
-
-
-def fit_token_budget(
-    measure: Callable[[int], int | None],
-    *,
-    longest: int,
-    total_bytes: int,
-    optimizer_bytes: int = 0,
-    memory_fraction: float = 0.9,
-    checks: int = 8,
-) -> TokenBudget:
-    """The budget from ``measure(tokens)`` (peak bytes of a step of that many tokens; None: out of memory).
-
-    It measures ``longest`` and ``2 * longest`` tokens, draws the line, then measures the planned
-    budget itself: where the real peak lies above the line (gradient checkpointing's recompute,
-    the allocator), the line is redrawn through the new point and the budget shrinks, until a
-    measured step fits. A step that runs out of memory tells nothing of the slope, so the sizes
-    that fit and failed are searched between (geometric steps while they lie over 16x apart,
-    halves after) until they are within 1/16 of each other, ``checks`` measurements at most. The
-    budget is always a size that was measured to fit.
-
-    >>> oom_above = lambda tokens: None if tokens > 100_000 else int(1e9 + 1e4 * tokens)  # the line says ~7.6M
-    >>> fit_token_budget(oom_above, longest=2048, total_bytes=80 << 30).max_tokens_per_batch
-    97088
-
-    >>> curve = lambda tokens: int(2e9 + 1e5 * tokens + 2e-2 * tokens**2)  # above any line through small sizes
-    >>> plan_token_budget({4096: curve(4096), 8192: curve(8192)}, longest=4096, total_bytes=80 << 30).max_tokens_per_batch
-    751232
-    >>> budget = fit_token_budget(curve, longest=4096, total_bytes=80 << 30)
-    >>> budget.max_tokens_per_batch, curve(budget.max_tokens_per_batch) <= 0.9 * (80 << 30)
-    (662720, True)
-    """
-    alone = measure(longest)
-    if alone is None:
-        raise ValueError(
-            f"One example of {longest} tokens does not fit on this GPU ({total_bytes / _GIB:.2f} GiB): forward and "
-            f"backward on it alone ran out of memory. {_NOT_ONE}"
-        )
-    peaks = {longest: alone}
-    peaks[2 * longest] = measure(2 * longest) or total_bytes
-    budget = plan_token_budget(
-        peaks,
-        longest=longest,
-        total_bytes=total_bytes,
-        optimizer_bytes=optimizer_bytes,
-        memory_fraction=memory_fraction,
-    )
-    target = memory_fraction * total_bytes - optimizer_bytes
-    fitted = max((t for t, p in peaks.items() if p <= target), default=longest)  # the largest size that fit
-    failed = min((t for t, p in peaks.items() if p > target), default=None)  # the smallest that did not
-    tokens = budget.max_tokens_per_batch
-    for _ in range(checks):
-        if tokens in peaks or tokens <= fitted:
-            break
-        peak = measure(tokens)
-        peaks[tokens] = total_bytes if peak is None else peak
-        if peaks[tokens] <= target:
-            fitted = tokens
-            if failed is None or failed - fitted <= fitted // 16:
-                break
-            tokens = (fitted + failed) // 2
-        elif peak is None:  # out of memory: no slope to redraw from
-            failed = tokens
-            tokens = int((fitted * failed) ** 0.5) if failed > 16 * fitted else (fitted + failed) // 2
-        else:  # measured above the line: the line redrawn through it
-            failed = tokens
-            line = {longest: peaks[longest], tokens: peaks[tokens]}
-            planned = plan_token_budget(line, longest=longest, total_bytes=total_bytes,
-                                        optimizer_bytes=optimizer_bytes, memory_fraction=memory_fraction)  # fmt: skip
-            budget, tokens = planned, min(planned.max_tokens_per_batch, failed - 64)
-        tokens = max(longest, tokens // 64 * 64)
-    budget = replace(budget, max_tokens_per_batch=fitted)
-    return budget
 
 
 def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0, autocast_dtype=None, loss=None) -> int | None:
@@ -277,6 +114,7 @@ def measure_token_budget(
     optimizer_states_per_parameter: int | None = None,
     autocast_dtype=None,
     loss_implementation: LossImplementation = "auto",
+    ceiling: int | None = None,
 ) -> TokenBudget:
     """Measure ``model``'s memory per packed token on its GPU and return the largest safe budget.
 
@@ -293,6 +131,8 @@ def measure_token_budget(
         loss_implementation: the training loss the dry runs compute, as ``PackingTrainer``'s option:
             ``"auto"`` (a chunk of tokens at a time where the model's head allows it: no full logits,
             so more tokens fit), ``"chunked"`` or ``"full"`` (the model's own full-logit loss).
+        ceiling: the largest budget to return, and to dry-run (None, default: as many tokens as fit);
+            ``PackingTrainer``'s ``"auto"`` passes 262,144 (``TokenBudget.ceiling`` says when it set the budget).
 
     The dry runs are :func:`fit_token_budget`'s, each two forward + backward passes with the
     optimizer's states made between them (no optimizer step). Raises a ValueError before
@@ -314,6 +154,7 @@ def measure_token_budget(
             total_bytes=total,
             optimizer_bytes=optimizer_bytes,
             memory_fraction=memory_fraction,
+            ceiling=ceiling,
         )
     finally:
         model.train(was_training)

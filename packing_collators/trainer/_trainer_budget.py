@@ -4,7 +4,8 @@
     a dataloader's lengths, batch size, GPU   ->  TrainerBudget.plan  ->  PlannedBudget(tokens, longest)
         None          tokens = max(longest example, batch size x mean length)
         a number N    tokens = n x N                                  (n = sequence_parallel_size)
-        "auto"        tokens = n x measure_token_budget(model, longest / n): measured once, the smallest over ranks
+        "auto"        tokens = n x measure_token_budget(model, longest / n, ceiling=AUTO_CEILING): measured once,
+                      the smallest over ranks
         training      memory_check: check_token_budget(model, tokens / n, longest / n), once per pair, on every rank
     PlannedBudget  ->  make_batch_sampler(lengths, tokens), the compile buckets, the FA4 warm-up: the same value
 
@@ -31,6 +32,9 @@ __all__ = ["AUTO_BUDGET", "GpuRun", "PlannedBudget", "TrainerBudget", "memory_mo
 logger = logging.getLogger(__name__)
 
 AUTO_BUDGET = "auto"  # max_tokens_per_batch measured on the model's GPU
+# "auto"'s largest budget per rank: a bigger micro-batch trains no faster, while the dry runs and the compile warm-up
+# grow with it (measured, docs/trainer.md: at ~1M tokens a 1B model had not reached its first step in 540 s)
+AUTO_CEILING = 262_144
 
 
 def _agreed_over_ranks(measure, model, *, elsewhere: str, hint: str = "") -> int:
@@ -175,8 +179,9 @@ class TrainerBudget:
         def measure() -> int:
             with inner_attention(gpu.model):  # one rank's share, measured without the group's collectives
                 budget = measure_token_budget(
-                    gpu.model, longest=longest, autocast_dtype=gpu.autocast_dtype, loss_implementation=gpu.loss_implementation
-                )
+                    gpu.model, longest=longest, autocast_dtype=gpu.autocast_dtype,
+                    loss_implementation=gpu.loss_implementation, ceiling=AUTO_CEILING,
+                )  # fmt: skip
             logger.info("PackingTrainer: max_tokens_per_batch='auto' on this rank: %s", budget.summary())
             return budget.max_tokens_per_batch
 

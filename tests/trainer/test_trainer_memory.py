@@ -140,6 +140,19 @@ def test_auto_uses_the_measured_budget_for_the_longest_example(tmp_path, fake_gp
     assert len(loader) > 0
 
 
+def test_auto_stops_at_its_ceiling_where_far_more_would_fit(tmp_path, fake_gpu):
+    # 10 GiB flat (the fake's default peak): the line allows any size. "auto" dry-runs nothing past its ceiling
+    # and trains at it; a bigger micro-batch would train no faster, only dry-run and warm up for longer.
+    from packing_collators.trainer._trainer_budget import AUTO_CEILING
+
+    peaks, calls = fake_gpu
+    peaks[30] = 10 * GIB + 15 * (1 << 10)  # 1 KiB per token: the line says ~60M tokens
+    run = trainer(tmp_path, max_tokens_per_batch="auto")
+    run.get_train_dataloader()
+    assert run._train_batch_sampler.max_tokens_per_batch == AUTO_CEILING == 262_144
+    assert [tokens for tokens, _, _ in calls] == [15, 30, AUTO_CEILING]  # the ceiling measured to fit, nothing past it
+
+
 def test_auto_is_the_only_word_max_tokens_per_batch_takes(tmp_path):
     with pytest.raises(
         ValueError, match=r"max_tokens_per_batch must be a positive integer or None .*'auto'.*got 'max'"
