@@ -35,7 +35,7 @@ vocabulary, labels = input_ids (every token but each example's first is a target
                                where this version lacks it: then the full logits). The SAME batches
                                as trl_padding_free (same dataset, order and seed): compare checks it
     ours_auto          ours    PackingTrainer(max_tokens_per_batch="auto"): the largest micro-batch   trl_auto_cap
-                               it measures to fit 90% of the GPU
+                               it measures to fit 90% of the GPU, at most its ceiling (262,144)
 
 ``trl_auto_cap``, designed to be fair to TRL: TRL has no memory-measured budget, so a user who fills the card
 raises ``max_length`` of its bfd rows until a step no longer fits. This setting finds that ``max_length``
@@ -43,7 +43,7 @@ without the trials, by the method ``ours_auto`` uses (``packing_collators.traine
 at two sizes, a line, the planned size measured again, within 90% of the card with AdamW's states counted), but
 each measurement runs TRL's own step: its collator's batch, its ``compute_loss`` (a fused LM head that never forms
 the full logits), backward, under the same gradient checkpointing. Then TRL's SFTTrainer trains bfd rows of that
-``max_length``. The budget on each side is the JSON's ``max_tokens_per_batch`` / ``max_length``. Both auto settings
+``max_length`` (no ceiling: the largest that fits). The budget on each side is the JSON's ``max_tokens_per_batch`` / ``max_length``. Both auto settings
 run on CUDA's expandable segments (``packing_collators.trainer._allocator``: ours turns them on for its auto budget,
 the harness does the same for TRL's). ``--memory-cap-gib 79`` runs any setting as on an 80 GB card on a larger one
 (``torch.cuda.set_per_process_memory_fraction``; both auto budgets plan for the cap, allocations past it fail;

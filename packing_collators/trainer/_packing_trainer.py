@@ -67,7 +67,7 @@ class PackingTrainer(Trainer):
             (at least the longest example), so a step sees about as many examples as
             the padded run did, with less memory than its worst padded batch.
             ``"auto"``: measured once on the model and its GPU for the longest example
-            (:func:`measure_token_budget`; the smallest over ranks), logged. The plan follows
+            (:func:`measure_token_budget`, at most 262,144 tokens; the smallest over ranks), logged. The plan follows
             the budget: to resume mid-epoch with the same batches, pass the logged number.
         memory_check: on a CUDA model (not under FSDP or DeepSpeed), run a training step's
             worth of memory at the training budget before the first step
