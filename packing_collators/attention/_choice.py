@@ -158,20 +158,23 @@ def warm_up_lengths(max_length: int) -> list[int]:
     return sorted(set(lengths) | {max_length})
 
 
-def _backward_through_layers(model, batch: dict) -> None:
-    """A forward and backward through every layer without the ``T x V`` logits: only the last position's
-    logits where the model takes ``logits_to_keep`` (every layer's backward kernels still run over all
-    ``T`` tokens), else the model's own loss."""
+def _backward_through_layers(model, batch: dict, autocast=None) -> None:
+    """A forward (under ``autocast``) and backward through every layer without the ``T x V`` logits: only the
+    last position's logits where the model takes ``logits_to_keep`` (every layer's backward kernels still run
+    over all ``T`` tokens), else the model's own loss."""
+    import contextlib
     import inspect
 
-    if "logits_to_keep" in inspect.signature(type(unwrap_model(model)).forward).parameters:
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
-        model(**inputs, logits_to_keep=1).logits.float().sum().backward()
-    else:
-        model(**batch).loss.backward()
+    with autocast or contextlib.nullcontext():
+        if "logits_to_keep" in inspect.signature(type(unwrap_model(model)).forward).parameters:
+            inputs = {k: v for k, v in batch.items() if k != "labels"}
+            loss = model(**inputs, logits_to_keep=1).logits.float().sum()
+        else:
+            loss = model(**batch).loss
+    loss.backward()
 
 
-def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
+def warm_up_attention(model, *, max_length: int, tokens: int = 4096, autocast=None) -> float:
     """Run forward and backward on flat batches whose longest example grows from 16 to ``max_length`` tokens.
 
     JIT-compiled kernels (FlashAttention-4) compile one variant per configuration, and the
@@ -182,8 +185,9 @@ def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
     length of :func:`warm_up_lengths` is run twice: as ``tokens`` tokens of examples of that
     length, and as one example of that length among ``MANY_SEQUENCES`` 8-token ones. The backward
     starts from the last position's logits (not a loss over ``T x V`` logits: a 16,384-token row at a
-    152k vocabulary would hold 25 GB more than training does). Gradients are cleared after; no weight
-    changes. Returns the seconds it took.
+    152k vocabulary would hold 25 GB more than training does). The forwards run under ``autocast`` (the
+    Trainer's: float32 weights with ``bf16=True`` give the kernel the half activations training does; a
+    kernel refuses float32). Gradients are cleared after; no weight changes. Returns the seconds it took.
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> from packing_collators import choose_attention
@@ -208,7 +212,7 @@ def warm_up_attention(model, *, max_length: int, tokens: int = 4096) -> float:
         batch = {
             k: v.to(parameter.device) if hasattr(v, "to") else v for k, v in FlatteningCollator()(examples).items()
         }
-        _backward_through_layers(model, batch)
+        _backward_through_layers(model, batch, autocast)
 
     for length in warm_up_lengths(max_length):
         run([length] * max(1, min(tokens, max_length * 4) // length))

@@ -217,9 +217,11 @@ def _inductor_blocker(device: int, dtype) -> str:
     return ""
 
 
-def compiled_step_failure(model, devices: tuple[str, ...] = ("cuda",)) -> str:
+def compiled_step_failure(model, devices: tuple[str, ...] = ("cuda",), autocast=None) -> str:
     """Why one training forward and backward of ``model`` (its compiled layers) fails on a packed row of two
     examples, on the model's own device where it is one of ``devices`` ("" when it runs, or the device is not one);
+    the forward under ``autocast`` (the Trainer's, ``trainer/_autocast.py``: float32 weights with ``bf16=True``
+    give a flash kernel the half activations training does);
     the random state and the model's gradients are left as they were: the backward runs through every layer to
     the first layer's weight alone (``torch.autograd.grad``), so no parameter's gradient is kept.
 
@@ -243,7 +245,8 @@ def compiled_step_failure(model, devices: tuple[str, ...] = ("cuda",)) -> str:
     trained = [p for m in (layers[:1] or [model]) for p in m.parameters() if p.requires_grad][:1]
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), symbolic_packing_sizes():
-            loss = model(**batch, use_cache=False).logits.float().sum()
+            with autocast or contextlib.nullcontext():
+                loss = model(**batch, use_cache=False).logits.float().sum()
             if trained:  # back through every layer to the first one's weight; no other gradient is kept
                 torch.autograd.grad(loss, trained)
     except Exception as error:  # noqa: BLE001 - any failure: the caller trains eager, with this reason

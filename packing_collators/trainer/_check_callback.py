@@ -143,7 +143,7 @@ class _AttentionWarmUp(TrainerCallback):
         if getattr(self.trainer, "is_deepspeed_enabled", False):  # a backward outside the engine: see _deepspeed.py
             logger.info("PackingTrainer: under DeepSpeed FlashAttention-4 compiles its kernels in the first steps")
             return
-        self.seconds = warm_up_attention(probe_module(model), max_length=longest)
+        self.seconds = warm_up_attention(probe_module(model), max_length=longest, autocast=training_autocast(args, model))
         logger.info(
             "PackingTrainer: FlashAttention-4 kernels compiled up to %d tokens in %.1f s", longest, self.seconds
         )

@@ -28,6 +28,7 @@ from .._compat import trainer_step_inputs
 from .._model_unwrap import text_config
 from ..collate._bucketed import bucketed_collator, compile_buckets, plan_padding
 from ..models._compile_layers import graphs_compiled, symbolic_packing_sizes
+from ._autocast import training_autocast
 from ._metrics import PackingMetricsCallback
 
 __all__ = [
@@ -194,7 +195,9 @@ class CompileWarmUp(TrainerCallback):
             )
             why = why or liger or auto_compile_blocker(model, args.device)
             tried = not why  # compiled and a step tried: a failure from here on is worth a warning
-            why = why or compile_trainer_layers(self.trainer, model) or compiled_step_failure(model)
+            why = why or compile_trainer_layers(self.trainer, model) or compiled_step_failure(
+                model, autocast=training_autocast(args, model)
+            )
             if why := _agreed(why, args.device):
                 uncompile_layers(model)
                 (logger.warning if tried else logger.info)(

@@ -201,6 +201,19 @@ def test_trainer_warm_up_runs_under_the_trainers_autocast(monkeypatch, tmp_path)
     assert max(warmed.calls) == 9  # compiled up to the longest example a micro-batch holds, before the first step
 
 
+def test_warm_up_attention_runs_its_forwards_under_the_autocast_it_is_given(monkeypatch):
+    # PackingTrainer passes the Trainer's autocast: float32 weights would otherwise give FA4 float32 activations
+    from packing_collators import warm_up_attention
+
+    register_fa4_attention()
+    monkeypatch.setattr(_fa4, "_kernel", half_only)
+    model = tiny_model("llama", attn="packing_fa4")
+    with pytest.raises(AssertionError, match="FA4 got torch.float32"):
+        warm_up_attention(model, max_length=16, tokens=32)
+    assert warm_up_attention(model, max_length=16, tokens=32, autocast=torch.autocast("cpu", dtype=torch.bfloat16)) >= 0
+    assert all(p.grad is None for p in model.parameters()) and model.dtype == torch.float32
+
+
 @pytest.mark.parametrize("name", ["packing_fa4", "packing_varlen"])
 def test_asking_for_a_library_backend_by_name_registers_it(name, monkeypatch):
     from transformers import AttentionInterface

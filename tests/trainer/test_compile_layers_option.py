@@ -208,10 +208,39 @@ def test_a_compiled_step_is_tried_and_leaves_the_random_state_and_gradients_alon
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_the_tried_step_autocasts_as_training_does(monkeypatch):
+    # float32 weights with bf16=True (mixed precision's usual set-up): FA4 takes half activations only, which
+    # training's autocast gives it; a step tried without it fails, and "auto" would train eager for nothing
+    from _tiny_models import half_only
+
+    from packing_collators import register_fa4_attention
+    from packing_collators.attention import _fa4
+
+    register_fa4_attention()
+    monkeypatch.setattr(_fa4, "_kernel", half_only)  # the kernel's dtype rule, a CPU stand-in behind it
+    model = tiny_model("llama", attn="packing_fa4")
+    _compile_layers.compile_layers(model, backend="eager")
+    assert model.dtype == torch.float32
+    why = _compile_layers.compiled_step_failure(model, devices=("cpu",))
+    assert why.startswith("a compiled step failed (AssertionError: FA4 got torch.float32")
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    assert _compile_layers.compiled_step_failure(model, devices=("cpu",), autocast=autocast) == ""
+
+
+def test_auto_tries_its_step_under_the_trainers_autocast(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
+    monkeypatch.setattr(_compile_layers, "compiled_step_failure",
+                        lambda model, autocast=None: seen.append(autocast) or "stop here")  # fmt: skip
+    _trainer(tmp_path, bf16=True)
+    _trainer(tmp_path / "fp32")
+    assert [type(a).__name__ for a in seen] == ["autocast", "NoneType"] and seen[0].fast_dtype == torch.bfloat16
+
+
 def test_auto_trains_eager_where_the_tried_step_fails(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
     monkeypatch.setattr(_compile_layers, "compiled_step_failure",
-                        lambda model: "a compiled step failed (BackendCompilerFailed: no C compiler)")  # fmt: skip
+                        lambda model, autocast=None: "a compiled step failed (BackendCompilerFailed: no C compiler)")  # fmt: skip
     with caplog.at_level(logging.WARNING, logger=_compile.__name__):
         trainer = _trainer(tmp_path, steps=3)
     assert not trainer._compile.enabled and compiled_layer_count(trainer.model) == 0

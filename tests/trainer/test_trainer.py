@@ -501,7 +501,7 @@ def test_flash_attention_4_is_warmed_up_to_the_longest_batchable_example_before_
 
     calls = []
     monkeypatch.setattr(
-        _check_callback, "warm_up_attention", lambda model, max_length: calls.append(max_length) or 0.5
+        _check_callback, "warm_up_attention", lambda model, max_length, autocast=None: calls.append(max_length) or 0.5
     )
     trainer = PackingTrainer(
         model=tiny_model("llama"),
