@@ -24,6 +24,7 @@ tokens would fit but would not train faster (``PackingTrainer``'s ``"auto"``: se
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -146,7 +147,7 @@ def fit_token_budget(
     >>> budget.max_tokens_per_batch, budget.ceiling, measured
     (99968, 99968, [4096, 8192, 99968])
     """
-    limit = None if ceiling is None else max(longest, validate_positive_int("ceiling", ceiling) // 64 * 64)
+    cap = math.inf if ceiling is None else max(longest, validate_positive_int("ceiling", ceiling) // 64 * 64)
     alone = measure(longest)
     if alone is None:
         raise ValueError(
@@ -163,9 +164,9 @@ def fit_token_budget(
         memory_fraction=memory_fraction,
     )
     target = memory_fraction * total_bytes - optimizer_bytes
-    fitted = max((t for t, p in peaks.items() if p <= target and t <= (limit or t)), default=longest)  # largest that fit
+    fitted = max((t for t, p in peaks.items() if p <= target and t <= cap), default=longest)  # the largest that fit
     failed = min((t for t, p in peaks.items() if p > target), default=None)  # the smallest that did not
-    tokens = min(budget.max_tokens_per_batch, limit or budget.max_tokens_per_batch)
+    tokens = min(budget.max_tokens_per_batch, cap)
     for _ in range(checks):
         if tokens in peaks or tokens <= fitted:
             break
@@ -185,5 +186,5 @@ def fit_token_budget(
             planned = plan_token_budget(line, longest=longest, total_bytes=total_bytes,
                                         optimizer_bytes=optimizer_bytes, memory_fraction=memory_fraction)  # fmt: skip
             budget, tokens = planned, min(planned.max_tokens_per_batch, failed - 64)
-        tokens = max(longest, min(tokens, limit or tokens) // 64 * 64)
-    return replace(budget, max_tokens_per_batch=fitted, ceiling=limit if limit is not None and fitted == limit else None)
+        tokens = max(longest, min(tokens, cap) // 64 * 64)
+    return replace(budget, max_tokens_per_batch=fitted, ceiling=fitted if fitted == cap else None)

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 AUTO_BUDGET = "auto"  # max_tokens_per_batch measured on the model's GPU
 # "auto"'s largest budget per rank: a bigger micro-batch trains no faster, while the dry runs and the compile warm-up
-# grow with it (measured, docs/trainer.md: at ~1M tokens a 1B model had not reached its first step in 540 s)
+# grow with it (measured: docs/benchmarks.md, the auto-budget row against TRL)
 AUTO_CEILING = 262_144
 
 

@@ -98,6 +98,17 @@ def test_a_peak_above_the_line_shrinks_the_budget_until_a_measured_step_fits(see
     assert chosen in measured  # what it returns was measured to fit, not extrapolated
 
 
+def test_a_ceiling_below_the_longest_example_still_holds_it_and_a_bad_one_is_refused():
+    from packing_collators.trainer import fit_token_budget
+
+    line = lambda tokens: int(GIB + 1e4 * tokens)  # noqa: E731 - millions of tokens would fit
+    budget = fit_token_budget(line, longest=4096, total_bytes=80 * GIB, ceiling=1000)
+    assert budget.max_tokens_per_batch == budget.ceiling == 4096  # no example is cut to meet the ceiling
+    assert fit_token_budget(line, longest=4096, total_bytes=80 * GIB).ceiling is None  # memory set it
+    with pytest.raises(ValueError, match="ceiling must be a positive integer, got 0"):
+        fit_token_budget(line, longest=4096, total_bytes=80 * GIB, ceiling=0)
+
+
 def test_one_example_that_runs_out_of_memory_alone_is_refused_before_training():
     from packing_collators.trainer import fit_token_budget
 
