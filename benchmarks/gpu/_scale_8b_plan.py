@@ -98,10 +98,10 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
     cache = {"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(work / "fa4")}
 
     def ours(name: str, gpus: int, steps: int, warmup: int, *extra: str, expected: float, timeout: float,
-             batch: int = 1) -> Step:
+             batch: int = 1, replicas: int | None = None) -> Step:
         # local batch 2: one packed row of 2 x 8,192 tokens; 4: two such micro-batches per GPU (8 sampler ranks)
         rows = [] if batch == 1 else ["--tokens-per-batch", str(min(batch, 2) * (1024 if smoke else SEQ))]
-        ranks = str(big * max(1, batch // 2))
+        ranks = str(replicas or big * max(1, batch // 2))
         rows += ["--examples", "6000"] if batch == 4 and not smoke else []  # enough documents for 10 such steps
         command = [*torchrun(gpus), str(HERE / "scale_8b.py"), "--name", name, "--out", str(work), "--replicas",
                    ranks, "--steps", str(steps), "--warmup", str(warmup), *ours_extra, *rows, *extra]  # fmt: skip
@@ -158,6 +158,20 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
               expected=120, timeout=220, batch=2),
         ours("ours_4_compile_lb2", big, 12, 3, "--compile", expected=170, timeout=260, batch=2),
         titan("titan_varlen_4_compile_lb2", "8B_varlen", "--compile.enable", expected=170, timeout=260, batch=2),
+        # where 2 GPUs lose time against 1 (a 2-GPU machine): the 2-rank plan at local batch 2, one micro-batch per
+        # GPU a step as at 4 GPUs, its 1-GPU replay, FSDP2's options one at a time, each profiled at an untimed step
+        ours("ours_1_r2_lb2", 1, 3, 2, "--profile-step", "2", expected=80, timeout=200, batch=2, replicas=half),
+        ours("ours_2_r2_lb2", half, 8, 2, "--profile-step", "2", expected=75, timeout=180, batch=2, replicas=half),
+        ours("ours_2_r2_lb2_keep", half, 8, 2, "--reshard-after-forward", "never", "--profile-step", "2", expected=75,
+             timeout=180, batch=2, replicas=half),
+        ours("ours_2_r2_lb2_bf16_reduce", half, 8, 2, "--reduce-dtype", "bfloat16", "--profile-step", "2",
+             expected=75, timeout=180, batch=2, replicas=half),
+        ours("ours_2_r2_lb2_prefetch2", half, 8, 2, "--prefetch", "2", "--profile-step", "2", expected=75,
+             timeout=180, batch=2, replicas=half),
+        Step("ours_trainer_2_lb2", [*torchrun(half), str(HERE / "scale_8b.py"), "--runner", "trainer", "--name",
+             "ours_trainer_2_lb2", "--out", str(work), "--replicas", str(half), "--steps", "8", "--warmup", "2",
+             "--tokens-per-batch", str(2 * (1024 if smoke else SEQ)), *ours_extra], 110, 220,
+             env={} if smoke else {"CUDA_VISIBLE_DEVICES": "0,1"}),  # fmt: skip
         # local batch 4: two 16,384-token micro-batches per GPU, gradients reduced once a step
         ours("ours_4_keep_lb4", big, 8, 2, "--reshard-after-forward", "never", expected=130, timeout=240, batch=4),
         ours("ours_1_lb4", 1, 3, 1, expected=150, timeout=240, batch=4),

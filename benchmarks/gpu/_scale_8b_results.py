@@ -116,6 +116,8 @@ def build(runs: dict) -> dict:
             f"scaling; replay of ours_4{s}", lb)  # fmt: skip
         out["scaling"][s] = _scaling(ours, runs, s)
         out["losses"].update(_losses(ours, s))
+    row("ours_trainer_2_lb2", "2 GPUs, 2 x 8,192 tokens (one 16,384-token row), PackingTrainer (accelerate FSDP2), "
+        "eager", None, "ours through the Trainer (our loop on the same GPUs: ours_2_r2_lb2)", 2)  # fmt: skip
     card = next((r["card"] for r in ours.values()), None)
     return {
         "issue": 46,
@@ -130,6 +132,7 @@ def build(runs: dict) -> dict:
         "scaling_local_batch_2": out["scaling"]["_lb2"],
         "scaling_local_batch_4": out["scaling"]["_lb4"],
         "loss_vs_replay": out["losses"],
+        "two_gpus_local_batch_2": two_gpus(ours),
         "eight_gpus": "not lent: run scale_8b.py on nvidia-h100-x8 with --replicas 8 when status lists it",
         "runs": runs,
     }
@@ -177,6 +180,40 @@ def same_steps_efficiency(base: dict, run: dict) -> float | None:
         return None
     steps = slice(first, first + timed)
     return base["gpus"] * sum(mine[steps]) / (run["gpus"] * sum(theirs[steps]))
+
+
+def two_gpus(ours: dict) -> dict:
+    """Where 2 GPUs lose time against 1 at local batch 2 (the 2-rank plan, one micro-batch per GPU a step): each
+    ``ours_2_r2_lb2*`` run (FSDP2's options one at a time) against its 1-GPU replay ``ours_1_r2_lb2``, over the same
+    steps, with its losses and the profiled step's split (``_trace_overlap.py``); the Trainer against our loop.
+
+    >>> base = {"gpus": 1, "warmup": 1, "steps": 2, "step_seconds": [9, 4.0, 4.0], "tokens_per_s_per_gpu": 8000.0,
+    ...         "loss": [12.0, 11.0], "profile": {"compute_ms": 3900.0}}
+    >>> two = {"gpus": 2, "warmup": 1, "steps": 2, "step_seconds": [5, 2.2, 2.0], "tokens_per_s_per_gpu": 7600.0,
+    ...        "loss": [12.0, 11.001], "reduce_dtype": "float32", "reshard_after_forward": "always", "prefetch": 0}
+    >>> out = two_gpus({"ours_1_r2_lb2": base, "ours_2_r2_lb2": two})["runs"]["ours_2_r2_lb2"]
+    >>> round(out["same_steps_efficiency"], 4), out["per_gpu_efficiency"], out["losses"]["within_bf16_noise"]
+    (0.9524, 0.95, True)
+    """
+    base = ours.get("ours_1_r2_lb2")
+    runs = {}
+    for name in sorted(n for n in ours if n.startswith("ours_2_r2_lb2")):
+        run = ours[name]
+        runs[name] = {
+            "tokens_per_s_per_gpu": run["tokens_per_s_per_gpu"],
+            "per_gpu_efficiency": run["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"] if base else None,
+            "same_steps_efficiency": same_steps_efficiency(base, run) if base else None,
+            "options": {k: run.get(k) for k in ("reduce_dtype", "reshard_after_forward", "prefetch")},
+            "profile": run.get("profile"),
+            "losses": loss_check(run, base),
+        }
+    trainer, loop = ours.get("ours_trainer_2_lb2"), ours.get("ours_2_r2_lb2")
+    return {
+        "base": "ours_1_r2_lb2" if base else None,
+        "base_profile": base.get("profile") if base else None,
+        "runs": runs,
+        "trainer_vs_loop": trainer["tokens_per_s_per_gpu"] / loop["tokens_per_s_per_gpu"] if trainer and loop else None,
+    }
 
 
 def _losses(ours: dict, suffix: str) -> dict:
@@ -232,6 +269,7 @@ def markdown(results: dict) -> str:
                 f"{check['max_abs']:.4f} ({check['max_relative']:.2%} relative; "
                 f"{'within' if check['within_bf16_noise'] else 'NOT within'} {check['tolerance']:.0%})."
             )
+    lines += _two_gpus_lines(results.get("two_gpus_local_batch_2"))
     check = (results["runs"].get("titan030_import") or {}).get("output", "").strip().splitlines()
     if check:
         lines.append(f"torchtitan 0.3.0 on this image: {check[-1][:300]}")
@@ -239,3 +277,29 @@ def markdown(results: dict) -> str:
     lines.append(f"Commit: {results['runs'].get('commit', {}).get('output') or 'not recorded'}.")
     lines += [f"Runs: {states}. Eight GPUs: {results['eight_gpus']}.", ""]
     return "\n".join(lines)
+
+
+def _split(profile: dict | None) -> str:
+    if not profile:
+        return "not profiled"
+    return (f"step {profile['step_ms']:,.0f} ms: compute {profile['compute_ms']:,.0f}, communication hidden "
+            f"{profile['comm_hidden_ms']:,.0f} / exposed {profile['comm_exposed_ms']:,.0f}, idle {profile['idle_ms']:,.0f}")
+
+
+def _two_gpus_lines(two: dict | None) -> list[str]:
+    """The 2-GPU diagnosis as report lines (none when it did not run)."""
+    if not two or not two["runs"]:
+        return []
+    lines = ["", f"Two GPUs against one, local batch 2 (the 2-rank plan; base {two['base'] or '-'}: "
+             f"{_split(two['base_profile'])}):"]  # fmt: skip
+    for name, run in two["runs"].items():
+        losses = run["losses"]
+        lines.append(
+            f"- {name} ({', '.join(f'{k} {v}' for k, v in run['options'].items())}): "
+            f"{fmt(run['tokens_per_s_per_gpu'])} tokens/s/GPU, efficiency {fmt(run['per_gpu_efficiency'], '.3f')} / "
+            f"{fmt(run['same_steps_efficiency'], '.3f')} (own steps / same steps); {_split(run['profile'])}; losses "
+            + (f"{losses['max_relative']:.2%} from the replay" if losses else "not compared")
+        )
+    if two.get("trainer_vs_loop"):
+        lines.append(f"- PackingTrainer / our loop on the same 2 GPUs: {two['trainer_vs_loop']:.3f}")
+    return lines + [""]

@@ -83,6 +83,7 @@ from _scale_8b_metrics import (  # noqa: E402
     mfu,
 )
 from _shared import CompileCounter, gather_ranks, model_config  # noqa: E402
+from _step_profile import start_profile, stop_profile  # noqa: E402
 
 SHAPES = {"8b": LLAMA_3_1_8B, "tiny": TINY}
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -133,13 +134,18 @@ def wrap(model, args, world: int, device: torch.device, dtype: torch.dtype):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (world,))
-    options = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32))
+    reduce_dtype = getattr(torch, args.reduce_dtype)  # float32: torchtitan's default (mixed_precision_reduce)
+    options = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype))
     reshard = args.reshard_after_forward == "always"  # never: no second all-gather for the recompute and backward
     fully_shard(model.model.embed_tokens, reshard_after_forward=reshard, **options)
     for layer in layers:
         fully_shard(layer, reshard_after_forward=reshard, **options)
     fully_shard([model.model.norm, model.lm_head], reshard_after_forward=False, **options)  # prefetched at once
     fully_shard(model, **options)
+    if args.prefetch:  # explicit: each layer starts the next ``prefetch`` layers' all-gathers (FSDP2 implies 1)
+        for i, layer in enumerate(layers):
+            layer.set_modules_to_forward_prefetch(list(layers[i + 1 : i + 1 + args.prefetch]))
+            layer.set_modules_to_backward_prefetch(list(layers[max(0, i - args.prefetch) : i])[::-1])
     return model
 
 
@@ -225,7 +231,9 @@ def run_loop(args, rank: int, world: int, device: torch.device) -> dict | None:
     gc.disable()  # no collector pauses inside the timed steps (torchtitan collects every 50 steps itself)
     sync(device)
     ends.append(time.perf_counter())
+    profile = None
     for step in range(args.warmup + args.steps):
+        profiler = start_profile(cuda) if args.profile_step == step + 1 else None
         step_targets = sum(targets(lengths, plan[r][step]) for r in range(args.replicas))
         total = torch.zeros((), device=device)
         for position, r in enumerate(mine):
@@ -248,6 +256,8 @@ def run_loop(args, rank: int, world: int, device: torch.device) -> dict | None:
             dist.all_reduce(total)
         losses.append(float(total))  # waits for the step, as torchtitan's per-step log line does
         norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+        if profiler is not None:  # the export counts in this step's seconds: profile an untimed step
+            profile = stop_profile(profiler, args, rank, time.perf_counter() - ends[-1])
         ends.append(time.perf_counter())
         if rank == 0:
             print(f"step {step + 1}: loss {losses[-1]:.5f}  {ends[-1] - ends[-2]:.3f} s", flush=True)
@@ -309,55 +319,12 @@ def run_loop(args, rank: int, world: int, device: torch.device) -> dict | None:
             "compile_seconds": round(fa4.seconds, 1),
         },
         "dynamo_graphs": {"warm_up": warm_up_graphs, "after_warm_up": graphs_compiled() - warm_up_graphs},
+        "reduce_dtype": args.reduce_dtype,
+        "reshard_after_forward": args.reshard_after_forward,
+        "prefetch": args.prefetch,
+        "profile": profile,
         "command": f"torchrun --nproc-per-node {world} " + " ".join(sys.argv),
     }
-
-
-def run_trainer(args, rank: int, world: int, device: torch.device) -> dict | None:
-    """The same rows through PackingTrainer: accelerate's FSDP2 (its activation checkpointing), the chunked loss."""
-    from _shared import StepClock, trained, training_arguments
-    from datasets import Dataset
-
-    from packing_collators import PackingTrainer
-
-    if args.replicas != world:
-        raise SystemExit("--runner trainer trains --replicas = the GPUs (its sampler plans for the processes it sees)")
-    cuda, dtype = device.type == "cuda", torch.bfloat16 if device.type == "cuda" else torch.float32
-    lengths, docs = documents(args.distribution, args.examples, args.max_length, SHAPES[args.shape].vocab, args.seed)
-    model = build_model(args, device, dtype)
-    fsdp = {}
-    if world > 1:
-        fsdp = {"fsdp": "full_shard auto_wrap", "fsdp_config": {
-            "version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
-            "activation_checkpointing": args.ac == "full", "reshard_after_forward": True}}  # fmt: skip
-    training = training_arguments(args, cuda, gradient_checkpointing=world == 1 and args.ac == "full",
-                                  max_grad_norm=1.0, **fsdp)  # fmt: skip
-    clock = StepClock(cuda, model)
-    trainer = PackingTrainer(model=model, args=training, train_dataset=Dataset.from_dict({"input_ids": docs}),
-                             max_tokens_per_batch=args.tokens_per_batch, attn_implementation=None,
-                             loss_implementation="chunked")  # fmt: skip
-    trainer.add_callback(clock.callback())
-    run = trained(trainer, clock, lengths, args.warmup)
-    gathered = gather_ranks([run["tokens"], run["seconds"], run["peak_gib"]], world, device)
-    wrapped, kind = type(trainer.model_wrapped).__name__, str(trainer.accelerator.distributed_type)
-    del trainer, model, clock  # before the process group goes
-    gc.collect()
-    if rank != 0:
-        return None
-    rate = sum(float(g[0]) for g in gathered) / max(float(g[1]) for g in gathered) / world
-    flops = flops_per_token(SHAPES[args.shape], flops_row(args))
-    return {
-        "name": args.name, "runner": "PackingTrainer", "gpus": world, "replicas": args.replicas,
-        "card": torch.cuda.get_device_name(device) if cuda else "cpu", "versions": versions(),
-        "attention": args.attn, "activation_checkpointing": args.ac, "compile": False,
-        "dtype": str(dtype).removeprefix("torch."),
-        "tokens_per_batch": args.tokens_per_batch, "distribution": args.distribution, "steps": args.steps,
-        "warmup": args.warmup, "tokens_per_s_per_gpu": rate, "flops_per_token": flops, "mfu": mfu(flops, rate),
-        "peak_flops": H100_BF16_PEAK, "loss": run["loss"], "loss_implementation": "chunked",
-        "peak_allocated_gib_per_gpu": [round(float(g[2]), 2) for g in gathered],
-        "wrapped_as": wrapped, "accelerate_distributed_type": kind,
-        "command": f"torchrun --nproc-per-node {world} " + " ".join(sys.argv),
-    }  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- plumbing
@@ -404,6 +371,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--reshard-after-forward", choices=("always", "never"), default="always",
         help="FSDP2 for the embeddings and layers (torchtitan's fsdp_reshard_after_forward): never keeps each layer's "
              "gathered bf16 parameters from its forward to its backward (+16 GB at 8B), one all-gather a step fewer")
+    add("--reduce-dtype", choices=("float32", "bfloat16"), default="float32",
+        help="FSDP2's gradient reduce-scatter dtype (torchtitan's mixed_precision_reduce; bfloat16 halves its bytes)")
+    add("--prefetch", type=int, default=0, help="explicit FSDP2 all-gather prefetch, in layers (0: FSDP2's own)")
+    add("--profile-step", type=int, default=None,
+        help="profile this step (1-based): <out>/<name>_trace.json.gz and the record's 'profile' (_trace_overlap.py)")
     add("--attn", default=None, help="attention (default packing_fa4 on CUDA, sdpa on the CPU)")
     add("--smoke", action="store_true", help="tiny shapes, float32, gloo, sdpa (the CPU check)")
     add("--plan", action="store_true", help="run the device plan (_scale_8b_plan.py) into --out")
@@ -429,6 +401,8 @@ def main() -> None:
     args.replicas = args.replicas or world
     if args.replicas % world:
         raise SystemExit(f"--replicas {args.replicas} must be a multiple of the {world} processes")
+    if args.runner == "trainer" and args.replicas != world:
+        raise SystemExit("--runner trainer trains --replicas = the GPUs (its sampler plans for the processes it sees)")
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
@@ -436,7 +410,14 @@ def main() -> None:
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))  # fmt: skip
     try:
-        out = (run_loop if args.runner == "loop" else run_trainer)(args, rank, world, device)
+        if args.runner == "loop":
+            out = run_loop(args, rank, world, device)
+        else:
+            from _scale_8b_trainer import run_trainer
+
+            dtype = torch.bfloat16 if cuda else torch.float32
+            build = lambda: build_model(args, device, dtype)  # noqa: E731 (no reference to the model kept here)
+            out = run_trainer(args, rank, world, device, build, SHAPES[args.shape], versions())
         dist.barrier()
     finally:
         dist.destroy_process_group()
