@@ -98,7 +98,7 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
     cache = {"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(work / "fa4")}
 
     def ours(name: str, gpus: int, steps: int, warmup: int, *extra: str, expected: float, timeout: float,
-             batch: int = 1, replicas: int | None = None) -> Step:
+             batch: int = 1, replicas: int | None = None, nccl: dict | None = None) -> Step:
         # local batch 2: one packed row of 2 x 8,192 tokens; 4: two such micro-batches per GPU (8 sampler ranks)
         rows = [] if batch == 1 else ["--tokens-per-batch", str(min(batch, 2) * (1024 if smoke else SEQ))]
         ranks = str(replicas or big * max(1, batch // 2))
@@ -108,7 +108,7 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
         env = {} if smoke else {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(gpus))}
         if gpus == 1 and not smoke:  # 8B with bf16 AdamW states on one 80 GB card: ~64 GB before activations
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-        return Step(name, command, expected, timeout, env={**env, **(cache if fa4_disk_cache else {})})
+        return Step(name, command, expected, timeout, env={**env, **(cache if fa4_disk_cache else {}), **(nccl or {})})
 
     shell = (lambda c: ["bash", "-c", "echo smoke"]) if smoke else (lambda c: ["bash", "-c", c])
     return [
@@ -168,6 +168,13 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
              expected=75, timeout=180, batch=2, replicas=half),
         ours("ours_2_r2_lb2_prefetch2", half, 8, 2, "--prefetch", "2", "--profile-step", "2", expected=75,
              timeout=180, batch=2, replicas=half),
+        ours("ours_2_r2_lb2_keep_bf16_reduce", half, 8, 2, "--reshard-after-forward", "never", "--reduce-dtype",
+             "bfloat16", "--profile-step", "2", expected=75, timeout=180, batch=2, replicas=half),
+        # NCCL's kernels on at most 8 SMs (of 132): less taken from the matmuls they run beside, slower collectives
+        ours("ours_2_r2_lb2_ctas8", half, 8, 2, "--profile-step", "2", expected=75, timeout=180, batch=2,
+             replicas=half, nccl={"NCCL_MAX_CTAS": "8"}),
+        ours("ours_2_r2_lb2_keep_ctas8", half, 8, 2, "--reshard-after-forward", "never", "--profile-step", "2",
+             expected=75, timeout=180, batch=2, replicas=half, nccl={"NCCL_MAX_CTAS": "8"}),
         Step("ours_trainer_2_lb2", [*torchrun(half), str(HERE / "scale_8b.py"), "--runner", "trainer", "--name",
              "ours_trainer_2_lb2", "--out", str(work), "--replicas", str(half), "--steps", "8", "--warmup", "2",
              "--tokens-per-batch", str(2 * (1024 if smoke else SEQ)), *ours_extra], 110, 220,

@@ -203,7 +203,7 @@ def two_gpus(ours: dict) -> dict:
             "tokens_per_s_per_gpu": run["tokens_per_s_per_gpu"],
             "per_gpu_efficiency": run["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"] if base else None,
             "same_steps_efficiency": same_steps_efficiency(base, run) if base else None,
-            "options": {k: run.get(k) for k in ("reduce_dtype", "reshard_after_forward", "prefetch")},
+            "options": {k: run.get(k) for k in ("reduce_dtype", "reshard_after_forward", "prefetch", "nccl_max_ctas")},
             "profile": run.get("profile"),
             "losses": loss_check(run, base),
         }

@@ -322,6 +322,7 @@ def run_loop(args, rank: int, world: int, device: torch.device) -> dict | None:
         "reduce_dtype": args.reduce_dtype,
         "reshard_after_forward": args.reshard_after_forward,
         "prefetch": args.prefetch,
+        "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS"),
         "profile": profile,
         "command": f"torchrun --nproc-per-node {world} " + " ".join(sys.argv),
     }
