@@ -110,6 +110,13 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         return Step(name, command, expected, timeout, env={**env, **(cache if fa4_disk_cache else {}), **(nccl or {})})
 
+    def trainer(name: str, gpus: int) -> Step:  # local batch 2, one sampler rank per GPU
+        command = [*torchrun(gpus), str(HERE / "scale_8b.py"), "--runner", "trainer", "--name", name, "--out",
+                   str(work), "--replicas", str(gpus), "--steps", "6" if gpus == 1 else "8", "--warmup", "2",
+                   "--tokens-per-batch", str(2 * (1024 if smoke else SEQ)), *ours_extra]  # fmt: skip
+        env = {} if smoke else {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(gpus))}
+        return Step(name, command, 110, 220, env=env)
+
     shell = (lambda c: ["bash", "-c", "echo smoke"]) if smoke else (lambda c: ["bash", "-c", c])
     return [
         Step("env", shell(ENV), 10, 60, kind="shell"),
@@ -175,10 +182,10 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
              replicas=half, nccl={"NCCL_MAX_CTAS": "8"}),
         ours("ours_2_r2_lb2_keep_ctas8", half, 8, 2, "--reshard-after-forward", "never", "--profile-step", "2",
              expected=75, timeout=180, batch=2, replicas=half, nccl={"NCCL_MAX_CTAS": "8"}),
-        Step("ours_trainer_2_lb2", [*torchrun(half), str(HERE / "scale_8b.py"), "--runner", "trainer", "--name",
-             "ours_trainer_2_lb2", "--out", str(work), "--replicas", str(half), "--steps", "8", "--warmup", "2",
-             "--tokens-per-batch", str(2 * (1024 if smoke else SEQ)), *ours_extra], 110, 220,
-             env={} if smoke else {"CUDA_VISIBLE_DEVICES": "0,1"}),  # fmt: skip
+        trainer("ours_trainer_2_lb2", half),
+        # PackingTrainer against our loop on one GPU (no FSDP; the Trainer's gradient checkpointing)
+        ours("ours_1_r1_lb2", 1, 6, 2, expected=80, timeout=200, batch=2, replicas=1),
+        trainer("ours_trainer_1_lb2", 1),
         # local batch 4: two 16,384-token micro-batches per GPU, gradients reduced once a step
         ours("ours_4_keep_lb4", big, 8, 2, "--reshard-after-forward", "never", expected=130, timeout=240, batch=4),
         ours("ours_1_lb4", 1, 3, 1, expected=150, timeout=240, batch=4),

@@ -116,8 +116,10 @@ def build(runs: dict) -> dict:
             f"scaling; replay of ours_4{s}", lb)  # fmt: skip
         out["scaling"][s] = _scaling(ours, runs, s)
         out["losses"].update(_losses(ours, s))
-    row("ours_trainer_2_lb2", "2 GPUs, 2 x 8,192 tokens (one 16,384-token row), PackingTrainer (accelerate FSDP2), "
-        "eager", None, "ours through the Trainer (our loop on the same GPUs: ours_2_r2_lb2)", 2)  # fmt: skip
+    for gpus, loop in ((2, "ours_2_r2_lb2"), (1, "ours_1_r1_lb2")):
+        row(f"ours_trainer_{gpus}_lb2", f"{gpus} GPU{'s' * (gpus > 1)}, 2 x 8,192 tokens (one 16,384-token row), "
+            f"PackingTrainer ({'accelerate FSDP2' if gpus > 1 else 'no FSDP'})", None,
+            f"ours through the Trainer (our loop on the same GPUs: {loop})", 2)  # fmt: skip
     card = next((r["card"] for r in ours.values()), None)
     return {
         "issue": 46,
@@ -207,12 +209,14 @@ def two_gpus(ours: dict) -> dict:
             "profile": run.get("profile"),
             "losses": loss_check(run, base),
         }
-    trainer, loop = ours.get("ours_trainer_2_lb2"), ours.get("ours_2_r2_lb2")
+    pairs = {gpus: (ours.get(f"ours_trainer_{gpus}_lb2"), ours.get(loop))
+             for gpus, loop in ((2, "ours_2_r2_lb2"), (1, "ours_1_r1_lb2"))}  # fmt: skip
     return {
         "base": "ours_1_r2_lb2" if base else None,
         "base_profile": base.get("profile") if base else None,
         "runs": runs,
-        "trainer_vs_loop": trainer["tokens_per_s_per_gpu"] / loop["tokens_per_s_per_gpu"] if trainer and loop else None,
+        "trainer_vs_loop": {gpus: trainer["tokens_per_s_per_gpu"] / loop["tokens_per_s_per_gpu"]
+                            for gpus, (trainer, loop) in pairs.items() if trainer and loop},  # fmt: skip
     }
 
 
@@ -288,7 +292,7 @@ def _split(profile: dict | None) -> str:
 
 def _two_gpus_lines(two: dict | None) -> list[str]:
     """The 2-GPU diagnosis as report lines (none when it did not run)."""
-    if not two or not two["runs"]:
+    if not two or not (two["runs"] or two.get("trainer_vs_loop")):
         return []
     lines = ["", f"Two GPUs against one, local batch 2 (the 2-rank plan; base {two['base'] or '-'}: "
              f"{_split(two['base_profile'])}):"]  # fmt: skip
@@ -300,6 +304,6 @@ def _two_gpus_lines(two: dict | None) -> list[str]:
             f"{fmt(run['same_steps_efficiency'], '.3f')} (own steps / same steps); {_split(run['profile'])}; losses "
             + (f"{losses['max_relative']:.2%} from the replay" if losses else "not compared")
         )
-    if two.get("trainer_vs_loop"):
-        lines.append(f"- PackingTrainer / our loop on the same 2 GPUs: {two['trainer_vs_loop']:.3f}")
+    for gpus, ratio in (two.get("trainer_vs_loop") or {}).items():
+        lines.append(f"- PackingTrainer / our loop, tokens/s on the same {gpus} GPU(s): {ratio:.3f}")
     return lines + [""]
