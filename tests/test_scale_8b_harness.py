@@ -33,7 +33,8 @@ results_of = importlib.import_module("_scale_8b_results")
 SMOKE = ["--smoke", "--replicas", "4", "--steps", "3", "--warmup", "1"]
 WORKER = """
 import runpy, sys
-sys.argv = [{script!r}, *{smoke!r}, "--name", "two_ranks", "--out", sys.argv[1]]
+sys.argv = [{script!r}, *{smoke!r}, "--name", "two_ranks", "--out", sys.argv[1], "--prefetch", "2",
+            "--profile-step", "1"]
 runpy.run_path({script!r}, run_name="__main__")
 """
 
@@ -64,7 +65,9 @@ def smoke_runs(tmp_path_factory):
         args[args.index("--replicas") + 1] = replicas
         code, stdout, stderr = preloaded_run([str(SCRIPT), *args], env=env, timeout=300)
         assert code == 0, stdout[-3000:] + stderr[-3000:]
-    return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    runs = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    runs["traces"] = sorted(p.name for p in out.glob("*_trace.json.gz"))
+    return runs
 
 
 @pytest.mark.slow
@@ -86,6 +89,9 @@ def test_two_ranks_train_the_losses_of_the_one_process_replay(smoke_runs):
     assert two["flops_per_token"] == metrics.flops_per_token(shape, 512)  # attention charged per 512-token document row
     assert two["mfu"] == pytest.approx(two["flops_per_token"] * two["tokens_per_s_per_gpu"] / 989e12)
     assert two["flops_per_token_causal_documents"] < two["flops_per_token"]  # documents are shorter than the row
+    # the two ranks prefetched 2 layers' all-gathers and profiled step 1 (rank 0 kept the trace), the same losses
+    assert (two["prefetch"], two["profile"]["step"], smoke_runs["traces"]) == (2, 1, ["two_ranks_trace.json.gz"])
+    assert two["profile"]["kernels"] == 0 and two["profile"]["step_ms"] > 0  # the CPU has no GPU kernels to split
 
 
 def test_the_flops_count_is_torchtitans_and_the_hf_model_has_those_parameters():
@@ -158,7 +164,8 @@ def test_the_rows_scaling_and_loss_verdict_come_from_the_runs():
     assert "| 6,000 | 4,800 | 1.25 |" in table and "NOT within" in table
 
 
-@pytest.mark.parametrize("name", ["_scale_8b_metrics", "_scale_8b_data", "_scale_8b_results", "scale_8b"])
+@pytest.mark.parametrize("name", ["_scale_8b_metrics", "_scale_8b_data", "_scale_8b_results", "scale_8b",
+                                  "_trace_overlap"])
 def test_the_helpers_docstring_examples(name):
     assert doctest.testmod(importlib.import_module(name)).failed == 0
 
@@ -235,3 +242,56 @@ def test_local_batch_2_gives_both_sides_two_rows_a_gpu_and_its_own_scaling(tmp_p
     assert results["loss_vs_replay"]["ours_1_lb2"]["within_bf16_noise"]
     assert {r["local_batch"] for r in results["rows"] if r["ours"] == "ours_4_lb2"} == {2}
     assert "Per-GPU scaling, local batch 2" in results_of.markdown(results)
+
+
+def test_the_two_gpu_diagnosis_replays_its_plan_and_profiles_an_untimed_step(tmp_path):
+    steps = {s.name: s for s in plan.plan_steps(tmp_path)}
+
+    def option(step, name):
+        return step.command[step.command.index(name) + 1] if name in step.command else None
+
+    base = steps["ours_1_r2_lb2"]
+    variants = [s for name, s in steps.items() if name.startswith("ours_2_r2_lb2")]
+    assert len(variants) == 7 and "--nproc-per-node=1" in base.command
+    for step in [base, *variants]:  # one 16,384-token micro-batch per GPU a step, as at 4 GPUs; the same 2-rank plan
+        assert (option(step, "--replicas"), option(step, "--tokens-per-batch")) == ("2", "16384")
+        assert int(option(step, "--profile-step")) <= int(option(step, "--warmup"))  # the profiled step is not timed
+        assert "--nproc-per-node=2" in step.command or step is base
+    assert option(base, "--warmup") == option(variants[0], "--warmup")  # the same steps timed on both sides
+    options = {s.name: (option(s, "--reshard-after-forward"), option(s, "--reduce-dtype"), option(s, "--prefetch"),
+                        s.env.get("NCCL_MAX_CTAS")) for s in variants}  # fmt: skip
+    assert options["ours_2_r2_lb2"] == (None, None, None, None)  # FSDP2 as every 4-GPU row runs it
+    assert options["ours_2_r2_lb2_keep_bf16_reduce"] == ("never", "bfloat16", None, None)
+    assert options["ours_2_r2_lb2_keep_ctas8"] == ("never", None, None, "8")
+    for name, gpus in (("ours_trainer_2_lb2", "2"), ("ours_trainer_1_lb2", "1"), ("ours_trainer_4_lb2", "4")):
+        step = steps[name]  # PackingTrainer: one sampler rank per GPU, local batch 2
+        assert option(step, "--runner") == "trainer" and option(step, "--replicas") == gpus
+        assert f"--nproc-per-node={gpus}" in step.command and option(step, "--tokens-per-batch") == "16384"
+    keep_bf16 = steps["ours_4_keep_bf16_reduce_lb2"]  # the 4-GPU run of what the diagnosis found
+    assert (option(keep_bf16, "--replicas"), option(keep_bf16, "--reduce-dtype")) == ("4", "bfloat16")
+    assert option(steps["ours_4_keep_bf16_reduce_lb4"], "--replicas") == option(steps["ours_1_lb4"], "--replicas")
+
+
+def test_the_diagnosis_report_compares_each_variant_with_the_replay_over_the_same_steps():
+    timed = {"gpus": 2, "warmup": 2, "steps": 3, "loss": [12.0, 11.5, 11.0, 10.8, 10.6], "reduce_dtype": "float32",
+             "reshard_after_forward": "always", "prefetch": 0}  # fmt: skip
+    profile = {"step": 2, "step_ms": 2300.0, "compute_ms": 2170.0, "comm_hidden_ms": 200.0, "comm_exposed_ms": 20.0,
+               "idle_ms": 40.0}  # fmt: skip
+    runs = {
+        "ours_1_r2_lb2": {"status": "ok", "gpus": 1, "warmup": 2, "steps": 3, "tokens_per_s_per_gpu": 8500.0,
+                          "step_seconds": [9.0, 6.0, 4.0, 4.0, 4.0], "loss": [12.0, 11.5, 11.0, 10.8, 10.6]},
+        "ours_2_r2_lb2": {"status": "ok", **timed, "tokens_per_s_per_gpu": 7800.0,
+                          "step_seconds": [9.0, 5.0, 2.2, 2.1, 2.2], "profile": profile},
+        "ours_2_r2_lb2_keep": {"status": "ok", **timed, "reshard_after_forward": "never",
+                               "tokens_per_s_per_gpu": 8000.0, "step_seconds": [9.0, 5.0, 2.1, 2.1, 2.1]},
+        "ours_trainer_2_lb2": {"status": "ok", "gpus": 2, "tokens_per_s_per_gpu": 7878.0, "compile": False, "mfu": 0.46,
+                               "peak_allocated_gib_per_gpu": [35.0], "loss": [12.0]},
+    }  # fmt: skip
+    two = results_of.build(runs)["two_gpus_local_batch_2"]
+    assert two["runs"]["ours_2_r2_lb2"]["same_steps_efficiency"] == pytest.approx(12.0 / (2 * 6.5))
+    assert two["runs"]["ours_2_r2_lb2_keep"]["same_steps_efficiency"] == pytest.approx(12.0 / (2 * 6.3))
+    assert two["runs"]["ours_2_r2_lb2_keep"]["options"]["reshard_after_forward"] == "never"
+    assert two["trainer_vs_loop"] == {2: pytest.approx(7878 / 7800)}
+    lines = results_of.markdown(results_of.build(runs))
+    assert "compute 2,170, communication hidden 200 / exposed 20, idle 40" in lines
+    assert "efficiency 0.918 / 0.923" in lines  # 7,800 / 8,500 over its own steps; 12 / 13 over the same

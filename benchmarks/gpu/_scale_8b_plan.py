@@ -110,12 +110,12 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         return Step(name, command, expected, timeout, env={**env, **(cache if fa4_disk_cache else {}), **(nccl or {})})
 
-    def trainer(name: str, gpus: int) -> Step:  # local batch 2, one sampler rank per GPU
+    def trainer(name: str, gpus: int, steps: int = 8, warmup: int = 2) -> Step:  # local batch 2, a rank per GPU
         command = [*torchrun(gpus), str(HERE / "scale_8b.py"), "--runner", "trainer", "--name", name, "--out",
-                   str(work), "--replicas", str(gpus), "--steps", "6" if gpus == 1 else "8", "--warmup", "2",
+                   str(work), "--replicas", str(gpus), "--steps", str(steps), "--warmup", str(warmup),
                    "--tokens-per-batch", str(2 * (1024 if smoke else SEQ)), *ours_extra]  # fmt: skip
         env = {} if smoke else {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(gpus))}
-        return Step(name, command, 110, 220, env=env)
+        return Step(name, command, 110 + 10 * steps, 240, env=env)
 
     shell = (lambda c: ["bash", "-c", "echo smoke"]) if smoke else (lambda c: ["bash", "-c", c])
     return [
@@ -185,7 +185,15 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
         trainer("ours_trainer_2_lb2", half),
         # PackingTrainer against our loop on one GPU (no FSDP; the Trainer's gradient checkpointing)
         ours("ours_1_r1_lb2", 1, 6, 2, expected=80, timeout=200, batch=2, replicas=1),
-        trainer("ours_trainer_1_lb2", 1),
+        trainer("ours_trainer_1_lb2", 1, steps=6),
+        # what the 2-GPU diagnosis found (scale_8b_h200x2_diag/): keep the gathered parameters and reduce gradients in
+        # bf16 (accelerate's FSDP2 default on bf16 weights, so PackingTrainer's; torchtitan 0.2.2 reduces in float32
+        # only), at 4 GPUs, local batch 2 and 4; the Trainer at local batch 2 (the plan of ours_4_lb2 and ours_1_lb2)
+        ours("ours_4_keep_bf16_reduce_lb2", big, 12, 3, "--reshard-after-forward", "never", "--reduce-dtype",
+             "bfloat16", expected=130, timeout=240, batch=2),
+        trainer("ours_trainer_4_lb2", big, steps=12, warmup=3),
+        ours("ours_4_keep_bf16_reduce_lb4", big, 8, 2, "--reshard-after-forward", "never", "--reduce-dtype",
+             "bfloat16", expected=130, timeout=240, batch=4),
         # local batch 4: two 16,384-token micro-batches per GPU, gradients reduced once a step
         ours("ours_4_keep_lb4", big, 8, 2, "--reshard-after-forward", "never", expected=130, timeout=240, batch=4),
         ours("ours_1_lb4", 1, 3, 1, expected=150, timeout=240, batch=4),

@@ -107,8 +107,10 @@ def build(runs: dict) -> dict:
         row(f"ours_4_compile{s}", f"4 GPUs, {tokens}, torch.compile per layer", f"titan_varlen_4_compile{s}", same, lb)
         row(f"ours_4_keep{s}", f"4 GPUs, {tokens}, eager, gathered parameters kept from forward to backward "
             "(reshard_after_forward never, both sides)", f"titan_varlen_4_keep{s}", same, lb)  # fmt: skip
-        row(f"ours_trainer_4{s}", f"4 GPUs, {tokens}, PackingTrainer (accelerate FSDP2), eager", None,
-            "ours through the Trainer", lb)  # fmt: skip
+        row(f"ours_4_keep_bf16_reduce{s}", f"4 GPUs, {tokens}, eager, gathered parameters kept, gradients reduced in "
+            "bf16 (torchtitan's: float32, its only choice)", f"titan_varlen_4_keep{s}", same, lb)  # fmt: skip
+        row(f"ours_trainer_4{s}", f"4 GPUs, {tokens}, PackingTrainer (accelerate FSDP2: gradients reduced in bf16), "
+            "eager", None, "ours through the Trainer", lb)  # fmt: skip
         row(f"ours_2{s}", f"2 GPUs, {tokens} ({_ranks(ours, f'ours_2{s}')})", None, f"scaling; replay of ours_4{s}", lb)
         row(f"ours_2_keep{s}", f"2 GPUs, {tokens}, as above, reshard_after_forward never", None,
             f"scaling; replay of ours_4{s}", lb)  # fmt: skip
@@ -120,7 +122,7 @@ def build(runs: dict) -> dict:
         row(f"ours_trainer_{gpus}_lb2", f"{gpus} GPU{'s' * (gpus > 1)}, 2 x 8,192 tokens (one 16,384-token row), "
             f"PackingTrainer ({'accelerate FSDP2' if gpus > 1 else 'no FSDP'})", None,
             f"ours through the Trainer (our loop on the same GPUs: {loop})", 2)  # fmt: skip
-    card = next((r["card"] for r in ours.values()), None)
+    card = next((r.get("card") for r in ours.values()), None)
     return {
         "issue": 46,
         "card": card,
@@ -151,7 +153,8 @@ def _scaling(ours: dict, runs: dict, suffix: str) -> dict:
     """Tokens/s per GPU at 1, 2 and 4 GPUs (one local batch), and each against the fewest GPUs that ran: over each
     run's own timed steps (``per_gpu_efficiency``), and over the same steps (``same_steps_efficiency``, the fair one:
     a replay trains the same micro-batches at step k, whose attention costs differ from step to step)."""
-    names = [f"{n}{suffix}" for n in ("ours_1", "ours_2", "ours_2_keep", "ours_4", "ours_4_keep")]
+    names = [f"{n}{suffix}" for n in ("ours_1", "ours_2", "ours_2_keep", "ours_4", "ours_4_keep",
+                                       "ours_4_keep_bf16_reduce", "ours_trainer_4")]  # fmt: skip
     per_gpu = {n: {"gpus": ours[n]["gpus"], "tokens_per_s_per_gpu": ours[n]["tokens_per_s_per_gpu"],
                    "step_token_imbalance": ours[n].get("step_token_imbalance")}
                for n in names if n in ours}  # fmt: skip
@@ -181,6 +184,8 @@ def same_steps_efficiency(base: dict, run: dict) -> float | None:
     if None in (first, timed, mine, theirs) or len(theirs) < first + timed or len(mine) < first + timed:
         return None
     steps = slice(first, first + timed)
+    if None in mine[steps] or None in theirs[steps]:  # a Trainer run has no time for its first step
+        return None
     return base["gpus"] * sum(mine[steps]) / (run["gpus"] * sum(theirs[steps]))
 
 

@@ -38,6 +38,7 @@ def run_trainer(args, rank: int, world: int, device: torch.device, build, shape,
     run = trained(trainer, clock, lengths, args.warmup)
     gathered = gather_ranks([run["tokens"], run["seconds"], run["peak_gib"]], world, device)
     wrapped, kind = type(trainer.model_wrapped).__name__, str(trainer.accelerator.distributed_type)
+    step_seconds = [None, *(round(b - a, 4) for a, b in zip(clock.ends, clock.ends[1:]))]  # step 1: no start mark
     del trainer, model, clock  # before the process group goes
     gc.collect()
     if rank != 0:
@@ -52,6 +53,7 @@ def run_trainer(args, rank: int, world: int, device: torch.device, build, shape,
         "tokens_per_batch": args.tokens_per_batch, "distribution": args.distribution, "steps": args.steps,
         "warmup": args.warmup, "tokens_per_s_per_gpu": rate, "flops_per_token": flops, "mfu": mfu(flops, rate),
         "peak_flops": H100_BF16_PEAK, "loss": run["loss"], "loss_implementation": "chunked",
+        "step_seconds": step_seconds,
         "peak_allocated_gib_per_gpu": [round(float(g[2]), 2) for g in gathered],
         "wrapped_as": wrapped, "accelerate_distributed_type": kind,
         "command": f"torchrun --nproc-per-node {world} " + " ".join(sys.argv),

@@ -258,6 +258,8 @@ def run_loop(args, rank: int, world: int, device: torch.device) -> dict | None:
         norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
         if profiler is not None:  # the export counts in this step's seconds: profile an untimed step
             profile = stop_profile(profiler, args, rank, time.perf_counter() - ends[-1])
+            if world > 1:  # the ranks' exports take different times: start the next step together, else the
+                dist.barrier()  # first to finish counts the others' export in its next step (and the rate takes it)
         ends.append(time.perf_counter())
         if rank == 0:
             print(f"step {step + 1}: loss {losses[-1]:.5f}  {ends[-1] - ends[-2]:.3f} s", flush=True)
