@@ -299,8 +299,10 @@ def _two_gpus_lines(two: dict | None) -> list[str]:
     """The 2-GPU diagnosis as report lines (none when it did not run)."""
     if not two or not (two["runs"] or two.get("trainer_vs_loop")):
         return []
-    lines = ["", f"Two GPUs against one, local batch 2 (the 2-rank plan; base {two['base'] or '-'}: "
-             f"{_split(two['base_profile'])}):"]  # fmt: skip
+    lines = [""]
+    if two["runs"]:
+        lines.append(f"Two GPUs against one, local batch 2 (the 2-rank plan; base {two['base'] or '-'}: "
+                     f"{_split(two['base_profile'])}):")  # fmt: skip
     for name, run in two["runs"].items():
         losses = run["losses"]
         lines.append(

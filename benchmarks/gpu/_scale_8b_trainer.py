@@ -39,6 +39,7 @@ def run_trainer(args, rank: int, world: int, device: torch.device, build, shape,
     gathered = gather_ranks([run["tokens"], run["seconds"], run["peak_gib"]], world, device)
     wrapped, kind = type(trainer.model_wrapped).__name__, str(trainer.accelerator.distributed_type)
     step_seconds = [None, *(round(b - a, 4) for a, b in zip(clock.ends, clock.ends[1:]))]  # step 1: no start mark
+    compiled = bool(trainer._compile.enabled)  # compile_layers="auto": the layers compiled (not under FSDP)
     del trainer, model, clock  # before the process group goes
     gc.collect()
     if rank != 0:
@@ -48,7 +49,7 @@ def run_trainer(args, rank: int, world: int, device: torch.device, build, shape,
     return {
         "name": args.name, "runner": "PackingTrainer", "gpus": world, "replicas": args.replicas,
         "card": torch.cuda.get_device_name(device) if cuda else "cpu", "versions": versions,
-        "attention": args.attn, "activation_checkpointing": args.ac, "compile": False,
+        "attention": args.attn, "activation_checkpointing": args.ac, "compile": compiled,
         "dtype": str(dtype).removeprefix("torch."),
         "tokens_per_batch": args.tokens_per_batch, "distribution": args.distribution, "steps": args.steps,
         "warmup": args.warmup, "tokens_per_s_per_gpu": rate, "flops_per_token": flops, "mfu": mfu(flops, rate),
