@@ -42,12 +42,16 @@ Device plan (issue #46): ONE call on a 4x H100 machine, <= 9.5 min, after FA4's 
     ours_1          ours, 1 GPU, R = 4 (4 micro-batches a step; bf16 AdamW states: ~64 GB + activations)   ~70 s
     titan030_import torchtitan 0.3.0's import on the image's torch 2.11 (fails: torchtitan_wheels.sh)  ~20 s
     (if time)       ours_4_compile, titan_varlen_4_compile (torch.compile on both), ours_trainer_4       ~150 s each
+    (2 GPUs)        ours_1_r2_lb2, ours_2_r2_lb2[_keep|_bf16_reduce|_prefetch2|_ctas8|...]: the 2-rank plan, one FSDP2
+                    option at a time against the 1-GPU replay, each with step 2 profiled (``--profile-step``,
+                    ``_step_profile.py``: compute, hidden and exposed communication, idle); ours_trainer_{1,2,4}_lb2
 
 and writes, after every step, at most 4 files: ``results.json`` (the rows of issue #46's item 5 and every run),
 ``report.md`` (the table for docs/benchmarks.md), ``runs.log`` (every run's output), ``env.txt``. By estimate
 ours_2 ends by ~260 s (``--deadline-s 300``: a call of ~6 minutes), titan_varlen_4 by ~350 s, ours_1 by ~420 s.
 Each of our runs pays FA4's warm-up (~25 s of kernel compiles) unless ``--fa4-disk-cache`` shares FA4's on-disk
-cache (untried on the device so far, hence off). ours_1 runs with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
+cache: on 2x H200 (2026-11-28) the later runs loaded all 21 kernels, 0 s compiling, warm-up 51 -> 22 s. ours_1 runs
+with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
 
 CPU checks: ``--smoke`` (tiny shapes, gloo, sdpa, float32; tests/test_scale_8b_harness.py runs it as 2 ranks against
 its 1-process replay); ``--plan --smoke --out DIR`` rehearses the whole device call on the CPU (2 gloo processes,
