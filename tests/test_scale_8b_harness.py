@@ -291,7 +291,33 @@ def test_the_diagnosis_report_compares_each_variant_with_the_replay_over_the_sam
     assert two["runs"]["ours_2_r2_lb2"]["same_steps_efficiency"] == pytest.approx(12.0 / (2 * 6.5))
     assert two["runs"]["ours_2_r2_lb2_keep"]["same_steps_efficiency"] == pytest.approx(12.0 / (2 * 6.3))
     assert two["runs"]["ours_2_r2_lb2_keep"]["options"]["reshard_after_forward"] == "never"
-    assert two["trainer_vs_loop"] == {2: pytest.approx(7878 / 7800)}
+    assert two["trainer_vs_loop"] == {"ours_trainer_2_lb2": pytest.approx(7878 / 7800)}
+    assert two["runs"]["ours_2_r2_lb2"]["exposed_ms_per_rank"] == [20.0]
     lines = results_of.markdown(results_of.build(runs))
     assert "compute 2,170, communication hidden 200 / exposed 20, idle 40" in lines
     assert "efficiency 0.918 / 0.923" in lines  # 7,800 / 8,500 over its own steps; 12 / 13 over the same
+
+
+def test_a_later_machines_runs_compare_with_the_first_machines_base_under_their_own_names():
+    base = {"status": "ok", "gpus": 1, "warmup": 1, "steps": 2, "step_seconds": [9.0, 4.0, 4.0],
+            "tokens_per_s_per_gpu": 8000.0, "loss": [12.0, 11.0]}  # fmt: skip
+    two = {"status": "ok", "gpus": 2, "warmup": 1, "steps": 2, "tokens_per_s_per_gpu": 7700.0, "loss": [12.0, 11.0]}
+    first = {"ours_1_r2_lb2": base, "ours_2_r2_lb2": {**two, "step_seconds": [5.0, 2.2, 2.2]}}
+    second = {"ours_2_r2_lb2": {**two, "step_seconds": [5.0, 2.0, 2.0]},
+              "ours_trainer_2_lb2": {"status": "ok", "gpus": 2, "tokens_per_s_per_gpu": 7800.0, "mfu": 0.4,
+                                     "compile": False, "peak_allocated_gib_per_gpu": [35.0], "loss": [12.0]}}  # fmt: skip
+    two_gpus = results_of.build(results_of.merge_folders({"a": first, "b": second}))["two_gpus_local_batch_2"]
+    assert two_gpus["runs"]["ours_2_r2_lb2@b"]["same_steps_efficiency"] == pytest.approx(8.0 / (2 * 4.0))
+    assert two_gpus["runs"]["ours_2_r2_lb2"]["same_steps_efficiency"] == pytest.approx(8.0 / (2 * 4.4))
+    # the Trainer against the loop of its own machine, not the first machine's
+    assert two_gpus["trainer_vs_loop"] == {"ours_trainer_2_lb2@b": pytest.approx(7800 / 7700)}
+
+
+@pytest.mark.parametrize(("option", "message"), [(["--profile-step", "0"], "profile one of the 1 untimed steps"),
+                                                 (["--prefetch", "-1"], "give 0")])
+def test_a_profiled_timed_step_and_a_negative_prefetch_are_refused(option, message, tmp_path):
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}  # fmt: skip
+    code, stdout, stderr = preloaded_run([str(SCRIPT), "--smoke", "--warmup", "1", "--out", str(tmp_path), *option],
+                                         env=env, timeout=120)  # fmt: skip
+    assert code != 0 and message in stdout + stderr

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _scale_8b_metrics import parse_titan_log
-from _scale_8b_results import SEQ, TITAN_SKIP, build, markdown
+from _scale_8b_results import SEQ, TITAN_SKIP, build, markdown, merge_folders
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -115,7 +115,9 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
                    str(work), "--replicas", str(gpus), "--steps", str(steps), "--warmup", str(warmup),
                    "--tokens-per-batch", str(2 * (1024 if smoke else SEQ)), *ours_extra]  # fmt: skip
         env = {} if smoke else {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(gpus))}
-        return Step(name, command, 110 + 10 * steps, 240, env=env)
+        if gpus == 1 and not smoke:  # as ours_1: 8B with its AdamW states on one card
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        return Step(name, command, 110 + 10 * steps, 200 + 10 * steps, env={**env, **(cache if fa4_disk_cache else {})})
 
     shell = (lambda c: ["bash", "-c", "echo smoke"]) if smoke else (lambda c: ["bash", "-c", c])
     return [
@@ -320,10 +322,13 @@ def main(args) -> None:
         only = args.only.split(",") if args.only else None
         run_plan(args.out, args.deadline_s, smoke=args.smoke, fa4_disk_cache=args.fa4_disk_cache, only=only)
         return
-    source = args.report / "results.json"
-    runs = json.loads(source.read_text())["runs"] if source.exists() else {
-        p.stem: {"status": "ok", **json.loads(p.read_text())} for p in sorted(args.report.glob("*.json"))
-    }  # fmt: skip
+    source, calls = args.report / "results.json", sorted(args.report.glob("*/results.json"))
+    if calls:  # one folder per device call (machine): merged, the later ones' runs named <name>@<folder>
+        runs = merge_folders({p.parent.name: json.loads(p.read_text())["runs"] for p in calls})
+    elif source.exists():
+        runs = json.loads(source.read_text())["runs"]
+    else:
+        runs = {p.stem: {"status": "ok", **json.loads(p.read_text())} for p in sorted(args.report.glob("*.json"))}
     results = build(runs)
     (args.report / "results.json").write_text(json.dumps(results, indent=1))
     (args.report / "report.md").write_text(markdown(results))

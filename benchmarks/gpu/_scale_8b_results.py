@@ -118,8 +118,9 @@ def build(runs: dict) -> dict:
             f"scaling; replay of ours_4{s}", lb)  # fmt: skip
         out["scaling"][s] = _scaling(ours, runs, s)
         out["losses"].update(_losses(ours, s))
-    for gpus, loop in ((2, "ours_2_r2_lb2"), (1, "ours_1_r1_lb2")):
-        row(f"ours_trainer_{gpus}_lb2", f"{gpus} GPU{'s' * (gpus > 1)}, 2 x 8,192 tokens (one 16,384-token row), "
+    for name, loop in _trainer_loops(ours).items():
+        gpus = ours[name]["gpus"]
+        row(name, f"{gpus} GPU{'s' * (gpus > 1)}, 2 x 8,192 tokens (one 16,384-token row), "
             f"PackingTrainer ({'accelerate FSDP2' if gpus > 1 else 'no FSDP'})", None,
             f"ours through the Trainer (our loop on the same GPUs: {loop})", 2)  # fmt: skip
     card = next((r.get("card") for r in ours.values()), None)
@@ -212,17 +213,59 @@ def two_gpus(ours: dict) -> dict:
             "same_steps_efficiency": same_steps_efficiency(base, run) if base else None,
             "options": {k: run.get(k) for k in ("reduce_dtype", "reshard_after_forward", "prefetch", "nccl_max_ctas")},
             "profile": run.get("profile"),
-            "losses": loss_check(run, base),
+            "exposed_ms_per_rank": _exposed_per_rank(run),
+            "losses": loss_check(base, run),
         }
-    pairs = {gpus: (ours.get(f"ours_trainer_{gpus}_lb2"), ours.get(loop))
-             for gpus, loop in ((2, "ours_2_r2_lb2"), (1, "ours_1_r1_lb2"))}  # fmt: skip
     return {
         "base": "ours_1_r2_lb2" if base else None,
         "base_profile": base.get("profile") if base else None,
         "runs": runs,
-        "trainer_vs_loop": {gpus: trainer["tokens_per_s_per_gpu"] / loop["tokens_per_s_per_gpu"]
-                            for gpus, (trainer, loop) in pairs.items() if trainer and loop},  # fmt: skip
+        "trainer_vs_loop": {name: ours[name]["tokens_per_s_per_gpu"] / ours[loop]["tokens_per_s_per_gpu"]
+                            for name, loop in _trainer_loops(ours).items() if loop in ours},  # fmt: skip
     }
+
+
+def _exposed_per_rank(run: dict) -> list | None:
+    """Every rank's exposed communication in the profiled step (ms): ranks wait on each other, so they differ. Runs
+    before ``profile_ranks`` existed kept rank 1's split (kernels only) from its log line.
+
+    >>> _exposed_per_rank({"profile": {"comm_exposed_ms": 7.0}, "profile_rank1_kernels_only": {"comm_exposed_ms": 11.5}})
+    [7.0, 11.5]
+    """
+    ranks = run.get("profile_ranks") or [run.get("profile"), run.get("profile_rank1_kernels_only")]
+    exposed = [r["comm_exposed_ms"] for r in ranks if r]
+    return exposed or None
+
+
+def _trainer_loops(ours: dict) -> dict:
+    """Each PackingTrainer run at local batch 2 and our loop run of the same plan on the same machine: runs merged
+    from another machine's folder carry its name after an ``@`` (``merge_folders``).
+
+    >>> _trainer_loops({"ours_trainer_2_lb2@b": {}, "ours_trainer_1_lb2": {}, "ours_2_r2_lb2": {}})
+    {'ours_trainer_2_lb2@b': 'ours_2_r2_lb2@b', 'ours_trainer_1_lb2': 'ours_1_r1_lb2'}
+    """
+    loops = {"ours_trainer_2_lb2": "ours_2_r2_lb2", "ours_trainer_1_lb2": "ours_1_r1_lb2"}
+    out = {}
+    for name in ours:
+        base, at, machine = name.partition("@")
+        if base in loops:
+            out[name] = loops[base] + at + machine
+    return out
+
+
+def merge_folders(folders: dict) -> dict:
+    """One ``runs`` from several device calls' ``runs`` ({folder name: runs}, in order): the first's under their own
+    names, every later folder's under ``<name>@<folder>`` (``env`` and ``commit`` too), so that a later machine's
+    runs compare with the first's base without taking its names.
+
+    >>> merge_folders({"a": {"ours_1_r2_lb2": {"x": 1}}, "b": {"ours_1_r2_lb2": {"x": 2}, "commit": {}}})
+    {'ours_1_r2_lb2': {'x': 1}, 'ours_1_r2_lb2@b': {'x': 2}, 'commit@b': {}}
+    """
+    merged, first = {}, True
+    for folder, runs in folders.items():
+        merged.update(runs if first else {f"{name}@{folder}": run for name, run in runs.items()})
+        first = False
+    return merged
 
 
 def _losses(ours: dict, suffix: str) -> dict:
@@ -308,9 +351,12 @@ def _two_gpus_lines(two: dict | None) -> list[str]:
         lines.append(
             f"- {name} ({', '.join(f'{k} {v}' for k, v in run['options'].items())}): "
             f"{fmt(run['tokens_per_s_per_gpu'])} tokens/s/GPU, efficiency {fmt(run['per_gpu_efficiency'], '.3f')} / "
-            f"{fmt(run['same_steps_efficiency'], '.3f')} (own steps / same steps); {_split(run['profile'])}; losses "
+            f"{fmt(run['same_steps_efficiency'], '.3f')} (own steps / same steps); {_split(run['profile'])}"
+            + (f" (exposed per rank: {' / '.join(f'{e:,.0f}' for e in run['exposed_ms_per_rank'])})"
+               if run.get("exposed_ms_per_rank") else "")
+            + "; losses "
             + (f"{losses['max_relative']:.2%} from the replay" if losses else "not compared")
         )
-    for gpus, ratio in (two.get("trainer_vs_loop") or {}).items():
-        lines.append(f"- PackingTrainer / our loop, tokens/s on the same {gpus} GPU(s): {ratio:.3f}")
+    for name, ratio in (two.get("trainer_vs_loop") or {}).items():
+        lines.append(f"- PackingTrainer / our loop, tokens/s on the same GPUs ({name}): {ratio:.3f}")
     return lines + [""]

@@ -40,6 +40,8 @@ def run_trainer(args, rank: int, world: int, device: torch.device, build, shape,
     wrapped, kind = type(trainer.model_wrapped).__name__, str(trainer.accelerator.distributed_type)
     step_seconds = [None, *(round(b - a, 4) for a, b in zip(clock.ends, clock.ends[1:]))]  # step 1: no start mark
     compiled = bool(trainer._compile.enabled)  # compile_layers="auto": the layers compiled (not under FSDP)
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)  # None policy: MixedPrecisionPolicy(), which
+    policy = repr(plugin.mixed_precision_policy) if plugin else None  # reduces in the parameters' dtype
     del trainer, model, clock  # before the process group goes
     gc.collect()
     if rank != 0:
@@ -56,6 +58,6 @@ def run_trainer(args, rank: int, world: int, device: torch.device, build, shape,
         "peak_flops": H100_BF16_PEAK, "loss": run["loss"], "loss_implementation": "chunked",
         "step_seconds": step_seconds,
         "peak_allocated_gib_per_gpu": [round(float(g[2]), 2) for g in gathered],
-        "wrapped_as": wrapped, "accelerate_distributed_type": kind,
+        "wrapped_as": wrapped, "accelerate_distributed_type": kind, "fsdp_mixed_precision_policy": policy,
         "command": f"torchrun --nproc-per-node {world} " + " ".join(sys.argv),
     }  # fmt: skip

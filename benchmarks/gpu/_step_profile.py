@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+PROFILE_SPLIT = ("step_ms", "window_ms", "compute_ms", "comm_ms", "comm_hidden_ms", "comm_exposed_ms", "idle_ms")
+
 
 def start_profile(cuda: bool):
     """A running torch.profiler over the CPU and, on CUDA, the GPU's kernels."""

@@ -1,8 +1,8 @@
 """Where a profiled step's GPU time goes: compute, communication hidden behind it, communication alone, idle.
 
-From a torch.profiler Chrome trace (``prof.export_chrome_trace``), the GPU kernels of one device are split into
-communication (NCCL's kernels, by name) and compute (every other kernel, on any stream), and the step's window
-into four disjoint parts::
+From a torch.profiler Chrome trace (``prof.export_chrome_trace``), the GPU work of one device (kernels, copies,
+memsets) is split into communication (NCCL's kernels, by name) and compute (all other GPU work, on any stream),
+and the step's window into four disjoint parts::
 
     window   |-------------------------------------------------------------|
     compute  |=====   ======================   ========|        |=========|
@@ -25,7 +25,7 @@ import gzip
 import json
 from pathlib import Path
 
-__all__ = ["is_communication", "kernel_events", "overlap", "overlap_of_trace", "union"]
+__all__ = ["GPU_WORK", "is_communication", "kernel_events", "overlap", "overlap_of_trace", "union"]
 
 
 def is_communication(name: str) -> bool:
@@ -37,16 +37,21 @@ def is_communication(name: str) -> bool:
     return "nccl" in name.lower()
 
 
+GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace's categories of work on the GPU itself
+
+
 def kernel_events(trace: dict, device: int | None = None) -> list[tuple[str, float, float]]:
-    """(name, start us, end us) of every GPU kernel in a Chrome trace (on ``device``, else on every device).
+    """(name, start us, end us) of every GPU kernel, copy and memset in a Chrome trace (on ``device``, else on every
+    device).
 
     >>> kernel_events({"traceEvents": [{"cat": "kernel", "name": "k", "ts": 5.0, "dur": 2.0, "args": {"device": 0}},
+    ...                                {"cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 8.0, "dur": 1.0},
     ...                                {"cat": "cpu_op", "name": "aten::mm", "ts": 1.0, "dur": 9.0}]})
-    [('k', 5.0, 7.0)]
+    [('k', 5.0, 7.0), ('Memcpy HtoD', 8.0, 9.0)]
     """
     out = []
     for event in trace.get("traceEvents", []):
-        if event.get("cat") != "kernel" or "dur" not in event:
+        if event.get("cat") not in GPU_WORK or "dur" not in event:
             continue
         if device is not None and event.get("args", {}).get("device", device) != device:
             continue

@@ -87,7 +87,7 @@ from _scale_8b_metrics import (  # noqa: E402
     mfu,
 )
 from _shared import CompileCounter, gather_ranks, model_config  # noqa: E402
-from _step_profile import start_profile, stop_profile  # noqa: E402
+from _step_profile import PROFILE_SPLIT, start_profile, stop_profile  # noqa: E402
 
 SHAPES = {"8b": LLAMA_3_1_8B, "tiny": TINY}
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -275,6 +275,10 @@ def run_loop(args, rank: int, world: int, device: torch.device) -> dict | None:
         else [0, 0]
     )
     gathered = gather_ranks([tokens, seconds, *peak], world, device)
+    profiles = None
+    if profile is not None:  # every rank's split: communication waits on the slowest rank, so they differ
+        numbers = gather_ranks([profile[k] for k in PROFILE_SPLIT], world, device)
+        profiles = [{k: round(float(v), 3) for k, v in zip(PROFILE_SPLIT, g)} for g in numbers]
     del loss_fn, optimizer, model  # FSDP's modules hold the process group: gone before it is (a crash at exit else)
     gc.collect()
     if rank != 0:
@@ -330,6 +334,7 @@ def run_loop(args, rank: int, world: int, device: torch.device) -> dict | None:
         "prefetch": args.prefetch,
         "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS"),
         "profile": profile,
+        "profile_ranks": profiles,
         "command": f"torchrun --nproc-per-node {world} " + " ".join(sys.argv),
     }
 
@@ -394,6 +399,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         args.shape, args.max_length, args.examples, args.tokens_per_batch = "tiny", 512, 400, 1024
         args.steps, args.warmup, args.compile_backend = min(args.steps, 3), min(args.warmup, 1), "aot_eager"
+        args.profile_step = args.profile_step and min(args.profile_step, args.warmup)  # still an untimed step
     args.attn = args.attn or ("sdpa" if args.smoke or not torch.cuda.is_available() else "packing_fa4")
     return args
 
@@ -410,6 +416,11 @@ def main() -> None:
         raise SystemExit(f"--replicas {args.replicas} must be a multiple of the {world} processes")
     if args.runner == "trainer" and args.replicas != world:
         raise SystemExit("--runner trainer trains --replicas = the GPUs (its sampler plans for the processes it sees)")
+    if args.prefetch < 0:
+        raise SystemExit(f"--prefetch {args.prefetch}: give 0 (FSDP2's own prefetch) or a number of layers")
+    if args.profile_step is not None and not 1 <= args.profile_step <= args.warmup:
+        raise SystemExit(f"--profile-step {args.profile_step}: profile one of the {args.warmup} untimed steps "
+                         "(1..--warmup); a profiled step's trace export would count in the rate")
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
