@@ -86,7 +86,6 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
                          str(big)]  # fmt: skip
     titan_data = ["--cpu", "--data-examples", "300", "--data-max-length", "512"] if smoke else []
     ours_extra = ["--smoke"] if smoke else ([] if fa4_installed() else ["--attn", "packing_varlen"])
-    replicas = str(big)
 
     def titan(name: str, flavor: str, *extra: str, expected: float = 90, timeout: float = 170, batch: int = 1) -> Step:
         command = [*torchrun(big), "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
@@ -110,10 +109,11 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         return Step(name, command, expected, timeout, env={**env, **(cache if fa4_disk_cache else {}), **(nccl or {})})
 
-    def trainer(name: str, gpus: int, steps: int = 8, warmup: int = 2) -> Step:  # local batch 2, a rank per GPU
+    def trainer(name: str, gpus: int, steps: int = 8, warmup: int = 2, batch: int = 2) -> Step:  # a rank per GPU
+        rows = [] if batch == 1 else ["--tokens-per-batch", str(batch * (1024 if smoke else SEQ))]
         command = [*torchrun(gpus), str(HERE / "scale_8b.py"), "--runner", "trainer", "--name", name, "--out",
-                   str(work), "--replicas", str(gpus), "--steps", str(steps), "--warmup", str(warmup),
-                   "--tokens-per-batch", str(2 * (1024 if smoke else SEQ)), *ours_extra]  # fmt: skip
+                   str(work), "--replicas", str(gpus), "--steps", str(steps), "--warmup", str(warmup), *rows,
+                   *ours_extra]  # fmt: skip
         env = {} if smoke else {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(gpus))}
         if gpus == 1 and not smoke:  # as ours_1: 8B with its AdamW states on one card
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -130,28 +130,7 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
         Step("titan030_import", shell(TITAN_030_CHECK), 20, 60, kind="shell"),  # evidence, if time is left
         ours("ours_4_compile", big, 12, 3, "--compile", expected=150, timeout=240),
         titan("titan_varlen_4_compile", "8B_varlen", "--compile.enable", expected=150, timeout=240),
-        Step(
-            "ours_trainer_4",
-            [
-                *torchrun(big),
-                str(HERE / "scale_8b.py"),
-                "--runner",
-                "trainer",
-                "--name",
-                "ours_trainer_4",
-                "--out",
-                str(work),
-                "--replicas",
-                replicas,
-                "--steps",
-                "12",
-                "--warmup",
-                "3",
-                *ours_extra,
-            ],
-            120,
-            200,
-        ),  # fmt: skip
+        trainer("ours_trainer_4", big, steps=12, warmup=3, batch=1),
         # both sides keep the gathered parameters from forward to backward (torchtitan's fsdp_reshard_after_forward)
         ours("ours_4_keep", big, 12, 3, "--reshard-after-forward", "never", expected=100, timeout=200),
         titan("titan_varlen_4_keep", "8B_varlen", "--parallelism.fsdp_reshard_after_forward", "never", expected=90),

@@ -226,15 +226,14 @@ def two_gpus(ours: dict) -> dict:
 
 
 def _exposed_per_rank(run: dict) -> list | None:
-    """Every rank's exposed communication in the profiled step (ms): ranks wait on each other, so they differ. Runs
-    before ``profile_ranks`` existed kept rank 1's split (kernels only) from its log line.
+    """Every rank's exposed communication in the profiled step (ms): ranks wait on each other, so they differ.
+    A record with rank 0's ``profile`` alone gives that one.
 
-    >>> _exposed_per_rank({"profile": {"comm_exposed_ms": 7.0}, "profile_rank1_kernels_only": {"comm_exposed_ms": 11.5}})
+    >>> _exposed_per_rank({"profile_ranks": [{"comm_exposed_ms": 7.0}, {"comm_exposed_ms": 11.5}]})
     [7.0, 11.5]
     """
-    ranks = run.get("profile_ranks") or [run.get("profile"), run.get("profile_rank1_kernels_only")]
-    exposed = [r["comm_exposed_ms"] for r in ranks if r]
-    return exposed or None
+    ranks = run.get("profile_ranks") or [run.get("profile")]
+    return [r["comm_exposed_ms"] for r in ranks if r] or None
 
 
 def _trainer_loops(ours: dict) -> dict:

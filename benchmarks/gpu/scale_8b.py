@@ -50,8 +50,8 @@ and writes, after every step, at most 4 files: ``results.json`` (the rows of iss
 ``report.md`` (the table for docs/benchmarks.md), ``runs.log`` (every run's output), ``env.txt``. By estimate
 ours_2 ends by ~260 s (``--deadline-s 300``: a call of ~6 minutes), titan_varlen_4 by ~350 s, ours_1 by ~420 s.
 Each of our runs pays FA4's warm-up (~25 s of kernel compiles) unless ``--fa4-disk-cache`` shares FA4's on-disk
-cache: on 2x H200 (2026-11-28) the later runs loaded all 21 kernels, 0 s compiling, warm-up 51 -> 22 s. ours_1 runs
-with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
+cache (the runs after the first then compile none: benchmarks/results/scale_8b_h200x2_diag/). ours_1 runs with
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
 
 CPU checks: ``--smoke`` (tiny shapes, gloo, sdpa, float32; tests/test_scale_8b_harness.py runs it as 2 ranks against
 its 1-process replay); ``--plan --smoke --out DIR`` rehearses the whole device call on the CPU (2 gloo processes,
