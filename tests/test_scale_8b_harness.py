@@ -250,14 +250,21 @@ def test_the_two_gpu_diagnosis_replays_its_plan_and_profiles_an_untimed_step(tmp
     def option(step, name):
         return step.command[step.command.index(name) + 1] if name in step.command else None
 
-    base = steps["ours_1_r2_lb2"]
+    bases = {compiled: steps["ours_1_r2_lb2" + "_compile" * compiled] for compiled in (False, True)}
     variants = [s for name, s in steps.items() if name.startswith("ours_2_r2_lb2")]
-    assert len(variants) == 7 and "--nproc-per-node=1" in base.command
-    for step in [base, *variants]:  # one 16,384-token micro-batch per GPU a step, as at 4 GPUs; the same 2-rank plan
+    assert len(variants) == 9 and all("--nproc-per-node=1" in base.command for base in bases.values())
+    for step in [*bases.values(), *variants]:  # one 16,384-token micro-batch per GPU a step, as at 4 GPUs; 2 ranks
         assert (option(step, "--replicas"), option(step, "--tokens-per-batch")) == ("2", "16384")
         assert int(option(step, "--profile-step")) <= int(option(step, "--warmup"))  # the profiled step is not timed
-        assert "--nproc-per-node=2" in step.command or step is base
-    assert option(base, "--warmup") == option(variants[0], "--warmup")  # the same steps timed on both sides
+        assert "--nproc-per-node=2" in step.command or step in bases.values()
+    for step in variants:  # each compared with a replay compiled as it is, the same steps timed on both sides
+        base = bases["--compile" in step.command]
+        assert ("--compile" in base.command, option(base, "--warmup")) == ("--compile" in step.command,
+                                                                           option(step, "--warmup"))
+    assert {n for n, s in steps.items() if "--compile" in s.command and n.startswith("ours_2_r2")} == {
+        "ours_2_r2_lb2_compile", "ours_2_r2_lb2_keep_bf16_reduce_compile"}
+    layers = {n: option(s, "--compile-layers") for n, s in steps.items() if n.startswith("ours_trainer_2_lb2_")}
+    assert layers == {"ours_trainer_2_lb2_compile": "auto", "ours_trainer_2_lb2_eager": "false"}
     options = {s.name: (option(s, "--reshard-after-forward"), option(s, "--reduce-dtype"), option(s, "--prefetch"),
                         s.env.get("NCCL_MAX_CTAS")) for s in variants}  # fmt: skip
     assert options["ours_2_r2_lb2"] == (None, None, None, None)  # FSDP2 as every 4-GPU row runs it
@@ -286,12 +293,27 @@ def test_the_diagnosis_report_compares_each_variant_with_the_replay_over_the_sam
                                "tokens_per_s_per_gpu": 8000.0, "step_seconds": [9.0, 5.0, 2.1, 2.1, 2.1]},
         "ours_trainer_2_lb2": {"status": "ok", "gpus": 2, "tokens_per_s_per_gpu": 7878.0, "compile": False, "mfu": 0.46,
                                "peak_allocated_gib_per_gpu": [35.0], "loss": [12.0]},
+        # a later machine's compiled runs: compared with its own compiled replay, the Trainer with itself eager
+        "ours_1_r2_lb2_compile@c": {"status": "ok", "gpus": 1, "warmup": 2, "steps": 3, "compile": True,
+                                    "tokens_per_s_per_gpu": 9000.0, "step_seconds": [9.0, 6.0, 3.6, 3.6, 3.6],
+                                    "loss": [12.0, 11.5, 11.0, 10.8, 10.6]},
+        "ours_2_r2_lb2_compile@c": {"status": "ok", **timed, "compile": True, "tokens_per_s_per_gpu": 8600.0,
+                                    "step_seconds": [9.0, 5.0, 1.9, 1.9, 2.0]},
+        "ours_trainer_2_lb2_compile@c": {"status": "ok", "gpus": 2, "tokens_per_s_per_gpu": 8700.0, "compile": True,
+                                         "mfu": 0.5, "peak_allocated_gib_per_gpu": [35.0], "loss": [12.0]},
+        "ours_trainer_2_lb2_eager@c": {"status": "ok", "gpus": 2, "tokens_per_s_per_gpu": 7700.0, "compile": False,
+                                       "mfu": 0.45, "peak_allocated_gib_per_gpu": [35.0], "loss": [12.0]},
     }  # fmt: skip
     two = results_of.build(runs)["two_gpus_local_batch_2"]
+    compiled = two["runs"]["ours_2_r2_lb2_compile@c"]
+    assert (compiled["base"], two["runs"]["ours_2_r2_lb2"]["base"]) == ("ours_1_r2_lb2_compile@c", "ours_1_r2_lb2")
+    assert compiled["same_steps_efficiency"] == pytest.approx(10.8 / (2 * 5.8))
+    assert two["trainer_vs_loop"]["ours_trainer_2_lb2_compile@c"] == pytest.approx(8700 / 8600)
+    assert two["trainer_compiled_vs_eager"] == {"ours_trainer_2_lb2_compile@c": pytest.approx(8700 / 7700)}
     assert two["runs"]["ours_2_r2_lb2"]["same_steps_efficiency"] == pytest.approx(12.0 / (2 * 6.5))
     assert two["runs"]["ours_2_r2_lb2_keep"]["same_steps_efficiency"] == pytest.approx(12.0 / (2 * 6.3))
     assert two["runs"]["ours_2_r2_lb2_keep"]["options"]["reshard_after_forward"] == "never"
-    assert two["trainer_vs_loop"] == {"ours_trainer_2_lb2": pytest.approx(7878 / 7800)}
+    assert two["trainer_vs_loop"]["ours_trainer_2_lb2"] == pytest.approx(7878 / 7800)
     assert two["runs"]["ours_2_r2_lb2"]["exposed_ms_per_rank"] == [20.0]
     lines = results_of.markdown(results_of.build(runs))
     assert "compute 2,170, communication hidden 200 / exposed 20, idle 40" in lines

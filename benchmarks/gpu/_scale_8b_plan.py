@@ -109,11 +109,11 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         return Step(name, command, expected, timeout, env={**env, **(cache if fa4_disk_cache else {}), **(nccl or {})})
 
-    def trainer(name: str, gpus: int, steps: int = 8, warmup: int = 2, batch: int = 2) -> Step:  # a rank per GPU
-        rows = [] if batch == 1 else ["--tokens-per-batch", str(batch * (1024 if smoke else SEQ))]
+    def trainer(name: str, gpus: int, steps: int = 8, warmup: int = 2, batch: int = 2, *extra: str) -> Step:
+        rows = [] if batch == 1 else ["--tokens-per-batch", str(batch * (1024 if smoke else SEQ))]  # a rank per GPU
         command = [*torchrun(gpus), str(HERE / "scale_8b.py"), "--runner", "trainer", "--name", name, "--out",
                    str(work), "--replicas", str(gpus), "--steps", str(steps), "--warmup", str(warmup), *rows,
-                   *ours_extra]  # fmt: skip
+                   *ours_extra, *extra]  # fmt: skip
         env = {} if smoke else {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(gpus))}
         if gpus == 1 and not smoke:  # as ours_1: 8B with its AdamW states on one card
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -175,6 +175,18 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
         trainer("ours_trainer_4_lb2", big, steps=12, warmup=3),
         ours("ours_4_keep_bf16_reduce_lb4", big, 8, 2, "--reshard-after-forward", "never", "--reduce-dtype",
              "bfloat16", expected=130, timeout=240, batch=4),
+        # compiled on 2 GPUs: our loop (each layer torch.compile'd) against its compiled 1-GPU replay, and
+        # PackingTrainer, whose compile_layers="auto" now compiles the layers under accelerate's FSDP2 too, against
+        # itself eager (compile_layers=False) and against our compiled loop
+        ours("ours_1_r2_lb2_compile", 1, 3, 2, "--compile", "--profile-step", "2", expected=120, timeout=240,
+             batch=2, replicas=half),
+        ours("ours_2_r2_lb2_compile", half, 8, 2, "--compile", "--profile-step", "2", expected=110, timeout=220,
+             batch=2, replicas=half),
+        trainer("ours_trainer_2_lb2_compile", half, 8, 2, 2, "--compile-layers", "auto"),
+        trainer("ours_trainer_2_lb2_eager", half, 8, 2, 2, "--compile-layers", "false"),
+        ours("ours_2_r2_lb2_keep_bf16_reduce_compile", half, 8, 2, "--reshard-after-forward", "never",
+             "--reduce-dtype", "bfloat16", "--compile", "--profile-step", "2", expected=110, timeout=220, batch=2,
+             replicas=half),
         # local batch 4: two 16,384-token micro-batches per GPU, gradients reduced once a step
         ours("ours_4_keep_lb4", big, 8, 2, "--reshard-after-forward", "never", expected=130, timeout=240, batch=4),
         ours("ours_1_lb4", 1, 3, 1, expected=150, timeout=240, batch=4),

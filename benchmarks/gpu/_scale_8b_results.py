@@ -121,7 +121,8 @@ def build(runs: dict) -> dict:
     for name, loop in _trainer_loops(ours).items():
         gpus = ours[name]["gpus"]
         row(name, f"{gpus} GPU{'s' * (gpus > 1)}, 2 x 8,192 tokens (one 16,384-token row), "
-            f"PackingTrainer ({'accelerate FSDP2' if gpus > 1 else 'no FSDP'})", None,
+            f"PackingTrainer ({'accelerate FSDP2' if gpus > 1 else 'no FSDP'}; "
+            f"{'layers compiled' if ours[name].get('compile') else 'eager'})", None,
             f"ours through the Trainer (our loop on the same GPUs: {loop})", 2)  # fmt: skip
     card = next((r.get("card") for r in ours.values()), None)
     return {
@@ -192,8 +193,9 @@ def same_steps_efficiency(base: dict, run: dict) -> float | None:
 
 def two_gpus(ours: dict) -> dict:
     """Where 2 GPUs lose time against 1 at local batch 2 (the 2-rank plan, one micro-batch per GPU a step): each
-    ``ours_2_r2_lb2*`` run (FSDP2's options one at a time) against its 1-GPU replay ``ours_1_r2_lb2``, over the same
-    steps, with its losses and the profiled step's split (``_trace_overlap.py``); the Trainer against our loop.
+    ``ours_2_r2_lb2*`` run (FSDP2's options one at a time) against its 1-GPU replay ``ours_1_r2_lb2`` (``_compile``
+    for a compiled run), over the same steps, with its losses and the profiled step's split (``_trace_overlap.py``);
+    the Trainer against our loop, and compiled against eager.
 
     >>> base = {"gpus": 1, "warmup": 1, "steps": 2, "step_seconds": [9, 4.0, 4.0], "tokens_per_s_per_gpu": 8000.0,
     ...         "loss": [12.0, 11.0], "profile": {"compute_ms": 3900.0}}
@@ -202,12 +204,17 @@ def two_gpus(ours: dict) -> dict:
     >>> out = two_gpus({"ours_1_r2_lb2": base, "ours_2_r2_lb2": two})["runs"]["ours_2_r2_lb2"]
     >>> round(out["same_steps_efficiency"], 4), out["per_gpu_efficiency"], out["losses"]["within_bf16_noise"]
     (0.9524, 0.95, True)
+    >>> compiled = two_gpus({"ours_1_r2_lb2": base, "ours_2_r2_lb2_compile": {**two, "compile": True}})["runs"]
+    >>> compiled["ours_2_r2_lb2_compile"]["base"] is None  # a compiled run is not compared with an eager replay
+    True
     """
-    base = ours.get("ours_1_r2_lb2")
     runs = {}
     for name in sorted(n for n in ours if n.startswith("ours_2_r2_lb2")):
         run = ours[name]
+        base_name = _replay_of(ours, name)
+        base = ours.get(base_name)
         runs[name] = {
+            "base": base_name if base else None,
             "tokens_per_s_per_gpu": run["tokens_per_s_per_gpu"],
             "per_gpu_efficiency": run["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"] if base else None,
             "same_steps_efficiency": same_steps_efficiency(base, run) if base else None,
@@ -216,13 +223,29 @@ def two_gpus(ours: dict) -> dict:
             "exposed_ms_per_rank": _exposed_per_rank(run),
             "losses": loss_check(base, run),
         }
+    bases = sorted({run["base"] for run in runs.values() if run["base"]})
+    rate = lambda name: ours[name]["tokens_per_s_per_gpu"]  # noqa: E731
     return {
-        "base": "ours_1_r2_lb2" if base else None,
-        "base_profile": base.get("profile") if base else None,
+        "base": bases[0] if len(bases) == 1 else (bases or None),
+        "base_profile": {name: ours[name].get("profile") for name in bases},
         "runs": runs,
-        "trainer_vs_loop": {name: ours[name]["tokens_per_s_per_gpu"] / ours[loop]["tokens_per_s_per_gpu"]
-                            for name, loop in _trainer_loops(ours).items() if loop in ours},  # fmt: skip
+        "trainer_vs_loop": {name: rate(name) / rate(loop) for name, loop in _trainer_loops(ours).items() if loop in ours},
+        "trainer_compiled_vs_eager": {name: rate(name) / rate(eager) for name in ours if name.startswith(
+            "ours_trainer_2_lb2_compile") and (eager := name.replace("_compile", "_eager")) in ours},  # fmt: skip
     }
+
+
+def _replay_of(ours: dict, name: str) -> str:
+    """The 1-GPU replay a 2-GPU diagnosis run compares with: compiled for a compiled run, from the run's own machine
+    (its ``@<folder>``) where that machine ran one, else the first machine's.
+
+    >>> ours = {"ours_1_r2_lb2": {}, "ours_1_r2_lb2_compile@c": {}, "ours_2_r2_lb2_compile@c": {"compile": True}}
+    >>> _replay_of(ours, "ours_2_r2_lb2_compile@c"), _replay_of(ours, "ours_2_r2_lb2@b")
+    ('ours_1_r2_lb2_compile@c', 'ours_1_r2_lb2')
+    """
+    base = "ours_1_r2_lb2" + "_compile" * bool(ours.get(name, {}).get("compile"))
+    own = base + name[len(name.partition("@")[0]) :]
+    return own if own in ours else base
 
 
 def _exposed_per_rank(run: dict) -> list | None:
@@ -240,10 +263,11 @@ def _trainer_loops(ours: dict) -> dict:
     """Each PackingTrainer run at local batch 2 and our loop run of the same plan on the same machine: runs merged
     from another machine's folder carry its name after an ``@`` (``merge_folders``).
 
-    >>> _trainer_loops({"ours_trainer_2_lb2@b": {}, "ours_trainer_1_lb2": {}, "ours_2_r2_lb2": {}})
-    {'ours_trainer_2_lb2@b': 'ours_2_r2_lb2@b', 'ours_trainer_1_lb2': 'ours_1_r1_lb2'}
+    >>> _trainer_loops({"ours_trainer_2_lb2@b": {}, "ours_trainer_1_lb2": {}, "ours_trainer_2_lb2_compile@c": {}})
+    {'ours_trainer_2_lb2@b': 'ours_2_r2_lb2@b', 'ours_trainer_1_lb2': 'ours_1_r1_lb2', 'ours_trainer_2_lb2_compile@c': 'ours_2_r2_lb2_compile@c'}
     """
-    loops = {"ours_trainer_2_lb2": "ours_2_r2_lb2", "ours_trainer_1_lb2": "ours_1_r1_lb2"}
+    loops = {"ours_trainer_2_lb2": "ours_2_r2_lb2", "ours_trainer_2_lb2_eager": "ours_2_r2_lb2",
+             "ours_trainer_2_lb2_compile": "ours_2_r2_lb2_compile", "ours_trainer_1_lb2": "ours_1_r1_lb2"}
     out = {}
     for name in ours:
         base, at, machine = name.partition("@")
@@ -343,12 +367,12 @@ def _two_gpus_lines(two: dict | None) -> list[str]:
         return []
     lines = [""]
     if two["runs"]:
-        lines.append(f"Two GPUs against one, local batch 2 (the 2-rank plan; base {two['base'] or '-'}: "
-                     f"{_split(two['base_profile'])}):")  # fmt: skip
+        bases = "; ".join(f"{n}: {_split(p)}" for n, p in two["base_profile"].items()) or "-"
+        lines.append(f"Two GPUs against one, local batch 2 (the 2-rank plan; the 1-GPU replays {bases}):")
     for name, run in two["runs"].items():
         losses = run["losses"]
         lines.append(
-            f"- {name} ({', '.join(f'{k} {v}' for k, v in run['options'].items())}): "
+            f"- {name} against {run['base'] or '-'} ({', '.join(f'{k} {v}' for k, v in run['options'].items())}): "
             f"{fmt(run['tokens_per_s_per_gpu'])} tokens/s/GPU, efficiency {fmt(run['per_gpu_efficiency'], '.3f')} / "
             f"{fmt(run['same_steps_efficiency'], '.3f')} (own steps / same steps); {_split(run['profile'])}"
             + (f" (exposed per rank: {' / '.join(f'{e:,.0f}' for e in run['exposed_ms_per_rank'])})"
@@ -358,4 +382,6 @@ def _two_gpus_lines(two: dict | None) -> list[str]:
         )
     for name, ratio in (two.get("trainer_vs_loop") or {}).items():
         lines.append(f"- PackingTrainer / our loop, tokens/s on the same GPUs ({name}): {ratio:.3f}")
+    for name, ratio in (two.get("trainer_compiled_vs_eager") or {}).items():
+        lines.append(f"- PackingTrainer, layers compiled / eager, on the same GPUs ({name}): {ratio:.3f}")
     return lines + [""]

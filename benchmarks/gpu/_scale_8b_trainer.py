@@ -1,5 +1,6 @@
 """scale_8b.py --runner trainer: the same rows through PackingTrainer (accelerate's FSDP2, its activation
-checkpointing, the chunked loss), one sampler rank per process."""
+checkpointing, the chunked loss, its layers compiled by ``compile_layers``: ``--compile-layers``), one sampler rank
+per process."""
 
 from __future__ import annotations
 
@@ -33,13 +34,14 @@ def run_trainer(args, rank: int, world: int, device: torch.device, build, shape,
     clock = StepClock(cuda, model)
     trainer = PackingTrainer(model=model, args=training, train_dataset=Dataset.from_dict({"input_ids": docs}),
                              max_tokens_per_batch=args.tokens_per_batch, attn_implementation=None,
-                             loss_implementation="chunked")  # fmt: skip
+                             loss_implementation="chunked",
+                             compile_layers={"true": True, "false": False}.get(args.compile_layers, "auto"))  # fmt: skip
     trainer.add_callback(clock.callback())
     run = trained(trainer, clock, lengths, args.warmup)
     gathered = gather_ranks([run["tokens"], run["seconds"], run["peak_gib"]], world, device)
     wrapped, kind = type(trainer.model_wrapped).__name__, str(trainer.accelerator.distributed_type)
     step_seconds = [None, *(round(b - a, 4) for a, b in zip(clock.ends, clock.ends[1:]))]  # step 1: no start mark
-    compiled = bool(trainer._compile.enabled)  # compile_layers="auto": the layers compiled (not under FSDP)
+    compiled = bool(trainer._compile.enabled)  # compile_layers="auto": the layers compiled on a GPU (FSDP2 too)
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)  # None policy: MixedPrecisionPolicy(), which
     policy = repr(plugin.mixed_precision_policy) if plugin else None  # reduces in the parameters' dtype
     del trainer, model, clock  # before the process group goes

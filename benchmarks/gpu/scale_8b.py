@@ -18,8 +18,7 @@ vocabulary 128,256; random weights, seeded, bf16 weights, gradients and AdamW st
 
 Tokens/s per GPU = real tokens of the timed steps over all ranks / the timed seconds / GPUs. MFU as torchtitan
 counts it, and per the causal documents: ``_scale_8b_metrics.py`` (peak 989 TFLOP/s, H100 SXM bf16 dense).
-Writes ``<out>/<name>.json`` (rank 0). ``--runner trainer`` trains the same rows through ``PackingTrainer``
-(accelerate's FSDP2, its activation checkpointing, G = R only).
+Writes ``<out>/<name>.json`` (rank 0). ``--runner trainer``: the same rows through ``PackingTrainer`` (G = R).
 
 Device plan (issue #46): ONE call on a 4x H100 machine, <= 9.5 min, after FA4's first call
 (``bash ../shared/gpu/fa4-wheels.sh`` and ``bash benchmarks/gpu/torchtitan_wheels.sh`` here first):
@@ -44,7 +43,8 @@ Device plan (issue #46): ONE call on a 4x H100 machine, <= 9.5 min, after FA4's 
     (if time)       ours_4_compile, titan_varlen_4_compile (torch.compile on both), ours_trainer_4       ~150 s each
     (2 GPUs)        ours_1_r2_lb2, ours_2_r2_lb2[_keep|_bf16_reduce|_prefetch2|_ctas8|...]: the 2-rank plan, one FSDP2
                     option at a time against the 1-GPU replay, each with step 2 profiled (``--profile-step``,
-                    ``_step_profile.py``: compute, hidden and exposed communication, idle); ours_trainer_{1,2,4}_lb2
+                    ``_step_profile.py``: compute, hidden and exposed communication, idle); ours_trainer_{1,2,4}_lb2;
+                    the same compiled (*_compile; the Trainer compiles by default, *_eager does not)
 
 and writes, after every step, at most 4 files: ``results.json`` (the rows of issue #46's item 5 and every run),
 ``report.md`` (the table for docs/benchmarks.md), ``runs.log`` (every run's output), ``env.txt``. By estimate
@@ -77,15 +77,8 @@ import torch.distributed as dist
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # the _scale_8b_* helpers, benchmarks/_shared
 from _scale_8b_data import documents  # noqa: E402
-from _scale_8b_metrics import (  # noqa: E402
-    H100_BF16_PEAK,
-    LLAMA_3_1_8B,
-    TINY,
-    causal_document_flops_per_token,
-    flops_per_token,
-    flops_row,
-    mfu,
-)
+from _scale_8b_metrics import H100_BF16_PEAK, LLAMA_3_1_8B, TINY, flops_per_token, flops_row, mfu  # noqa: E402
+from _scale_8b_metrics import causal_document_flops_per_token  # noqa: E402
 from _shared import CompileCounter, gather_ranks, model_config  # noqa: E402
 from _step_profile import PROFILE_SPLIT, start_profile, stop_profile  # noqa: E402
 
@@ -380,6 +373,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--ac", choices=("full", "none"), default="full", help="activation checkpointing")
     add("--compile", action="store_true", help="torch.compile each decoder layer (rows padded to the budget)")
     add("--compile-backend", default="inductor")
+    add("--compile-layers", choices=("auto", "true", "false"), default="auto",
+        help="--runner trainer: PackingTrainer's compile_layers (auto: compiled on a GPU, under FSDP2 too)")
     add("--reshard-after-forward", choices=("always", "never"), default="always",
         help="FSDP2 for the embeddings and layers (torchtitan's fsdp_reshard_after_forward): never keeps each layer's "
              "gathered bf16 parameters from its forward to its backward (+16 GB at 8B), one all-gather a step fewer")

@@ -74,6 +74,12 @@ def repeated_layers(model) -> list:
     return min(found, key=lambda f: (f[0], f[1], -len(f[2])))[2] if found else []
 
 
+def _marked(module) -> bool:
+    """Whether :func:`compile_layers` compiled this module's own forward: its own attribute, not one that a wrapper
+    (``checkpoint_wrapper``, which accelerate's FSDP2 puts around a layer) passes through from the layer inside."""
+    return bool(vars(module).get(_COMPILED, False))
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled_forward(cls: type, options: tuple):
     """One compiled ``cls.forward`` per class and options: every layer of the class shares its graphs."""
@@ -109,7 +115,7 @@ def compile_layers(model, *, backend: str | None = None, mode: str | None = None
     options = tuple(sorted((k, v) for k, v in {"backend": backend, "mode": mode}.items() if v is not None))
     count = 0
     for layer in repeated_layers(model):
-        if getattr(layer, _COMPILED, False):
+        if _marked(layer):
             continue
         layer.forward = types.MethodType(_compiled_forward(type(layer), options), layer)
         setattr(layer, _COMPILED, True)
@@ -126,7 +132,7 @@ def compiled_layer_count(model) -> int:
     >>> compiled_layer_count(torch.nn.Linear(2, 2))
     0
     """
-    return sum(bool(getattr(module, _COMPILED, False)) for module in model.modules())
+    return sum(_marked(module) for module in model.modules())
 
 
 def layer_compile_blocker(model, *, mode: str | None = None) -> str:
@@ -154,7 +160,7 @@ def layer_compile_blocker(model, *, mode: str | None = None) -> str:
         type(module).__name__
         for block in blocks
         for module in block.modules()
-        if "forward" in vars(module) and not getattr(module, _COMPILED, False)
+        if "forward" in vars(module) and not _marked(module)
     ]
     if replaced:
         return f"the forward of {replaced[0]} inside a layer was replaced"
@@ -171,7 +177,7 @@ def uncompile_layers(model) -> int:
     """
     count = 0
     for module in model.modules():
-        if getattr(module, _COMPILED, False):
+        if _marked(module):
             delattr(module, "forward")
             delattr(module, _COMPILED)
             count += 1

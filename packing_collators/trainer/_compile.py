@@ -3,8 +3,9 @@
     PackingTrainer(compile_layers="auto") on a CUDA GPU, or torch_compile=True
       compile_layers(model)      each decoder layer's forward compiled (dynamic shapes), in place; the loss
                                  chunked outside the graph; accelerate kept from compiling the whole model
-                                 (else eager, or under torch_compile=True whole, with the reason: FSDP,
-                                 DeepSpeed, sequence parallelism, hybrids, VLMs; "auto": quantized, PEFT)
+                                 (else eager, or under torch_compile=True whole, with the reason: FSDP
+                                 version 1, DeepSpeed, sequence parallelism, hybrids, VLMs; "auto": quantized,
+                                 PEFT); under FSDP2 before accelerate shards them: its hooks stay outside
       T                          padded to a bucket (the token budget); the padding a segment of its own
       n, max_length              symbolic: the attention ops take them as SymInts (FA4's custom op, torch's
                                  varlen op); traced dynamic from the first compile (symbolic_packing_sizes)
@@ -263,8 +264,10 @@ def compile_trainer_layers(trainer, model, *, only_check: bool = False) -> str:
     from ..models import compile_layers, layer_compile_blocker
 
     args = trainer.args
-    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled or trainer.sequence_parallel_mesh is not None:
-        return "FSDP, DeepSpeed and sequence parallelism compile through accelerate"
+    if trainer.is_deepspeed_enabled or trainer.sequence_parallel_mesh is not None:
+        return "DeepSpeed and sequence parallelism compile through accelerate"
+    if trainer.is_fsdp_enabled and not getattr(trainer.accelerator, "is_fsdp2", False):
+        return "FSDP version 1 flattens the layers' parameters (fsdp_config={'version': 2} compiles the layers)"
     if (why := layer_compile_blocker(model, mode=args.torch_compile_mode)) or only_check:
         return why
     compile_layers(model, backend=args.torch_compile_backend, mode=args.torch_compile_mode)

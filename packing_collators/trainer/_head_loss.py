@@ -12,7 +12,7 @@ The full-logit loss holds ``T x V`` logits, then a float32 copy of them (16k tok
 vocabulary: 5 GB + 10 GB); this holds one chunk of at most 4,096 tokens (``packing_collators.loss``).
 Kept on the full logits, with the reason logged: ``loss_implementation="full"``, a label smoother,
 a ``compute_loss_func``, Liger's own fused loss, ``torch_compile=True`` where the model is compiled
-whole (FSDP, DeepSpeed, a hybrid: the target selection would break the graph; elsewhere only the
+whole (FSDP version 1, DeepSpeed, a hybrid: the target selection would break the graph; elsewhere only the
 layers are, ``compile_layers``), a head the check refuses; and evaluation that hands
 ``compute_metrics`` its logits.
 Cost: one forward over 16 tokens to check the head, once per model.

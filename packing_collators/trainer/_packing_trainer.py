@@ -116,8 +116,9 @@ class PackingTrainer(Trainer):
             ``"chunked"``: the same, refused where it cannot run; ``"full"``: the stock full-logit loss.
         compile_layers: ``"auto"`` (default): on a CUDA GPU, compile each decoder layer in place, the loss
             still chunked (measured against TRL in docs/benchmarks.md), where the model allows it (not quantized,
-            no PEFT adapters or Liger, no FSDP, DeepSpeed or sequence parallelism, and one compiled step runs at
-            construction), else eager with the reason logged;
+            no PEFT adapters or Liger, no FSDP version 1, DeepSpeed or sequence parallelism, and one compiled step
+            runs at construction where the model is on the GPU), else eager with the reason logged; under FSDP2
+            the layers are compiled before accelerate shards them;
             ``True``: the same, refused where it cannot; ``False``: eager (``torch_compile=True``: whole).
 
     ``data_collator`` defaults to :class:`FlatteningCollator`. Before the first step the

@@ -246,3 +246,19 @@ def test_auto_trains_eager_where_the_tried_step_fails(tmp_path, monkeypatch, cap
     assert not trainer._compile.enabled and compiled_layer_count(trainer.model) == 0
     assert "train eager (compile_layers='auto'): a compiled step failed (BackendCompilerFailed" in caplog.text
     assert len(_losses(trainer)) == 3 and trainer.compile_report is None
+
+
+@pytest.mark.parametrize("version, expected", [(2, ""), (1, "FSDP version 1 flattens the layers' parameters")])
+def test_under_fsdp2_the_layers_compile_and_under_fsdp1_the_reason_is_given(tmp_path, monkeypatch, version, expected):
+    # accelerate's FSDP needs a GPU: the trainer's FSDP state is set as accelerate sets it there (the gradients under
+    # FSDP2 against eager: tests/models/test_compile_layers_fsdp.py)
+    from accelerate import Accelerator
+
+    trainer = _trainer(tmp_path, option=False)
+    monkeypatch.setattr(Accelerator, "is_fsdp2", property(lambda self: version == 2))
+    trainer.is_fsdp_enabled = True
+    why = _compile.compile_trainer_layers(trainer, trainer.model, only_check=True)
+    assert why.startswith(expected) and bool(why) == (version == 1)
+    if version == 2:
+        assert _compile.compile_trainer_layers(trainer, trainer.model) == ""
+        assert compiled_layer_count(trainer.model) == trainer.model.config.num_hidden_layers

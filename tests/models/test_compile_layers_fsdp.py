@@ -1,0 +1,80 @@
+"""Compiled layers under FSDP2 on 2 gloo ranks, wrapped as accelerate's FSDP2 wraps a PackingTrainer's model.
+
+PackingTrainer compiles the decoder layers at construction; accelerate then wraps each layer in
+``checkpoint_wrapper`` (``fsdp_config`` ``activation_checkpointing``) and ``fully_shard``, whose hooks
+unshard the parameters around the layer's call, outside the compiled forward (torchtitan's order too).
+Each rank trains two steps of other lengths and example counts; the reference is one eager process
+that averages the two ranks' gradients, as FSDP does. Compiled with Dynamo's ``aot_eager`` backend: the
+graphs and their autograd as on a GPU, no C compiler needed (Inductor's kernels run on the GPU runs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _tiny_models import random_examples, tiny_model
+from _two_ranks import run_two_ranks
+
+from packing_collators import FlatteningCollator
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+STEPS = ([9, 14, 5, 11], [20, 3, 8])  # each rank's examples per step (seeded by rank and step)
+
+WORKER = r"""
+import sys
+sys.path.insert(0, {tests!r})
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.fsdp import fully_shard
+from _tiny_models import random_examples, tiny_model
+from packing_collators import FlatteningCollator
+from packing_collators.models import compile_layers, compiled_layer_count
+from packing_collators.models._compile_layers import graphs_compiled, uncompile_layers
+
+dist.init_process_group("gloo")
+rank, checkpointed = dist.get_rank(), sys.argv[2] == "checkpointed"
+model = tiny_model("llama")
+compiled = compile_layers(model, backend="aot_eager")
+layers = model.model.layers
+for index in range(len(layers)):
+    if checkpointed:
+        layers[index] = checkpoint_wrapper(layers[index], preserve_rng_state=False)
+    fully_shard(layers[index])
+fully_shard(model)
+before = graphs_compiled()
+for step, lengths in enumerate({steps!r}):
+    batch = FlatteningCollator()(random_examples(lengths, seed=10 * rank + step))
+    (model(**batch).loss / len({steps!r})).backward()
+grads = {{n.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor() for n, p in model.named_parameters()}}
+if rank == 0:
+    torch.save({{"grads": grads, "compiled": compiled, "still_compiled": compiled_layer_count(model),
+                "layer": type(model.model.layers[0]).__name__, "graphs": graphs_compiled() - before,
+                "uncompiled": uncompile_layers(model)}},
+               sys.argv[1] + "/rank0.pt")
+"""
+
+
+def _reference():
+    model = tiny_model("llama")
+    for rank in range(2):
+        for step, lengths in enumerate(STEPS):
+            loss = model(**FlatteningCollator()(random_examples(lengths, seed=10 * rank + step))).loss
+            (loss / len(STEPS) / 2).backward()  # FSDP averages the ranks' gradients
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("wrapping", ["checkpointed", "sharded"])
+def test_compiled_layers_under_fsdp2_give_the_eager_gradients(tmp_path, wrapping):
+    worker = WORKER.replace("sys.argv[2]", repr(wrapping)).replace("{steps!r}", repr(STEPS))
+    run_two_ranks(worker, tmp_path)
+    result = torch.load(tmp_path / "rank0.pt")
+    layers = tiny_model("llama").config.num_hidden_layers
+    # the compiled forwards survive the wrapping, counted once (not again through the wrapper), and can be undone
+    assert result["compiled"] == result["still_compiled"] == result["uncompiled"] == layers
+    expected = "FSDPCheckpointWrapper" if wrapping == "checkpointed" else "FSDPLlamaDecoderLayer"
+    assert result["layer"] == expected
+    assert result["graphs"] >= 1  # the layers ran compiled, not eager
+    for name, grad in _reference().items():
+        torch.testing.assert_close(result["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
