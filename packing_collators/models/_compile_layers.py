@@ -32,6 +32,7 @@ from ..batch import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, MAX_LENGTH_K, MAX_LENGTH_Q, VA
 
 __all__ = [
     "auto_compile_blocker",
+    "checkpointed_layers",
     "compile_layers",
     "compiled_layer_count",
     "compiled_step_failure",
@@ -81,15 +82,29 @@ def _marked(module) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled_forward(cls: type, options: tuple):
-    """One compiled ``cls.forward`` per class and options: every layer of the class shares its graphs."""
+def _compiled_forward(cls: type, options: tuple, checkpoint: bool = False):
+    """One compiled ``cls.forward`` per class and options: every layer of the class shares its graphs;
+    ``checkpoint``: the forward under ``torch.utils.checkpoint`` (non-reentrant, RNG state kept) inside the graph."""
     import torch
 
-    return torch.compile(cls.forward, dynamic=True, **dict(options))
+    forward = cls.forward
+    if checkpoint:
+
+        @functools.wraps(cls.forward)
+        def forward(self, *args, **kwargs):
+            return torch.utils.checkpoint.checkpoint(cls.forward, self, *args, use_reentrant=False, **kwargs)
+
+    return torch.compile(forward, dynamic=True, **dict(options))
 
 
-def compile_layers(model, *, backend: str | None = None, mode: str | None = None) -> int:
+def compile_layers(model, *, backend: str | None = None, mode: str | None = None, checkpoint: bool = False) -> int:
     """Compile ``model``'s repeated decoder layers in place (``torch.compile`` of their forward); returns how many.
+
+    ``checkpoint``: each layer's activations checkpointed inside its graph (``torch.utils.checkpoint``,
+    non-reentrant, the RNG state kept for the recompute), as ``torch.compile`` of a checkpointed layer traces it:
+    the compiler plans the recompute with the backward. Use it instead of a checkpoint around the compiled
+    forward (accelerate's FSDP ``activation_checkpointing`` wrapper, transformers' checkpointing before 5.24,
+    which checkpoints in the layer's call), which runs the compiled forward twice as it stands.
 
     Layers compiled before are left as they are. The model's parameters, state dict and hooks are
     unchanged; each layer's ``forward`` becomes its class's compiled forward bound to it, traced with
@@ -117,8 +132,8 @@ def compile_layers(model, *, backend: str | None = None, mode: str | None = None
     for layer in repeated_layers(model):
         if _marked(layer):
             continue
-        layer.forward = types.MethodType(_compiled_forward(type(layer), options), layer)
-        setattr(layer, _COMPILED, True)
+        layer.forward = types.MethodType(_compiled_forward(type(layer), options, checkpoint), layer)
+        setattr(layer, _COMPILED, "checkpointed" if checkpoint else True)
         count += 1
     if count:
         raise_recompile_limit(RECOMPILE_LIMIT)
@@ -133,6 +148,17 @@ def compiled_layer_count(model) -> int:
     0
     """
     return sum(_marked(module) for module in model.modules())
+
+
+def checkpointed_layers(model) -> int:
+    """How many of ``model``'s layers :func:`compile_layers` compiled with their checkpoint inside the graph.
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]))
+    >>> compile_layers(model, backend="eager", checkpoint=True), checkpointed_layers(model)
+    (2, 2)
+    """
+    return sum(vars(module).get(_COMPILED) == "checkpointed" for module in model.modules())
 
 
 def layer_compile_blocker(model, *, mode: str | None = None) -> str:

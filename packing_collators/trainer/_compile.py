@@ -19,6 +19,7 @@ Cost: the compiles (seconds each on a GPU), once, and the buckets' padding (``Co
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -270,7 +271,9 @@ def compile_trainer_layers(trainer, model, *, only_check: bool = False) -> str:
         return "FSDP version 1 flattens the layers' parameters (fsdp_config={'version': 2} compiles the layers)"
     if (why := layer_compile_blocker(model, mode=args.torch_compile_mode)) or only_check:
         return why
-    compile_layers(model, backend=args.torch_compile_backend, mode=args.torch_compile_mode)
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None) if trainer.is_fsdp_enabled else None
+    checkpoint = bool(getattr(plugin, "activation_checkpointing", False))  # FSDP2's: taken into the layers' graphs
+    compile_layers(model, backend=args.torch_compile_backend, mode=args.torch_compile_mode, checkpoint=checkpoint)
     _prepare_uncompiled(trainer.accelerator)
     return ""
 
@@ -289,18 +292,33 @@ def _agreed(why: str, device) -> str:
 
 
 def _prepare_uncompiled(accelerator) -> None:
-    """``accelerator.prepare_model`` with accelerate's dynamo backend off for the call: the layers are compiled, and
-    the plugin (shared by every Accelerator of the process) is left as it was for the next Trainer."""
+    """``accelerator.prepare`` and ``prepare_model`` (FSDP2 prepares in ``prepare``) with accelerate's dynamo backend
+    off for the call: the layers are compiled, and the plugin (shared by every Accelerator of the process) is left as
+    it was for the next Trainer. Likewise the FSDP plugin's ``activation_checkpointing`` where the model's layers
+    checkpoint inside their graphs (``checkpointed_layers``): its wrapper would checkpoint around the compiled forward
+    (measured slower on 2 H200s at 8B: docs/benchmarks.md); a model left eager is wrapped as accelerate wraps it."""
+    for name in ("prepare", "prepare_model"):
+        original = getattr(accelerator, f"_packing_{name}", None) or getattr(accelerator, name)
+        setattr(accelerator, f"_packing_{name}", original)
+        setattr(accelerator, name, functools.partial(_uncompiled_call, accelerator, original))
+
+
+def _uncompiled_call(accelerator, original, *args, **kwargs):
+    """``original(*args, **kwargs)`` (a preparation) under :func:`_prepare_uncompiled`'s settings, restored after."""
+    import torch
     from accelerate.utils import DynamoBackend
 
-    original = getattr(accelerator, "_packing_prepare_model", None) or accelerator.prepare_model
+    from ..models._compile_layers import checkpointed_layers
 
-    def prepare_model(model, *args, **kwargs):
-        plugin = accelerator.state.dynamo_plugin
-        backend, plugin.backend = plugin.backend, DynamoBackend.NO
-        try:
-            return original(model, *args, **kwargs)
-        finally:
-            plugin.backend = backend
-
-    accelerator._packing_prepare_model, accelerator.prepare_model = original, prepare_model
+    plugin, fsdp = accelerator.state.dynamo_plugin, getattr(accelerator.state, "fsdp_plugin", None)
+    backend, checkpointing = plugin.backend, getattr(fsdp, "activation_checkpointing", False)
+    models = [a for a in [*args, *kwargs.values()] if isinstance(a, torch.nn.Module)]
+    plugin.backend = DynamoBackend.NO
+    if checkpointing and any(checkpointed_layers(model) for model in models):
+        fsdp.activation_checkpointing = False
+    try:
+        return original(*args, **kwargs)
+    finally:
+        plugin.backend = backend
+        if fsdp is not None:
+            fsdp.activation_checkpointing = checkpointing

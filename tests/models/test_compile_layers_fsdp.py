@@ -1,8 +1,10 @@
 """Compiled layers under FSDP2 on 2 gloo ranks, wrapped as accelerate's FSDP2 wraps a PackingTrainer's model.
 
-PackingTrainer compiles the decoder layers at construction; accelerate then wraps each layer in
-``checkpoint_wrapper`` (``fsdp_config`` ``activation_checkpointing``) and ``fully_shard``, whose hooks
-unshard the parameters around the layer's call, outside the compiled forward (torchtitan's order too).
+PackingTrainer compiles the decoder layers at construction; accelerate then shards each layer with ``fully_shard``,
+whose hooks unshard the parameters around the layer's call, outside the compiled forward (torchtitan's order too).
+With ``fsdp_config`` ``activation_checkpointing``, PackingTrainer compiles each layer's checkpoint inside its graph
+(``compile_layers(checkpoint=True)``) instead of accelerate's ``checkpoint_wrapper`` around it; the wrapper is
+tested too, for a model compiled before accelerate's wrapper was kept out.
 Each rank trains two steps of other lengths and example counts; the reference is one eager process
 that averages the two ranks' gradients, as FSDP does. Compiled with Dynamo's ``aot_eager`` backend: the
 graphs and their autograd as on a GPU, no C compiler needed (Inductor's kernels run on the GPU runs).
@@ -36,7 +38,7 @@ from packing_collators.models._compile_layers import graphs_compiled, uncompile_
 dist.init_process_group("gloo")
 rank, checkpointed = dist.get_rank(), sys.argv[2] == "checkpointed"
 model = tiny_model("llama")
-compiled = compile_layers(model, backend="aot_eager")
+compiled = compile_layers(model, backend="aot_eager", checkpoint=sys.argv[2] == "checkpoint_in_graph")
 layers = model.model.layers
 for index in range(len(layers)):
     if checkpointed:
@@ -65,7 +67,7 @@ def _reference():
     return {n: p.grad for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("wrapping", ["checkpointed", "sharded"])
+@pytest.mark.parametrize("wrapping", ["checkpointed", "checkpoint_in_graph", "sharded"])
 def test_compiled_layers_under_fsdp2_give_the_eager_gradients(tmp_path, wrapping):
     worker = WORKER.replace("sys.argv[2]", repr(wrapping)).replace("{steps!r}", repr(STEPS))
     run_two_ranks(worker, tmp_path)
@@ -73,7 +75,7 @@ def test_compiled_layers_under_fsdp2_give_the_eager_gradients(tmp_path, wrapping
     layers = tiny_model("llama").config.num_hidden_layers
     # the compiled forwards survive the wrapping, counted once (not again through the wrapper), and can be undone
     assert result["compiled"] == result["still_compiled"] == result["uncompiled"] == layers
-    expected = "FSDPCheckpointWrapper" if wrapping == "checkpointed" else "FSDPLlamaDecoderLayer"
+    expected = "FSDPCheckpointWrapper" if wrapping == "checkpointed" else "FSDPLlamaDecoderLayer"  # in graph: no wrapper
     assert result["layer"] == expected
     assert result["graphs"] >= 1  # the layers ran compiled, not eager
     for name, grad in _reference().items():

@@ -262,3 +262,28 @@ def test_under_fsdp2_the_layers_compile_and_under_fsdp1_the_reason_is_given(tmp_
     if version == 2:
         assert _compile.compile_trainer_layers(trainer, trainer.model) == ""
         assert compiled_layer_count(trainer.model) == trainer.model.config.num_hidden_layers
+
+
+def test_under_fsdp2_checkpointing_the_layers_checkpoint_inside_their_graphs_not_in_accelerates_wrapper(
+    tmp_path, monkeypatch
+):
+    # fsdp_config activation_checkpointing: the checkpoint compiled into each layer's graph, accelerate's wrapper kept
+    # off while it prepares this model and restored after (its plugin is shared by the process's Trainers)
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from accelerate.utils import DynamoBackend
+
+    trainer = _trainer(tmp_path, option=False)
+    fsdp = SimpleNamespace(activation_checkpointing=True)
+    monkeypatch.setattr(Accelerator, "is_fsdp2", property(lambda self: True))
+    monkeypatch.setattr(trainer.accelerator.state, "fsdp_plugin", fsdp, raising=False)
+    trainer.is_fsdp_enabled = True
+    assert _compile.compile_trainer_layers(trainer, trainer.model) == ""
+    layers = trainer.model.config.num_hidden_layers
+    assert _compile_layers.checkpointed_layers(trainer.model) == layers
+    seen = []
+    spy = lambda *args: seen.append((fsdp.activation_checkpointing, trainer.accelerator.state.dynamo_plugin.backend))  # noqa: E731
+    _compile._uncompiled_call(trainer.accelerator, spy, trainer.model, "optimizer")
+    _compile._uncompiled_call(trainer.accelerator, spy, tiny_model("llama"))  # an eager model: wrapped as before
+    assert seen == [(False, DynamoBackend.NO), (True, DynamoBackend.NO)] and fsdp.activation_checkpointing
