@@ -41,7 +41,10 @@ def run_trainer(args, rank: int, world: int, device: torch.device, build, shape,
     gathered = gather_ranks([run["tokens"], run["seconds"], run["peak_gib"]], world, device)
     wrapped, kind = type(trainer.model_wrapped).__name__, str(trainer.accelerator.distributed_type)
     step_seconds = [None, *(round(b - a, 4) for a, b in zip(clock.ends, clock.ends[1:]))]  # step 1: no start mark
+    from packing_collators.models._compile_layers import checkpointed_layers
+
     compiled = bool(trainer._compile.enabled)  # compile_layers="auto": the layers compiled on a GPU (FSDP2 too)
+    in_graph = checkpointed_layers(trainer.model)  # FSDP2's activation checkpointing inside the layers' graphs
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)  # None policy: MixedPrecisionPolicy(), which
     policy = repr(plugin.mixed_precision_policy) if plugin else None  # reduces in the parameters' dtype
     del trainer, model, clock  # before the process group goes
@@ -54,6 +57,7 @@ def run_trainer(args, rank: int, world: int, device: torch.device, build, shape,
         "name": args.name, "runner": "PackingTrainer", "gpus": world, "replicas": args.replicas,
         "card": torch.cuda.get_device_name(device) if cuda else "cpu", "versions": versions,
         "attention": args.attn, "activation_checkpointing": args.ac, "compile": compiled,
+        "layers_checkpointed_in_graph": in_graph,
         "dtype": str(dtype).removeprefix("torch."),
         "tokens_per_batch": args.tokens_per_batch, "distribution": args.distribution, "steps": args.steps,
         "warmup": args.warmup, "tokens_per_s_per_gpu": rate, "flops_per_token": flops, "mfu": mfu(flops, rate),
