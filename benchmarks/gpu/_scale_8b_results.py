@@ -123,7 +123,7 @@ def build(runs: dict) -> dict:
         row(name, f"{gpus} GPU{'s' * (gpus > 1)}, 2 x 8,192 tokens (one 16,384-token row), "
             f"PackingTrainer ({'accelerate FSDP2' if gpus > 1 else 'no FSDP'}; "
             f"{'layers compiled' if ours[name].get('compile') else 'eager'})", None,
-            f"ours through the Trainer (our loop on the same GPUs: {loop})", 2)  # fmt: skip
+            f"ours through the Trainer (our loop on the same GPUs: {loop if loop in ours else 'not run'})", 2)  # fmt: skip
     card = next((r.get("card") for r in ours.values()), None)
     return {
         "issue": 46,
