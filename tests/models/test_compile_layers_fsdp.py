@@ -31,13 +31,14 @@ import torch.distributed as dist
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.fsdp import fully_shard
 from _tiny_models import random_examples, tiny_model
+from _moes import tiny_moe
 from packing_collators import FlatteningCollator
 from packing_collators.models import compile_layers, compiled_layer_count
 from packing_collators.models._compile_layers import graphs_compiled, uncompile_layers
 
 dist.init_process_group("gloo")
 rank, checkpointed = dist.get_rank(), sys.argv[2] == "checkpointed"
-model = tiny_model("llama")
+model = build()
 compiled = compile_layers(model, backend="aot_eager", checkpoint=sys.argv[2] == "checkpoint_in_graph")
 layers = model.model.layers
 for index in range(len(layers)):
@@ -49,34 +50,44 @@ before = graphs_compiled()
 for step, lengths in enumerate({steps!r}):
     batch = FlatteningCollator()(random_examples(lengths, seed=10 * rank + step))
     (model(**batch).loss / len({steps!r})).backward()
-grads = {{n.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor() for n, p in model.named_parameters()}}
+grads = {{n.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor() for n, p in model.named_parameters()
+         if p.grad is not None}}
 if rank == 0:
     torch.save({{"grads": grads, "compiled": compiled, "still_compiled": compiled_layer_count(model),
                 "layer": type(model.model.layers[0]).__name__, "graphs": graphs_compiled() - before,
-                "uncompiled": uncompile_layers(model)}},
+                "uncompiled": uncompile_layers(model), "layers": len(model.model.layers)}},
                sys.argv[1] + "/rank0.pt")
 """
 
 
-def _reference():
-    model = tiny_model("llama")
+# as checkpoints configure them: the cache on, tied embeddings (Llama 3.2's), 8 experts routed 2 per token
+BUILD = {"llama": 'tiny_model("llama", use_cache=True, tie_word_embeddings=True)', "qwen3_moe": 'tiny_moe("qwen3_moe").train()'}
+
+
+def _reference(arch):
+    from _moes import tiny_moe  # noqa: F401 (BUILD's expressions)
+
+    model = eval(BUILD[arch])
     for rank in range(2):
         for step, lengths in enumerate(STEPS):
             loss = model(**FlatteningCollator()(random_examples(lengths, seed=10 * rank + step))).loss
             (loss / len(STEPS) / 2).backward()  # FSDP averages the ranks' gradients
-    return {n: p.grad for n, p in model.named_parameters()}
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("wrapping", ["checkpointed", "checkpoint_in_graph", "sharded"])
-def test_compiled_layers_under_fsdp2_give_the_eager_gradients(tmp_path, wrapping):
+@pytest.mark.parametrize("arch, wrapping", [("llama", "checkpointed"), ("llama", "checkpoint_in_graph"),
+                                            ("llama", "sharded"), ("qwen3_moe", "checkpoint_in_graph")])  # fmt: skip
+def test_compiled_layers_under_fsdp2_give_the_eager_gradients(tmp_path, arch, wrapping):
     worker = WORKER.replace("sys.argv[2]", repr(wrapping)).replace("{steps!r}", repr(STEPS))
-    run_two_ranks(worker, tmp_path)
+    run_two_ranks(worker.replace("model = build()", f"model = {BUILD[arch]}"), tmp_path)
     result = torch.load(tmp_path / "rank0.pt")
-    layers = tiny_model("llama").config.num_hidden_layers
+    reference = _reference(arch)
     # the compiled forwards survive the wrapping, counted once (not again through the wrapper), and can be undone
-    assert result["compiled"] == result["still_compiled"] == result["uncompiled"] == layers
-    expected = "FSDPCheckpointWrapper" if wrapping == "checkpointed" else "FSDPLlamaDecoderLayer"  # in graph: no wrapper
+    assert result["compiled"] == result["still_compiled"] == result["uncompiled"] == result["layers"] >= 2
+    layer = {"llama": "LlamaDecoderLayer", "qwen3_moe": "Qwen3MoeDecoderLayer"}[arch]
+    expected = "FSDPCheckpointWrapper" if wrapping == "checkpointed" else f"FSDP{layer}"  # in graph: no wrapper
     assert result["layer"] == expected
     assert result["graphs"] >= 1  # the layers ran compiled, not eager
-    for name, grad in _reference().items():
+    assert result["grads"].keys() == reference.keys()
+    for name, grad in reference.items():
         torch.testing.assert_close(result["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
