@@ -94,7 +94,7 @@ def _compiled_forward(cls: type, options: tuple, checkpoint: bool = False):
         def forward(self, *args, **kwargs):
             return torch.utils.checkpoint.checkpoint(cls.forward, self, *args, use_reentrant=False, **kwargs)
 
-    return torch.compile(forward, dynamic=True, **dict(options))
+    return torch.compile(forward, **{"dynamic": True, **dict(options)})
 
 
 def compile_layers(model, *, backend: str | None = None, mode: str | None = None, checkpoint: bool = False) -> int:
