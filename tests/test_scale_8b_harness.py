@@ -344,3 +344,11 @@ def test_a_profiled_timed_step_and_a_negative_prefetch_are_refused(option, messa
     code, stdout, stderr = preloaded_run([str(SCRIPT), "--smoke", "--warmup", "1", "--out", str(tmp_path), *option],
                                          env=env, timeout=120)  # fmt: skip
     assert code != 0 and message in stdout + stderr
+
+
+def test_only_runs_the_named_steps_in_the_order_named(tmp_path):
+    # a device call names what matters first: the deadline skips the last ones, not the first (a call once ran its
+    # second-named Trainer run first, in the plan's order, and the deadline skipped the one it was for)
+    runs = plan.run_plan(tmp_path, 120, smoke=True, only=["titan030_import", "env"])
+    assert [name for name in runs if name != "commit"] == ["titan030_import", "env"]
+    assert all(runs[name]["status"] == "ok" for name in ("titan030_import", "env"))

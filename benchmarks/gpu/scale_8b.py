@@ -390,7 +390,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--plan", action="store_true", help="run the device plan (_scale_8b_plan.py) into --out")
     add("--deadline-s", type=float, default=510, help="--plan: start no step that cannot end by then")
     add("--fa4-disk-cache", action="store_true", help="--plan: FA4's on-disk kernel cache, shared by our runs")
-    add("--only", help="--plan: the steps to run, by name, comma-separated (default: all, in order)")
+    add("--only", help="--plan: the steps to run, by name, comma-separated, in that order (default: all, the plan's)")
     add("--report", type=Path, help="rebuild results.json and report.md from the runs in this folder")
     args = parser.parse_args(argv)
     if args.smoke:
