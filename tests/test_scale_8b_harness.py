@@ -352,3 +352,25 @@ def test_only_runs_the_named_steps_in_the_order_named(tmp_path):
     runs = plan.run_plan(tmp_path, 120, smoke=True, only=["titan030_import", "env"])
     assert [name for name in runs if name != "commit"] == ["titan030_import", "env"]
     assert all(runs[name]["status"] == "ok" for name in ("titan030_import", "env"))
+
+
+def test_the_compiled_scaling_at_four_gpus_is_against_the_compiled_replay():
+    def ours(gpus, rate, seconds):
+        return {"status": "ok", "gpus": gpus, "tokens_per_s_per_gpu": rate, "warmup": 1, "steps": 2, "compile": True,
+                "step_seconds": seconds, "mfu": 0.5, "peak_allocated_gib_per_gpu": [30.0], "loss": [12.0, 11.0]}
+
+    runs = {"ours_1_compile_lb2": ours(1, 10000.0, [9.0, 8.0, 8.0]),
+            "ours_4_keep_bf16_reduce_compile_lb2": ours(4, 9600.0, [5.0, 2.1, 2.1, 2.0]),
+            "ours_4_lb2": {**ours(4, 7600.0, [5.0, 2.5, 2.5]), "compile": False}}  # fmt: skip
+    results = results_of.build(runs)
+    compiled = results["scaling_local_batch_2_compiled"]
+    assert compiled["base"] == "ours_1_compile_lb2" and "ours_4_lb2" not in compiled["runs"]
+    assert compiled["same_steps_efficiency"]["ours_4_keep_bf16_reduce_compile_lb2"] == pytest.approx(16.0 / (4 * 4.2))
+    assert results["scaling_local_batch_2"]["base"] == "ours_4_lb2"  # the eager runs keep their own base
+    settings = [r["setting"] for r in results["rows"]]
+    assert any("torch.compile per layer, gathered parameters kept" in s for s in settings)
+    # a row of ours beside a torchtitan run shown elsewhere appears only where ours ran
+    steps = [{"tps": 7800.0, "mfu_pct": 45.0, "memory_gib": 60.0, "loss": 12.0} for _ in range(15)]
+    titan = {"status": "ok", "flavor": "8B_varlen", "steps": steps, "data": {"documents": [100] * 82}}
+    rows = results_of.build({"titan_varlen_4_keep_lb2": titan})["rows"]
+    assert [r["ours"] for r in rows] == [None] and "bf16" not in rows[0]["setting"]  # torchtitan's own row, once

@@ -188,6 +188,10 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
         ours("ours_2_r2_lb2_keep_bf16_reduce_compile", half, 8, 2, "--reshard-after-forward", "never",
              "--reduce-dtype", "bfloat16", "--compile", "--profile-step", "2", expected=110, timeout=220, batch=2,
              replicas=half),
+        # compiled at 4 GPUs, local batch 2: both FSDP2 options (0.955 on 2 GPUs, compiled) against the compiled replay
+        ours("ours_4_keep_bf16_reduce_compile_lb2", big, 12, 3, "--reshard-after-forward", "never", "--reduce-dtype",
+             "bfloat16", "--compile", expected=170, timeout=260, batch=2),
+        ours("ours_1_compile_lb2", 1, 3, 1, "--compile", expected=150, timeout=260, batch=2),
         # local batch 4: two 16,384-token micro-batches per GPU, gradients reduced once a step
         ours("ours_4_keep_lb4", big, 8, 2, "--reshard-after-forward", "never", expected=130, timeout=240, batch=4),
         ours("ours_1_lb4", 1, 3, 1, expected=150, timeout=240, batch=4),

@@ -74,10 +74,10 @@ def build(runs: dict) -> dict:
     ours = {name: run for name, run in ok.items() if "tokens_per_s_per_gpu" in run}
     rows = []
 
-    def row(name: str, setting: str, titan_name: str | None, comparison: str, local_batch: int) -> None:
-        run = ours.get(name)
+    def row(name: str, setting: str, titan_name: str | None, comparison: str, local_batch: int, mine: bool = False) -> None:
+        run = ours.get(name)  # mine: a row of ours beside a torchtitan run another row shows, so only where ours ran
         theirs = titans.get(titan_name) if titan_name else None
-        if run is None and theirs is None:
+        if (run is None and theirs is None) or (mine and run is None):
             return
         ours_rate = run["tokens_per_s_per_gpu"] if run else None
         their_rate = theirs["tokens_per_s_per_gpu"] if theirs else None
@@ -108,15 +108,22 @@ def build(runs: dict) -> dict:
         row(f"ours_4_keep{s}", f"4 GPUs, {tokens}, eager, gathered parameters kept from forward to backward "
             "(reshard_after_forward never, both sides)", f"titan_varlen_4_keep{s}", same, lb)  # fmt: skip
         row(f"ours_4_keep_bf16_reduce{s}", f"4 GPUs, {tokens}, eager, gathered parameters kept, gradients reduced in "
-            "bf16 (torchtitan's: float32, its only choice)", f"titan_varlen_4_keep{s}", same, lb)  # fmt: skip
+            "bf16 (torchtitan's: float32, its only choice)", f"titan_varlen_4_keep{s}", same, lb, mine=True)  # fmt: skip
+        row(f"ours_4_keep_bf16_reduce_compile{s}", f"4 GPUs, {tokens}, torch.compile per layer, gathered parameters "
+            "kept, gradients reduced in bf16 (torchtitan's: float32)", f"titan_varlen_4_compile{s}", same, lb,
+            mine=True)  # fmt: skip
         row(f"ours_trainer_4{s}", f"4 GPUs, {tokens}, PackingTrainer (accelerate FSDP2: gradients reduced in bf16), "
-            "eager", None, "ours through the Trainer", lb)  # fmt: skip
+            f"{'layers compiled' if ours.get(f'ours_trainer_4{s}', {}).get('compile') else 'eager'}", None,
+            "ours through the Trainer", lb)  # fmt: skip
         row(f"ours_2{s}", f"2 GPUs, {tokens} ({_ranks(ours, f'ours_2{s}')})", None, f"scaling; replay of ours_4{s}", lb)
         row(f"ours_2_keep{s}", f"2 GPUs, {tokens}, as above, reshard_after_forward never", None,
             f"scaling; replay of ours_4{s}", lb)  # fmt: skip
         row(f"ours_1{s}", f"1 GPU, {tokens} ({_ranks(ours, f'ours_1{s}')}), no FSDP", None,
             f"scaling; replay of ours_4{s}", lb)  # fmt: skip
+        row(f"ours_1_compile{s}", f"1 GPU, {tokens}, torch.compile per layer, no FSDP", None,
+            f"scaling; replay of ours_4_compile{s}", lb)  # fmt: skip
         out["scaling"][s] = _scaling(ours, runs, s)
+        out["scaling"][f"_compile{s}"] = _scaling(ours, runs, s, "_compile")
         out["losses"].update(_losses(ours, s))
     for name, loop in _trainer_loops(ours).items():
         gpus = ours[name]["gpus"]
@@ -136,6 +143,7 @@ def build(runs: dict) -> dict:
         "rows": rows,
         "scaling": out["scaling"][""],
         "scaling_local_batch_2": out["scaling"]["_lb2"],
+        "scaling_local_batch_2_compiled": out["scaling"]["_compile_lb2"],
         "scaling_local_batch_4": out["scaling"]["_lb4"],
         "loss_vs_replay": out["losses"],
         "two_gpus_local_batch_2": two_gpus(ours),
@@ -151,12 +159,23 @@ def _ranks(ours: dict, name: str) -> str:
     return f"{ranks} sampler ranks: {each} micro-batches per step"
 
 
-def _scaling(ours: dict, runs: dict, suffix: str) -> dict:
+def _scaling(ours: dict, runs: dict, suffix: str, compiled: str = "") -> dict:
     """Tokens/s per GPU at 1, 2 and 4 GPUs (one local batch), and each against the fewest GPUs that ran: over each
     run's own timed steps (``per_gpu_efficiency``), and over the same steps (``same_steps_efficiency``, the fair one:
-    a replay trains the same micro-batches at step k, whose attention costs differ from step to step)."""
-    names = [f"{n}{suffix}" for n in ("ours_1", "ours_2", "ours_2_keep", "ours_4", "ours_4_keep",
-                                       "ours_4_keep_bf16_reduce", "ours_trainer_4")]  # fmt: skip
+    a replay trains the same micro-batches at step k, whose attention costs differ from step to step).
+    ``compiled="_compile"``: the compiled runs against the compiled replay (the Trainer compiles by default).
+
+    >>> run = lambda gpus, rate: {"gpus": gpus, "tokens_per_s_per_gpu": rate}
+    >>> out = _scaling({"ours_1_compile_lb2": run(1, 100.0), "ours_4_compile_lb2": run(4, 95.0),
+    ...                 "ours_4_lb2": run(4, 80.0)}, {}, "_lb2", "_compile")
+    >>> out["base"], out["per_gpu_efficiency"]
+    ('ours_1_compile_lb2', {'ours_1_compile_lb2': 1.0, 'ours_4_compile_lb2': 0.95})
+    """
+    names = [f"{n}{compiled}{suffix}" for n in ("ours_1", "ours_2", "ours_2_keep", "ours_4", "ours_4_keep",
+                                                 "ours_4_keep_bf16_reduce")]  # fmt: skip
+    trainer = f"ours_trainer_4{suffix}"
+    if bool(ours.get(trainer, {}).get("compile")) == bool(compiled):  # beside the replay compiled as it was
+        names.append(trainer)
     per_gpu = {n: {"gpus": ours[n]["gpus"], "tokens_per_s_per_gpu": ours[n]["tokens_per_s_per_gpu"],
                    "step_token_imbalance": ours[n].get("step_token_imbalance")}
                for n in names if n in ours}  # fmt: skip
@@ -169,7 +188,7 @@ def _scaling(ours: dict, runs: dict, suffix: str) -> dict:
         if base
         else {},
         "same_steps_efficiency": {n: same_steps_efficiency(ours[base_name], ours[n]) for n in per_gpu} if base else {},
-        "one_gpu": runs.get(f"ours_1{suffix}", {}).get("status", "not run"),
+        "one_gpu": runs.get(f"ours_1{compiled}{suffix}", {}).get("status", "not run"),
     }
 
 
@@ -326,7 +345,8 @@ def markdown(results: dict) -> str:
             f"{r['comparison']} |"
         )
     lines.append("")
-    for key, label in (("scaling", "1"), ("scaling_local_batch_2", "2"), ("scaling_local_batch_4", "4")):
+    for key, label in (("scaling", "1"), ("scaling_local_batch_2", "2"), ("scaling_local_batch_4", "4"),
+                       ("scaling_local_batch_2_compiled", "2, compiled")):
         scaling = results.get(key)
         if not scaling or not scaling["runs"]:
             continue
