@@ -237,9 +237,15 @@ class CompileWarmUp(TrainerCallback):
             loss.backward()
 
         model.train()
-        self.report.seconds, self.report.graphs = warm_up_compiled(
-            step, self.collator, self.report.buckets, vocab=vocab
-        )
+        try:
+            self.report.seconds, self.report.graphs = warm_up_compiled(
+                step, self.collator, self.report.buckets, vocab=vocab
+            )
+        except Exception as error:  # the first compiled step: where a model the tried step never ran fails
+            raise RuntimeError(  # (under FSDP the model sat off the GPU at construction, untried)
+                f"PackingTrainer: the compiled model failed its warm-up before the first step ({type(error).__name__}: "
+                f"{' '.join(str(error).split())[:300]}). Pass compile_layers=False (and torch_compile=False) to train eager."
+            ) from error
         model.zero_grad(set_to_none=True)
 
     def on_step_begin(self, args, state, control, **kwargs):

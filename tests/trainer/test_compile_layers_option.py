@@ -287,3 +287,21 @@ def test_under_fsdp2_checkpointing_the_layers_checkpoint_inside_their_graphs_not
     _compile._uncompiled_call(trainer.accelerator, spy, trainer.model, "optimizer")
     _compile._uncompiled_call(trainer.accelerator, spy, tiny_model("llama"))  # an eager model: wrapped as before
     assert seen == [(False, DynamoBackend.NO), (True, DynamoBackend.NO)] and fsdp.activation_checkpointing
+
+
+@pytest.mark.slow
+def test_a_model_failing_its_compiled_warm_up_is_refused_with_the_fix(tmp_path, monkeypatch):
+    # under FSDP the model sits off the GPU at construction, where no compiled step is tried: a compile failure
+    # shows in the warm-up before the first step, which names the way to train eager
+    def fails(graph, example_inputs):  # a Dynamo backend that cannot compile this model's layers
+        raise RuntimeError("this backend compiles nothing")
+
+    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
+    monkeypatch.setattr(_compile_layers, "compiled_step_failure", lambda model, autocast=None: "")  # untried
+    trainer = _trainer(tmp_path)
+    assert trainer._compile.enabled and _compile_layers.uncompile_layers(trainer.model)
+    _compile_layers.compile_layers(trainer.model, backend=fails)
+    with pytest.raises(RuntimeError, match=r"failed its warm-up before the first step .*this backend compiles "
+                                           r"nothing.*compile_layers=False"):  # fmt: skip
+        trainer.train()
+    assert trainer.state.global_step == 0
