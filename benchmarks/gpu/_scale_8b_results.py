@@ -246,13 +246,22 @@ def two_gpus(ours: dict) -> dict:
     bases = sorted({run["base"] for run in runs.values() if run["base"]})
     rate = lambda name: ours[name]["tokens_per_s_per_gpu"]  # noqa: E731
     return {
-        "base": bases[0] if len(bases) == 1 else (bases or None),
+        "bases": bases,
         "base_profile": {name: ours[name].get("profile") for name in bases},
         "runs": runs,
         "trainer_vs_loop": {name: rate(name) / rate(loop) for name, loop in _trainer_loops(ours).items() if loop in ours},
         "trainer_compiled_vs_eager": {name: rate(name) / rate(eager) for name in ours if name.startswith(
-            "ours_trainer_2_lb2_compile") and (eager := name.replace("_compile", "_eager")) in ours},  # fmt: skip
+            "ours_trainer_2_lb2_compile") and (eager := _same_machine(name, "ours_trainer_2_lb2_eager")) in ours},
     }
+
+
+def _same_machine(name: str, other: str) -> str:
+    """``other`` as it is named in ``name``'s folder (``<name>@<folder>``: merge_folders).
+
+    >>> _same_machine("ours_trainer_2_lb2_compile_static@c", "ours_trainer_2_lb2_eager")
+    'ours_trainer_2_lb2_eager@c'
+    """
+    return other + name[len(name.partition("@")[0]) :]
 
 
 def _replay_of(ours: dict, name: str) -> str:
@@ -264,7 +273,7 @@ def _replay_of(ours: dict, name: str) -> str:
     ('ours_1_r2_lb2_compile@c', 'ours_1_r2_lb2')
     """
     base = "ours_1_r2_lb2" + "_compile" * bool(ours.get(name, {}).get("compile"))
-    own = base + name[len(name.partition("@")[0]) :]
+    own = _same_machine(name, base)
     return own if own in ours else base
 
 
@@ -287,7 +296,8 @@ def _trainer_loops(ours: dict) -> dict:
     {'ours_trainer_2_lb2@b': 'ours_2_r2_lb2@b', 'ours_trainer_1_lb2': 'ours_1_r1_lb2', 'ours_trainer_2_lb2_compile@c': 'ours_2_r2_lb2_compile@c'}
     """
     loops = {"ours_trainer_2_lb2": "ours_2_r2_lb2", "ours_trainer_2_lb2_eager": "ours_2_r2_lb2",
-             "ours_trainer_2_lb2_compile": "ours_2_r2_lb2_compile", "ours_trainer_1_lb2": "ours_1_r1_lb2"}
+             "ours_trainer_2_lb2_compile": "ours_2_r2_lb2_compile", "ours_trainer_2_lb2_compile_static":
+             "ours_2_r2_lb2_compile", "ours_trainer_1_lb2": "ours_1_r1_lb2"}  # fmt: skip
     out = {}
     for name in ours:
         base, at, machine = name.partition("@")

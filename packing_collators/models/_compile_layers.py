@@ -87,12 +87,13 @@ def _compiled_forward(cls: type, options: tuple, checkpoint: bool = False):
     ``checkpoint``: the forward under ``torch.utils.checkpoint`` (non-reentrant, RNG state kept) inside the graph."""
     import torch
 
-    forward = cls.forward
-    if checkpoint:
-
-        @functools.wraps(cls.forward)
-        def forward(self, *args, **kwargs):
-            return torch.utils.checkpoint.checkpoint(cls.forward, self, *args, use_reentrant=False, **kwargs)
+    @functools.wraps(cls.forward)  # the class's signature and source, for whoever inspects the layer's forward
+    def forward(self, *args, **kwargs):
+        # the class's forward looked up at the call: FSDP2 swaps a layer's class for a subclass, and transformers'
+        # checkpointing (5.24: in the class's forward) checkpoints only in the outermost class's forward
+        if checkpoint:
+            return torch.utils.checkpoint.checkpoint(type(self).forward, self, *args, use_reentrant=False, **kwargs)
+        return type(self).forward(self, *args, **kwargs)
 
     return torch.compile(forward, **{"dynamic": True, **dict(options)})
 

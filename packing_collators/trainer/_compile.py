@@ -278,10 +278,29 @@ def compile_trainer_layers(trainer, model, *, only_check: bool = False) -> str:
     if (why := layer_compile_blocker(model, mode=args.torch_compile_mode)) or only_check:
         return why
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None) if trainer.is_fsdp_enabled else None
-    checkpoint = bool(getattr(plugin, "activation_checkpointing", False))  # FSDP2's: taken into the layers' graphs
+    checkpoint = _takes_over_checkpointing(plugin, model)  # FSDP2's: into the layers' graphs
     compile_layers(model, backend=args.torch_compile_backend, mode=args.torch_compile_mode, checkpoint=checkpoint)
     _prepare_uncompiled(trainer.accelerator)
     return ""
+
+
+def _takes_over_checkpointing(fsdp, model) -> bool:
+    """Whether the FSDP plugin's ``activation_checkpointing`` can move into ``model``'s compiled layers' graphs: it is
+    on, not offloaded to the CPU (accelerate's ``save_on_cpu`` wrapper goes with its checkpoint wrapper), and every
+    module accelerate would wrap for it is one of the repeated layers (a size-based policy may wrap others)."""
+    if not getattr(fsdp, "activation_checkpointing", False) or getattr(fsdp, "activation_checkpointing_offload", False):
+        return False
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+
+    from ..models._compile_layers import repeated_layers
+
+    try:
+        policy = fsdp2_prepare_auto_wrap_policy(fsdp, model)
+    except ValueError:  # a class name the model does not have: accelerate says so when it prepares
+        return False
+    layers = {id(layer) for layer in repeated_layers(model)}
+    wrapped = [module for module in model.modules() if module is not model and policy is not None and policy(module)]
+    return bool(wrapped) and all(id(module) in layers for module in wrapped)
 
 
 def _agreed(why: str, device) -> str:
@@ -314,13 +333,13 @@ def _uncompiled_call(accelerator, original, *args, **kwargs):
     import torch
     from accelerate.utils import DynamoBackend
 
-    from ..models._compile_layers import checkpointed_layers
+    from ..models._compile_layers import checkpointed_layers, repeated_layers
 
     plugin, fsdp = accelerator.state.dynamo_plugin, getattr(accelerator.state, "fsdp_plugin", None)
     backend, checkpointing = plugin.backend, getattr(fsdp, "activation_checkpointing", False)
     models = [a for a in [*args, *kwargs.values()] if isinstance(a, torch.nn.Module)]
     plugin.backend = DynamoBackend.NO
-    if checkpointing and any(checkpointed_layers(model) for model in models):
+    if any(_takes_over_checkpointing(fsdp, m) and checkpointed_layers(m) == len(repeated_layers(m)) for m in models):
         fsdp.activation_checkpointing = False
     try:
         return original(*args, **kwargs)

@@ -264,29 +264,34 @@ def test_under_fsdp2_the_layers_compile_and_under_fsdp1_the_reason_is_given(tmp_
         assert compiled_layer_count(trainer.model) == trainer.model.config.num_hidden_layers
 
 
-def test_under_fsdp2_checkpointing_the_layers_checkpoint_inside_their_graphs_not_in_accelerates_wrapper(
-    tmp_path, monkeypatch
+@pytest.mark.parametrize("plugin, in_graph", [
+    (dict(auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["LlamaDecoderLayer"]), True),
+    (dict(auto_wrap_policy="transformer_based_wrap"), True),  # the model's _no_split_modules: its decoder layers
+    (dict(auto_wrap_policy="transformer_based_wrap", activation_checkpointing_offload=True), False),  # save_on_cpu
+    (dict(auto_wrap_policy="size_based_wrap", min_num_params=10), False),  # wraps more than the layers
+])  # fmt: skip
+def test_under_fsdp2_checkpointing_moves_into_the_layers_graphs_where_accelerate_would_wrap_only_them(
+    tmp_path, monkeypatch, plugin, in_graph
 ):
     # fsdp_config activation_checkpointing: the checkpoint compiled into each layer's graph, accelerate's wrapper kept
-    # off while it prepares this model and restored after (its plugin is shared by the process's Trainers)
-    from types import SimpleNamespace
-
+    # off while it prepares this model and restored after (its plugin is shared by the process's Trainers); where
+    # accelerate would wrap other modules too, or offload what it saves, its own wrapper stays (around the layers)
     from accelerate import Accelerator
-    from accelerate.utils import DynamoBackend
+    from accelerate.utils import DynamoBackend, FullyShardedDataParallelPlugin
 
     trainer = _trainer(tmp_path, option=False)
-    fsdp = SimpleNamespace(activation_checkpointing=True)
+    fsdp = FullyShardedDataParallelPlugin(fsdp_version=2, activation_checkpointing=True, **plugin)
     monkeypatch.setattr(Accelerator, "is_fsdp2", property(lambda self: True))
     monkeypatch.setattr(trainer.accelerator.state, "fsdp_plugin", fsdp, raising=False)
     trainer.is_fsdp_enabled = True
     assert _compile.compile_trainer_layers(trainer, trainer.model) == ""
     layers = trainer.model.config.num_hidden_layers
-    assert _compile_layers.checkpointed_layers(trainer.model) == layers
+    assert _compile_layers.checkpointed_layers(trainer.model) == layers * in_graph
     seen = []
     spy = lambda *args: seen.append((fsdp.activation_checkpointing, trainer.accelerator.state.dynamo_plugin.backend))  # noqa: E731
     _compile._uncompiled_call(trainer.accelerator, spy, trainer.model, "optimizer")
     _compile._uncompiled_call(trainer.accelerator, spy, tiny_model("llama"))  # an eager model: wrapped as before
-    assert seen == [(False, DynamoBackend.NO), (True, DynamoBackend.NO)] and fsdp.activation_checkpointing
+    assert seen == [(not in_graph, DynamoBackend.NO), (True, DynamoBackend.NO)] and fsdp.activation_checkpointing
 
 
 @pytest.mark.slow
