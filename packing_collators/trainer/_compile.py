@@ -211,6 +211,12 @@ class CompileWarmUp(TrainerCallback):
         logger.warning("PackingTrainer: the decoder layers are compiled in place (compile_layers=%r; every graph "
                        "compiles before the first step; compile_layers=False trains eager).", self.option)  # fmt: skip
 
+    def accelerator_made(self) -> None:
+        """The trainer's accelerator made anew (a hyperparameter trial): prepared as the first one was, where the
+        layers are compiled."""
+        if self.whole_model == "":
+            _prepare_uncompiled(self.trainer.accelerator)
+
     def probe_collator(self):
         """The live probe's collator with the layers compiled (dynamic shapes): the one before bucket padding."""
         return self.trainer.data_collator if self.whole_model == "" else None

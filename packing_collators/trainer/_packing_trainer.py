@@ -404,6 +404,14 @@ class PackingTrainer(Trainer):
             self._compile.compile_layers(model)
         return model
 
+    def create_accelerator_and_postprocess(self):
+        """The stock accelerator; one made anew (a hyperparameter trial's, after ``model_init``) prepares the
+        compiled layers as the first one did (``_compile.py``: no whole-model compile, FSDP2's checkpoint kept in
+        the layers' graphs)."""
+        super().create_accelerator_and_postprocess()
+        if getattr(self, "_compile", None) is not None:  # set after __init__'s own call
+            self._compile.accelerator_made()
+
     def predict(self, test_dataset, ignore_keys=None, metric_key_prefix="test"):
         """Per-example predictions in dataset order: sequential batches (never multipack), flat rows split."""
         eval_packing, self.eval_packing = self.eval_packing, "off"

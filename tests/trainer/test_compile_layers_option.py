@@ -310,3 +310,24 @@ def test_a_model_failing_its_compiled_warm_up_is_refused_with_the_fix(tmp_path, 
                                            r"nothing.*compile_layers=False"):  # fmt: skip
         trainer.train()
     assert trainer.state.global_step == 0
+
+
+def test_an_accelerator_made_anew_prepares_the_compiled_layers_as_the_first(tmp_path, monkeypatch):
+    # a hyperparameter trial makes a new accelerator after model_init compiled the layers: it must not compile the
+    # whole model over them (nor wrap FSDP2's checkpoint around them), as the first one was kept from doing
+    from accelerate import Accelerator
+    from accelerate.utils import DynamoBackend
+
+    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
+    trainer = _trainer(tmp_path, steps=1)
+    first, seen = trainer.accelerator, []
+    monkeypatch.setattr(Accelerator, "prepare_model",
+                        lambda self, model, *a, **k: seen.append(self.state.dynamo_plugin.backend) or model)
+    trainer.create_accelerator_and_postprocess()
+    assert trainer.accelerator is not first and trainer._compile.whole_model == ""
+    trainer.accelerator.state.dynamo_plugin.backend = DynamoBackend.INDUCTOR  # torch_compile=True's
+    try:
+        trainer.accelerator.prepare_model(trainer.model)
+    finally:
+        trainer.accelerator.state.dynamo_plugin.backend = DynamoBackend.NO
+    assert hasattr(trainer.accelerator, "_packing_prepare") and seen == [DynamoBackend.NO]
