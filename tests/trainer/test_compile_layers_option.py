@@ -280,7 +280,10 @@ def test_under_fsdp2_checkpointing_moves_into_the_layers_graphs_where_accelerate
     from accelerate.utils import DynamoBackend, FullyShardedDataParallelPlugin
 
     trainer = _trainer(tmp_path, option=False)
+X
     fsdp = FullyShardedDataParallelPlugin(fsdp_version=2, activation_checkpointing=True, **plugin)
+    if offload is not None:
+        fsdp.activation_checkpointing_offload = offload
     monkeypatch.setattr(Accelerator, "is_fsdp2", property(lambda self: True))
     monkeypatch.setattr(trainer.accelerator.state, "fsdp_plugin", fsdp, raising=False)
     trainer.is_fsdp_enabled = True
