@@ -280,7 +280,8 @@ def test_under_fsdp2_checkpointing_moves_into_the_layers_graphs_where_accelerate
     from accelerate.utils import DynamoBackend, FullyShardedDataParallelPlugin
 
     trainer = _trainer(tmp_path, option=False)
-X
+    plugin = dict(plugin)
+    offload = plugin.pop("activation_checkpointing_offload", None)  # accelerate 1.15's option (1.14 has none)
     fsdp = FullyShardedDataParallelPlugin(fsdp_version=2, activation_checkpointing=True, **plugin)
     if offload is not None:
         fsdp.activation_checkpointing_offload = offload
