@@ -184,7 +184,6 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
              batch=2, replicas=half),
         trainer("ours_trainer_2_lb2_compile", half, 8, 2, 2, "--compile-layers", "auto"),
         trainer("ours_trainer_2_lb2_eager", half, 8, 2, 2, "--compile-layers", "false"),
-        trainer("ours_trainer_2_lb2_compile_static", half, 8, 2, 2, "--compile-layers", "auto", "--static-rows"),
         ours("ours_2_r2_lb2_keep_bf16_reduce_compile", half, 8, 2, "--reshard-after-forward", "never",
              "--reduce-dtype", "bfloat16", "--compile", "--profile-step", "2", expected=110, timeout=220, batch=2,
              replicas=half),

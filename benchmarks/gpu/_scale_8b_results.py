@@ -258,7 +258,7 @@ def two_gpus(ours: dict) -> dict:
 def _same_machine(name: str, other: str) -> str:
     """``other`` as it is named in ``name``'s folder (``<name>@<folder>``: merge_folders).
 
-    >>> _same_machine("ours_trainer_2_lb2_compile_static@c", "ours_trainer_2_lb2_eager")
+    >>> _same_machine("ours_trainer_2_lb2_compile@c", "ours_trainer_2_lb2_eager")
     'ours_trainer_2_lb2_eager@c'
     """
     return other + name[len(name.partition("@")[0]) :]
@@ -296,8 +296,7 @@ def _trainer_loops(ours: dict) -> dict:
     {'ours_trainer_2_lb2@b': 'ours_2_r2_lb2@b', 'ours_trainer_1_lb2': 'ours_1_r1_lb2', 'ours_trainer_2_lb2_compile@c': 'ours_2_r2_lb2_compile@c'}
     """
     loops = {"ours_trainer_2_lb2": "ours_2_r2_lb2", "ours_trainer_2_lb2_eager": "ours_2_r2_lb2",
-             "ours_trainer_2_lb2_compile": "ours_2_r2_lb2_compile", "ours_trainer_2_lb2_compile_static":
-             "ours_2_r2_lb2_compile", "ours_trainer_1_lb2": "ours_1_r1_lb2"}  # fmt: skip
+             "ours_trainer_2_lb2_compile": "ours_2_r2_lb2_compile", "ours_trainer_1_lb2": "ours_1_r1_lb2"}
     out = {}
     for name in ours:
         base, at, machine = name.partition("@")

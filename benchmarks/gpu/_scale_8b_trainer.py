@@ -24,14 +24,6 @@ def run_trainer(args, rank: int, world: int, device: torch.device, build, shape,
     cuda, dtype = device.type == "cuda", torch.bfloat16 if device.type == "cuda" else torch.float32
     lengths, docs = documents(args.distribution, args.examples, args.max_length, shape.vocab, args.seed)
     model = build()
-    if args.static_rows:  # the experiment: compile_layers' graphs with the row length static (the buckets fix it)
-        import functools
-
-        from packing_collators.models import _compile_layers
-
-        compiled = _compile_layers._compiled_forward.__wrapped__
-        _compile_layers._compiled_forward = functools.lru_cache(maxsize=None)(
-            lambda cls, options, checkpoint=False: compiled(cls, (*options, ("dynamic", False)), checkpoint))
     fsdp = {}
     if world > 1:
         fsdp = {"fsdp": "full_shard auto_wrap", "fsdp_config": {

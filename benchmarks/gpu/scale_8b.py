@@ -375,8 +375,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--compile-backend", default="inductor")
     add("--compile-layers", choices=("auto", "true", "false"), default="auto",
         help="--runner trainer: PackingTrainer's compile_layers (auto: compiled on a GPU, under FSDP2 too)")
-    add("--static-rows", action="store_true", help="--runner trainer: the layers traced with the row length static "
-        "(dynamic=False; the packing sizes still symbolic), an experiment against compile_layers' dynamic=True")
     add("--reshard-after-forward", choices=("always", "never"), default="always",
         help="FSDP2 for the embeddings and layers (torchtitan's fsdp_reshard_after_forward): never keeps each layer's "
              "gathered bf16 parameters from its forward to its backward (+16 GB at 8B), one all-gather a step fewer")

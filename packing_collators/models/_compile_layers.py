@@ -83,8 +83,9 @@ def _marked(module) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _compiled_forward(cls: type, options: tuple, checkpoint: bool = False):
-    """One compiled ``cls.forward`` per class and options: every layer of the class shares its graphs;
-    ``checkpoint``: the forward under ``torch.utils.checkpoint`` (non-reentrant, RNG state kept) inside the graph."""
+    """One compiled forward per class and options, every layer of the class sharing its graphs: it calls the layer's
+    class's forward as the class is at the call; ``checkpoint``: under ``torch.utils.checkpoint`` (non-reentrant,
+    RNG state kept) inside the graph."""
     import torch
 
     @functools.wraps(cls.forward)  # the class's signature and source, for whoever inspects the layer's forward
@@ -95,7 +96,7 @@ def _compiled_forward(cls: type, options: tuple, checkpoint: bool = False):
             return torch.utils.checkpoint.checkpoint(type(self).forward, self, *args, use_reentrant=False, **kwargs)
         return type(self).forward(self, *args, **kwargs)
 
-    return torch.compile(forward, **{"dynamic": True, **dict(options)})
+    return torch.compile(forward, dynamic=True, **dict(options))
 
 
 def compile_layers(model, *, backend: str | None = None, mode: str | None = None, checkpoint: bool = False) -> int:
@@ -105,7 +106,7 @@ def compile_layers(model, *, backend: str | None = None, mode: str | None = None
     non-reentrant, the RNG state kept for the recompute), as ``torch.compile`` of a checkpointed layer traces it:
     the compiler plans the recompute with the backward. Use it instead of a checkpoint around the compiled
     forward (accelerate's FSDP ``activation_checkpointing`` wrapper, transformers' checkpointing before 5.24,
-    which checkpoints in the layer's call), which runs the compiled forward twice as it stands.
+    which checkpoints in the layer's call), which trains slower (docs/benchmarks.md, 8B under FSDP2).
 
     Layers compiled before are left as they are. The model's parameters, state dict and hooks are
     unchanged; each layer's ``forward`` becomes its class's compiled forward bound to it, traced with
