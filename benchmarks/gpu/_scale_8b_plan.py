@@ -183,6 +183,12 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
         ours("ours_2_r2_lb2_compile", half, 8, 2, "--compile", "--profile-step", "2", expected=110, timeout=220,
              batch=2, replicas=half),
         trainer("ours_trainer_2_lb2_compile", half, 8, 2, 2, "--compile-layers", "auto"),
+        # what separates the compiled Trainer from our compiled loop: the loop with the row length symbolic, then
+        # compiled as the Trainer compiles (each layer's forward, the checkpoint in its graph, dynamic shapes)
+        ours("ours_2_r2_lb2_compile_dynamic", half, 8, 2, "--compile", "--compile-as", "module_dynamic", "--profile-step",
+             "2", expected=110, timeout=220, batch=2, replicas=half),
+        ours("ours_2_r2_lb2_compile_layers", half, 8, 2, "--compile", "--compile-as", "layers", "--profile-step", "2",
+             expected=110, timeout=220, batch=2, replicas=half),
         trainer("ours_trainer_2_lb2_eager", half, 8, 2, 2, "--compile-layers", "false"),
         ours("ours_2_r2_lb2_keep_bf16_reduce_compile", half, 8, 2, "--reshard-after-forward", "never",
              "--reduce-dtype", "bfloat16", "--compile", "--profile-step", "2", expected=110, timeout=220, batch=2,

@@ -41,15 +41,12 @@ Device plan (issue #46): ONE call on a 4x H100 machine, <= 9.5 min, after FA4's 
     ours_1          ours, 1 GPU, R = 4 (4 micro-batches a step; bf16 AdamW states: ~64 GB + activations)   ~70 s
     titan030_import torchtitan 0.3.0's import on the image's torch 2.11 (fails: torchtitan_wheels.sh)  ~20 s
     (if time)       ours_4_compile, titan_varlen_4_compile (torch.compile on both), ours_trainer_4       ~150 s each
-    (2 GPUs)        ours_1_r2_lb2, ours_2_r2_lb2[_keep|_bf16_reduce|_prefetch2|_ctas8|...]: the 2-rank plan, one FSDP2
-                    option at a time against the 1-GPU replay, each with step 2 profiled (``--profile-step``,
-                    ``_step_profile.py``: compute, hidden and exposed communication, idle); ours_trainer_{1,2,4}_lb2;
-                    the same compiled (*_compile; the Trainer compiles by default, *_eager does not)
+    (2 GPUs)        ours_1_r2_lb2, ours_2_r2_lb2[_keep|_bf16_reduce|...]: the 2-rank plan, one FSDP2 option at a
+                    time against the 1-GPU replay, step 2 profiled (``--profile-step``, ``_step_profile.py``);
+                    ours_trainer_{1,2,4}_lb2; the same compiled (*_compile[_dynamic|_layers]: ``--compile-as``)
 
 and writes, after every step, at most 4 files: ``results.json`` (the rows of issue #46's item 5 and every run),
-``report.md`` (the table for docs/benchmarks.md), ``runs.log`` (every run's output), ``env.txt``. By estimate
-ours_2 ends by ~260 s (``--deadline-s 300``: a call of ~6 minutes), titan_varlen_4 by ~350 s, ours_1 by ~420 s.
-Each of our runs pays FA4's warm-up (~25 s of kernel compiles) unless ``--fa4-disk-cache`` shares FA4's on-disk
+``report.md`` (the table for docs/benchmarks.md), ``runs.log`` (every run's output), ``env.txt``. Each of our runs pays FA4's warm-up (~25 s of kernel compiles) unless ``--fa4-disk-cache`` shares FA4's on-disk
 cache (the runs after the first then compile none: benchmarks/results/scale_8b_h200x2_diag/). ours_1 runs with
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
 
@@ -117,14 +114,18 @@ def wrap(model, args, world: int, device: torch.device, dtype: torch.dtype):
     """Full activation checkpointing per layer, optional per-layer compile, then FSDP2 as torchtitan applies it."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    layers = model.model.layers
+    layers, how = model.model.layers, args.compile and args.compile_as
     for index in range(len(layers)):
         layer = layers[index]
-        if args.ac == "full":
+        if args.ac == "full" and how != "layers":
             layer = checkpoint_wrapper(layer, preserve_rng_state=False)
-        if args.compile:
-            layer = torch.compile(layer, backend=args.compile_backend)
+        if how in ("module", "module_dynamic"):  # the row length static (one bucket), or symbolic as the Trainer's
+            layer = torch.compile(layer, backend=args.compile_backend, dynamic=True if how == "module_dynamic" else None)
         layers[index] = layer
+    if how == "layers":  # PackingTrainer's way: each layer's forward compiled, dynamic shapes, the checkpoint inside
+        from packing_collators.models import compile_layers
+
+        compile_layers(model, backend=args.compile_backend, checkpoint=args.ac == "full")
     if world == 1:
         return model
     from torch.distributed.device_mesh import init_device_mesh
@@ -294,6 +295,7 @@ def run_loop(args, rank: int, world: int, device: torch.device) -> dict | None:
         "attention": args.attn,
         "activation_checkpointing": args.ac,
         "compile": bool(args.compile),
+        "compile_as": args.compile_as if args.compile else None,
         "dtype": str(dtype).removeprefix("torch."),
         "tokens_per_batch": args.tokens_per_batch,
         "distribution": args.distribution,
@@ -373,6 +375,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--ac", choices=("full", "none"), default="full", help="activation checkpointing")
     add("--compile", action="store_true", help="torch.compile each decoder layer (rows padded to the budget)")
     add("--compile-backend", default="inductor")
+    add("--compile-as", choices=("module", "module_dynamic", "layers"), default="module",
+        help="--compile: torch.compile of each checkpointed layer (row length static; _dynamic: symbolic), or layers: "
+             "compile_layers(checkpoint=True), PackingTrainer's way (symbolic, the checkpoint inside the graph)")
     add("--compile-layers", choices=("auto", "true", "false"), default="auto",
         help="--runner trainer: PackingTrainer's compile_layers (auto: compiled on a GPU, under FSDP2 too)")
     add("--reshard-after-forward", choices=("always", "never"), default="always",
