@@ -15,13 +15,14 @@ _packed_mask.py     causal attention masks intersected with the examples (a mode
 _multimodal.py      multimodal rotary positions per example (the model's own get_rope_index)
 _wrappers.py        PEFT prompt and prefix tuning: refused (a prompt per row, not per example)
 _enable.py          enable_packing(model): installs each layer's path and the hooks, where missing
-_compile_layers.py  compile_layers(model): the decoder layers compiled in place, one graph for all of them
+_compile_layers.py  compile_layers(model): the decoder layers compiled in place, one graph for all of them;
+                    bucket_rows(): their row length traced static (rows padded to a bucket)
 
 Imports nothing of the package's other folders but the packed batch's home (``batch/``: its keys and
 the one rule that reads a batch's examples) and the top-level helpers; ``checks/`` and ``trainer/`` build on it.
 """
 
-from ._compile_layers import compile_layers, compiled_layer_count, layer_compile_blocker
+from ._compile_layers import bucket_rows, compile_layers, compiled_layer_count, layer_compile_blocker
 from ._enable import PackingLayers, enable_packing, packing_layers
 from ._mixers import find_stateful_layers
 from ._multimodal import multimodal_model
@@ -32,6 +33,7 @@ from ._wrappers import refuse_prompt_learning
 __all__ = [
     "PackingLayers",
     "RowSegments",
+    "bucket_rows",
     "compile_layers",
     "compiled_layer_count",
     "enable_packing",

@@ -14,8 +14,11 @@ activation), which is what compiling fuses; the rest is a few kernels a step.
 The compiled forward is bound with ``types.MethodType``, so ``copy.deepcopy`` of the model (a
 reference model) binds it to the copy's layer, and the copy runs its own weights. Traced with dynamic
 shapes: a new row length or number of examples does not recompile; gradients on or off, checkpointing's
-recompute and the live probe's calls each add a graph (a handful per run). Cost: those compiles, seconds
-each, before the first step under PackingTrainer (``trainer/_compile.py``), in the first steps otherwise.
+recompute and the live probe's calls each add a graph (a handful per run). Inside ``bucket_rows()``
+(PackingTrainer's compiled training steps, their rows padded to a bucket) a second compiled function
+traces the row length static, the number of examples still symbolic: faster steps (docs/benchmarks.md,
+8B under FSDP2). Cost: those compiles, seconds each, before the first step under PackingTrainer
+(``trainer/_compile.py``), in the first steps otherwise.
 Gradient checkpointing: transformers 5.15-5.17 checkpoint in the layer's ``__call__``, around the compiled
 forward; 5.24 wraps the class's ``forward``, so the checkpoint is traced inside the graph (equal losses and
 gradients on the CPU; the GPU runs used 5.17). Measured against TRL: docs/benchmarks.md.
@@ -32,6 +35,7 @@ from ..batch import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, MAX_LENGTH_K, MAX_LENGTH_Q, VA
 
 __all__ = [
     "auto_compile_blocker",
+    "bucket_rows",
     "checkpointed_layers",
     "compile_layers",
     "compiled_layer_count",
@@ -81,22 +85,69 @@ def _marked(module) -> bool:
     return bool(vars(module).get(_COMPILED, False))
 
 
+class _Rows:
+    """Which graphs a compiled layer's call runs: the row length static inside :func:`bucket_rows` (``static`` > 0)."""
+
+    static = 0
+
+
+@contextlib.contextmanager
+def bucket_rows():
+    """Calls of the layers :func:`compile_layers` compiled trace the row length static inside: a graph per row
+    length, the packing sizes (``cu_seq_lens``, ``max_length``) symbolic, so a new number of examples does not
+    recompile. For rows padded to a few lengths (PackingTrainer's buckets, its training steps); elsewhere a call
+    takes the dynamic graphs. Static, the kernels are faster (docs/benchmarks.md, 8B under FSDP2). Not thread-safe:
+    one training loop per process enters it.
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]))
+    >>> _ = compile_layers(model, backend="eager")
+    >>> with bucket_rows():
+    ...     static = model[0][0](torch.ones(1, 3, 2))
+    >>> bool(torch.equal(static, model[0][0](torch.ones(1, 3, 2))))
+    True
+    """
+    _Rows.static += 1
+    try:
+        with symbolic_packing_sizes():
+            yield
+    finally:
+        _Rows.static -= 1
+
+
 @functools.lru_cache(maxsize=None)
-def _compiled_forward(cls: type, options: tuple, checkpoint: bool = False):
+def _compiled_forward(cls, options: tuple, checkpoint: bool = False):
     """One compiled forward per class and options, every layer of the class sharing its graphs: it calls the layer's
     class's forward as the class is at the call; ``checkpoint``: under ``torch.utils.checkpoint`` (non-reentrant,
-    RNG state kept) inside the graph."""
+    RNG state kept) inside the graph. Two compiled functions behind it, two code objects, so Dynamo keeps their
+    graphs apart (it tries a function's newest graph first, and a dynamic one would take the static shapes' calls):
+    dynamic shapes, and inside :func:`bucket_rows` the row length static."""
     import torch
 
-    @functools.wraps(cls.forward)  # the class's signature and source, for whoever inspects the layer's forward
-    def forward(self, *args, **kwargs):
+    def run(self, args, kwargs):
         # the class's forward looked up at the call: FSDP2 swaps a layer's class for a subclass, and transformers'
         # checkpointing (5.24: in the class's forward) checkpoints only in the outermost class's forward
         if checkpoint:
             return torch.utils.checkpoint.checkpoint(type(self).forward, self, *args, use_reentrant=False, **kwargs)
         return type(self).forward(self, *args, **kwargs)
 
-    return torch.compile(forward, dynamic=True, **dict(options))
+    def any_rows(self, *args, **kwargs):
+        return run(self, args, kwargs)
+
+    def static_rows(self, *args, **kwargs):  # traced under bucket_rows' symbolic packing sizes
+        return run(self, args, kwargs)
+
+    dynamic = torch.compile(any_rows, dynamic=True, **dict(options))
+    # static shapes but the packing sizes (a graph per row length); where Dynamo cannot be told those from the first
+    # trace (no dynamic_sources before torch 2.7), automatic dynamic shapes make them symbolic at the second count
+    sources = hasattr(getattr(torch.compiler, "config", None), "dynamic_sources")
+    static = torch.compile(static_rows, dynamic=False if sources else None, **dict(options))
+
+    @functools.wraps(cls.forward)  # the class's signature and source, for whoever inspects the layer's forward
+    def forward(self, *args, **kwargs):
+        return (static if _Rows.static else dynamic)(self, *args, **kwargs)
+
+    return forward
 
 
 def compile_layers(model, *, backend: str | None = None, mode: str | None = None, checkpoint: bool = False) -> int:
@@ -110,8 +161,9 @@ def compile_layers(model, *, backend: str | None = None, mode: str | None = None
 
     Layers compiled before are left as they are. The model's parameters, state dict and hooks are
     unchanged; each layer's ``forward`` becomes its class's compiled forward bound to it, traced with
-    dynamic shapes (a new row length or example count does not recompile), and Dynamo may keep up to
-    ``RECOMPILE_LIMIT`` graphs of it. The stock Trainer's
+    dynamic shapes (a new row length or example count does not recompile), or inside :func:`bucket_rows`
+    with the row length static (rows padded to a bucket: faster kernels), and Dynamo may keep up to
+    ``RECOMPILE_LIMIT`` graphs of each. The stock Trainer's
     ``torch_compile=True`` compiles the whole model instead: with ``enable_chunked_loss``, leave it off
     and call this.
 

@@ -6,7 +6,8 @@
                                  (else eager, or under torch_compile=True whole, with the reason: FSDP
                                  version 1, DeepSpeed, sequence parallelism, hybrids, VLMs; "auto": quantized,
                                  PEFT); under FSDP2 before accelerate shards them: its hooks stay outside
-      T                          padded to a bucket (the token budget); the padding a segment of its own
+      T                          padded to a bucket (the token budget); the padding a segment of its own;
+                                 traced static in training steps (bucket_rows), dynamic elsewhere (the probe)
       n, max_length              symbolic: the attention ops take them as SymInts (FA4's custom op, torch's
                                  varlen op); traced dynamic from the first compile (symbolic_packing_sizes)
       warm_up_compiled           forward and backward on two bucket-sized batches before the first step
@@ -29,7 +30,7 @@ from transformers import TrainerCallback
 from .._compat import trainer_step_inputs
 from .._model_unwrap import text_config
 from ..collate._bucketed import bucketed_collator, compile_buckets, plan_padding
-from ..models._compile_layers import graphs_compiled, symbolic_packing_sizes
+from ..models._compile_layers import bucket_rows, graphs_compiled, symbolic_packing_sizes
 from ._autocast import training_autocast
 from ._metrics import PackingMetricsCallback
 
@@ -217,6 +218,11 @@ class CompileWarmUp(TrainerCallback):
         if self.whole_model == "":
             _prepare_uncompiled(self.trainer.accelerator)
 
+    def training_rows(self):
+        """The context of a training step (and the warm-up's): :func:`bucket_rows` where the layers are compiled and
+        the micro-batches padded to buckets, so the row length is traced static; else none."""
+        return bucket_rows() if self.whole_model == "" and self.collator is not None else contextlib.nullcontext()
+
     def probe_collator(self):
         """The live probe's collator with the layers compiled (dynamic shapes): the one before bucket padding."""
         return self.trainer.data_collator if self.whole_model == "" else None
@@ -238,9 +244,10 @@ class CompileWarmUp(TrainerCallback):
 
         def step(batch) -> None:
             inputs, items = trainer_step_inputs(trainer, batch, args.device)
-            with trainer.compute_loss_context_manager():
-                loss = trainer.compute_loss(model, inputs, num_items_in_batch=items)
-            loss.backward()
+            with self.training_rows():  # as a training step runs (PackingTrainer.training_step)
+                with trainer.compute_loss_context_manager():
+                    loss = trainer.compute_loss(model, inputs, num_items_in_batch=items)
+                loss.backward()
 
         model.train()
         try:

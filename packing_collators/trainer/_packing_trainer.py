@@ -317,6 +317,10 @@ class PackingTrainer(Trainer):
                 break
         return batch_samples, global_sequence_count(self, batch_samples, device)
 
+    def training_step(self, model, inputs, *args, **kwargs):
+        with self._compile.training_rows():  # compiled layers, rows padded to a bucket: the row length traced static
+            return super().training_step(model, inputs, *args, **kwargs)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The stock loss (or, in training under ``loss_normalization="sequence"``, the per-sequence mean),
         computed a chunk of tokens at a time unless the logits are needed (see ``loss_implementation``)."""

@@ -26,7 +26,7 @@ from packing_collators.trainer._head_loss import why_full_logits
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
-def _trainer(tmp_path, *, option="auto", backend="eager", mode=None, steps=2, **arguments):
+def _trainer(tmp_path, *, option="auto", backend="eager", mode=None, steps=2, probe=False, **arguments):
     from _tiny_models import training_args
 
     args = training_args(tmp_path / str(option), max_steps=steps, gradient_accumulation_steps=1, **arguments)
@@ -34,7 +34,7 @@ def _trainer(tmp_path, *, option="auto", backend="eager", mode=None, steps=2, **
     rng = np.random.default_rng(0)
     return PackingTrainer(model=tiny_model("llama"), args=args, train_dataset=random_examples(
         rng.integers(3, 30, 32).tolist()), max_tokens_per_batch=90, compile_layers=option,
-        packing_probe=False)  # fmt: skip  (the probe's own graphs are tests/trainer/test_compile.py's)
+        packing_probe=probe)  # fmt: skip  (the probe's own graphs are tests/trainer/test_compile.py's)
 
 
 def _losses(trainer):
@@ -70,6 +70,34 @@ def test_auto_where_it_compiles_compiles_the_layers_before_the_first_step_and_tr
     assert [h["num_tokens"] for h in logged] == [h["num_tokens"] for h in plain]
     assert [h["examples_per_step"] for h in logged] == [h["examples_per_step"] for h in plain]
     assert all(h["packing_efficiency"] <= 1 and h["padding_fraction"] > 0 for h in logged)
+
+
+@pytest.mark.slow
+def test_training_steps_trace_the_row_length_static_and_the_probe_keeps_its_graphs_apart(tmp_path, monkeypatch):
+    from _graph_recorder import GraphRecorder
+    from transformers import TrainerCallback
+
+    eager = _losses(_trainer(tmp_path, option=False, steps=3))
+    import packing_collators.models as models
+
+    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
+    recorder, first_step, compile_layers = GraphRecorder(), [], models.compile_layers
+    # the layers compiled with the recording backend (accelerate takes only its named backends on the arguments)
+    monkeypatch.setattr(models, "compile_layers", lambda model, backend, **k: compile_layers(model, backend=recorder,
+                                                                                                **k))  # fmt: skip
+
+    class FirstStep(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            first_step.append(len(recorder.calls))
+
+    trainer = _trainer(tmp_path, steps=3, probe=True)
+    trainer.add_callback(FirstStep())
+    losses = _losses(trainer)
+    trained = recorder.calls[first_step[0] :]  # the training steps' calls, after the probe's and the warm-up's
+    assert trained and not any(recorder.graphs[i] for i in trained)  # rows padded to the bucket, traced static
+    assert any(recorder.graphs)  # the probe's rows of their own lengths took dynamic graphs, which stay apart
+    assert trainer.compile_report.recompiles == 0
+    assert np.allclose(losses, eager, rtol=1e-4)
 
 
 @pytest.mark.slow
