@@ -252,7 +252,7 @@ def test_the_two_gpu_diagnosis_replays_its_plan_and_profiles_an_untimed_step(tmp
 
     bases = {compiled: steps["ours_1_r2_lb2" + "_compile" * compiled] for compiled in (False, True)}
     variants = [s for name, s in steps.items() if name.startswith("ours_2_r2_lb2")]
-    assert len(variants) == 9 and all("--nproc-per-node=1" in base.command for base in bases.values())
+    assert len(variants) == 11 and all("--nproc-per-node=1" in base.command for base in bases.values())
     for step in [*bases.values(), *variants]:  # one 16,384-token micro-batch per GPU a step, as at 4 GPUs; 2 ranks
         assert (option(step, "--replicas"), option(step, "--tokens-per-batch")) == ("2", "16384")
         assert int(option(step, "--profile-step")) <= int(option(step, "--warmup"))  # the profiled step is not timed
@@ -261,8 +261,10 @@ def test_the_two_gpu_diagnosis_replays_its_plan_and_profiles_an_untimed_step(tmp
         base = bases["--compile" in step.command]
         assert ("--compile" in base.command, option(base, "--warmup")) == ("--compile" in step.command,
                                                                            option(step, "--warmup"))
-    assert {n for n, s in steps.items() if "--compile" in s.command and n.startswith("ours_2_r2")} == {
-        "ours_2_r2_lb2_compile", "ours_2_r2_lb2_keep_bf16_reduce_compile"}
+    compiled_as = {n: option(s, "--compile-as") for n, s in steps.items() if "--compile" in s.command and
+                   n.startswith("ours_2_r2")}  # fmt: skip
+    assert compiled_as == {"ours_2_r2_lb2_compile": None, "ours_2_r2_lb2_keep_bf16_reduce_compile": None,
+                           "ours_2_r2_lb2_compile_dynamic": "module_dynamic", "ours_2_r2_lb2_compile_layers": "layers"}
     layers = {n: option(s, "--compile-layers") for n, s in steps.items() if n.startswith("ours_trainer_2_lb2_")}
     assert layers == {"ours_trainer_2_lb2_compile": "auto", "ours_trainer_2_lb2_eager": "false"}
     options = {s.name: (option(s, "--reshard-after-forward"), option(s, "--reduce-dtype"), option(s, "--prefetch"),

@@ -238,7 +238,7 @@ def two_gpus(ours: dict) -> dict:
             "per_gpu_efficiency": run["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"] if base else None,
             "same_steps_efficiency": same_steps_efficiency(base, run) if base else None,
             "options": {k: run.get(k) for k in ("reduce_dtype", "reshard_after_forward", "prefetch", "nccl_max_ctas",
-                                                "compile")},
+                                                "compile", "compile_as")},
             "profile": run.get("profile"),
             "exposed_ms_per_rank": _exposed_per_rank(run),
             "losses": loss_check(base, run),
@@ -252,6 +252,11 @@ def two_gpus(ours: dict) -> dict:
         "trainer_vs_loop": {name: rate(name) / rate(loop) for name, loop in _trainer_loops(ours).items() if loop in ours},
         "trainer_compiled_vs_eager": {name: rate(name) / rate(eager) for name in ours if name.startswith(
             "ours_trainer_2_lb2_compile") and (eager := _same_machine(name, "ours_trainer_2_lb2_eager")) in ours},
+        # our loop compiled with the row length symbolic, or as compile_layers compiles, against it compiled as a
+        # module with the row length static (--compile-as), on the same GPUs
+        "compiled_as_vs_module": {name: rate(name) / rate(module) for name in ours if name.partition("@")[0] in (
+            "ours_2_r2_lb2_compile_dynamic", "ours_2_r2_lb2_compile_layers") and (
+            module := _same_machine(name, "ours_2_r2_lb2_compile")) in ours},
     }
 
 
@@ -414,4 +419,6 @@ def _two_gpus_lines(two: dict | None) -> list[str]:
         lines.append(f"- PackingTrainer / our loop, tokens/s on the same GPUs ({name}): {ratio:.3f}")
     for name, ratio in (two.get("trainer_compiled_vs_eager") or {}).items():
         lines.append(f"- PackingTrainer, layers compiled / eager, on the same GPUs ({name}): {ratio:.3f}")
+    for name, ratio in (two.get("compiled_as_vs_module") or {}).items():
+        lines.append(f"- our loop, {name} / each layer compiled with the row length static, same GPUs: {ratio:.3f}")
     return lines + [""]
