@@ -46,6 +46,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+# the most buckets whose row lengths training traces static, a graph (or a few) each: under Dynamo's limit per
+# compiled function (RECOMPILE_LIMIT), and few compiles; more buckets share one graph, the row length symbolic
+STATIC_BUCKETS = 8
 
 
 @dataclass
@@ -59,6 +62,8 @@ class CompileReport:
         probe_graphs: the other graphs compiled before the first step (the live probe's, FA4's warm-up's).
         seconds: wall time of the warm-up.
         recompiles: graphs compiled after the warm-up, during training (0 expected).
+        static_rows: the training steps trace the row length static (``bucket_rows``: a graph per bucket), where
+            there are at most ``STATIC_BUCKETS`` buckets; else symbolic (one graph for them all).
     """
 
     buckets: tuple[int, ...]
@@ -67,18 +72,20 @@ class CompileReport:
     seconds: float = 0.0
     recompiles: int = 0
     probe_graphs: int = 0
+    static_rows: bool = True
 
     def summary(self) -> str:
         """One line for a log.
 
         >>> CompileReport((16384,), 0.0071, graphs=1, seconds=41.5, probe_graphs=2).summary()
-        'torch.compile: 1 training graph(s) compiled before the first step in 41.5 s (and 2 for the live probe); micro-batches padded to (16384,) tokens (padding 0.71% of slots); 0 recompiles since'
+        'torch.compile: 1 training graph(s) compiled before the first step in 41.5 s (and 2 for the live probe); micro-batches padded to (16384,) tokens, traced static (padding 0.71% of slots); 0 recompiles since'
         """
         probe = f" (and {self.probe_graphs} for the live probe)" if self.probe_graphs else ""
+        rows = "static" if self.static_rows else "symbolic"
         return (
             f"torch.compile: {self.graphs} training graph(s) compiled before the first step in {self.seconds:.1f} s"
-            f"{probe}; micro-batches padded to {self.buckets} tokens (padding {100 * self.padding_fraction:.2f}% "
-            f"of slots); {self.recompiles} recompiles since"
+            f"{probe}; micro-batches padded to {self.buckets} tokens, traced {rows}"
+            f" (padding {100 * self.padding_fraction:.2f}% of slots); {self.recompiles} recompiles since"
         )
 
 
@@ -152,7 +159,8 @@ def compile_plan(collator, sampler, budget: int) -> CompilePlan | None:
                        "new batch length may recompile. Use FlatteningCollator (optionally pad_to_buckets=...).",
                        type(collator).__name__)  # fmt: skip
         return None
-    return CompilePlan(bucketed, CompileReport(buckets, plan_padding(sampler, buckets) or 0.0))
+    report = CompileReport(buckets, plan_padding(sampler, buckets) or 0.0, static_rows=len(buckets) <= STATIC_BUCKETS)
+    return CompilePlan(bucketed, report)
 
 
 class CompileWarmUp(TrainerCallback):
@@ -220,8 +228,10 @@ class CompileWarmUp(TrainerCallback):
 
     def training_rows(self):
         """The context of a training step (and the warm-up's): :func:`bucket_rows` where the layers are compiled and
-        the micro-batches padded to buckets, so the row length is traced static; else none."""
-        return bucket_rows() if self.whole_model == "" and self.collator is not None else contextlib.nullcontext()
+        the micro-batches padded to at most ``STATIC_BUCKETS`` buckets, so the row length is traced static; else
+        none."""
+        static = self.whole_model == "" and self.collator is not None and self.report.static_rows
+        return bucket_rows() if static else contextlib.nullcontext()
 
     def probe_collator(self):
         """The live probe's collator with the layers compiled (dynamic shapes): the one before bucket padding."""

@@ -61,3 +61,14 @@ def test_each_bucket_gets_its_own_static_graph(fa4_reference):
         for i, lengths in enumerate([[7, 3], [20, 30], [4, 9, 6], [25, 25, 3]]):  # 32, 64, 32, 64 tokens
             _loss(model, bucketed(random_examples(lengths, seed=i)), backward=False)
     assert recorder.graphs == [False, False] and recorder.calls == [0, 0, 1, 1, 0, 0, 1, 1]  # two layers a call
+
+
+def test_the_trainer_traces_a_few_buckets_static_and_many_symbolic():
+    from packing_collators.trainer._compile import STATIC_BUCKETS, compile_plan
+
+    one = compile_plan(FlatteningCollator(), None, 576).report  # PackingTrainer's own: the budget alone
+    few = compile_plan(FlatteningCollator(pad_to_buckets=[64 * i for i in range(1, STATIC_BUCKETS + 1)]), None, 512)
+    many = compile_plan(FlatteningCollator(pad_to_buckets=[64 * i for i in range(1, STATIC_BUCKETS + 2)]), None, 576)
+    assert (one.buckets, one.static_rows, few.report.static_rows) == ((576,), True, True)
+    assert len(many.report.buckets) == STATIC_BUCKETS + 1 and not many.report.static_rows  # one graph for them all
+    assert "traced symbolic" in many.report.summary() and "traced static" in one.summary()
