@@ -266,7 +266,9 @@ def test_the_two_gpu_diagnosis_replays_its_plan_and_profiles_an_untimed_step(tmp
     assert compiled_as == {"ours_2_r2_lb2_compile": None, "ours_2_r2_lb2_keep_bf16_reduce_compile": None,
                            "ours_2_r2_lb2_compile_dynamic": "module_dynamic", "ours_2_r2_lb2_compile_layers": "layers"}
     layers = {n: option(s, "--compile-layers") for n, s in steps.items() if n.startswith("ours_trainer_2_lb2_")}
-    assert layers == {"ours_trainer_2_lb2_compile": "auto", "ours_trainer_2_lb2_eager": "false"}
+    assert layers == {"ours_trainer_2_lb2_compile": "auto", "ours_trainer_2_lb2_eager": "false",
+                      "ours_trainer_2_lb2_keep_compile": "auto"}
+    assert option(steps["ours_trainer_2_lb2_keep_compile"], "--reshard-after-forward") == "never"
     options = {s.name: (option(s, "--reshard-after-forward"), option(s, "--reduce-dtype"), option(s, "--prefetch"),
                         s.env.get("NCCL_MAX_CTAS")) for s in variants}  # fmt: skip
     assert options["ours_2_r2_lb2"] == (None, None, None, None)  # FSDP2 as every 4-GPU row runs it

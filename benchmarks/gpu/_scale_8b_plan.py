@@ -190,6 +190,10 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
         ours("ours_2_r2_lb2_compile_layers", half, 8, 2, "--compile", "--compile-as", "layers", "--profile-step", "2",
              expected=110, timeout=220, batch=2, replicas=half),
         trainer("ours_trainer_2_lb2_eager", half, 8, 2, 2, "--compile-layers", "false"),
+        # the Trainer keeping each layer's gathered parameters (fsdp_config reshard_after_forward=False; it reduces
+        # in bf16 by accelerate's default): its scaling against the compiled replay, as a user configures it
+        trainer("ours_trainer_2_lb2_keep_compile", half, 8, 2, 2, "--compile-layers", "auto", "--reshard-after-forward",
+                "never"),
         ours("ours_2_r2_lb2_keep_bf16_reduce_compile", half, 8, 2, "--reshard-after-forward", "never",
              "--reduce-dtype", "bfloat16", "--compile", "--profile-step", "2", expected=110, timeout=220, batch=2,
              replicas=half),

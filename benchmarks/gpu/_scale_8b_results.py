@@ -252,6 +252,11 @@ def two_gpus(ours: dict) -> dict:
         "trainer_vs_loop": {name: rate(name) / rate(loop) for name, loop in _trainer_loops(ours).items() if loop in ours},
         "trainer_compiled_vs_eager": {name: rate(name) / rate(eager) for name in ours if name.startswith(
             "ours_trainer_2_lb2_compile") and (eager := _same_machine(name, "ours_trainer_2_lb2_eager")) in ours},
+        # the Trainer at 2 GPUs against the 1-GPU replay (compiled as it is), from the same machine, the same steps
+        "trainer_same_steps_efficiency": {name: same_steps_efficiency(ours[base], ours[name]) for name in ours if
+                                          name.startswith("ours_trainer_2_lb2") and (base := _same_machine(
+                                              name, "ours_1_r2_lb2" + "_compile" * bool(ours[name].get("compile"))))
+                                          in ours},  # fmt: skip
         # our loop compiled with the row length symbolic, or as compile_layers compiles, against it compiled as a
         # module with the row length static (--compile-as), on the same GPUs
         "compiled_as_vs_module": {name: rate(name) / rate(module) for name in ours if name.partition("@")[0] in (
@@ -419,6 +424,8 @@ def _two_gpus_lines(two: dict | None) -> list[str]:
         lines.append(f"- PackingTrainer / our loop, tokens/s on the same GPUs ({name}): {ratio:.3f}")
     for name, ratio in (two.get("trainer_compiled_vs_eager") or {}).items():
         lines.append(f"- PackingTrainer, layers compiled / eager, on the same GPUs ({name}): {ratio:.3f}")
+    for name, ratio in (two.get("trainer_same_steps_efficiency") or {}).items():
+        lines.append(f"- PackingTrainer at 2 GPUs against the 1-GPU replay, same steps ({name}): {fmt(ratio, '.3f')}")
     for name, ratio in (two.get("compiled_as_vs_module") or {}).items():
         lines.append(f"- our loop, {name} / each layer compiled with the row length static, same GPUs: {ratio:.3f}")
     return lines + [""]

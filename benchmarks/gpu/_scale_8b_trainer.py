@@ -28,7 +28,8 @@ def run_trainer(args, rank: int, world: int, device: torch.device, build, shape,
     if world > 1:
         fsdp = {"fsdp": "full_shard auto_wrap", "fsdp_config": {
             "version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
-            "activation_checkpointing": args.ac == "full", "reshard_after_forward": True}}  # fmt: skip
+            "activation_checkpointing": args.ac == "full",
+            "reshard_after_forward": args.reshard_after_forward == "always"}}  # fmt: skip
     training = training_arguments(args, cuda, gradient_checkpointing=world == 1 and args.ac == "full",
                                   max_grad_norm=1.0, **fsdp)  # fmt: skip
     clock = StepClock(cuda, model)
@@ -64,6 +65,6 @@ def run_trainer(args, rank: int, world: int, device: torch.device, build, shape,
         "peak_flops": H100_BF16_PEAK, "loss": run["loss"], "loss_implementation": "chunked",
         "step_seconds": step_seconds,
         "peak_allocated_gib_per_gpu": [round(float(g[2]), 2) for g in gathered],
-        "wrapped_as": wrapped, "accelerate_distributed_type": kind, "fsdp_mixed_precision_policy": policy,
+        "reshard_after_forward": args.reshard_after_forward, "wrapped_as": wrapped, "accelerate_distributed_type": kind, "fsdp_mixed_precision_policy": policy,
         "command": f"torchrun --nproc-per-node {world} " + " ".join(sys.argv),
     }  # fmt: skip
