@@ -42,6 +42,7 @@ __all__ = [
     "compiled_step_failure",
     "graphs_compiled",
     "layer_compile_blocker",
+    "packing_sizes_by_pattern",
     "repeated_layers",
     "symbolic_packing_sizes",
     "uncompile_layers",
@@ -96,8 +97,9 @@ def bucket_rows():
     """Calls of the layers :func:`compile_layers` compiled trace the row length static inside: a graph per row
     length, the packing sizes (``cu_seq_lens``, ``max_length``) symbolic, so a new number of examples does not
     recompile. For rows padded to a few lengths (PackingTrainer's buckets, its training steps); elsewhere a call
-    takes the dynamic graphs. Static, the kernels are faster (docs/benchmarks.md, 8B under FSDP2). Not thread-safe:
-    one training loop per process enters it.
+    takes the dynamic graphs. Static, the kernels are faster (docs/benchmarks.md, 8B under FSDP2). Keep the backward
+    inside too: a checkpoint around the compiled forward (transformers 5.15-5.17) recomputes it there. Not
+    thread-safe: one training loop per process enters it.
 
     >>> import torch
     >>> model = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]))
@@ -139,9 +141,8 @@ def _compiled_forward(cls, options: tuple, checkpoint: bool = False):
 
     dynamic = torch.compile(any_rows, dynamic=True, **dict(options))
     # static shapes but the packing sizes (a graph per row length); where Dynamo cannot be told those from the first
-    # trace (no dynamic_sources before torch 2.7), automatic dynamic shapes make them symbolic at the second count
-    sources = hasattr(getattr(torch.compiler, "config", None), "dynamic_sources")
-    static = torch.compile(static_rows, dynamic=False if sources else None, **dict(options))
+    # trace (before torch 2.8), automatic dynamic shapes make them symbolic at the second count
+    static = torch.compile(static_rows, dynamic=False if packing_sizes_by_pattern() else None, **dict(options))
 
     @functools.wraps(cls.forward)  # the class's signature and source, for whoever inspects the layer's forward
     def forward(self, *args, **kwargs):
@@ -357,23 +358,42 @@ PACKING_SOURCES = r".*\['(" + "|".join(VARLEN_KEYS) + r")'\]"
 """The batch keys Dynamo should take as dynamic from the first trace (a ``dynamic_sources`` regex)."""
 
 
+@functools.lru_cache(maxsize=None)
+def packing_sizes_by_pattern() -> bool:
+    """Whether Dynamo takes ``torch.compiler.config.dynamic_sources`` entries as patterns (torch 2.8 on), so that
+    :func:`symbolic_packing_sizes` can name the packing keys; torch 2.7 has the setting but compares whole names,
+    read once, and earlier ones have none.
+
+    >>> isinstance(packing_sizes_by_pattern(), bool)
+    True
+    """
+    import torch
+
+    if not hasattr(getattr(torch.compiler, "config", None), "dynamic_sources"):
+        return False
+    from torch._dynamo.variables import builder
+
+    return callable(getattr(builder, "is_dynamic_source", None))
+
+
 @contextlib.contextmanager
 def symbolic_packing_sizes():
     """Trace ``cu_seq_lens_q/k`` and ``max_length_q/k`` as dynamic from the first compile on.
 
     Without it Dynamo compiles a static graph first and a dynamic one at the next batch (automatic
     dynamic shapes): one compile saved. Needs ``torch.compiler.config.dynamic_sources`` with regex
-    entries; elsewhere a no-op (the second compile then happens in the warm-up).
+    entries (:func:`packing_sizes_by_pattern`); elsewhere a no-op (the second compile then happens in
+    the warm-up).
 
     >>> with symbolic_packing_sizes():
     ...     pass
     """
     import torch
 
-    config = getattr(torch.compiler, "config", None)
-    if config is None or not hasattr(config, "dynamic_sources"):
+    if not packing_sizes_by_pattern():
         yield
         return
+    config = torch.compiler.config
     sources = ",".join(filter(None, [config.dynamic_sources, PACKING_SOURCES]))
     with config.patch(dynamic_sources=sources):
         yield

@@ -30,7 +30,7 @@ from transformers import TrainerCallback
 from .._compat import trainer_step_inputs
 from .._model_unwrap import text_config
 from ..collate._bucketed import bucketed_collator, compile_buckets, plan_padding
-from ..models._compile_layers import bucket_rows, graphs_compiled, symbolic_packing_sizes
+from ..models._compile_layers import bucket_rows, graphs_compiled, packing_sizes_by_pattern, symbolic_packing_sizes
 from ._autocast import training_autocast
 from ._metrics import PackingMetricsCallback
 
@@ -62,8 +62,8 @@ class CompileReport:
         probe_graphs: the other graphs compiled before the first step (the live probe's, FA4's warm-up's).
         seconds: wall time of the warm-up.
         recompiles: graphs compiled after the warm-up, during training (0 expected).
-        static_rows: the training steps trace the row length static (``bucket_rows``: a graph per bucket), where
-            there are at most ``STATIC_BUCKETS`` buckets; else symbolic (one graph for them all).
+        static_rows: the training steps trace the row length static (``bucket_rows``: a graph per bucket): the
+            layers compiled, one bucket, or at most ``STATIC_BUCKETS`` on torch 2.8 on; else symbolic (one graph).
     """
 
     buckets: tuple[int, ...]
@@ -159,7 +159,10 @@ def compile_plan(collator, sampler, budget: int) -> CompilePlan | None:
                        "new batch length may recompile. Use FlatteningCollator (optionally pad_to_buckets=...).",
                        type(collator).__name__)  # fmt: skip
         return None
-    report = CompileReport(buckets, plan_padding(sampler, buckets) or 0.0, static_rows=len(buckets) <= STATIC_BUCKETS)
+    # a graph per bucket, the packing sizes symbolic: where Dynamo names them from the first trace (torch 2.8 on);
+    # before, automatic dynamic shapes would make a second bucket's length symbolic too
+    static = len(buckets) == 1 or (len(buckets) <= STATIC_BUCKETS and packing_sizes_by_pattern())
+    report = CompileReport(buckets, plan_padding(sampler, buckets) or 0.0, static_rows=static)
     return CompilePlan(bucketed, report)
 
 
@@ -230,7 +233,7 @@ class CompileWarmUp(TrainerCallback):
         """The context of a training step (and the warm-up's): :func:`bucket_rows` where the layers are compiled and
         the micro-batches padded to at most ``STATIC_BUCKETS`` buckets, so the row length is traced static; else
         none."""
-        static = self.whole_model == "" and self.collator is not None and self.report.static_rows
+        static = self.collator is not None and self.report.static_rows
         return bucket_rows() if static else contextlib.nullcontext()
 
     def probe_collator(self):
@@ -240,6 +243,7 @@ class CompileWarmUp(TrainerCallback):
     def prepare(self, plan: CompilePlan) -> None:
         """Warm up ``plan``'s collator when training begins; graphs count from now on (the probe's apart)."""
         self.collator, self.report = plan.collator, plan.report
+        self.report.static_rows &= self.whole_model == ""  # a model compiled whole traces its own shapes
         for callback in self.trainer.callback_handler.callbacks:  # the metrics count the bucket's padding as such
             if isinstance(callback, PackingMetricsCallback):
                 callback.pads_like(plan.collator)

@@ -10,6 +10,7 @@ to it), the graphs Dynamo traces, without Inductor's code generation.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
@@ -163,6 +164,9 @@ def test_false_trains_eager_and_torch_compile_then_compiles_the_whole_model(tmp_
     assert whole._compile.enabled and compiled_layer_count(whole.model) == 0
     assert whole._compile.whole_model == "compile_layers=False"
     assert "torch_compile=True compiles the whole model (compile_layers=False)" in why_full_logits(whole)
+    whole.get_train_dataloader()  # padded to the bucket, but a model compiled whole traces its own shapes
+    assert whole.compile_report.buckets == (96,) and not whole.compile_report.static_rows
+    assert isinstance(whole._compile.training_rows(), contextlib.nullcontext)
 
 
 def test_uncompile_layers_gives_back_the_eager_forward():
