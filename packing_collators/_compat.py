@@ -240,6 +240,22 @@ def dynamo_counters():
     return counters
 
 
+def dynamo_sources_by_pattern() -> bool:
+    """Whether Dynamo matches ``torch.compiler.config.dynamic_sources`` entries as patterns: 2.8-2.13
+    (``torch._dynamo.variables.builder.is_dynamic_source``); 2.7 compares whole names, read once; 2.6 has no setting.
+
+    >>> isinstance(dynamo_sources_by_pattern(), bool)
+    True
+    """
+    import torch
+
+    if not hasattr(getattr(torch.compiler, "config", None), "dynamic_sources"):
+        return False
+    from torch._dynamo.variables import builder
+
+    return callable(getattr(builder, "is_dynamic_source", None))
+
+
 def raise_recompile_limit(limit: int) -> int:
     """Let Dynamo keep up to ``limit`` graphs of one function (never lowers it); returns the limit now.
 

@@ -30,7 +30,7 @@ import contextlib
 import functools
 import types
 
-from .._compat import dynamo_counters, raise_recompile_limit
+from .._compat import dynamo_counters, dynamo_sources_by_pattern, raise_recompile_limit
 from ..batch import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, MAX_LENGTH_K, MAX_LENGTH_Q, VARLEN_KEYS
 
 __all__ = [
@@ -367,13 +367,7 @@ def packing_sizes_by_pattern() -> bool:
     >>> isinstance(packing_sizes_by_pattern(), bool)
     True
     """
-    import torch
-
-    if not hasattr(getattr(torch.compiler, "config", None), "dynamic_sources"):
-        return False
-    from torch._dynamo.variables import builder
-
-    return callable(getattr(builder, "is_dynamic_source", None))
+    return dynamo_sources_by_pattern()
 
 
 @contextlib.contextmanager
