@@ -30,6 +30,7 @@ Cost: none; attribute reads.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 __all__ = [
@@ -240,6 +241,7 @@ def dynamo_counters():
     return counters
 
 
+@functools.lru_cache(maxsize=None)
 def dynamo_sources_by_pattern() -> bool:
     """Whether Dynamo matches ``torch.compiler.config.dynamic_sources`` entries as patterns: 2.8-2.13
     (``torch._dynamo.variables.builder.is_dynamic_source``); 2.7 compares whole names, read once; 2.6 has no setting.

@@ -42,7 +42,6 @@ __all__ = [
     "compiled_step_failure",
     "graphs_compiled",
     "layer_compile_blocker",
-    "packing_sizes_by_pattern",
     "repeated_layers",
     "symbolic_packing_sizes",
     "uncompile_layers",
@@ -142,7 +141,7 @@ def _compiled_forward(cls, options: tuple, checkpoint: bool = False):
     dynamic = torch.compile(any_rows, dynamic=True, **dict(options))
     # static shapes but the packing sizes (a graph per row length); where Dynamo cannot be told those from the first
     # trace (before torch 2.8), automatic dynamic shapes make them symbolic at the second count
-    static = torch.compile(static_rows, dynamic=False if packing_sizes_by_pattern() else None, **dict(options))
+    static = torch.compile(static_rows, dynamic=False if dynamo_sources_by_pattern() else None, **dict(options))
 
     @functools.wraps(cls.forward)  # the class's signature and source, for whoever inspects the layer's forward
     def forward(self, *args, **kwargs):
@@ -358,25 +357,13 @@ PACKING_SOURCES = r".*\['(" + "|".join(VARLEN_KEYS) + r")'\]"
 """The batch keys Dynamo should take as dynamic from the first trace (a ``dynamic_sources`` regex)."""
 
 
-@functools.lru_cache(maxsize=None)
-def packing_sizes_by_pattern() -> bool:
-    """Whether Dynamo takes ``torch.compiler.config.dynamic_sources`` entries as patterns (torch 2.8 on), so that
-    :func:`symbolic_packing_sizes` can name the packing keys; torch 2.7 has the setting but compares whole names,
-    read once, and earlier ones have none.
-
-    >>> isinstance(packing_sizes_by_pattern(), bool)
-    True
-    """
-    return dynamo_sources_by_pattern()
-
-
 @contextlib.contextmanager
 def symbolic_packing_sizes():
     """Trace ``cu_seq_lens_q/k`` and ``max_length_q/k`` as dynamic from the first compile on.
 
     Without it Dynamo compiles a static graph first and a dynamic one at the next batch (automatic
     dynamic shapes): one compile saved. Needs ``torch.compiler.config.dynamic_sources`` with regex
-    entries (:func:`packing_sizes_by_pattern`); elsewhere a no-op (the second compile then happens in
+    entries (torch 2.8 on: ``dynamo_sources_by_pattern``); elsewhere a no-op (the second compile then happens in
     the warm-up).
 
     >>> with symbolic_packing_sizes():
@@ -384,7 +371,7 @@ def symbolic_packing_sizes():
     """
     import torch
 
-    if not packing_sizes_by_pattern():
+    if not dynamo_sources_by_pattern():
         yield
         return
     config = torch.compiler.config

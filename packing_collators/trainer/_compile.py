@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
-from .._compat import trainer_step_inputs
+from .._compat import dynamo_sources_by_pattern, trainer_step_inputs
 from .._model_unwrap import text_config
 from ..collate._bucketed import bucketed_collator, compile_buckets, plan_padding
-from ..models._compile_layers import bucket_rows, graphs_compiled, packing_sizes_by_pattern, symbolic_packing_sizes
+from ..models._compile_layers import bucket_rows, graphs_compiled, symbolic_packing_sizes
 from ._autocast import training_autocast
 from ._metrics import PackingMetricsCallback
 
@@ -161,7 +161,7 @@ def compile_plan(collator, sampler, budget: int) -> CompilePlan | None:
         return None
     # a graph per bucket, the packing sizes symbolic: where Dynamo names them from the first trace (torch 2.8 on);
     # before, automatic dynamic shapes would make a second bucket's length symbolic too
-    static = len(buckets) == 1 or (len(buckets) <= STATIC_BUCKETS and packing_sizes_by_pattern())
+    static = len(buckets) == 1 or (len(buckets) <= STATIC_BUCKETS and dynamo_sources_by_pattern())
     report = CompileReport(buckets, plan_padding(sampler, buckets) or 0.0, static_rows=static)
     return CompilePlan(bucketed, report)
 

@@ -11,7 +11,8 @@ from _graph_recorder import GraphRecorder
 from _tiny_models import random_examples, tiny_model
 
 from packing_collators import FlatteningCollator, compile_layers
-from packing_collators.models._compile_layers import bucket_rows, packing_sizes_by_pattern
+from packing_collators._compat import dynamo_sources_by_pattern
+from packing_collators.models._compile_layers import bucket_rows
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # fa4_reference: conftest.py
 
@@ -40,7 +41,7 @@ def test_inside_the_row_length_is_static_and_its_graph_keeps_the_buckets_calls(f
             assert torch.equal(_loss(model, batch), _loss(eager, batch))  # the same ops on the same inputs
     # before torch 2.8 the packing sizes become symbolic at the second count (automatic dynamic): a second graph
     static = len(recorder.graphs)
-    assert static == (1 if packing_sizes_by_pattern() else 2) and not any(recorder.graphs)
+    assert static == (1 if dynamo_sources_by_pattern() else 2) and not any(recorder.graphs)
     for i, lengths in enumerate([[11, 8], [5, 6, 2]]):  # outside: other row lengths, dynamic graphs
         batch = plain(random_examples(lengths, seed=10 + i))
         assert torch.equal(_loss(model, batch), _loss(eager, batch))
@@ -62,7 +63,7 @@ def test_each_bucket_gets_its_own_static_graph_where_dynamo_names_the_packing_si
     with bucket_rows(), torch.no_grad():
         for i, lengths in enumerate([[7, 3], [20, 30], [4, 9, 6], [25, 25, 3]]):  # 32, 64, 32, 64 tokens
             _loss(model, bucketed(random_examples(lengths, seed=i)), backward=False)
-    if packing_sizes_by_pattern():  # torch 2.8 on: two static graphs, each bucket's calls on its own
+    if dynamo_sources_by_pattern():  # torch 2.8 on: two static graphs, each bucket's calls on its own
         assert recorder.graphs == [False, False] and recorder.calls == [0, 0, 1, 1, 0, 0, 1, 1]  # two layers a call
     else:  # before, the second bucket's length turns symbolic: why PackingTrainer keeps several buckets symbolic there
         assert recorder.graphs[0] is False and any(recorder.graphs[1:])
@@ -79,10 +80,10 @@ def test_the_trainer_traces_a_few_buckets_static_and_many_symbolic(monkeypatch):
     one = compile_plan(FlatteningCollator(), None, 576).report  # PackingTrainer's own: the budget alone
     assert (one.buckets, one.static_rows) == ((576,), True) and "traced static" in one.summary()
     # a few buckets, a graph each, where Dynamo names the packing sizes from the first trace (torch 2.8 on)
-    assert report(STATIC_BUCKETS).static_rows == packing_sizes_by_pattern()
+    assert report(STATIC_BUCKETS).static_rows == dynamo_sources_by_pattern()
     many = report(STATIC_BUCKETS + 1)
     assert len(many.buckets) == STATIC_BUCKETS + 1 and not many.static_rows  # one graph for them all
     assert "traced symbolic" in many.summary()
     # torch 2.7 and earlier: automatic dynamic shapes would make a second bucket's length symbolic anyway
-    monkeypatch.setattr(_compile, "packing_sizes_by_pattern", lambda: False)
+    monkeypatch.setattr(_compile, "dynamo_sources_by_pattern", lambda: False)
     assert report(1).static_rows and not report(2).static_rows

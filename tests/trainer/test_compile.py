@@ -19,7 +19,8 @@ from packing_collators import FlatteningCollator, register_fa4_attention, regist
 from packing_collators.attention import _fa4_ops, _varlen
 from packing_collators.collate import bucket_length, bucket_padding_fraction, length_buckets
 from packing_collators.models import compiled_layer_count
-from packing_collators.models._compile_layers import graphs_compiled, packing_sizes_by_pattern
+from packing_collators._compat import dynamo_sources_by_pattern
+from packing_collators.models._compile_layers import graphs_compiled
 from packing_collators.trainer._compile import warm_up_compiled
 
 BACKEND = "aot_eager"
@@ -169,7 +170,7 @@ def test_buckets_bound_the_graphs_and_nothing_recompiles_after_the_warm_up(fa4_r
     _, graphs = warm_up_compiled(lambda batch: compiled(**batch).loss.backward(), collate, buckets, vocab=128)
     # n and the max lengths symbolic from the first compile, then the length too at the second bucket
     # (a PyTorch whose dynamic_sources takes no patterns makes the counts symbolic only at the second batch: one more)
-    assert graphs == (2 if packing_sizes_by_pattern() else 3)
+    assert graphs == (2 if dynamo_sources_by_pattern() else 3)
     rng = np.random.default_rng(0)
     before, seen = graphs_compiled(), set()
     for i in range(8):  # new numbers of examples, longest examples and buckets
