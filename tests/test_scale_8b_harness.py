@@ -29,6 +29,7 @@ sys.path[:0] = [str(GPU), str(ROOT / "benchmarks")]
 metrics = importlib.import_module("_scale_8b_metrics")
 plan = importlib.import_module("_scale_8b_plan")
 results_of = importlib.import_module("_scale_8b_results")
+report_of = importlib.import_module("_scale_8b_report")
 
 SMOKE = ["--smoke", "--replicas", "4", "--steps", "3", "--warmup", "1"]
 WORKER = """
@@ -160,12 +161,12 @@ def test_the_rows_scaling_and_loss_verdict_come_from_the_runs():
                                                                       "ours_4": 6000 / 6400})  # fmt: skip
     assert results["loss_vs_replay"]["ours_2"]["within_bf16_noise"]  # 0.1 / 11 < 2%
     assert not results["loss_vs_replay"]["ours_1"]["within_bf16_noise"]  # 0.5 / 11 > 2%
-    table = results_of.markdown(results)
+    table = report_of.markdown(results)
     assert "| 6,000 | 4,800 | 1.25 |" in table and "NOT within" in table
 
 
-@pytest.mark.parametrize("name", ["_scale_8b_metrics", "_scale_8b_data", "_scale_8b_results", "scale_8b",
-                                  "_trace_overlap"])
+@pytest.mark.parametrize("name", ["_scale_8b_metrics", "_scale_8b_data", "_scale_8b_results", "_scale_8b_report",
+                                  "scale_8b", "_trace_overlap"])
 def test_the_helpers_docstring_examples(name):
     assert doctest.testmod(importlib.import_module(name)).failed == 0
 
@@ -241,7 +242,7 @@ def test_local_batch_2_gives_both_sides_two_rows_a_gpu_and_its_own_scaling(tmp_p
     assert results["loss_vs_replay"]["ours_1_lb2"]["reference"] == "ours_4_lb2"
     assert results["loss_vs_replay"]["ours_1_lb2"]["within_bf16_noise"]
     assert {r["local_batch"] for r in results["rows"] if r["ours"] == "ours_4_lb2"} == {2}
-    assert "Per-GPU scaling, local batch 2" in results_of.markdown(results)
+    assert "Per-GPU scaling, local batch 2" in report_of.markdown(results)
 
 
 def test_the_two_gpu_diagnosis_replays_its_plan_and_profiles_an_untimed_step(tmp_path):
@@ -319,7 +320,7 @@ def test_the_diagnosis_report_compares_each_variant_with_the_replay_over_the_sam
     assert two["runs"]["ours_2_r2_lb2_keep"]["options"]["reshard_after_forward"] == "never"
     assert two["trainer_vs_loop"]["ours_trainer_2_lb2"] == pytest.approx(7878 / 7800)
     assert two["runs"]["ours_2_r2_lb2"]["exposed_ms_per_rank"] == [20.0]
-    lines = results_of.markdown(results_of.build(runs))
+    lines = report_of.markdown(results_of.build(runs))
     assert "compute 2,170, communication hidden 200 / exposed 20, idle 40" in lines
     assert "efficiency 0.918 / 0.923" in lines  # 7,800 / 8,500 over its own steps; 12 / 13 over the same
 
@@ -377,3 +378,38 @@ def test_the_compiled_scaling_at_four_gpus_is_against_the_compiled_replay():
     titan = {"status": "ok", "flavor": "8B_varlen", "steps": steps, "data": {"documents": [100] * 82}}
     rows = results_of.build({"titan_varlen_4_keep_lb2": titan})["rows"]
     assert [r["ours"] for r in rows] == [None] and "bf16" not in rows[0]["setting"]  # torchtitan's own row, once
+
+
+def test_four_gpu_rows_and_scaling_compare_within_each_machine_of_a_merged_folder():
+    def ours(gpus: int, rate: float, seconds: list, compile_: bool = False, loss: float = 12.0) -> dict:
+        return {"status": "ok", "gpus": gpus, "warmup": 1, "steps": 2, "tokens_per_s_per_gpu": rate,
+                "compile": compile_, "mfu": 0.5, "peak_allocated_gib_per_gpu": [20.0], "step_seconds": seconds,
+                "loss": [loss, loss - 0.5, loss - 1.0]}  # fmt: skip
+
+    titan = lambda tps: {"status": "ok", "steps": [{"tps": tps, "loss": 12.0, "mfu_pct": 40.0, "memory_gib": 30.0}  # noqa: E731
+                                                   for _ in range(6)]}  # fmt: skip
+    first = {"ours_1_compile_lb2": ours(1, 1000.0, [9.0, 8.0, 8.0], True),
+             "ours_4_compile_lb2": ours(4, 950.0, [5.0, 2.1, 2.1], True, loss=12.001),
+             "titan_varlen_4_compile_lb2": titan(900.0)}  # fmt: skip
+    second = {"ours_4_lb2": ours(4, 800.0, [5.0, 2.0, 2.0]), "titan_varlen_4_lb2": titan(810.0),
+              "ours_1_lb2": ours(1, 850.0, [9.0, 7.6, 7.6], loss=11.0)}  # fmt: skip
+    results = results_of.build(results_of.merge_folders({"a": first, "b": second}))
+    rows = {(r["ours"], r["torchtitan"]): r for r in results["rows"]}
+    # each 4-GPU run beside torchtitan's run of its own machine, marked with that machine
+    assert rows[("ours_4_compile_lb2", "titan_varlen_4_compile_lb2")]["ours_vs_torchtitan"] == pytest.approx(950 / 900)
+    assert rows[("ours_4_lb2@b", "titan_varlen_4_lb2@b")]["ours_vs_torchtitan"] == pytest.approx(800 / 810)
+    assert rows[("ours_4_lb2@b", "titan_varlen_4_lb2@b")]["machine"] == "b"
+    assert not any(r["torchtitan"] and "causal" in r["torchtitan"] for r in results["rows"])  # not run: no row
+    # the scaling of each machine against its own 1-GPU replay
+    assert results["scaling_local_batch_2_compiled"]["same_steps_efficiency"]["ours_4_compile_lb2"] == pytest.approx(
+        16.0 / (4 * 4.2))
+    later = results["machines"]["b"]["scaling_local_batch_2"]
+    assert later["base"] == "ours_1_lb2@b" and later["same_steps_efficiency"]["ours_4_lb2@b"] == pytest.approx(
+        15.2 / (4 * 4.0))
+    assert results["scaling_local_batch_2"]["runs"] == {}  # the first machine ran no eager run
+    # losses against the replay, compiled apart from eager: a differing replay is flagged on its own machine
+    assert results["loss_vs_replay"]["ours_1_compile_lb2"]["within_bf16_noise"]
+    assert not results["loss_vs_replay"]["ours_1_lb2@b"]["within_bf16_noise"]  # 1.0 / 12 > 2%
+    table = report_of.markdown(results)
+    assert "eager [b] | 4 | 800 | 810 | 0.99 |" in table
+    assert "Per-GPU scaling [b], local batch 2 " in table and "NOT within" in table

@@ -24,6 +24,18 @@ TITAN_SKIP = 3  # torchtitan: first steps left out (compiles, first all-gathers)
 TOLERANCE = 0.02  # max relative loss difference per step against the replay counted as bf16 noise
 SEQ = 8192
 LOCAL_BATCHES = {"": 1, "_lb2": 2, "_lb4": 4}  # run-name suffix: rows of SEQ tokens per GPU a step
+KEYS = {"": "scaling", "_lb2": "scaling_local_batch_2", "_compile_lb2": "scaling_local_batch_2_compiled",
+        "_lb4": "scaling_local_batch_4"}  # results.json's scaling entries, by run-name suffix
+
+
+def machines_of(runs: dict) -> list[str]:
+    """The machines the runs came from, as run-name suffixes: "" for the first folder's (or a single call's), then
+    ``@<folder>`` for each later folder's (``merge_folders``): 4-GPU rows and scaling compare within a machine.
+
+    >>> machines_of({"ours_4_lb2": {}, "ours_1_lb2@b": {}, "titan_varlen_4_lb2@c": {}, "commit@b": {}})
+    ['', '@b', '@c']
+    """
+    return [""] + sorted({"@" + name.partition("@")[2] for name in runs if "@" in name})
 
 
 def titan_summary(run: dict) -> dict | None:
@@ -94,37 +106,46 @@ def build(runs: dict) -> dict:
             "peak_reserved_gib_per_gpu": max(run.get("peak_reserved_gib_per_gpu") or [0]) if run else None,
             "torchtitan_peak_reserved_gib": theirs["memory_reserved_gib"] if theirs else None,
             "compile": bool(run["compile"]) if run else bool(runs.get(titan_name, {}).get("compile")),
+            "machine": (name if run else titan_name or "").partition("@")[2] or None,
         })  # fmt: skip
 
     same = "ours: packed documents (FA4 varlen); torchtitan: its varlen attention over the same documents"
     unpacked = ("ours: packed documents; torchtitan: the same tokens as unpacked 8,192-token rows, one causal "
                 "sequence each (its published setting; the user's comparison)")  # fmt: skip
-    out = {"scaling": {}, "losses": {}}
-    for s, lb in LOCAL_BATCHES.items():
+    out = {"scaling": {}, "losses": {}, "machines": {}}
+    for m, s in ((m, s) for m in machines_of(runs) for s in LOCAL_BATCHES):  # m: "" (first folder) or "@<folder>"
+        lb = LOCAL_BATCHES[s]
         tokens = "1 x 8,192 tokens" if lb == 1 else f"{lb} x 8,192 tokens (ours: {'one' if lb == 2 else 'two'} 16,384-token row{'s' * (lb > 2)})"
-        row(f"ours_4{s}", f"4 GPUs, FSDP2, full AC, bf16, {tokens}, eager", f"titan_varlen_4{s}", same, lb)
-        row(f"ours_4{s}", f"4 GPUs, FSDP2, full AC, bf16, {tokens}, eager", f"titan_causal_4{s}", unpacked, lb)
-        row(f"ours_4_compile{s}", f"4 GPUs, {tokens}, torch.compile per layer", f"titan_varlen_4_compile{s}", same, lb)
-        row(f"ours_4_keep{s}", f"4 GPUs, {tokens}, eager, gathered parameters kept from forward to backward "
-            "(reshard_after_forward never, both sides)", f"titan_varlen_4_keep{s}", same, lb)  # fmt: skip
-        row(f"ours_4_keep_bf16_reduce{s}", f"4 GPUs, {tokens}, eager, gathered parameters kept, gradients reduced in "
-            "bf16 (torchtitan's: float32, its only choice)", f"titan_varlen_4_keep{s}", same, lb, mine=True)  # fmt: skip
-        row(f"ours_4_keep_bf16_reduce_compile{s}", f"4 GPUs, {tokens}, torch.compile per layer, gathered parameters "
-            "kept, gradients reduced in bf16 (torchtitan's: float32)", f"titan_varlen_4_compile{s}", same, lb,
-            mine=True)  # fmt: skip
-        row(f"ours_trainer_4{s}", f"4 GPUs, {tokens}, PackingTrainer (accelerate FSDP2: gradients reduced in bf16), "
-            f"{'layers compiled' if ours.get(f'ours_trainer_4{s}', {}).get('compile') else 'eager'}", None,
-            "ours through the Trainer", lb)  # fmt: skip
-        row(f"ours_2{s}", f"2 GPUs, {tokens} ({_ranks(ours, f'ours_2{s}')})", None, f"scaling; replay of ours_4{s}", lb)
-        row(f"ours_2_keep{s}", f"2 GPUs, {tokens}, as above, reshard_after_forward never", None,
+        row(f"ours_4{s}{m}", f"4 GPUs, FSDP2, full AC, bf16, {tokens}, eager", f"titan_varlen_4{s}{m}", same, lb)
+        if f"titan_causal_4{s}{m}" in titans:  # torchtitan's published setting: a row only where it ran
+            row(f"ours_4{s}{m}", f"4 GPUs, FSDP2, full AC, bf16, {tokens}, eager", f"titan_causal_4{s}{m}", unpacked, lb)
+        row(f"ours_4_compile{s}{m}", f"4 GPUs, {tokens}, torch.compile per layer", f"titan_varlen_4_compile{s}{m}",
+            same, lb)  # fmt: skip
+        row(f"ours_4_keep{s}{m}", f"4 GPUs, {tokens}, eager, gathered parameters kept from forward to backward "
+            "(reshard_after_forward never, both sides)", f"titan_varlen_4_keep{s}{m}", same, lb)  # fmt: skip
+        row(f"ours_4_keep_bf16_reduce{s}{m}", f"4 GPUs, {tokens}, eager, gathered parameters kept, gradients reduced "
+            "in bf16 (torchtitan's: float32, its only choice)", f"titan_varlen_4_keep{s}{m}", same, lb, mine=True)  # fmt: skip
+        row(f"ours_4_keep_bf16_reduce_compile{s}{m}", f"4 GPUs, {tokens}, torch.compile per layer, gathered "
+            "parameters kept, gradients reduced in bf16 (torchtitan's: float32)", f"titan_varlen_4_keep_compile{s}{m}",
+            same, lb, mine=True)  # fmt: skip
+        for keep in ("", "_keep_compile"):  # as it ships; keeping the gathered parameters (compiled by default)
+            trainer = ours.get(f"ours_trainer_4{s}{keep}{m}", {})
+            loop = f"ours_4{'_keep_bf16_reduce' * bool(keep)}{'_compile' * bool(trainer.get('compile'))}{s}{m}"
+            row(f"ours_trainer_4{s}{keep}{m}", f"4 GPUs, {tokens}, PackingTrainer (accelerate FSDP2: gradients reduced "
+                f"in bf16{', gathered parameters kept' * bool(keep)}), "
+                f"{'layers compiled' if trainer.get('compile') else 'eager'}", None,
+                f"ours through the Trainer (our loop on the same GPUs: {loop if loop in ours else 'not run'})", lb)  # fmt: skip
+        row(f"ours_2{s}{m}", f"2 GPUs, {tokens} ({_ranks(ours, f'ours_2{s}{m}')})", None,
             f"scaling; replay of ours_4{s}", lb)  # fmt: skip
-        row(f"ours_1{s}", f"1 GPU, {tokens} ({_ranks(ours, f'ours_1{s}')}), no FSDP", None,
+        row(f"ours_2_keep{s}{m}", f"2 GPUs, {tokens}, as above, reshard_after_forward never", None,
             f"scaling; replay of ours_4{s}", lb)  # fmt: skip
-        row(f"ours_1_compile{s}", f"1 GPU, {tokens}, torch.compile per layer, no FSDP", None,
+        row(f"ours_1{s}{m}", f"1 GPU, {tokens} ({_ranks(ours, f'ours_1{s}{m}')}), no FSDP", None,
+            f"scaling; replay of ours_4{s}", lb)  # fmt: skip
+        row(f"ours_1_compile{s}{m}", f"1 GPU, {tokens}, torch.compile per layer, no FSDP", None,
             f"scaling; replay of ours_4_compile{s}", lb)  # fmt: skip
-        out["scaling"][s] = _scaling(ours, runs, s)
-        out["scaling"][f"_compile{s}"] = _scaling(ours, runs, s, "_compile")
-        out["losses"].update(_losses(ours, s))
+        scaling = {s: _scaling(ours, runs, s, machine=m), f"_compile{s}": _scaling(ours, runs, s, "_compile", m)}
+        (out["machines"].setdefault(m[1:], {}) if m else out["scaling"]).update(scaling)
+        out["losses"].update(_losses(ours, s, m))
     for name, loop in _trainer_loops(ours).items():
         gpus = ours[name]["gpus"]
         row(name, f"{gpus} GPU{'s' * (gpus > 1)}, 2 x 8,192 tokens (one 16,384-token row), "
@@ -141,11 +162,10 @@ def build(runs: dict) -> dict:
         "token (attention charged the whole row); mfu_causal_documents charges each query its own document's "
         "earlier keys only; recompute counted in neither; peak H100 SXM bf16 dense 989 TFLOP/s",
         "rows": rows,
-        "scaling": out["scaling"][""],
-        "scaling_local_batch_2": out["scaling"]["_lb2"],
-        "scaling_local_batch_2_compiled": out["scaling"]["_compile_lb2"],
-        "scaling_local_batch_4": out["scaling"]["_lb4"],
+        **{key: out["scaling"][k] for k, key in KEYS.items()},
         "loss_vs_replay": out["losses"],
+        "machines": {machine: {KEYS[k]: v for k, v in scaling.items() if k in KEYS}
+                     for machine, scaling in out["machines"].items()},  # later folders' scaling, as above
         "two_gpus_local_batch_2": two_gpus(ours),
         "eight_gpus": "not lent: run scale_8b.py on nvidia-h100-x8 with --replicas 8 when status lists it",
         "runs": runs,
@@ -159,11 +179,12 @@ def _ranks(ours: dict, name: str) -> str:
     return f"{ranks} sampler ranks: {each} micro-batches per step"
 
 
-def _scaling(ours: dict, runs: dict, suffix: str, compiled: str = "") -> dict:
+def _scaling(ours: dict, runs: dict, suffix: str, compiled: str = "", machine: str = "") -> dict:
     """Tokens/s per GPU at 1, 2 and 4 GPUs (one local batch), and each against the fewest GPUs that ran: over each
     run's own timed steps (``per_gpu_efficiency``), and over the same steps (``same_steps_efficiency``, the fair one:
     a replay trains the same micro-batches at step k, whose attention costs differ from step to step).
     ``compiled="_compile"``: the compiled runs against the compiled replay (the Trainer compiles by default).
+    ``machine``: the runs of that machine only (``machines_of``).
 
     >>> run = lambda gpus, rate: {"gpus": gpus, "tokens_per_s_per_gpu": rate}
     >>> out = _scaling({"ours_1_compile_lb2": run(1, 100.0), "ours_4_compile_lb2": run(4, 95.0),
@@ -171,11 +192,11 @@ def _scaling(ours: dict, runs: dict, suffix: str, compiled: str = "") -> dict:
     >>> out["base"], out["per_gpu_efficiency"]
     ('ours_1_compile_lb2', {'ours_1_compile_lb2': 1.0, 'ours_4_compile_lb2': 0.95})
     """
-    names = [f"{n}{compiled}{suffix}" for n in ("ours_1", "ours_2", "ours_2_keep", "ours_4", "ours_4_keep",
-                                                 "ours_4_keep_bf16_reduce")]  # fmt: skip
-    trainer = f"ours_trainer_4{suffix}"
-    if bool(ours.get(trainer, {}).get("compile")) == bool(compiled):  # beside the replay compiled as it was
-        names.append(trainer)
+    names = [f"{n}{compiled}{suffix}{machine}" for n in ("ours_1", "ours_2", "ours_2_keep", "ours_4", "ours_4_keep",
+                                                          "ours_4_keep_bf16_reduce")]  # fmt: skip
+    for trainer in (f"ours_trainer_4{suffix}{machine}", f"ours_trainer_4{suffix}_keep_compile{machine}"):
+        if bool(ours.get(trainer, {}).get("compile")) == bool(compiled):  # beside the replay compiled as it was
+            names.append(trainer)
     per_gpu = {n: {"gpus": ours[n]["gpus"], "tokens_per_s_per_gpu": ours[n]["tokens_per_s_per_gpu"],
                    "step_token_imbalance": ours[n].get("step_token_imbalance")}
                for n in names if n in ours}  # fmt: skip
@@ -188,7 +209,7 @@ def _scaling(ours: dict, runs: dict, suffix: str, compiled: str = "") -> dict:
         if base
         else {},
         "same_steps_efficiency": {n: same_steps_efficiency(ours[base_name], ours[n]) for n in per_gpu} if base else {},
-        "one_gpu": runs.get(f"ours_1{compiled}{suffix}", {}).get("status", "not run"),
+        "one_gpu": runs.get(f"ours_1{compiled}{suffix}{machine}", {}).get("status", "not run"),
     }
 
 
@@ -330,102 +351,20 @@ def merge_folders(folders: dict) -> dict:
     return merged
 
 
-def _losses(ours: dict, suffix: str) -> dict:
-    """The replays' losses against the 4-GPU run, its default else its keep variant (a 2-GPU machine: the 2-GPU runs
-    against the 1-GPU one)."""
-    fours = [f"ours_4{k}{suffix}" for k in ("", "_keep") if f"ours_4{k}{suffix}" in ours]
-    reference = fours[0] if fours else f"ours_1{suffix}"
-    replays = ("ours_2", "ours_1") if reference.startswith("ours_4") else ("ours_2", "ours_2_keep")
-    checks = {f"{n}{suffix}": loss_check(ours.get(reference), ours.get(f"{n}{suffix}")) for n in replays}
-    return {n: {**check, "reference": reference} for n, check in checks.items() if check}
+def _losses(ours: dict, suffix: str, machine: str = "") -> dict:
+    """The replays' losses against the 4-GPU run of the same machine, eager and compiled apart: its default, else
+    its keep variants (a 2-GPU machine: the 2-GPU runs against the 1-GPU one).
 
-
-def fmt(value, spec: str = ",.0f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def markdown(results: dict) -> str:
-    lines = [
-        f"Llama-3.1-8B shape, random weights, bf16, 8,192-token rows, full activation checkpointing, FSDP2; "
-        f"{results.get('card') or '?'}. MFU: {results['flops_counting']}.",
-        "",
-        "| setting | GPUs | ours tokens/s/GPU | torchtitan tokens/s/GPU | ours / torchtitan | ours MFU (causal docs) | "
-        "torchtitan MFU (causal docs) | peak GiB/GPU: ours allocated / reserved (torchtitan reserved) | compared |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|",
-    ]
-    for r in results["rows"]:
-        pct = lambda a, b: "-" if a is None else f"{a:.1%}" + ("" if b is None else f" ({b:.1%})")  # noqa: E731
-        lines.append(
-            f"| {r['setting']} | {r['gpus']} | {fmt(r['tokens_per_s_per_gpu'])} | "
-            f"{fmt(r['torchtitan_tokens_per_s_per_gpu'])} | {fmt(r['ours_vs_torchtitan'], '.2f')} | "
-            f"{pct(r['mfu'], r['mfu_causal_documents'])} | {pct(r['torchtitan_mfu'], r['torchtitan_mfu_causal_documents'])} | "
-            f"{fmt(r['peak_allocated_gib_per_gpu'], '.1f')} / {fmt(r['peak_reserved_gib_per_gpu'], '.1f')} "
-            f"({fmt(r['torchtitan_peak_reserved_gib'], '.1f')}) | "
-            f"{r['comparison']} |"
-        )
-    lines.append("")
-    for key, label in (("scaling", "1"), ("scaling_local_batch_2", "2"), ("scaling_local_batch_4", "4"),
-                       ("scaling_local_batch_2_compiled", "2, compiled")):
-        scaling = results.get(key)
-        if not scaling or not scaling["runs"]:
-            continue
-        same = scaling.get("same_steps_efficiency", {})
-        lines.append(f"Per-GPU scaling, local batch {label} (tokens/s per GPU; efficiency against "
-                     f"{scaling['base'] or '-'}, over each run's timed steps / over the same steps): "
-                     + ", ".join(f"{n} on {r['gpus']} GPU(s) {fmt(r['tokens_per_s_per_gpu'])} "
-                                 f"({scaling['per_gpu_efficiency'][n]:.3f} / {fmt(same.get(n), '.3f')})"
-                                 for n, r in scaling["runs"].items())
-                     + f"; the 1-GPU run: {scaling['one_gpu']}.")  # fmt: skip
-    for name, check in results["loss_vs_replay"].items():
-        if check:
-            lines.append(
-                f"Losses of {check.get('reference', 'ours_4')} against its replay {name}: {check['steps_compared']} "
-                f"steps, max difference "
-                f"{check['max_abs']:.4f} ({check['max_relative']:.2%} relative; "
-                f"{'within' if check['within_bf16_noise'] else 'NOT within'} {check['tolerance']:.0%})."
-            )
-    lines += _two_gpus_lines(results.get("two_gpus_local_batch_2"))
-    check = (results["runs"].get("titan030_import") or {}).get("output", "").strip().splitlines()
-    if check:
-        lines.append(f"torchtitan 0.3.0 on this image: {check[-1][:300]}")
-    states = ", ".join(f"{n} {r.get('status')}" for n, r in results["runs"].items() if n != "commit")
-    lines.append(f"Commit: {results['runs'].get('commit', {}).get('output') or 'not recorded'}.")
-    lines += [f"Runs: {states}. Eight GPUs: {results['eight_gpus']}.", ""]
-    return "\n".join(lines)
-
-
-def _split(profile: dict | None) -> str:
-    if not profile:
-        return "not profiled"
-    return (f"step {profile['step_ms']:,.0f} ms: compute {profile['compute_ms']:,.0f}, communication hidden "
-            f"{profile['comm_hidden_ms']:,.0f} / exposed {profile['comm_exposed_ms']:,.0f}, idle {profile['idle_ms']:,.0f}")
-
-
-def _two_gpus_lines(two: dict | None) -> list[str]:
-    """The 2-GPU diagnosis as report lines (none when it did not run)."""
-    if not two or not (two["runs"] or two.get("trainer_vs_loop")):
-        return []
-    lines = [""]
-    if two["runs"]:
-        bases = "; ".join(f"{n}: {_split(p)}" for n, p in two["base_profile"].items()) or "-"
-        lines.append(f"Two GPUs against one, local batch 2 (the 2-rank plan; the 1-GPU replays {bases}):")
-    for name, run in two["runs"].items():
-        losses = run["losses"]
-        lines.append(
-            f"- {name} against {run['base'] or '-'} ({', '.join(f'{k} {v}' for k, v in run['options'].items())}): "
-            f"{fmt(run['tokens_per_s_per_gpu'])} tokens/s/GPU, efficiency {fmt(run['per_gpu_efficiency'], '.3f')} / "
-            f"{fmt(run['same_steps_efficiency'], '.3f')} (own steps / same steps); {_split(run['profile'])}"
-            + (f" (exposed per rank: {' / '.join(f'{e:,.0f}' for e in run['exposed_ms_per_rank'])})"
-               if run.get("exposed_ms_per_rank") else "")
-            + "; losses "
-            + (f"{losses['max_relative']:.2%} from the replay" if losses else "not compared")
-        )
-    for name, ratio in (two.get("trainer_vs_loop") or {}).items():
-        lines.append(f"- PackingTrainer / our loop, tokens/s on the same GPUs ({name}): {ratio:.3f}")
-    for name, ratio in (two.get("trainer_compiled_vs_eager") or {}).items():
-        lines.append(f"- PackingTrainer, layers compiled / eager, on the same GPUs ({name}): {ratio:.3f}")
-    for name, ratio in (two.get("trainer_same_steps_efficiency") or {}).items():
-        lines.append(f"- PackingTrainer at 2 GPUs against the 1-GPU replay, same steps ({name}): {fmt(ratio, '.3f')}")
-    for name, ratio in (two.get("compiled_as_vs_module") or {}).items():
-        lines.append(f"- our loop, {name} / each layer compiled with the row length static, same GPUs: {ratio:.3f}")
-    return lines + [""]
+    >>> ours = {"ours_4_keep_bf16_reduce_lb2@b": {"loss": [12.0]}, "ours_1_lb2@b": {"loss": [12.001]}}
+    >>> {name: check["reference"] for name, check in _losses(ours, "_lb2", "@b").items()}
+    {'ours_1_lb2@b': 'ours_4_keep_bf16_reduce_lb2@b'}
+    """
+    out = {}
+    for c in ("", "_compile"):
+        fours = [f"ours_4{k}{c}{suffix}{machine}" for k in ("", "_keep", "_keep_bf16_reduce")]
+        reference = next((n for n in fours if n in ours), f"ours_1{c}{suffix}{machine}")
+        replays = ("ours_2", "ours_1") if reference.startswith("ours_4") else ("ours_2", "ours_2_keep")
+        checks = {f"{n}{c}{suffix}{machine}": loss_check(ours.get(reference), ours.get(f"{n}{c}{suffix}{machine}"))
+                  for n in replays}  # fmt: skip
+        out.update({n: {**check, "reference": reference} for n, check in checks.items() if check})
+    return out
