@@ -390,7 +390,9 @@ def test_four_gpu_rows_and_scaling_compare_within_each_machine_of_a_merged_folde
                                                    for _ in range(6)]}  # fmt: skip
     first = {"ours_1_compile_lb2": ours(1, 1000.0, [9.0, 8.0, 8.0], True),
              "ours_4_compile_lb2": ours(4, 950.0, [5.0, 2.1, 2.1], True, loss=12.001),
-             "titan_varlen_4_compile_lb2": titan(900.0)}  # fmt: skip
+             "titan_varlen_4_compile_lb2": titan(900.0),
+             # the Trainer: a slow step 1 (its one-off work), then the loop's pace
+             "ours_trainer_4_lb2": {**ours(4, 940.0, [None, 3.0, 2.1], True, loss=12.3), "warmup": 2}}  # fmt: skip
     second = {"ours_4_lb2": ours(4, 800.0, [5.0, 2.0, 2.0]), "titan_varlen_4_lb2": titan(810.0),
               "ours_1_lb2": ours(1, 850.0, [9.0, 7.6, 7.6], loss=11.0)}  # fmt: skip
     results = results_of.build(results_of.merge_folders({"a": first, "b": second}))
@@ -410,6 +412,12 @@ def test_four_gpu_rows_and_scaling_compare_within_each_machine_of_a_merged_folde
     # losses against the replay, compiled apart from eager: a differing replay is flagged on its own machine
     assert results["loss_vs_replay"]["ours_1_compile_lb2"]["within_bf16_noise"]
     assert not results["loss_vs_replay"]["ours_1_lb2@b"]["within_bf16_noise"]  # 1.0 / 12 > 2%
+    compiled = results["scaling_local_batch_2_compiled"]
+    assert compiled["same_steps_efficiency"]["ours_trainer_4_lb2"] == pytest.approx(16.0 / (4 * 5.1))
+    assert compiled["same_steps_after_warm_up_efficiency"]["ours_trainer_4_lb2"] == pytest.approx(8.0 / (4 * 2.1))
+    assert rows[("ours_trainer_4_lb2", None)]["comparison"].endswith("ours_4_compile_lb2, 0.989x)")  # 940 / 950
+    trainer_losses = results["loss_vs_replay"]["ours_1_compile_lb2:ours_trainer_4_lb2"]  # 0.3 / 12: beyond 2%
+    assert trainer_losses["reference"] == "ours_trainer_4_lb2" and not trainer_losses["within_bf16_noise"]
     table = report_of.markdown(results)
     assert "eager [b] | 4 | 800 | 810 | 0.99 |" in table
     assert "Per-GPU scaling [b], local batch 2 " in table and "NOT within" in table

@@ -38,17 +38,20 @@ def markdown(results: dict) -> str:
         scaling = scalings.get(key)
         if not scaling or not scaling["runs"]:
             continue
-        same = scaling.get("same_steps_efficiency", {})
+        same, after = scaling.get("same_steps_efficiency", {}), scaling.get("same_steps_after_warm_up_efficiency", {})
         lines.append(f"Per-GPU scaling{machine}, local batch {label} (tokens/s per GPU; efficiency against "
-                     f"{scaling['base'] or '-'}, over each run's timed steps / over the same steps): "
+                     f"{scaling['base'] or '-'}, over each run's timed steps / over the same steps / over those of "
+                     f"them after the run's own warm-up): "
                      + ", ".join(f"{n} on {r['gpus']} GPU(s) {fmt(r['tokens_per_s_per_gpu'])} "
-                                 f"({scaling['per_gpu_efficiency'][n]:.3f} / {fmt(same.get(n), '.3f')})"
+                                 f"({scaling['per_gpu_efficiency'][n]:.3f} / {fmt(same.get(n), '.3f')} / "
+                                 f"{fmt(after.get(n), '.3f')})"
                                  for n, r in scaling["runs"].items())
                      + f"; the 1-GPU run: {scaling['one_gpu']}.")  # fmt: skip
     for name, check in results["loss_vs_replay"].items():
         if check:
             lines.append(
-                f"Losses of {check.get('reference', 'ours_4')} against its replay {name}: {check['steps_compared']} "
+                f"Losses of {check.get('reference', 'ours_4')} against its replay {check.get('replay', name)}: "
+                f"{check['steps_compared']} "
                 f"steps, max difference "
                 f"{check['max_abs']:.4f} ({check['max_relative']:.2%} relative; "
                 f"{'within' if check['within_bf16_noise'] else 'NOT within'} {check['tolerance']:.0%})."

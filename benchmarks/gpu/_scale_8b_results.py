@@ -134,7 +134,7 @@ def build(runs: dict) -> dict:
             row(f"ours_trainer_4{s}{keep}{m}", f"4 GPUs, {tokens}, PackingTrainer (accelerate FSDP2: gradients reduced "
                 f"in bf16{', gathered parameters kept' * bool(keep)}), "
                 f"{'layers compiled' if trainer.get('compile') else 'eager'}", None,
-                f"ours through the Trainer (our loop on the same GPUs: {loop if loop in ours else 'not run'})", lb)  # fmt: skip
+                f"ours through the Trainer (our loop on the same GPUs: {_ratio_to(ours, trainer, loop)})", lb)  # fmt: skip
         row(f"ours_2{s}{m}", f"2 GPUs, {tokens} ({_ranks(ours, f'ours_2{s}{m}')})", None,
             f"scaling; replay of ours_4{s}", lb)  # fmt: skip
         row(f"ours_2_keep{s}{m}", f"2 GPUs, {tokens}, as above, reshard_after_forward never", None,
@@ -170,6 +170,17 @@ def build(runs: dict) -> dict:
         "eight_gpus": "not lent: run scale_8b.py on nvidia-h100-x8 with --replicas 8 when status lists it",
         "runs": runs,
     }
+
+
+def _ratio_to(ours: dict, run: dict, loop: str) -> str:
+    """``loop`` and ``run``'s tokens/s against it, or "not run".
+
+    >>> _ratio_to({"a": {"tokens_per_s_per_gpu": 100.0}}, {"tokens_per_s_per_gpu": 99.0}, "a")
+    'a, 0.990x'
+    """
+    if loop not in ours or "tokens_per_s_per_gpu" not in run:
+        return "not run"
+    return f"{loop}, {run['tokens_per_s_per_gpu'] / ours[loop]['tokens_per_s_per_gpu']:.3f}x"
 
 
 def _ranks(ours: dict, name: str) -> str:
@@ -209,24 +220,29 @@ def _scaling(ours: dict, runs: dict, suffix: str, compiled: str = "", machine: s
         if base
         else {},
         "same_steps_efficiency": {n: same_steps_efficiency(ours[base_name], ours[n]) for n in per_gpu} if base else {},
+        "same_steps_after_warm_up_efficiency": {n: same_steps_efficiency(ours[base_name], ours[n], True)
+                                                for n in per_gpu} if base else {},  # fmt: skip
         "one_gpu": runs.get(f"ours_1{compiled}{suffix}{machine}", {}).get("status", "not run"),
     }
 
 
-def same_steps_efficiency(base: dict, run: dict) -> float | None:
+def same_steps_efficiency(base: dict, run: dict, after_warm_up: bool = False) -> float | None:
     """Per-GPU efficiency of ``run`` against ``base`` over the base's timed steps, which both trained (the same
     micro-batches): (base GPUs x base seconds) / (run GPUs x run seconds); None without step times.
+    ``after_warm_up``: only those of them after the run's own warm-up too (a Trainer's early steps do one-off work).
 
     >>> base = {"gpus": 1, "warmup": 1, "steps": 2, "step_seconds": [9.0, 8.0, 8.4]}
     >>> round(same_steps_efficiency(base, {"gpus": 4, "step_seconds": [5.0, 2.1, 2.2, 2.0]}), 4)  # 16.4 / (4 x 4.3)
     0.9535
+    >>> round(same_steps_efficiency(base, {"gpus": 4, "warmup": 2, "step_seconds": [5.0, 3.0, 2.2, 2.0]}, True), 4)
+    0.9545
     """
     first, timed = base.get("warmup"), base.get("steps")
     mine, theirs = base.get("step_seconds"), run.get("step_seconds")
     if None in (first, timed, mine, theirs) or len(theirs) < first + timed or len(mine) < first + timed:
         return None
-    steps = slice(first, first + timed)
-    if None in mine[steps] or None in theirs[steps]:  # a Trainer run has no time for its first step
+    steps = slice(max(first, run.get("warmup", 0) if after_warm_up else 0), first + timed)
+    if not mine[steps] or None in mine[steps] or None in theirs[steps]:  # a Trainer run has no time for step 0
         return None
     return base["gpus"] * sum(mine[steps]) / (run["gpus"] * sum(theirs[steps]))
 
@@ -352,19 +368,25 @@ def merge_folders(folders: dict) -> dict:
 
 
 def _losses(ours: dict, suffix: str, machine: str = "") -> dict:
-    """The replays' losses against the 4-GPU run of the same machine, eager and compiled apart: its default, else
-    its keep variants (a 2-GPU machine: the 2-GPU runs against the 1-GPU one).
+    """The replays' losses against each 4-GPU run of the same machine (the Trainer's too), eager and compiled apart,
+    keyed by the replay for the first (the default, else a keep variant) and ``<replay>:<run>`` for the others; a
+    2-GPU machine: the 2-GPU runs against the 1-GPU one.
 
-    >>> ours = {"ours_4_keep_bf16_reduce_lb2@b": {"loss": [12.0]}, "ours_1_lb2@b": {"loss": [12.001]}}
+    >>> ours = {"ours_4_keep_bf16_reduce_lb2@b": {"loss": [12.0]}, "ours_1_lb2@b": {"loss": [12.001]},
+    ...         "ours_trainer_4_lb2@b": {"loss": [12.002], "compile": False}}
     >>> {name: check["reference"] for name, check in _losses(ours, "_lb2", "@b").items()}
-    {'ours_1_lb2@b': 'ours_4_keep_bf16_reduce_lb2@b'}
+    {'ours_1_lb2@b': 'ours_4_keep_bf16_reduce_lb2@b', 'ours_1_lb2@b:ours_trainer_4_lb2@b': 'ours_trainer_4_lb2@b'}
     """
     out = {}
     for c in ("", "_compile"):
         fours = [f"ours_4{k}{c}{suffix}{machine}" for k in ("", "_keep", "_keep_bf16_reduce")]
-        reference = next((n for n in fours if n in ours), f"ours_1{c}{suffix}{machine}")
-        replays = ("ours_2", "ours_1") if reference.startswith("ours_4") else ("ours_2", "ours_2_keep")
-        checks = {f"{n}{c}{suffix}{machine}": loss_check(ours.get(reference), ours.get(f"{n}{c}{suffix}{machine}"))
-                  for n in replays}  # fmt: skip
-        out.update({n: {**check, "reference": reference} for n, check in checks.items() if check})
+        fours += [t for t in (f"ours_trainer_4{suffix}{k}{machine}" for k in ("", "_keep_compile"))
+                  if bool(ours.get(t, {}).get("compile")) == bool(c)]  # fmt: skip
+        fours = [n for n in fours if n in ours] or [f"ours_1{c}{suffix}{machine}"]
+        replays = ("ours_2", "ours_2_keep") if fours[0].startswith("ours_1") else ("ours_2", "ours_1")
+        for first, reference in zip([True] + [False] * len(fours), fours):
+            for replay in (f"{n}{c}{suffix}{machine}" for n in replays):
+                if check := loss_check(ours.get(reference), ours.get(replay)):
+                    out[replay if first else f"{replay}:{reference}"] = {**check, "reference": reference,
+                                                                        "replay": replay}  # fmt: skip
     return out
