@@ -26,6 +26,7 @@ SEQ = 8192
 LOCAL_BATCHES = {"": 1, "_lb2": 2, "_lb4": 4}  # run-name suffix: rows of SEQ tokens per GPU a step
 KEYS = {"": "scaling", "_lb2": "scaling_local_batch_2", "_compile_lb2": "scaling_local_batch_2_compiled",
         "_lb4": "scaling_local_batch_4"}  # results.json's scaling entries, by run-name suffix
+TRAINER_4 = ("", "_keep_compile")  # ours_trainer_4<lb><this>: as it ships; keeping the gathered parameters, compiled
 
 
 def machines_of(runs: dict) -> list[str]:
@@ -128,7 +129,7 @@ def build(runs: dict) -> dict:
         row(f"ours_4_keep_bf16_reduce_compile{s}{m}", f"4 GPUs, {tokens}, torch.compile per layer, gathered "
             "parameters kept, gradients reduced in bf16 (torchtitan's: float32)", f"titan_varlen_4_keep_compile{s}{m}",
             same, lb, mine=True)  # fmt: skip
-        for keep in ("", "_keep_compile"):  # as it ships; keeping the gathered parameters (compiled by default)
+        for keep in TRAINER_4:
             trainer = ours.get(f"ours_trainer_4{s}{keep}{m}", {})
             loop = f"ours_4{'_keep_bf16_reduce' * bool(keep)}{'_compile' * bool(trainer.get('compile'))}{s}{m}"
             row(f"ours_trainer_4{s}{keep}{m}", f"4 GPUs, {tokens}, PackingTrainer (accelerate FSDP2: gradients reduced "
@@ -205,7 +206,7 @@ def _scaling(ours: dict, runs: dict, suffix: str, compiled: str = "", machine: s
     """
     names = [f"{n}{compiled}{suffix}{machine}" for n in ("ours_1", "ours_2", "ours_2_keep", "ours_4", "ours_4_keep",
                                                           "ours_4_keep_bf16_reduce")]  # fmt: skip
-    for trainer in (f"ours_trainer_4{suffix}{machine}", f"ours_trainer_4{suffix}_keep_compile{machine}"):
+    for trainer in (f"ours_trainer_4{suffix}{keep}{machine}" for keep in TRAINER_4):
         if bool(ours.get(trainer, {}).get("compile")) == bool(compiled):  # beside the replay compiled as it was
             names.append(trainer)
     per_gpu = {n: {"gpus": ours[n]["gpus"], "tokens_per_s_per_gpu": ours[n]["tokens_per_s_per_gpu"],
@@ -380,7 +381,7 @@ def _losses(ours: dict, suffix: str, machine: str = "") -> dict:
     out = {}
     for c in ("", "_compile"):
         fours = [f"ours_4{k}{c}{suffix}{machine}" for k in ("", "_keep", "_keep_bf16_reduce")]
-        fours += [t for t in (f"ours_trainer_4{suffix}{k}{machine}" for k in ("", "_keep_compile"))
+        fours += [t for t in (f"ours_trainer_4{suffix}{k}{machine}" for k in TRAINER_4)
                   if bool(ours.get(t, {}).get("compile")) == bool(c)]  # fmt: skip
         fours = [n for n in fours if n in ours] or [f"ours_1{c}{suffix}{machine}"]
         replays = ("ours_2", "ours_2_keep") if fours[0].startswith("ours_1") else ("ours_2", "ours_1")
