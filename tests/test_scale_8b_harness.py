@@ -166,7 +166,7 @@ def test_the_rows_scaling_and_loss_verdict_come_from_the_runs():
 
 
 @pytest.mark.parametrize("name", ["_scale_8b_metrics", "_scale_8b_data", "_scale_8b_results", "_scale_8b_report",
-                                  "scale_8b", "_trace_overlap"])
+                                  "scale_8b", "_trace_overlap", "_fused_norm"])
 def test_the_helpers_docstring_examples(name):
     assert doctest.testmod(importlib.import_module(name)).failed == 0
 
@@ -421,3 +421,37 @@ def test_four_gpu_rows_and_scaling_compare_within_each_machine_of_a_merged_folde
     table = report_of.markdown(results)
     assert "eager [b] | 4 | 800 | 810 | 0.99 |" in table
     assert "Per-GPU scaling [b], local batch 2 " in table and "NOT within" in table
+
+
+def test_torchtitans_keep_and_norm_settings_have_rows_of_ours_beside_them():
+    run = lambda rate, loss=12.0, **kw: {"status": "ok", "gpus": 4, "warmup": 1, "steps": 2, "mfu": 0.5,  # noqa: E731
+                                         "tokens_per_s_per_gpu": rate, "peak_allocated_gib_per_gpu": [20.0],
+                                         "step_seconds": [5.0, 2.0, 2.0], "loss": [loss, loss - 0.5], "compile": False, **kw}
+    titan = lambda tps: {"status": "ok", "steps": [{"tps": tps, "loss": 12.0, "mfu_pct": 40.0, "memory_gib": 30.0}  # noqa: E731
+                                                   for _ in range(6)]}  # fmt: skip
+    runs = {"ours_4_keep_compile_lb2": run(960.0, compile=True), "titan_varlen_4_keep_compile_lb2": titan(900.0),
+            "ours_4_keep_bf16_reduce_compile_lb2": run(990.0, compile=True), "ours_4_lb2": run(800.0),
+            "ours_4_torch_norm_lb2": run(850.0, loss=12.5), "titan_varlen_4_lb2": titan(810.0),
+            "ours_1_lb2": {**run(860.0), "gpus": 1}}  # fmt: skip
+    results = results_of.build(runs)
+    rows = {(r["ours"], r["torchtitan"]): r for r in results["rows"]}
+    assert rows[("ours_4_keep_compile_lb2", "titan_varlen_4_keep_compile_lb2")]["ours_vs_torchtitan"] == pytest.approx(
+        960 / 900)
+    assert rows[("ours_4_torch_norm_lb2", "titan_varlen_4_lb2")]["ours_vs_torchtitan"] == pytest.approx(850 / 810)
+    assert "fused" in rows[("ours_4_torch_norm_lb2", "titan_varlen_4_lb2")]["setting"]
+    # the norm's losses are checked against the replay too: 0.5 / 12 is not bf16 noise
+    assert not results["loss_vs_replay"]["ours_1_lb2:ours_4_torch_norm_lb2"]["within_bf16_noise"]
+    assert "ours_4_keep_compile_lb2" in results["scaling_local_batch_2_compiled"]["runs"]
+
+
+def test_rms_norm_torch_swaps_every_norm_of_the_model_for_the_fused_call():
+    scale = importlib.import_module("scale_8b")
+    import torch
+
+    args = scale.parse_args(["--smoke", "--rms-norm", "torch"])
+    model = scale.build_model(args, torch.device("cpu"), torch.float32)
+    reference = scale.build_model(scale.parse_args(["--smoke"]), torch.device("cpu"), torch.float32)
+    norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert norms and all(m.forward.__func__.__module__ == "_fused_norm" for m in norms)
+    ids = torch.randint(0, 200, (1, 32))
+    torch.testing.assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits, atol=1e-5, rtol=1e-5)

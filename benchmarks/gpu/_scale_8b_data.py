@@ -10,6 +10,8 @@ ln 4) over the first ``min(vocab - 1, 128000)`` ids, each document's last token 
     torchtitan its HuggingFaceTextDataset's way: the documents (rank r takes every world-th of a seeded
                shuffle) end to end, cut into windows of seq_len + 1 tokens: input = w[:-1], labels = w[1:]
 
+``step_imbalance`` and ``targets``: what a multipack plan of them gives each rank and row.
+
 numpy only (``_shared`` is imported for the chain). Cost: an N x (longest) int64 grid while drawing tokens
 (3,000 documents x 8,190 = 197 MB), once per process.
 """
@@ -85,3 +87,18 @@ def row_documents(row: np.ndarray, eos: int) -> list[int]:
     ends = np.flatnonzero(row == eos) + 1
     bounds = np.unique(np.concatenate([[0], ends, [len(row)]]))
     return np.diff(bounds).tolist()
+
+
+def step_imbalance(lengths: np.ndarray, plan, steps: range) -> float:
+    """Mean over ``steps`` of (the most tokens a sampler rank gets) / (the mean over the ranks) - 1.
+
+    >>> round(step_imbalance(np.array([4, 4, 2, 6]), [[[0], [1]], [[2], [3]]], range(2)), 4)  # (4/3 - 1 + 6/5 - 1) / 2
+    0.2667
+    """
+    ratios = [max(t) / np.mean(t) - 1 for t in ([int(lengths[r[s]].sum()) for r in plan] for s in steps)]
+    return float(np.mean(ratios))
+
+
+def targets(lengths: np.ndarray, indices) -> int:
+    """Tokens with a target in a flat row of these examples: FlatteningCollator masks each example's first."""
+    return int(lengths[indices].sum()) - len(indices)

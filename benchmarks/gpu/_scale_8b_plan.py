@@ -208,6 +208,11 @@ def plan_steps(work: Path, smoke: bool = False, fa4_disk_cache: bool = False) ->
               "--compile.enable", expected=170, timeout=260, batch=2),
         trainer("ours_trainer_4_lb2_keep_compile", big, 12, 3, 2, "--compile-layers", "auto", "--reshard-after-forward",
                 "never"),
+        # ours with torchtitan's setting exactly (its gradients reduced in float32) beside titan_varlen_4_keep_compile_lb2;
+        # eager with torchtitan's RMSNorm kernel (torch's fused rms_norm, _fused_norm.py) beside titan_varlen_4_lb2
+        ours("ours_4_keep_compile_lb2", big, 12, 3, "--reshard-after-forward", "never", "--compile", expected=170,
+             timeout=260, batch=2),
+        ours("ours_4_torch_norm_lb2", big, 12, 3, "--rms-norm", "torch", expected=130, timeout=240, batch=2),
         # local batch 4: two 16,384-token micro-batches per GPU, gradients reduced once a step
         ours("ours_4_keep_lb4", big, 8, 2, "--reshard-after-forward", "never", expected=130, timeout=240, batch=4),
         ours("ours_1_lb4", 1, 3, 2, expected=165, timeout=255, batch=4),

@@ -126,9 +126,13 @@ def build(runs: dict) -> dict:
             "(reshard_after_forward never, both sides)", f"titan_varlen_4_keep{s}{m}", same, lb)  # fmt: skip
         row(f"ours_4_keep_bf16_reduce{s}{m}", f"4 GPUs, {tokens}, eager, gathered parameters kept, gradients reduced "
             "in bf16 (torchtitan's: float32, its only choice)", f"titan_varlen_4_keep{s}{m}", same, lb, mine=True)  # fmt: skip
+        row(f"ours_4_keep_compile{s}{m}", f"4 GPUs, {tokens}, torch.compile per layer, gathered parameters kept "
+            "(both sides)", f"titan_varlen_4_keep_compile{s}{m}", same, lb)  # fmt: skip
         row(f"ours_4_keep_bf16_reduce_compile{s}{m}", f"4 GPUs, {tokens}, torch.compile per layer, gathered "
             "parameters kept, gradients reduced in bf16 (torchtitan's: float32)", f"titan_varlen_4_keep_compile{s}{m}",
             same, lb, mine=True)  # fmt: skip
+        row(f"ours_4_torch_norm{s}{m}", f"4 GPUs, {tokens}, eager, RMSNorm as torch's fused kernel (torchtitan's "
+            "nn.RMSNorm; ours: transformers' op by op otherwise)", f"titan_varlen_4{s}{m}", same, lb, mine=True)  # fmt: skip
         for keep in TRAINER_4:
             trainer = ours.get(f"ours_trainer_4{s}{keep}{m}", {})
             loop = f"ours_4{'_keep_bf16_reduce' * bool(keep)}{'_compile' * bool(trainer.get('compile'))}{s}{m}"
@@ -380,7 +384,7 @@ def _losses(ours: dict, suffix: str, machine: str = "") -> dict:
     """
     out = {}
     for c in ("", "_compile"):
-        fours = [f"ours_4{k}{c}{suffix}{machine}" for k in ("", "_keep", "_keep_bf16_reduce")]
+        fours = [f"ours_4{k}{c}{suffix}{machine}" for k in ("", "_keep", "_keep_bf16_reduce", "_torch_norm")]
         fours += [t for t in (f"ours_trainer_4{suffix}{k}{machine}" for k in TRAINER_4)
                   if bool(ours.get(t, {}).get("compile")) == bool(c)]  # fmt: skip
         fours = [n for n in fours if n in ours] or [f"ours_1{c}{suffix}{machine}"]

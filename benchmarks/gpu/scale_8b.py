@@ -73,7 +73,7 @@ import torch.distributed as dist
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # the _scale_8b_* helpers, benchmarks/_shared
-from _scale_8b_data import documents  # noqa: E402
+from _scale_8b_data import documents, step_imbalance, targets  # noqa: E402
 from _scale_8b_metrics import H100_BF16_PEAK, LLAMA_3_1_8B, TINY, flops_per_token, flops_row, mfu  # noqa: E402
 from _scale_8b_metrics import causal_document_flops_per_token  # noqa: E402
 from _shared import CompileCounter, gather_ranks, model_config  # noqa: E402
@@ -107,6 +107,10 @@ def build_model(args, device: torch.device, dtype: torch.dtype):
 
         register_fa4_attention()
     model.config._attn_implementation = args.attn
+    if args.rms_norm == "torch":  # torch's fused kernel, torchtitan's norm (_fused_norm.py); else transformers' own
+        from _fused_norm import torch_rms_norm
+
+        torch_rms_norm(model)
     return model.train()
 
 
@@ -167,21 +171,6 @@ def step_plan(lengths: np.ndarray, args) -> tuple[list[list[list[int]]], dict]:
         )
     stats = {k: v if isinstance(v, (int, str)) else float(v) for k, v in samplers[0].stats().items()}
     return plan, stats
-
-
-def step_imbalance(lengths: np.ndarray, plan, steps: range) -> float:
-    """Mean over ``steps`` of (the most tokens a sampler rank gets) / (the mean over the ranks) - 1.
-
-    >>> round(step_imbalance(np.array([4, 4, 2, 6]), [[[0], [1]], [[2], [3]]], range(2)), 4)  # (4/3 - 1 + 6/5 - 1) / 2
-    0.2667
-    """
-    ratios = [max(t) / np.mean(t) - 1 for t in ([int(lengths[r[s]].sum()) for r in plan] for s in steps)]
-    return float(np.mean(ratios))
-
-
-def targets(lengths: np.ndarray, indices) -> int:
-    """Tokens with a target in a flat row of these examples: FlatteningCollator masks each example's first."""
-    return int(lengths[indices].sum()) - len(indices)
 
 
 # ----------------------------------------------------------------------------- the runners
@@ -327,6 +316,7 @@ def run_loop(args, rank: int, world: int, device: torch.device) -> dict | None:
         "reduce_dtype": args.reduce_dtype,
         "reshard_after_forward": args.reshard_after_forward,
         "prefetch": args.prefetch,
+        "rms_norm": args.rms_norm,
         "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS"),
         "profile": profile,
         "profile_ranks": profiles,
@@ -385,6 +375,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              "gathered bf16 parameters from its forward to its backward (+16 GB at 8B), one all-gather a step fewer")
     add("--reduce-dtype", choices=("float32", "bfloat16"), default="float32",
         help="FSDP2's gradient reduce-scatter dtype (torchtitan's mixed_precision_reduce; bfloat16 halves its bytes)")
+    add("--rms-norm", choices=("model", "torch"), default="model", help="torch: torch's fused RMSNorm kernel")
     add("--prefetch", type=int, default=0, help="explicit FSDP2 all-gather prefetch, in layers (0: FSDP2's own)")
     add("--profile-step", type=int, default=None,
         help="profile this step (1-based): <out>/<name>_trace.json.gz and the record's 'profile' (_trace_overlap.py)")
