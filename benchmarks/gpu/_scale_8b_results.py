@@ -104,7 +104,7 @@ def build(runs: dict) -> dict:
             "torchtitan_mfu_causal_documents": theirs["mfu_causal_documents"] if theirs else None,
             "torchtitan_mfu_logged": theirs["mfu_logged"] if theirs else None,
             "peak_allocated_gib_per_gpu": max(run["peak_allocated_gib_per_gpu"]) if run else None,
-            "peak_reserved_gib_per_gpu": max(run.get("peak_reserved_gib_per_gpu") or [0]) if run else None,
+            "peak_reserved_gib_per_gpu": max(run.get("peak_reserved_gib_per_gpu") or [None]) if run else None,
             "torchtitan_peak_reserved_gib": theirs["memory_reserved_gib"] if theirs else None,
             "compile": bool(run["compile"]) if run else bool(runs.get(titan_name, {}).get("compile")),
             "machine": (name if run else titan_name or "").partition("@")[2] or None,

@@ -28,6 +28,8 @@ Device plan (issue #46): ONE call on a 4x H100 machine, <= 9.5 min, after FA4's 
         source .fa4b/install.sh || echo "no FA4: our runs take packing_varlen"; python3 -m pip install -q \\
         --no-index --no-deps --no-compile --target /tmp/tt .ttwhl/*.whl && export PYTHONPATH=/tmp/tt:$PYTHONPATH \\
         PYTHONUNBUFFERED=1 && python3 benchmarks/gpu/scale_8b.py --plan --out $OUT --deadline-s 510
+    (a call carries 64 MiB with the tree (9 MB): where .fa4a and the tree pass it, move .fa4a's three largest
+    wheels after cu13part.aa to a .fa4c/ carried in call 2 and ``cp .fa4c/* /tmp/fa4/`` before the source)
 
 ``--plan`` (``_scale_8b_plan.py``) runs, each under ``timeout``, skipped when the deadline leaves too little:
 
@@ -44,6 +46,8 @@ Device plan (issue #46): ONE call on a 4x H100 machine, <= 9.5 min, after FA4's 
     (2 GPUs)        ours_1_r2_lb2, ours_2_r2_lb2[_keep|_bf16_reduce|...]: the 2-rank plan, one FSDP2 option at a
                     time against the 1-GPU replay, step 2 profiled (``--profile-step``, ``_step_profile.py``);
                     ours_trainer_{1,2,4}_lb2; the same compiled (*_compile[_dynamic|_layers]: ``--compile-as``)
+    (4 GPUs, lb2)   ours_4_keep_compile_lb2 beside titan_varlen_4_keep_compile_lb2 (torchtitan's setting exactly);
+                    ours_4_torch_norm_lb2: eager on torchtitan's RMSNorm kernel (``--rms-norm torch``, _fused_norm.py)
 
 and writes, after every step, at most 4 files: ``results.json`` (the rows of issue #46's item 5 and every run),
 ``report.md`` (the table for docs/benchmarks.md), ``runs.log`` (every run's output), ``env.txt``. Each of our runs pays FA4's warm-up (~25 s of kernel compiles) unless ``--fa4-disk-cache`` shares FA4's on-disk
