@@ -80,6 +80,9 @@ def test_other_loss_types_match(tmp_path, loss_type):
     options = {"loss_type": [loss_type], "label_smoothing": 0.1 if loss_type == "robust" else 0.0}
     theirs, _ = _run(tmp_path, "llama", packed=False, **options)
     ours, _ = _run(tmp_path, "llama", packed=True, **options)
+    # as test_two_steps_log_what_trl_logs: the second step's margins (~0.01) are a difference of rewards that
+    # beta x (log-probability sums of ~-20) make, after an AdamW step that scales rounding-sized gradients up to
+    # lr: its float32 rounding, which differs between CPU kernels, reaches a few 1e-6 (3e-6 on an AVX-512 machine)
     for mine, reference in zip(ours, theirs):
-        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-4, abs=1e-6)
-        assert mine["rewards/margins"] == pytest.approx(reference["rewards/margins"], rel=1e-4, abs=1e-6)
+        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-4, abs=1e-5)
+        assert mine["rewards/margins"] == pytest.approx(reference["rewards/margins"], rel=1e-4, abs=1e-5)
