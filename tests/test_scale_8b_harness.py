@@ -444,7 +444,7 @@ def test_torchtitans_keep_and_norm_settings_have_rows_of_ours_beside_them():
     assert "ours_4_keep_compile_lb2" in results["scaling_local_batch_2_compiled"]["runs"]
 
 
-def test_rms_norm_torch_swaps_every_norm_of_the_model_for_the_fused_call():
+def test_rms_norm_torch_swaps_every_norm_of_the_model_for_the_fused_call(monkeypatch):
     scale = importlib.import_module("scale_8b")
     import torch
 
@@ -455,3 +455,7 @@ def test_rms_norm_torch_swaps_every_norm_of_the_model_for_the_fused_call():
     assert norms and all(m.forward.__func__.__module__ == "_fused_norm" for m in norms)
     ids = torch.randint(0, 200, (1, 32))
     torch.testing.assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
+    # a model with no norm to swap is refused, not timed as if its norm were fused
+    monkeypatch.setattr(importlib.import_module("_fused_norm"), "torch_rms_norm", lambda model: 0)
+    with pytest.raises(SystemExit, match="no RMSNorm with variance_epsilon"):
+        scale.build_model(args, torch.device("cpu"), torch.float32)

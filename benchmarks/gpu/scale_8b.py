@@ -114,7 +114,8 @@ def build_model(args, device: torch.device, dtype: torch.dtype):
     if args.rms_norm == "torch":  # torch's fused kernel, torchtitan's norm (_fused_norm.py); else transformers' own
         from _fused_norm import torch_rms_norm
 
-        torch_rms_norm(model)
+        if not torch_rms_norm(model):  # refuse rather than time transformers' norm under the fused one's name
+            raise SystemExit(f"--rms-norm torch: {type(model).__name__} has no RMSNorm with variance_epsilon to swap")
     return model.train()
 
 
