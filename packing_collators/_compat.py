@@ -19,6 +19,8 @@
     torch          torch._dynamo.utils.counters                   graphs compiled so far
     torch          torch._dynamo.config.recompile_limit           graphs Dynamo keeps per function
                    (cache_size_limit before 2.7)
+    torch          torch._dynamo.config.skip_fwd_side_effects_    a checkpointed layer traced whole although
+                   in_bwd_under_checkpoint                        its forward sets a global (transformers 5.25)
     CPython        sys._getframe                                  the Trainer that called a callback
 
 Checked on: transformers 5.15.0 (the floor, ``make test-oldest``), 5.17.0 (GPU runs) and 5.24.0
@@ -30,6 +32,7 @@ Cost: none; attribute reads.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -43,12 +46,14 @@ __all__ = [
     "base_examples_iterable",
     "cache_file_path",
     "caller_frame",
+    "checkpoint_side_effects_not_replayed",
     "collator_with_removed_columns",
     "dataset_fingerprint",
     "dataset_indices",
     "examples_iterable",
     "fa4_kernels",
     "dynamo_counters",
+    "enable_activation_checkpointing",
     "format_columns",
     "positional_collator",
     "prepared_inputs",
@@ -271,3 +276,42 @@ def raise_recompile_limit(limit: int) -> int:
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(limit, getattr(config, name)))
     return getattr(config, name)
+
+
+def checkpoint_side_effects_not_replayed():
+    """A context in which Dynamo traces a checkpointed function whose forward sets a global and puts it back
+    (``torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint``, 2.8-2.13; a no-op where absent).
+
+    transformers 5.25's attention layers route their rotary function through ``kernels``' ``use_kernelized_func``,
+    whose forward sets a module-level variable and resets it before returning. Inside a checkpoint Dynamo refuses
+    that mutation (the recompute would replay it) and the whole layer runs eager; the recompute need not replay it,
+    as the value is back to what it was when the forward returns.
+
+    >>> with checkpoint_side_effects_not_replayed():
+    ...     pass
+    """
+    from torch._dynamo import config
+
+    if not hasattr(config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
+        return contextlib.nullcontext()
+    return config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True)
+
+
+def enable_activation_checkpointing(model, kwargs: dict | None = None) -> None:
+    """Turn on transformers' activation checkpointing by its current name: ``activation_checkpointing_enable``
+    (5.25; ``gradient_checkpointing_enable``, its deprecated alias there, before).
+
+    >>> import torch
+    >>> enable_activation_checkpointing(torch.nn.Linear(2, 2))
+    Traceback (most recent call last):
+    ...
+    TypeError: Linear has no activation checkpointing to enable (a transformers PreTrainedModel has)
+    """
+    enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
+        model, "gradient_checkpointing_enable", None
+    )
+    if enable is None:
+        raise TypeError(
+            f"{type(model).__name__} has no activation checkpointing to enable (a transformers PreTrainedModel has)"
+        )
+    enable(kwargs if kwargs is not None else {"use_reentrant": False})

@@ -201,7 +201,9 @@ def trl_budget(args, model, dataset):
     few = dataset.select(range(min(len(dataset), 64)))  # the measuring trainer's own rows are never trained
     probe = trl_trainer(args, model, few, args.auto_steps, packing=True, max_length=args.budget)
     if args.gc:  # as Trainer.train() will turn it on
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from packing_collators._compat import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model, {"use_reentrant": False})
     trainable = [p for p in model.parameters() if p.requires_grad]
     longest = _longest(dataset)
     budget = fit_token_budget(

@@ -35,7 +35,9 @@ def _model(vocab: int, checkpointing: bool, attention: str):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.set_attn_implementation(attention)
     if checkpointing:
-        model.gradient_checkpointing_enable({"use_reentrant": False})
+        from packing_collators._compat import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model, {"use_reentrant": False})
     return model.train()
 
 

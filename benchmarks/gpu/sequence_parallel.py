@@ -150,7 +150,9 @@ def build(
     with torch.device(run.device):
         model = AutoModelForCausalLM.from_config(config, attn_implementation=run.attn, dtype=dtype)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from packing_collators._compat import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model, {"use_reentrant": False})
     return model.train()
 
 

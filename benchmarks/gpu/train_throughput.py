@@ -141,7 +141,9 @@ def train(plan: Plan, attn: str, args, device, dtype, val_batches) -> dict:
     began = time.perf_counter()
     model = build_model(args, attn, device, dtype)
     if args.grad_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from packing_collators._compat import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model, {"use_reentrant": False})
     built = time.perf_counter() - began
     n_params = sum(p.numel() for p in model.parameters())
     hidden, layers = SIZES[args.size][0], SIZES[args.size][1]

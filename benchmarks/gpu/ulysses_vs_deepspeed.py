@@ -82,7 +82,9 @@ def build(args, device, attn: str):
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.bfloat16)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    from packing_collators._compat import enable_activation_checkpointing
+
+    enable_activation_checkpointing(model, {"use_reentrant": False})
     return model.train()
 
 

@@ -19,9 +19,11 @@ recompute and the live probe's calls each add a graph (a handful per run). Insid
 traces the row length static, the number of examples still symbolic: faster steps (docs/benchmarks.md,
 8B under FSDP2). Cost: those compiles, seconds each, before the first step under PackingTrainer
 (``trainer/_compile.py``), in the first steps otherwise.
-Gradient checkpointing: transformers 5.15-5.17 checkpoint in the layer's ``__call__``, around the compiled
-forward; 5.24 wraps the class's ``forward``, so the checkpoint is traced inside the graph (equal losses and
-gradients on the CPU; the GPU runs used 5.17). Measured against TRL: docs/benchmarks.md.
+Activation checkpointing: transformers 5.15-5.17 checkpoint in the layer's ``__call__``, around the compiled
+forward; 5.24 on wraps the class's ``forward``, so the checkpoint is traced inside the graph (equal losses and
+gradients on the CPU; the GPU runs used 5.17). 5.25's layers set a global in their forward (``kernels``'
+rotary routing) and put it back; Dynamo is told not to replay that in the recompute, else it refuses to trace
+the checkpoint and the layer runs eager. Measured against TRL: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ import contextlib
 import functools
 import types
 
-from .._compat import dynamo_counters, dynamo_sources_by_pattern, raise_recompile_limit
+from .._compat import (
+    checkpoint_side_effects_not_replayed,
+    dynamo_counters,
+    dynamo_sources_by_pattern,
+    raise_recompile_limit,
+)
 from ..batch import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, MAX_LENGTH_K, MAX_LENGTH_Q, VARLEN_KEYS
 
 __all__ = [
@@ -145,7 +152,8 @@ def _compiled_forward(cls, options: tuple, checkpoint: bool = False):
 
     @functools.wraps(cls.forward)  # the class's signature and source, for whoever inspects the layer's forward
     def forward(self, *args, **kwargs):
-        return (static if _Rows.static else dynamic)(self, *args, **kwargs)
+        with checkpoint_side_effects_not_replayed():  # transformers 5.25's layers set a global in their forward
+            return (static if _Rows.static else dynamic)(self, *args, **kwargs)
 
     return forward
 

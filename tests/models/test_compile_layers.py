@@ -9,6 +9,7 @@ kept compiled whole (and so on the full logits), with the reason.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import torch
 from _tiny_models import random_examples, tiny_model, training_args
 
 from packing_collators import FlatteningCollator, compile_layers
+from packing_collators._compat import enable_activation_checkpointing
 from packing_collators.models._compile_layers import compiled_layer_count, layer_compile_blocker, repeated_layers
 
 BACKEND = "aot_eager"
@@ -25,9 +27,15 @@ BATCHES = [[7, 3, 12, 5, 9], [4, 9, 6], [30, 2], [5] * 7]  # other lengths, coun
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # fa4_reference: conftest.py
 
 
-def _losses_and_grads(model, checkpointing: bool):
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+def _losses_and_grads(model, checkpointing: str | None):
+    """``checkpointing``: transformers' checkpointing turned on by its deprecated name (``gradient_checkpointing_enable``)
+    or by the name 5.25 gave it (``activation_checkpointing_enable``; the same method before 5.25)."""
+    if checkpointing == "gradient":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif checkpointing == "activation":
+        enable_activation_checkpointing(model, {"use_reentrant": False})
     collate, losses = FlatteningCollator(), []
     for i, lengths in enumerate(BATCHES):
         loss = model(**collate(random_examples(lengths, seed=i))).loss
@@ -37,7 +45,7 @@ def _losses_and_grads(model, checkpointing: bool):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("checkpointing", [None, "gradient", "activation"])
 def test_one_graph_serves_every_layer_and_shape_and_trains_as_eager(fa4_reference, checkpointing):
     from torch._dynamo.utils import counters
 
@@ -47,7 +55,8 @@ def test_one_graph_serves_every_layer_and_shape_and_trains_as_eager(fa4_referenc
     assert compile_layers(compiled, backend=BACKEND) == 3 and compiled_layer_count(compiled) == 3
     assert list(compiled.state_dict()) == keys  # nothing renamed: checkpoints load as before
     mine = _losses_and_grads(compiled, checkpointing)
-    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    assert all(layer.gradient_checkpointing for layer in compiled.model.layers) == bool(checkpointing)
     eager = tiny_model("llama", attn="packing_fa4", num_hidden_layers=3).bfloat16()
     theirs = _losses_and_grads(eager, checkpointing)
     torch.testing.assert_close(mine[0], theirs[0], rtol=0, atol=0)  # the same ops on the same inputs

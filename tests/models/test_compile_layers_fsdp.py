@@ -5,8 +5,9 @@ whose hooks unshard the parameters around the layer's call, outside the compiled
 With ``fsdp_config`` ``activation_checkpointing``, PackingTrainer compiles each layer's checkpoint inside its graph
 (``compile_layers(checkpoint=True)``) instead of accelerate's ``checkpoint_wrapper`` around it; the wrapper is
 tested too (where accelerate keeps it: its CPU offload, a policy wrapping other modules), and transformers' own
-checkpointing (``gradient_checkpointing=True``), which under 5.24 checkpoints in the class's forward only when that
-is the outermost one: FSDP2 swaps the class. Gradients equal eager's, and what the first step saves for its
+checkpointing under both its names (``gradient_checkpointing_enable``, deprecated in 5.25, and
+``activation_checkpointing_enable``), which from 5.24 checkpoints in the class's forward only when that is the
+outermost one: FSDP2 swaps the class. All cases run in one launch of the two ranks. Gradients equal eager's, and what the first step saves for its
 backward shows each checkpoint kept (a lost one trains right, on more memory).
 Each rank trains two steps of other lengths and example counts; the reference is one eager process
 that averages the two ranks' gradients, as FSDP does. Compiled with Dynamo's ``aot_eager`` backend: the
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 STEPS = ([9, 14, 5, 11], [20, 3, 8])  # each rank's examples per step (seeded by rank and step)
 
 WORKER = r"""
-import sys
+import sys, warnings
 sys.path.insert(0, {tests!r})
 import torch
 import torch.distributed as dist
@@ -36,35 +37,51 @@ from torch.distributed.fsdp import fully_shard
 from _tiny_models import random_examples, tiny_model
 from _moes import tiny_moe
 from packing_collators import FlatteningCollator
+from packing_collators._compat import enable_activation_checkpointing
 from packing_collators.models import compile_layers, compiled_layer_count
 from packing_collators.models._compile_layers import graphs_compiled, uncompile_layers
 
+BUILD = {build!r}
 dist.init_process_group("gloo")
-rank, checkpointed = dist.get_rank(), sys.argv[2] == "checkpointed"
-model = build()
-compiled = compile_layers(model, backend="aot_eager", checkpoint=sys.argv[2] == "checkpoint_in_graph")
-layers = model.model.layers
-for index in range(len(layers)):
-    if checkpointed:
-        layers[index] = checkpoint_wrapper(layers[index], preserve_rng_state=False)
-    fully_shard(layers[index])
-fully_shard(model)
-if sys.argv[2] == "hf_checkpointing":  # transformers' own, enabled after the compile as the Trainer enables it
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{"use_reentrant": False}})
-before, saved = graphs_compiled(), []
-for step, lengths in enumerate({steps!r}):
-    batch = FlatteningCollator()(random_examples(lengths, seed=10 * rank + step))
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
-                                                  lambda t: t):
-        loss = model(**batch).loss
-    (loss / len({steps!r})).backward()
-grads = {{n.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor() for n, p in model.named_parameters()
-         if p.grad is not None}}
+rank = dist.get_rank()
+
+
+def case(arch, wrapping):
+    torch._dynamo.reset()  # each case compiles its own graphs, as a process of its own would
+    torch.manual_seed(0)
+    model = eval(BUILD[arch])
+    compiled = compile_layers(model, backend="aot_eager", checkpoint=wrapping == "checkpoint_in_graph")
+    layers = model.model.layers
+    for index in range(len(layers)):
+        if wrapping == "checkpointed":
+            layers[index] = checkpoint_wrapper(layers[index], preserve_rng_state=False)
+        fully_shard(layers[index])
+    fully_shard(model)
+    # transformers' own, enabled after the compile as the Trainer enables it: by its deprecated name, and by the
+    # name 5.25 gave it (activation_checkpointing_enable; the same method before 5.25)
+    if wrapping == "hf_checkpointing":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{"use_reentrant": False}})
+    if wrapping == "hf_activation_checkpointing":
+        enable_activation_checkpointing(model, {{"use_reentrant": False}})
+    before, saved = graphs_compiled(), []
+    for step, lengths in enumerate({steps!r}):
+        batch = FlatteningCollator()(random_examples(lengths, seed=10 * rank + step))
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
+                                                      lambda t: t):
+            loss = model(**batch).loss
+        (loss / len({steps!r})).backward()
+    grads = {{n.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor() for n, p in model.named_parameters()
+             if p.grad is not None}}
+    return {{"grads": grads, "compiled": compiled, "still_compiled": compiled_layer_count(model),
+            "layer": type(model.model.layers[0]).__name__, "graphs": graphs_compiled() - before,
+            "uncompiled": uncompile_layers(model), "layers": len(model.model.layers), "saved": sum(saved)}}
+
+
+results = {{f"{{arch}}-{{wrapping}}": case(arch, wrapping) for arch, wrapping in {cases!r}}}
 if rank == 0:
-    torch.save({{"grads": grads, "compiled": compiled, "still_compiled": compiled_layer_count(model),
-                "layer": type(model.model.layers[0]).__name__, "graphs": graphs_compiled() - before,
-                "uncompiled": uncompile_layers(model), "layers": len(model.model.layers), "saved": sum(saved)}},
-               sys.argv[1] + "/rank0.pt")
+    torch.save(results, sys.argv[1] + "/rank0.pt")
 """
 
 
@@ -95,13 +112,24 @@ def _saved_eager(arch):
     return sum(saved)
 
 
-@pytest.mark.parametrize("arch, wrapping", [("llama", "checkpointed"), ("llama", "checkpoint_in_graph"),
-                                            ("llama", "hf_checkpointing"), ("llama", "sharded"),
-                                            ("qwen3_moe", "checkpoint_in_graph")])  # fmt: skip
-def test_compiled_layers_under_fsdp2_give_the_eager_gradients(tmp_path, arch, wrapping):
-    worker = WORKER.replace("sys.argv[2]", repr(wrapping)).replace("{steps!r}", repr(STEPS))
-    run_two_ranks(worker.replace("model = build()", f"model = {BUILD[arch]}"), tmp_path)
-    result = torch.load(tmp_path / "rank0.pt")
+CASES = [("llama", "checkpointed"), ("llama", "checkpoint_in_graph"), ("llama", "hf_checkpointing"),
+         ("llama", "hf_activation_checkpointing"), ("llama", "sharded"), ("qwen3_moe", "checkpoint_in_graph")]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Every case in one launch of two ranks (a launch costs seconds of start-up and import), each case on its own
+    model and Dynamo state."""
+    out = tmp_path_factory.mktemp("fsdp2")
+    build = repr(BUILD).replace("{", "{{").replace("}", "}}")  # the worker's source goes through str.format
+    worker = WORKER.replace("{build!r}", build).replace("{steps!r}", repr(STEPS)).replace("{cases!r}", repr(CASES))
+    run_two_ranks(worker, out, timeout=480)
+    return torch.load(out / "rank0.pt")
+
+
+@pytest.mark.parametrize("arch, wrapping", CASES)
+def test_compiled_layers_under_fsdp2_give_the_eager_gradients(two_ranks, arch, wrapping):
+    result = two_ranks[f"{arch}-{wrapping}"]
     reference = _reference(arch)
     # the compiled forwards survive the wrapping, counted once (not again through the wrapper), and can be undone
     assert result["compiled"] == result["still_compiled"] == result["uncompiled"] == result["layers"] >= 2

@@ -323,3 +323,57 @@ def test_the_check_collates_only_first_examples_that_fit_a_bucket(tmp_path):
     trainer.train()
     assert trainer.compile_report.buckets == (72,)
     assert len([h for h in trainer.state.log_history if "loss" in h]) == 2
+
+
+def _checkpointing_names() -> list[str]:
+    """TrainingArguments' names for activation checkpointing: ``gradient_checkpointing`` (deprecated in 5.25) and,
+    from 5.25, ``activation_checkpointing``."""
+    from transformers import TrainingArguments
+
+    return ["gradient_checkpointing"] + (["activation_checkpointing"] if hasattr(TrainingArguments, "activation_checkpointing") else [])  # fmt: skip
+
+
+def _saved_bytes(model, batch) -> int:
+    """What one training-mode forward saves for its backward."""
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t, lambda t: t):
+        model(**batch)
+    return sum(saved)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _checkpointing_names())
+def test_checkpointing_by_either_name_stays_in_the_compiled_layers(tmp_path, name):
+    import warnings
+
+    from _tiny_models import training_args
+    from torch._dynamo.utils import counters
+
+    from packing_collators import PackingTrainer
+
+    def train(compiled: bool):
+        options = dict(torch_compile=True, torch_compile_backend=BACKEND) if compiled else {}
+        args = training_args(tmp_path / str(compiled), max_steps=2, gradient_accumulation_steps=1, **{name: True}, **options)
+        trainer = PackingTrainer(model=tiny_model("llama"), args=args, max_tokens_per_batch=90, packing_probe=False,
+                                 train_dataset=random_examples(np.random.default_rng(0).integers(3, 30, 24).tolist()))
+        trainer.train()
+        return trainer, [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    counters.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer, losses = train(compiled=True)
+    ours = [w for w in caught if issubclass(w.category, FutureWarning) and "packing_collators" in w.filename]
+    assert not ours, [str(w.message) for w in ours]  # the library itself calls nothing by a deprecated name
+    model = trainer.model
+    assert compiled_layer_count(model) == 2 and all(layer.gradient_checkpointing for layer in model.model.layers)
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])
+    _, eager = train(compiled=False)
+    assert losses[0] == pytest.approx(eager[0], rel=1e-5) and np.allclose(losses, eager, rtol=1e-4)
+    # the checkpoint kept: a layer saves its input, not its activations (tiny model: under 0.65 of what none saves)
+    batch = FlatteningCollator()(random_examples([9, 14, 5, 11]))
+    model.train()
+    checkpointed = _saved_bytes(model, batch)
+    for layer in model.model.layers:
+        layer.gradient_checkpointing = False
+    assert checkpointed < 0.65 * _saved_bytes(model, batch)
