@@ -33,7 +33,8 @@ def check_model(model, *, cache_off: bool = False) -> tuple[str, Any]:
     config = text_config(model)
     params = inspect.signature(model.forward).parameters
     name = type(model).__name__
-    if "position_ids" not in params:
+    _check_prepared(model, config, name)  # first: a stateful model's fix is enable_packing, whatever its forward takes
+    if "position_ids" not in params and not _prepared_without_positions(model, params):
         raise ValueError(
             f"{name}.forward takes no position_ids, so a packed batch cannot restart positions per example and "
             "its examples would attend to each other. Pack only models whose forward takes position_ids, or pad."
@@ -44,7 +45,6 @@ def check_model(model, *, cache_off: bool = False) -> tuple[str, Any]:
             "its attention layers (and the Trainer cannot pass num_items_in_batch for token-weighted loss). "
             "Use a transformers model whose forward accepts **kwargs, or pad."
         )
-    _check_prepared(model, config, name)
     if not cache_off:
         _check_cache(model, config, name)
     implementation = attn_implementation(config)
@@ -57,6 +57,16 @@ def check_model(model, *, cache_off: bool = False) -> tuple[str, Any]:
         )
     check_backend_limits(config, implementation, name)  # packing_varlen, packing_fa4: what their kernels lack
     return implementation, config
+
+
+def _prepared_without_positions(model, params) -> bool:
+    """A model whose sequence mixing enable_packing prepared and that takes no position_ids (a state-space model
+    such as Mamba): its prepared layers read the boundaries from the batch's cu_seq_lens, which reach them through
+    ``**kwargs``; the live probe measures that they do (measured exact on the CPU: the architecture sweep)."""
+    from ..models import packing_layers  # torch, on first use
+
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return takes_kwargs and packing_layers(model) is not None
 
 
 def _check_prepared(model, config, name: str) -> None:
