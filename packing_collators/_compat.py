@@ -23,7 +23,7 @@
                    in_bwd_under_checkpoint                        its forward sets a global (transformers 5.25)
     CPython        sys._getframe                                  the Trainer that called a callback
 
-Checked on: transformers 5.15.0 (the floor, ``make test-oldest``), 5.17.0 (GPU runs) and 5.24.0
+Checked on: transformers 5.15.0 (the floor, ``make test-oldest``), 5.17.0 (GPU runs), 5.24.0 and 5.25.0
 (CI); datasets 4.8.4 (floor) and 5.2.0; accelerate 1.14.0 (floor) and 1.15.0; flash_attn.cute
 4.0.0b36 (GPU runs); torch 2.6.0 (floor), 2.11 (GPU runs) and 2.13 (CI).
 A test (tests/test_compat.py) fails if a name above is used anywhere else in the package.
@@ -91,19 +91,19 @@ PRIVATE_NAMES = (
 )
 
 # Trainer(model, args, data_collator, ...): the collator is the third positional argument
-# (transformers 4.x and 5.15-5.24).
+# (transformers 4.x and 5.15-5.25).
 POSITIONAL_COLLATOR_INDEX = 2
 
 
 def attention_registry() -> dict:
-    """transformers' name -> attention function mapping (``AttentionInterface._global_mapping``, 5.15-5.24)."""
+    """transformers' name -> attention function mapping (``AttentionInterface._global_mapping``, 5.15-5.25)."""
     from transformers import AttentionInterface
 
     return AttentionInterface._global_mapping
 
 
 def attn_implementation(config) -> str | None:
-    """The attention implementation a transformers config runs (``config._attn_implementation``, 5.15-5.24)."""
+    """The attention implementation a transformers config runs (``config._attn_implementation``, 5.15-5.25)."""
     return getattr(config, "_attn_implementation", None)
 
 
@@ -115,9 +115,9 @@ def set_attn_implementation(config, name: str) -> None:
 def trainer_hooks(cls):
     """Class decorator for a ``transformers.Trainer`` subclass: its private hooks, made this package's own.
 
-    ``_run_epoch(..., epoch=...)`` (5.15-5.24) calls ``self._packing_epoch(epoch)`` first;
-    ``_set_signature_columns_if_needed`` (5.15-5.24) adds ``cls.packing_columns``;
-    ``_get_num_items_in_batch`` (5.15-5.24) asks ``self._packing_items(batch_samples, device)``
+    ``_run_epoch(..., epoch=...)`` (5.15-5.25) calls ``self._packing_epoch(epoch)`` first;
+    ``_set_signature_columns_if_needed`` (5.15-5.25) adds ``cls.packing_columns``;
+    ``_get_num_items_in_batch`` (5.15-5.25) asks ``self._packing_items(batch_samples, device)``
     first (``NotImplemented``: the stock count). The MRO stays ``cls -> Trainer``.
     """
 
@@ -143,28 +143,28 @@ def trainer_hooks(cls):
 
 
 def train_batch_size(trainer) -> int:
-    """The Trainer's per-device train batch size (``Trainer._train_batch_size``, 5.15-5.24)."""
+    """The Trainer's per-device train batch size (``Trainer._train_batch_size``, 5.15-5.25)."""
     return trainer._train_batch_size
 
 
 def remove_unused_columns(trainer, dataset, description: str):
-    """``Trainer._remove_unused_columns`` (5.15-5.24): drop the columns the forward does not name."""
+    """``Trainer._remove_unused_columns`` (5.15-5.25): drop the columns the forward does not name."""
     return trainer._remove_unused_columns(dataset, description=description)
 
 
 def collator_with_removed_columns(trainer, collator, description: str):
-    """``Trainer._get_collator_with_removed_columns`` (5.15-5.24), for a dataset that is not Arrow."""
+    """``Trainer._get_collator_with_removed_columns`` (5.15-5.25), for a dataset that is not Arrow."""
     return trainer._get_collator_with_removed_columns(collator, description=description)
 
 
 def prepared_inputs(trainer, batch):
-    """``Trainer._prepare_inputs`` (5.15-5.24): a batch on the trainer's device, as its steps see it."""
+    """``Trainer._prepare_inputs`` (5.15-5.25): a batch on the trainer's device, as its steps see it."""
     return trainer._prepare_inputs(batch)
 
 
 def trainer_step_inputs(trainer, batch, device):
     """A batch as the Trainer's step sees it and its target count (``_prepare_inputs``,
-    ``_get_num_items_in_batch``, 5.15-5.24)."""
+    ``_get_num_items_in_batch``, 5.15-5.25)."""
     inputs = prepared_inputs(trainer, batch)
     return inputs, trainer._get_num_items_in_batch([inputs], device)
 

@@ -21,55 +21,10 @@ segments' roles, and writes its keys' own layout with ``varlen_kwargs(queries, k
 numpy only on import; torch is imported by the readers that return tensors.
 """
 
-from ._boundaries import batch_shape, padding_tail, read_layout, segment_count, segment_ids, segment_starts
-from ._keys import (
-    CU_SEQ_LENS_K,
-    CU_SEQ_LENS_Q,
-    IGNORE_INDEX,
-    KV_INDEX,
-    MAX_LENGTH_K,
-    MAX_LENGTH_Q,
-    PACKING_KEYS,
-    Q_INDEX,
-    SEQ_IDX,
-    SHIFT_LABELS,
-    TARGET_KEYS,
-    VARLEN_KEYS,
-    KeysApartBatch,
-    PackedBatch,
-    VarlenKwargs,
-    varlen_kwargs,
-    varlen_values,
-)
-from ._layout import SegmentLayout, segment_layout
-from ._targets import shifted_targets, target_count
+from . import _boundaries, _keys, _layout, _targets
+from ._boundaries import *  # noqa: F403 (each module's __all__ is the folder's, once)
+from ._keys import *  # noqa: F403
+from ._layout import *  # noqa: F403
+from ._targets import *  # noqa: F403
 
-__all__ = [
-    "CU_SEQ_LENS_K",
-    "CU_SEQ_LENS_Q",
-    "IGNORE_INDEX",
-    "KV_INDEX",
-    "KeysApartBatch",
-    "MAX_LENGTH_K",
-    "MAX_LENGTH_Q",
-    "PACKING_KEYS",
-    "Q_INDEX",
-    "SEQ_IDX",
-    "SHIFT_LABELS",
-    "TARGET_KEYS",
-    "VARLEN_KEYS",
-    "PackedBatch",
-    "SegmentLayout",
-    "VarlenKwargs",
-    "batch_shape",
-    "padding_tail",
-    "read_layout",
-    "segment_count",
-    "segment_ids",
-    "segment_layout",
-    "segment_starts",
-    "shifted_targets",
-    "target_count",
-    "varlen_kwargs",
-    "varlen_values",
-]
+__all__ = sorted([*_boundaries.__all__, *_keys.__all__, *_layout.__all__, *_targets.__all__])  # noqa: PLE0605

@@ -211,11 +211,16 @@ def _pack(args) -> int:
         if not arrow_out:
             for path in cache_file.parent.glob(f"{cache_file.stem}*"):
                 path.unlink()
-    rows = len(packed)
+    _print_packed(args, stats, len(packed))
+    return 0
+
+
+def _print_packed(args, stats, rows: int) -> None:
+    """What ``pack`` wrote: the stats as JSON (``--json``), or their summary, a table and the output's name."""
     if args.json:
         shard = {"num_shards": args.num_shards, "shard_index": args.shard_index, "shard_rows": rows}
         print(json.dumps({"data": args.data, "out": args.out, **shard, **stats.as_dict()}, indent=2))
-        return 0
+        return
     print(stats.summary())
     width = max(map(len, stats.as_dict()))
     for key, value in stats.as_dict().items():
@@ -225,7 +230,6 @@ def _pack(args) -> int:
     print(f"wrote {rows:,} rows to {args.out}{shard}")
     if args.keep_column:
         print(_kept_note(args.keep_column))
-    return 0
 
 
 def _kept_note(names: Sequence[str]) -> str:
