@@ -93,10 +93,13 @@ def _chunked_loss_forward(self, *args, labels=None, shift_labels=None, num_items
     if args:  # the arguments given by position, by their names in the model's signature
         kwargs.update(inspect.signature(type(self).forward).bind_partial(self, *args).arguments)
         kwargs.pop("self", None)
+    as_tuple = kwargs.get("return_dict") is False  # the caller's choice; the chunked loss reads the outputs by name
+    kwargs["return_dict"] = True
     targets = shifted_targets(given)
     count = num_items_in_batch if num_items_in_batch is not None else target_count(given)
     weights = torch.ones(targets.shape, dtype=torch.float32, device=targets.device)
     weights = weights / torch.as_tensor(count, device=targets.device, dtype=torch.float32).clamp(min=1)
     loss, outputs = chunked_forward(own, kwargs, head, targets, weights)
     loss = add_aux_loss(loss, outputs, head)
-    return type(outputs)(**{"loss": loss, **{k: v for k, v in outputs.items() if k != "loss"}})
+    result = type(outputs)(**{"loss": loss, **{k: v for k, v in outputs.items() if k != "loss"}})
+    return result.to_tuple() if as_tuple else result

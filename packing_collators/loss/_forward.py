@@ -84,15 +84,20 @@ def chunked_forward(model, inputs: Mapping, head: OutputHead, targets: torch.Ten
 
 
 def log_prob_forward(
-    model, inputs: Mapping, head: OutputHead, targets: torch.Tensor, stats: dict | None = None, rows=None
+    model, inputs: Mapping, head: OutputHead | None, targets: torch.Tensor, stats: dict | None = None, rows=None
 ):
     """(float32 (B, T): log p(target) at each position with a target, 0 elsewhere; the model's outputs).
+
+    ``head`` None: from the model's own full logits (a head the chunked path cannot compute, such as a PEFT
+    ``modules_to_save`` copy of ``lm_head``), the same numbers at the memory of the full logits.
 
     ``stats``: a dict filled with float32 (B, T) ``entropy``, ``mean_logits`` and ``is_top1`` at the same
     positions (0 elsewhere), without gradients (see :func:`token_log_probs`). ``rows``: int64, shaped like
     ``targets``, the flat hidden-state row each target position reads (a layout whose positions repeat
     row tokens, such as a shared prompt's keys); default each position its own row."""
     mask = targets != IGNORE_INDEX
+    if head is None:
+        return _full_logit_log_probs(model, inputs, targets, mask, stats, rows)
     layer = head.module
 
     def compute(hidden):
@@ -108,6 +113,28 @@ def log_prob_forward(
         return out.masked_scatter(where, per_token)
 
     return _run(model, inputs, head, compute)
+
+
+def _full_logit_log_probs(model, inputs: Mapping, targets, mask, stats: dict | None, rows):
+    """:func:`log_prob_forward` from the model's own logits (B, T, V), which hold whatever its head applies."""
+    from ._chunked import _token_stats
+
+    outputs = model(**_model_inputs(inputs))
+    logits = outputs["logits"]
+    flat = logits.reshape(-1, logits.shape[-1])
+    where = mask.reshape(-1).to(logits.device)
+    picked = rows.reshape(-1).to(logits.device)[where] if rows is not None else where.nonzero().squeeze(-1)
+    selected = flat[picked].float()
+    wanted = targets.to(logits.device)[mask.to(logits.device)]
+    per_token = torch.log_softmax(selected, dim=-1).gather(-1, wanted[:, None]).squeeze(-1)
+    if stats is not None:
+        found: dict = {}
+        with torch.no_grad():
+            _token_stats(selected.detach(), wanted, slice(None), found, wanted.numel())
+        for name, values in found.items():
+            stats[name] = torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(where.reshape(mask.shape), values)
+    out = torch.zeros(mask.shape, dtype=per_token.dtype, device=per_token.device)
+    return out.masked_scatter(where.reshape(mask.shape), per_token), outputs
 
 
 def add_aux_loss(loss: torch.Tensor, outputs, head: OutputHead, scale: float = 1.0) -> torch.Tensor:

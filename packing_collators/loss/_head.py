@@ -118,6 +118,9 @@ def check_output_head(model, head: OutputHead) -> str:
     >>> model = LlamaForCausalLM(config)
     >>> check_output_head(model, output_head(model)[0])
     ''
+    >>> with torch.autocast("cpu", dtype=torch.bfloat16):  # float32 weights under mixed precision (Trainer bf16=True)
+    ...     check_output_head(model, output_head(model)[0])
+    ''
     >>> config.logit_scale = 0.5  # a scale the model's forward does not apply
     >>> check_output_head(model, output_head(model)[0]).startswith("its logits differ from its head's projection")
     True
@@ -131,7 +134,8 @@ def check_output_head(model, head: OutputHead) -> str:
     original = head.module.forward
 
     def record(hidden):
-        seen["hidden"] = hidden
+        # autocast as the head's call sees it: accelerate's mixed precision wraps the model's forward, not this check
+        seen["hidden"], seen["autocast"] = hidden, _autocast_on(hidden)
         return original(hidden)
 
     with torch.no_grad(), head_call(head, record):
@@ -142,7 +146,7 @@ def check_output_head(model, head: OutputHead) -> str:
         ours = head.transform.apply(_project(hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype), weight, head.module.bias))
     scale = max(1.0, float(logits.abs().max()))
     # the model's head ran in the hidden states' dtype (or autocast's): bf16 logits round at 2^-8 relative
-    exact = hidden.dtype == weight.dtype == torch.float32 and not _autocast_on(hidden)
+    exact = hidden.dtype == weight.dtype == torch.float32 and not seen["autocast"]
     tolerance = 1e-4 if exact else 3e-2
     difference = float((ours.reshape(logits.shape) - logits).abs().max()) / scale
     if difference > tolerance:

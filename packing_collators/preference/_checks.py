@@ -15,6 +15,7 @@ as they were in float32, within that tolerance in half precision (FA4 in bf16 mo
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 from transformers import TrainerCallback
@@ -57,7 +58,7 @@ class PreferenceCheckCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         trainer = self.trainer
         dataset = trainer.train_dataset
-        pairs = [dataset[i] for i in range(min(4, len(dataset)))]
+        pairs = list(itertools.islice(iter(dataset), 4))  # a Dataset or an IterableDataset: its first pairs
         sequences = [s for i, pair in enumerate(pairs) for s in trainer.data_collator.sequences(pair, i)]
         batch = FlatteningCollator()(sequences)
         models = [model] + ([trainer.ref_model] if trainer.ref_model is not None else [])

@@ -31,12 +31,19 @@ def pair_budget_loader(trainer, dataset, budget: int):
     from torch.utils.data import DataLoader
 
     from .._compat import remove_unused_columns
+    from .._validation import check_not_too_long
     from ..sampler import MultipackBatchSampler
 
     args = trainer.args
     dataset = remove_unused_columns(trainer, dataset, "training")
+    lengths = pair_lengths(dataset, trainer.data_collator)
+    check_not_too_long(
+        lengths, budget, limit_name="max_tokens_per_batch", item="Pair",
+        fix="A pair is never split (its chosen and rejected sequences share a micro-batch): raise "
+        "max_tokens_per_batch, or lower DPOConfig.max_length (each sequence is cut to it).",
+    )  # fmt: skip
     sampler = MultipackBatchSampler(
-        pair_lengths(dataset, trainer.data_collator), budget, num_replicas=args.world_size,
+        lengths, budget, num_replicas=args.world_size,
         rank=args.process_index, seed=args.data_seed if args.data_seed is not None else args.seed,
         drop_last=args.dataloader_drop_last,
     )  # fmt: skip

@@ -61,7 +61,7 @@ class PairLogProbs:
         return torch.where(where.reshape(-1), cumulative - before[flat], 0).reshape(self.sequence.shape)
 
 
-def pair_log_probs(model, batch: dict, head: OutputHead, *, stats: bool = False) -> PairLogProbs:
+def pair_log_probs(model, batch: dict, head: OutputHead | None, *, stats: bool = False) -> PairLogProbs:
     """The chosen and rejected sequences' completion log-probabilities of a :class:`PreferenceCollator` batch."""
     inputs = {key: value for key, value in batch.items() if key not in PAIR_KEYS}
     shared = "pair_labels" in batch  # the shared-prompt layout: targets over the keys' layout

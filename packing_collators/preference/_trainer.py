@@ -101,10 +101,13 @@ class PackingDPOTrainer(DPOTrainer):
         self.add_callback(PreferenceCheckCallback(self, probe=packing_probe))
 
     def _head(self, model):
-        """The model's output head, checked once (the chunked log-probabilities need one they can compute)."""
+        """The model's output head, checked once; None where the chunked log-probabilities cannot compute it (a
+        PEFT ``modules_to_save`` copy of ``lm_head``): the model's own full logits then, the same numbers."""
         inner = unwrap_model(model)
         if id(inner) not in self._heads:
-            self._heads[id(inner)], _ = checked_head(inner, "chunked")
+            self._heads[id(inner)], why = checked_head(inner)
+            if self._heads[id(inner)] is None:
+                logger.warning("PackingDPOTrainer: %s: log-probabilities from the full logits (%s)", type(inner).__name__, why)
         return self._heads[id(inner)]
 
     def get_train_dataloader(self):
@@ -208,9 +211,14 @@ def _prepare(trainer) -> None:
 
 
 def _reference(trainer, inputs) -> PairLogProbs:
-    """The reference model's log-probabilities (a PEFT policy with its adapter off, or the "ref" adapter)."""
+    """The reference model's log-probabilities (a PEFT policy with its adapter off, or the "ref" adapter; with
+    ``precompute_ref_log_probs`` and no reference model, the policy itself before its first step, as TRL's)."""
     if trainer.ref_model is None:
+        from accelerate.utils import is_peft_model
+
         inner = trainer.accelerator.unwrap_model(trainer.model)
+        if not is_peft_model(inner):
+            return pair_log_probs(trainer.model, inputs, trainer._head(trainer.model))
         with use_adapter(inner, adapter_name="ref" if "ref" in inner.peft_config else None):
             return pair_log_probs(trainer.model, inputs, trainer._head(trainer.model))
     return pair_log_probs(trainer.ref_model, inputs, trainer._head(trainer.ref_model))

@@ -63,3 +63,12 @@ def test_a_model_whose_head_is_not_described_is_refused():
     model.config.final_logit_softcapping = 5.0  # a soft cap the Llama forward never applies
     with pytest.raises(ValueError, match="its logits differ from its head's projection"):
         enable_chunked_loss(model)
+
+
+def test_return_dict_false_returns_the_models_tuple_with_the_chunked_loss():
+    model = tiny_model("llama")
+    batch = FlatteningCollator()(random_examples([6, 9, 4]))
+    full = model(**batch).loss
+    out = enable_chunked_loss(model).train()(**batch, return_dict=False)
+    assert isinstance(out, tuple) and out[1].shape[-1] == 0  # (loss, empty logits, ...) as the model's tuple orders
+    torch.testing.assert_close(out[0], full)

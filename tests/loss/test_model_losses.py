@@ -136,3 +136,14 @@ def test_the_head_check_accepts_a_bf16_model_whose_logits_round():
     assert check_output_head(model, head) == ""
     model.config.final_logit_softcapping = 1.0  # a transform the model never applies is still caught in bf16
     assert check_output_head(model, output_head(model)[0]).startswith("its logits differ")
+
+
+def test_the_head_check_sees_the_autocast_the_forward_runs_under():
+    # float32 weights under bf16 mixed precision (TRL's configs default to bf16=True): accelerate wraps the model's
+    # forward in autocast, so the head's logits round to bf16 there while the check's own projection runs outside it
+    model = _model("llama", CAUSAL["llama"])
+    model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)
+    head, _ = output_head(model)
+    assert check_output_head(model, head) == ""
+    model.config.final_logit_softcapping = 1.0  # a transform the model never applies is still caught under autocast
+    assert check_output_head(model, output_head(model)[0]).startswith("its logits differ")

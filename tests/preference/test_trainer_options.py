@@ -20,17 +20,22 @@ from test_dpo_vs_trl import _config, _logs  # noqa: E402
 from packing_collators import PackingDPOTrainer  # noqa: E402
 
 
-def _trainer(tmp_path, *, packed=True, model=None, reference="copy", **options):
+def _trainer(tmp_path, *, packed=True, model=None, reference="copy", iterable=False, **options):
     from trl import DPOTrainer
 
     model = model or tiny_model("llama", vocab_size=64, initializer_range=0.05)
     ref = copy.deepcopy(model).eval() if reference == "copy" else reference
     trainer_options = {k: options.pop(k) for k in ("max_tokens_per_batch", "peft_config", "share_prompt") if k in options}
     common = dict(model=model, ref_model=ref, args=_config(tmp_path / str(packed), **options),
-                  train_dataset=datasets.Dataset.from_list(text_pairs(12, seed=1)), processing_class=word_tokenizer())  # fmt: skip
+                  train_dataset=_pairs(iterable), processing_class=word_tokenizer())  # fmt: skip
     if packed:
         return PackingDPOTrainer(**common, **trainer_options)
     return DPOTrainer(**common, **{k: v for k, v in trainer_options.items() if k == "peft_config"})
+
+
+def _pairs(iterable: bool):
+    pairs = datasets.Dataset.from_list(text_pairs(12, seed=1))
+    return pairs.to_iterable_dataset() if iterable else pairs
 
 
 def test_a_token_budget_packs_whole_pairs_and_never_goes_over(tmp_path):
@@ -59,6 +64,24 @@ def test_options_log_what_trl_logs(tmp_path, options):
             assert mine[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-6), (name, options)
 
 
+def test_a_precomputed_reference_without_a_reference_model_is_the_policy_before_training(tmp_path):
+    # TRL computes the reference log-probabilities with the policy itself before the first step (no copy kept)
+    theirs = _logs(_trainer(tmp_path, packed=False, reference=None, precompute_ref_log_probs=True))
+    ours = _logs(_trainer(tmp_path, reference=None, precompute_ref_log_probs=True))
+    assert len(ours) == len(theirs) == 2 and ours[1]["rewards/margins"] != 0
+    for mine, reference in zip(ours, theirs):
+        for name in ("loss", "rewards/margins", "logps/chosen", "logps/rejected"):
+            assert mine[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-6), name
+
+
+def test_an_iterable_dataset_of_pairs_trains_as_trl(tmp_path):
+    theirs = _logs(_trainer(tmp_path, packed=False, iterable=True))
+    ours = _logs(_trainer(tmp_path, iterable=True))
+    assert len(ours) == len(theirs) == 2
+    for mine, reference in zip(ours, theirs):
+        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-4, abs=1e-6)
+
+
 def test_a_lora_policy_is_its_own_reference(tmp_path):
     peft = pytest.importorskip("peft")
     config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
@@ -69,6 +92,19 @@ def test_a_lora_policy_is_its_own_reference(tmp_path):
         assert mine["rewards/margins"] == pytest.approx(reference["rewards/margins"], rel=1e-4, abs=1e-6)
 
 
+def test_a_lora_policy_that_trains_its_head_logs_what_trl_logs(tmp_path):
+    # modules_to_save=["lm_head"] wraps the head in PEFT's copy, which the chunked log-probabilities cannot compute:
+    # the model's own full logits then, the same numbers (it was refused, naming an option this trainer lacks)
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, modules_to_save=["lm_head"])
+    theirs = _logs(_trainer(tmp_path, packed=False, reference=None, peft_config=config, learning_rate=5e-2))
+    ours = _logs(_trainer(tmp_path, reference=None, peft_config=config, learning_rate=5e-2))
+    assert len(ours) == len(theirs) == 2 and ours[1]["rewards/margins"] != 0
+    for mine, reference in zip(ours, theirs):
+        for name in ("loss", "rewards/margins", "logps/chosen", "entropy", "mean_token_accuracy"):
+            assert mine[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-6), name
+
+
 def test_weighting_and_a_leaking_attention_with_share_prompt_are_refused(tmp_path):
     with pytest.raises(ValueError, match="does not implement use_weighting=True"):
         _trainer(tmp_path, use_weighting=True)
@@ -76,3 +112,10 @@ def test_weighting_and_a_leaking_attention_with_share_prompt_are_refused(tmp_pat
     model.config._attn_implementation = "flex_attention"
     with pytest.raises(ValueError, match="share_prompt=True needs an attention"):
         _trainer(tmp_path, model=model, share_prompt=True)
+
+
+def test_a_pair_over_the_budget_is_named_with_the_fixes_this_trainer_takes(tmp_path):
+    trainer = _trainer(tmp_path, max_tokens_per_batch=30)
+    with pytest.raises(ValueError, match=r"Pair \d+ has \d+ tokens, more than max_tokens_per_batch=30 .*lower DPOConfig.max_length") as error:
+        trainer.get_train_dataloader()
+    assert "overflow" not in str(error.value)  # PackingDPOTrainer takes no overflow option

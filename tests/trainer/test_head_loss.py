@@ -60,14 +60,14 @@ def _examples(total: int, seed: int, vocab: int):
     return examples
 
 
-def _train(tmp_path, normalization, implementation="auto", watch=False, vocab=VOCAB, tokens=8000):
+def _train(tmp_path, normalization, implementation="auto", watch=False, vocab=VOCAB, tokens=8000, bf16=False):
     examples = _examples(tokens, seed=3, vocab=vocab)
     model = tiny_model("llama", vocab_size=vocab, hidden_size=16, intermediate_size=32, initializer_range=0.02)
     start = copy.deepcopy(model)
     collator = _Recording()
     args = training_args(
         tmp_path, max_steps=2, gradient_accumulation_steps=1, learning_rate=1e-3, lr_scheduler_type="constant",
-        max_grad_norm=0.0, optim="adamw_torch", weight_decay=0.0, dataloader_drop_last=False,
+        max_grad_norm=0.0, optim="adamw_torch", weight_decay=0.0, dataloader_drop_last=False, bf16=bf16,
     )
     trainer = PackingTrainer(
         model=model, args=args, train_dataset=datasets.Dataset.from_list(examples * 2), data_collator=collator,
@@ -126,6 +126,15 @@ def test_the_full_logit_loss_holds_the_row_and_logs_the_same(tmp_path):
     start, batches, logged, most, _ = _train(tmp_path, "token", implementation="full", watch=True, vocab=2048, tokens=2000)
     assert most > 1500  # what the chunked loss avoids: the whole row's logits
     assert logged == pytest.approx(_by_hand(start, batches, "token"), rel=1e-5, abs=1e-6)
+
+
+def test_float32_weights_under_bf16_autocast_keep_the_chunked_loss(tmp_path):
+    # TRL's configs and many scripts train float32 weights with bf16=True: the head check must see the autocast the
+    # forward runs under, or it falls back to the full logits (the memory the chunked loss exists to save)
+    _, _, logged, most, trainer = _train(tmp_path / "chunked", "token", watch=True, vocab=2048, tokens=2000, bf16=True)
+    assert next(iter(trainer._head_loss.heads.values())) is not None and 0 < most < 1500  # never the ~2,000-token row
+    _, _, full, _, _ = _train(tmp_path / "full", "token", implementation="full", vocab=2048, tokens=2000, bf16=True)
+    assert logged == pytest.approx(full, rel=1e-2)  # the same bf16 logits' loss, chunk by chunk
 
 
 def _eval_trainer(tmp_path, compute_metrics=None):
