@@ -7,7 +7,9 @@ or recorded a clean error while its driver went on; every setting trained the sa
 pairs, token-id checksums) and packed's loss equals trl's at every step within 1e-4 (float32); TRL's model ran
 padded rows, packed's exactly the real tokens; results.json's ratios are ours / theirs of the JSON files, and
 ``--compare`` runs without torch. In process: a run whose trainer cannot be built records its error, and the
-driver goes on past a run that times out or crashes (its JSON then says so) and past the deadline.
+driver goes on past a run that times out or crashes (its JSON then says so) and past the deadline; without
+--smoke, on a CPU made to look like one GPU, a run picks its device through vs_trl's ``_device`` (the code the GPU
+takes) with the options this harness has: cuda:0, the whole card, up to the model.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -194,6 +197,73 @@ def test_the_driver_goes_on_past_failures_and_the_deadline(runs, monkeypatch, tm
     harness.main(["--all", "--smoke", "--mix", MIX, "--deadline", "0", "--out", str(tmp_path)])
     assert all(json.loads((tmp_path / f"{MIX}_{s}_gc_on.json").read_text())["error"]["type"] == "deadline"
                for s in DRIVERS)  # fmt: skip
+
+
+GPU = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def one_gpu(monkeypatch):
+    """torch.cuda as on one 80 GiB GPU, on this CPU: the memory fractions set on it are recorded (fraction, device)."""
+    _harness()  # benchmarks/gpu on sys.path
+    import _dpo_data  # noqa: F401  (imported before CUDA looks present: what they import sees this machine)
+    import _dpo_measure  # noqa: F401
+    import _vs_trl_settings  # noqa: F401
+    import datasets  # noqa: F401
+    import torch
+    import transformers  # noqa: F401
+    import vs_trl  # noqa: F401
+
+    fractions = []
+    card = SimpleNamespace(total_memory=80 * 2**30)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: GPU)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: card)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: fractions.append((f, d)))
+    return fractions
+
+
+def test_the_gpu_path_picks_its_device_with_this_harness_options(one_gpu, monkeypatch, tmp_path):
+    """Without --smoke the run gets through the device selection to the model, on cuda:0, the whole card (this
+    harness has no --memory-cap-gib). It used to stop there: vs_trl._device read args.memory_cap_gib, which only
+    vs_trl.py's parser defines (AttributeError in phase "imports", on the GPU alone: --smoke returned before it)."""
+    harness = _harness()
+    import _vs_trl_settings
+    import torch
+
+    built = []
+
+    def build_model(args, device):  # the model is where this pretend GPU ends
+        built.append(device)
+        raise RuntimeError("no model on a pretend GPU")
+
+    monkeypatch.setattr(_vs_trl_settings, "build_model", build_model)
+    with pytest.raises(SystemExit) as exited:
+        harness.main(["--setting", "packed", "--mix", MIX, "--out", str(tmp_path)])
+    assert exited.value.code == 1
+    run = json.loads((tmp_path / f"{MIX}_packed_gc_on.json").read_text())
+    assert run["error"]["phase"] == "model and data", run["error"]
+    assert run["error"]["message"] == "no model on a pretend GPU" and run["smoke"] is False
+    assert run["device"] == GPU and built == [torch.device("cuda", 0)] and one_gpu == []  # no cap: the whole card
+
+
+def test_the_device_selection_both_harnesses_share(one_gpu, monkeypatch):
+    """vs_trl._device takes its options by name: the CPU under --smoke; else the one GPU, capped where asked."""
+    import torch
+    from vs_trl import _device
+
+    assert _device(smoke=True) == torch.device("cpu") and one_gpu == []
+    assert _device(smoke=False) == torch.device("cuda", 0) and one_gpu == []
+    assert _device(smoke=False, memory_cap_gib=40) == torch.device("cuda", 0)
+    assert one_gpu == [(0.5, torch.device("cuda", 0))]  # 40 of 80 GiB
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(SystemExit, match="CUDA_VISIBLE_DEVICES=0"):
+        _device(smoke=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="no CUDA GPU here"):
+        _device(smoke=False)
+    assert _device(smoke=True) == torch.device("cpu")
 
 
 def test_helpers_examples():

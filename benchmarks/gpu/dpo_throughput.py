@@ -214,7 +214,7 @@ def _train(args, context: dict) -> dict:
     from vs_trl import _device
 
     context["versions"] = {**versions(), "commit": _commit()}
-    device = _device(args)
+    device = _device(smoke=args.smoke)  # vs_trl.py's selection, --smoke or not; this harness has no --memory-cap-gib
     context["device"] = device_name(device)
     fa4 = fa4_int_lengths() if device.type == "cuda" else {"installed": False}  # before the model
     began = time.perf_counter()

@@ -193,19 +193,23 @@ def run_name(args, setting: str) -> str:
 
 
 # ----------------------------------------------------------------------------- one setting, in this process
-def _device(args):
+def _device(*, smoke: bool, memory_cap_gib: float | None = None):
+    """The one device a run trains on: the CPU under --smoke; else the one visible CUDA GPU, limited to
+    ``memory_cap_gib`` GiB where given (--memory-cap-gib). Its options come by name, not as the caller's argparse
+    namespace: dpo_throughput.py calls it too, with the options its own parser has, the same way with and without
+    --smoke (its CPU test then reads them as the GPU run does)."""
     import torch
 
-    if args.smoke:
+    if smoke:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: the 1B settings need one (--smoke runs tiny shapes on the CPU)")
     if torch.cuda.device_count() > 1:
         raise SystemExit("several GPUs are visible: set CUDA_VISIBLE_DEVICES=0 (the Trainer would use DataParallel)")
     device = torch.device("cuda", 0)
-    if args.memory_cap_gib is not None:  # the card as one of that size: both auto budgets plan for it, allocations past it fail
+    if memory_cap_gib is not None:  # the card as one of that size: both auto budgets plan for it, allocations past it fail
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_cap_gib * 2**30 / total), device)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, memory_cap_gib * 2**30 / total), device)
     return device
 
 
@@ -229,7 +233,7 @@ def run_setting(args) -> dict:
     import _vs_trl_settings as settings
     from _vs_trl_measure import StepRecorder, device_name, fa4_int_lengths, step_statistics, versions
 
-    device = _device(args)
+    device = _device(smoke=args.smoke, memory_cap_gib=args.memory_cap_gib)
     fa4 = fa4_int_lengths() if device.type == "cuda" else {"installed": False}  # before the model: see its docstring
     began = time.perf_counter()
     model = settings.build_model(args, device)
