@@ -8,6 +8,9 @@ Two pairs ``(P1, C1, R1)`` and ``(P2, C2, R2)`` (prompt, chosen, rejected token 
     pair_sequence  [ 0  0  0 | 1  1  1 | 2 .. | 3 .. ]             int64 (1, T)   2i: pair i's chosen, 2i + 1: rejected
     pair_count     2                                               int
     pair_tokens    [ |P1 C1| + |P1 R1|, ... ]                      int64 (B,)     tokens a padded batch would hold
+    pair_completion_tokens  [ |C1|, |R1|, |C2|, |R2| ] (as cut)     int64 (2B,)    TRL's completion_mask.sum(), which
+                                                                                  counts a completion token that
+                                                                                  starts its sequence (no target)
     ref_chosen_logps, ref_rejected_logps                           float32 (B,)   when the dataset has them
 
 With ``share_prompt=True`` each pair's prompt is laid out once, and the rejected completion attends to it
@@ -40,7 +43,8 @@ from ..collate import FlatteningCollator
 
 __all__ = ["PAIR_KEYS", "PreferenceCollator"]
 
-PAIR_KEYS = ("pair_sequence", "pair_labels", "pair_count", "pair_tokens", "ref_chosen_logps", "ref_rejected_logps")
+PAIR_KEYS = ("pair_sequence", "pair_labels", "pair_count", "pair_tokens", "pair_completion_tokens", "ref_chosen_logps",
+             "ref_rejected_logps")  # fmt: skip
 Truncation = Literal["keep_start", "keep_end"]
 
 
@@ -117,6 +121,8 @@ class PreferenceCollator:
         lengths = np.array([len(s["input_ids"]) for s in sequences], dtype=np.int64)
         batch["pair_count"] = len(features)
         batch["pair_tokens"] = torch.from_numpy(lengths.reshape(-1, 2).sum(1))
+        completion = [sum(label != -100 for label in s["labels"]) for s in sequences]  # a first token's included
+        batch["pair_completion_tokens"] = torch.tensor(completion, dtype=torch.int64)
         for key in ("ref_chosen_logps", "ref_rejected_logps"):
             if key in features[0]:
                 batch[key] = torch.tensor([float(f[key]) for f in features], dtype=torch.float32)

@@ -137,7 +137,7 @@ class PackingDPOTrainer(DPOTrainer):
         chosen, rejected = _with_ld_alpha(policy, self.ld_alpha)
         if not self.precompute_ref_logps and self.ld_alpha is not None:
             ref_chosen, ref_rejected = _with_ld_alpha(ref, self.ld_alpha)
-        values = _pair_values(policy, chosen, rejected, ref_chosen, ref_rejected)
+        values = _pair_values(policy, inputs["pair_completion_tokens"], chosen, rejected, ref_chosen, ref_rejected)
         loss = self._loss(values)
         aux = _aux_loss(self, policy)
         if aux is not None:
@@ -240,8 +240,10 @@ def _with_ld_alpha(logps: PairLogProbs, ld_alpha) -> tuple[torch.Tensor, torch.T
     return sums[0::2], sums[1::2]
 
 
-def _pair_values(policy: PairLogProbs, chosen, rejected, ref_chosen, ref_rejected) -> PairValues:
-    lengths = policy.completion_lengths()
+def _pair_values(policy: PairLogProbs, completion_tokens, chosen, rejected, ref_chosen, ref_rejected) -> PairValues:
+    """What the losses read; the completion lengths ``ipo`` and ``sigmoid_norm`` divide by are TRL's
+    ``completion_mask.sum()``: every completion token, a first token of its sequence too (never a target)."""
+    lengths = torch.as_tensor(completion_tokens, device=chosen.device)
     chosen_targets = (policy.sequence >= 0) & (policy.sequence % 2 == 0)
     sft = -policy.per_token[chosen_targets].mean()
     ref_chosen, ref_rejected = (torch.as_tensor(r, device=chosen.device).to(chosen.dtype) for r in (ref_chosen, ref_rejected))

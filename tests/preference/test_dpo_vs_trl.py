@@ -97,3 +97,17 @@ def test_float32_weights_under_trls_default_bf16_train_as_trl(tmp_path):
     for mine, reference in zip(ours, theirs):  # bf16 logits: packed and padded rows round apart at 2^-8
         for name in ("loss", "logps/chosen", "logps/rejected", "rewards/margins"):
             assert mine[name] == pytest.approx(reference[name], rel=2e-2, abs=2e-3), name
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+@pytest.mark.parametrize("loss_type", ["ipo", "sigmoid_norm"])
+def test_length_normalized_losses_count_completion_tokens_as_trl(tmp_path, loss_type, share_prompt):
+    # keep_end at max_length=6 cuts most prompts away, so many sequences start with a completion token: TRL divides
+    # by completion_mask.sum(), which counts that token though it is never a target (it was 35.6 vs 29.7 grad_norm)
+    options = {"loss_type": [loss_type], "truncation_mode": "keep_end", "max_length": 6}
+    theirs, _ = _run(tmp_path, "llama", packed=False, **options)
+    ours, _ = _run(tmp_path, "llama", packed=True, share_prompt=share_prompt, **options)
+    assert len(ours) == len(theirs) == 2
+    for mine, reference in zip(ours, theirs):
+        for name in ("loss", "grad_norm", "rewards/margins"):
+            assert mine[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-5), name
