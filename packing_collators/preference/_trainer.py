@@ -66,7 +66,10 @@ class PackingDPOTrainer(DPOTrainer):
     Args:
         max_tokens_per_batch: None (default): ``per_device_train_batch_size`` pairs per micro-batch, as TRL's; or a
             token budget that whole pairs fill (``MultipackBatchSampler``: a pair is never split across micro-batches
-            or ranks; the count of steps per epoch changes with it).
+            or ranks; the count of steps per epoch changes with it). Every pair of an optimizer step weighs the same
+            (its pairs counted over the accumulated micro-batches and the ranks), as in TRL's batch of them.
+        share_prompt: lay each pair's prompt once, its completions after it (``PreferenceCollator``); needs an
+            attention that reads the shared layout (``packing_fa4``, ``packing_varlen``, sdpa/eager).
         packing_probe: run the live equivalence probe on the policy (and the reference) before the first step.
 
     Without a ``ref_model`` (and no PEFT adapter or precomputed reference), the reference is TRL's own (loaded
@@ -117,6 +120,25 @@ class PackingDPOTrainer(DPOTrainer):
 
         return pair_budget_loader(self, self.train_dataset, self.max_tokens_per_batch)
 
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device):
+        """The Trainer's micro-batches of one optimizer step; under a token budget their pairs are counted over the
+        step and every rank, so that each pair weighs the same however the budget grouped them (``_compute_loss``)."""
+        batch_samples, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self.max_tokens_per_batch is not None and batch_samples:
+            pairs = torch.tensor(sum(int(b["pair_count"]) for b in batch_samples), device=self.accelerator.device)
+            self._step_pairs = int(self.accelerator.gather(pairs[None]).sum())
+        return batch_samples, num_items
+
+    def _pair_weight(self, inputs) -> float:
+        """What the micro-batch's mean loss is scaled by so that, after the Trainer divides it by the accumulation
+        steps and DDP averages the ranks, every pair of the step weighs 1 / (the step's pairs): a token budget
+        changes the speed, never the gradient. 1 with a fixed number of pairs per micro-batch (TRL's)."""
+        total = getattr(self, "_step_pairs", None)
+        if self.max_tokens_per_batch is None or not self.model.training or not total:
+            return 1.0
+        steps = self.current_gradient_accumulation_steps * self.accelerator.num_processes
+        return int(inputs["pair_count"]) * steps / total
+
     def compute_ref_log_probs(self, model, inputs):
         """(chosen, rejected) reference log-probabilities of a packed batch (``precompute_ref_log_probs``)."""
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
@@ -138,7 +160,7 @@ class PackingDPOTrainer(DPOTrainer):
         if not self.precompute_ref_logps and self.ld_alpha is not None:
             ref_chosen, ref_rejected = _with_ld_alpha(ref, self.ld_alpha)
         values = _pair_values(policy, inputs["pair_completion_tokens"], chosen, rejected, ref_chosen, ref_rejected)
-        loss = self._loss(values)
+        loss = self._loss(values) * self._pair_weight(inputs)
         aux = _aux_loss(self, policy)
         if aux is not None:
             loss = loss + self.router_aux_loss_coef * aux

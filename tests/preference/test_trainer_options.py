@@ -119,3 +119,28 @@ def test_a_pair_over_the_budget_is_named_with_the_fixes_this_trainer_takes(tmp_p
     with pytest.raises(ValueError, match=r"Pair \d+ has \d+ tokens, more than max_tokens_per_batch=30 .*lower DPOConfig.max_length") as error:
         trainer.get_train_dataloader()
     assert "overflow" not in str(error.value)  # PackingDPOTrainer takes no overflow option
+
+
+def test_under_a_token_budget_every_pair_of_a_step_weighs_the_same(tmp_path):
+    # one long pair and three short ones: the budget puts the long one alone and the short ones together, two
+    # micro-batches accumulated into one step; each pair once weighed 1 / (pairs in its micro-batch), the long one 3x
+    # a short one (1.79 vs TRL's 1.03 in the run). TRL's batch of the same four pairs is the reference.
+    from trl import DPOTrainer
+
+    pairs = text_pairs(3, seed=1, prompt=(3, 5), completion=(1, 4)) + text_pairs(1, seed=2, prompt=(30, 31), completion=(8, 9))
+    runs = {}
+    for packed in (False, True):
+        model = tiny_model("llama", vocab_size=64, initializer_range=0.05)
+        common = dict(model=model, ref_model=copy.deepcopy(model).eval(), train_dataset=datasets.Dataset.from_list(pairs),
+                      processing_class=word_tokenizer())  # fmt: skip
+        if packed:
+            args = _config(tmp_path / "ours", max_steps=1, per_device_train_batch_size=1, gradient_accumulation_steps=2)
+            trainer = PackingDPOTrainer(**common, args=args, max_tokens_per_batch=80)  # pairs of 10, 11, 12, 76 tokens
+        else:
+            trainer = DPOTrainer(**common, args=_config(tmp_path / "trl", max_steps=1, per_device_train_batch_size=4))
+        runs[packed] = _logs(trainer)
+        if packed:
+            assert sorted(len(b) for b in trainer._pair_sampler) == [1, 3]  # the budget's two micro-batches
+    (ours,), (theirs,) = runs[True], runs[False]
+    for name in ("loss", "grad_norm"):
+        assert ours[name] == pytest.approx(theirs[name], rel=1e-4, abs=1e-6), name
