@@ -63,7 +63,10 @@ class ForwardScope:
     q_index: torch.Tensor | None = None
 
     def to_keys(self, value):
-        """``value`` laid out as the keys (``kv_index``): a (B, T, ...) tensor gathered along T, else as is."""
+        """``value`` laid out as the keys (``kv_index``): a (B, T, ...) tensor gathered along T, a tuple's tensors too
+        (rotary ``position_embeddings``, (cos, sin)), else as is."""
+        if isinstance(value, tuple) and self.kv_index is not None:
+            return tuple(self.to_keys(v) for v in value)
         if self.kv_index is None or not isinstance(value, torch.Tensor) or value.dim() < 2:
             return value
         if value.shape[1] != self.q_index.numel():

@@ -6,8 +6,8 @@
       FlashAttention-4: its kernels compiled up to the longest sequence, before the first step
 
 A preference row is a flat row of sequences, so the SFT probe measures what matters: no sequence sees
-another. With ``share_prompt`` the shared layout is measured on the policy too: the first pairs'
-log-probabilities shared must equal the unshared ones (within 1e-5 of a sequence's log-probability in
+another. The pairs checked are the two longest and the first ones. With ``share_prompt`` the shared layout
+is measured on the policy too: those pairs' log-probabilities shared must equal the unshared ones (within 1e-5 of a sequence's log-probability in
 float32, 1e-3 in bf16/fp16), and changing their chosen completions must leave the rejected ones exactly
 as they were in float32, within that tolerance in half precision (FA4 in bf16 moved them by 5e-4 to
 1.2e-3 of ~2,000 on an H100: the kernel rounds by the row's content); routed experts run per token. Cost: the probe's few forwards per model, four more with ``share_prompt``; once.
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+
+import numpy as np
 
 from transformers import TrainerCallback
 
@@ -58,7 +60,7 @@ class PreferenceCheckCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         trainer = self.trainer
         dataset = trainer.train_dataset
-        pairs = list(itertools.islice(iter(dataset), 4))  # a Dataset or an IterableDataset: its first pairs
+        pairs = _probe_pairs(dataset, trainer.data_collator)
         sequences = [s for i, pair in enumerate(pairs) for s in trainer.data_collator.sequences(pair, i)]
         batch = FlatteningCollator()(sequences)
         models = [model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
@@ -105,6 +107,19 @@ class PreferenceCheckCallback(TrainerCallback):
                 f"(must be {'0' if exact else f'within {allowed:.3g}'}). Its attention or a layer does not keep the shared "
                 "layout: train with share_prompt=False."
             )
+
+
+def _probe_pairs(dataset, collator, count: int = 4) -> list:
+    """The pairs the checks run: the longest ones (a sliding window or a chunk the first pairs fit in would pass
+    unseen) and the first ones; an IterableDataset's first ``count`` (it cannot be read ahead)."""
+    first = list(itertools.islice(iter(dataset), count))
+    if not hasattr(dataset, "__len__") or "prompt_ids" not in getattr(dataset, "column_names", ()):
+        return first
+    from ._loader import pair_lengths
+
+    longest = np.argsort(-pair_lengths(dataset, collator), kind="stable")[: count // 2]
+    chosen = list(dict.fromkeys([int(i) for i in longest] + list(range(min(count, len(dataset))))))[:count]
+    return [dataset[i] for i in chosen]
 
 
 def _null():

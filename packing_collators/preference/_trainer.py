@@ -173,13 +173,15 @@ class PackingDPOTrainer(DPOTrainer):
         return loss
 
     def _with_mask(self, inputs: dict) -> dict:
-        """A shared-prompt batch under sdpa/eager: the dense mask of its layout (see ``_shared.py``)."""
+        """A shared-prompt batch under sdpa/eager: the dense mask of its layout, windowed where the model's layers
+        slide a window (see ``_shared.py``)."""
         from .._compat import attn_implementation
         from .._model_unwrap import text_config
         from ._shared import with_shared_mask
 
         model = unwrap_model(self.model)
-        return with_shared_mask(inputs, attn_implementation(text_config(model)), next(model.parameters()).dtype)
+        config = text_config(model)
+        return with_shared_mask(inputs, attn_implementation(config), next(model.parameters()).dtype, config)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys: list[str] | None = None):
         from .._compat import prepared_inputs
@@ -219,6 +221,13 @@ def _prepare(trainer) -> None:
         from ._shared import SHARED_ATTENTION
 
         implementation = attn_implementation(text_config(unwrap_model(trainer.model)))
+        if trainer.aux_loss_enabled:
+            raise ValueError(
+                f"share_prompt=True with the router's auxiliary loss (router_aux_loss_coef={trainer.router_aux_loss_coef}): "
+                "the shared row routes each prompt's tokens once, where TRL's padded batch routes them with each of "
+                "its two sequences, so the load-balancing loss would differ from TRL's. Pass share_prompt=False, or "
+                "DPOConfig(router_aux_loss_coef=0.0) to train without the auxiliary loss."
+            )
         if implementation not in SHARED_ATTENTION:
             raise ValueError(
                 f"share_prompt=True needs an attention that reads a shared prompt's layout ({', '.join(SHARED_ATTENTION)}); "
