@@ -204,3 +204,34 @@ def test_tests_import_nothing_from_scripts():
     )
     assert not reaching, f"tests that load from scripts/: {reaching}"
     assert reaches_scripts(ast.parse('spec_from_file_location("sweep", ROOT / "scripts" / "sweep.py")'))
+
+
+def test_no_folder_reaches_into_another_folders_private_module():
+    """A folder's private modules are its own: others import what its ``__init__`` exports (compile's included)."""
+    reach_ins = []
+    for path in MODULES:
+        if path.parent == PACKAGE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level >= 2 and node.module:
+                parts = node.module.split(".")
+                if len(parts) >= 2 and parts[-1].startswith("_"):
+                    reach_ins.append(f"{path.relative_to(PACKAGE)}: from {'.' * node.level}{node.module}")
+    assert not reach_ins, reach_ins
+
+
+def test_the_benchmark_scripts_import_one_way():
+    """benchmarks/ imports its modules by name (sys.path): no script may import one that imports it back."""
+    root = PACKAGE.parent / "benchmarks"
+    stems = {path.stem for path in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            found.update(name.split(".")[0] for name in names if name.split(".")[0] in stems)
+        graph.setdefault(path.stem, set()).update(found - {path.stem})
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle in benchmarks/: " + " -> ".join(cycle or [])

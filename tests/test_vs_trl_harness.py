@@ -211,6 +211,7 @@ def test_torch_compile_on_compiles_our_layers_and_keeps_the_chunked_loss(compile
     assert any(step["tokens"] < budget for step in packing["steps"])  # a row the bucket padded
     # --recount turns a run counted the old way (every step the bucket, the padding an example) into this one
     import _vs_trl_recount
+    import vs_trl
 
     path = tmp_path / f"ours_packing_compiled_{VOCAB}_gc_on.json"
     old = json.loads(path.read_text())
@@ -218,7 +219,7 @@ def test_torch_compile_on_compiles_our_layers_and_keeps_the_chunked_loss(compile
         step["examples"] += int(step["tokens"] < budget)
         step["tokens"] = budget
     path.write_text(json.dumps(old))
-    assert _vs_trl_recount.recount(tmp_path) == [path.name]
+    assert _vs_trl_recount.recount(tmp_path, vs_trl._arguments) == [path.name]
     fixed = json.loads(path.read_text())
     assert [(s["tokens"], s["examples"]) for s in fixed["steps"]] == [(s["tokens"], s["examples"]) for s in packing["steps"]]
     assert fixed["statistics"]["mean_tokens_per_step"] == pytest.approx(packing["statistics"]["mean_tokens_per_step"])
@@ -226,7 +227,7 @@ def test_torch_compile_on_compiles_our_layers_and_keeps_the_chunked_loss(compile
     old.pop("recounted", None)
     path.write_text(json.dumps(old))
     with pytest.raises(SystemExit, match="step 2 is not the planned micro-batch"):
-        _vs_trl_recount.recount(tmp_path)
+        _vs_trl_recount.recount(tmp_path, vs_trl._arguments)
 
 
 def test_torch_compile_defaults_runs_each_side_as_its_user_gets_it(compile_modes):

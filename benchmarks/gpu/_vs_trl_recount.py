@@ -44,9 +44,10 @@ def _planned_steps(args, n: int) -> list[tuple[int, int, int]]:
     return steps
 
 
-def recount(folder: Path) -> list[str]:
-    """Recount every bucketed ``ours_packing`` run of ``folder`` in place; the names of those rewritten."""
-    import vs_trl
+def recount(folder: Path, parse_arguments) -> list[str]:
+    """Recount every bucketed ``ours_packing`` run of ``folder`` in place; the names of those rewritten.
+    ``parse_arguments``: vs_trl.py's parser (a run's recorded command -> its options), passed in so that this
+    module does not import vs_trl.py, which imports it."""
     from _vs_trl_measure import step_statistics
 
     done = []
@@ -54,7 +55,7 @@ def recount(folder: Path) -> list[str]:
         run = json.loads(path.read_text())
         if run.get("recounted") or not run.get("compile"):  # counted right, or never padded to a bucket
             continue
-        args = vs_trl._arguments(shlex.split(run["command"])[2:])
+        args = parse_arguments(shlex.split(run["command"])[2:])
         recorded = run["steps"]
         old_tokens = sum(s["tokens"] for s in recorded)
         for step, (tokens, examples, checksum) in zip(recorded, _planned_steps(args, len(recorded))):

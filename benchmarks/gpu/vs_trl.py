@@ -337,7 +337,7 @@ def main(argv=None) -> None:
     if args.recount:
         from _vs_trl_recount import recount
 
-        print("recounted:", ", ".join(recount(Path(args.out))) or "none")
+        print("recounted:", ", ".join(recount(Path(args.out), _arguments)) or "none")
         print(compare(Path(args.out)))
     elif args.compare:
         print(compare(Path(args.out)))

@@ -27,7 +27,7 @@ import numpy as np
 from .._splits import per_split
 from .._validation import check_not_too_long, validate_choice
 from ..engine import Overflow
-from ..offline._options import MAX_LENGTH_FIX
+from ..offline import MAX_LENGTH_FIX
 from ._assistant_spans import AssistantSpans, assistant_labels, with_full_offsets
 from ._conversations import chat_columns, conversation_of
 from ._options import ChatOptions

@@ -16,6 +16,7 @@ their layout are the packed batch's (``packing_collators.batch``). Built on the 
 batch; torch is imported only to return tensors.
 """
 
+from ._bucketed import bucket_padding_id, bucketed_collator, compile_buckets, plan_padding
 from ._buckets import bucket_length, bucket_padding_fraction, length_buckets, validate_buckets
 from ._concat import TokenFeatures, concat_tokens, token_features
 from ._features import Columns, check_same_lengths, feature_column, read_columns, sequence_lengths
@@ -34,13 +35,17 @@ __all__ = [
     "TokenFeatures",
     "bucket_length",
     "bucket_padding_fraction",
+    "bucket_padding_id",
+    "bucketed_collator",
     "check_same_lengths",
+    "compile_buckets",
     "concat_tokens",
     "concatenate_and_pack",
     "feature_column",
     "flat_batch",
     "length_buckets",
     "pack_sequences",
+    "plan_padding",
     "read_columns",
     "sequence_lengths",
     "to_tensors",

@@ -22,7 +22,19 @@ Imports nothing of the package's other folders but the packed batch's home (``ba
 the one rule that reads a batch's examples) and the top-level helpers; ``checks/`` and ``trainer/`` build on it.
 """
 
-from ._compile_layers import bucket_rows, compile_layers, compiled_layer_count, layer_compile_blocker
+from ._compile_layers import (
+    auto_compile_blocker,
+    bucket_rows,
+    checkpointed_layers,
+    compile_layers,
+    compiled_layer_count,
+    compiled_step_failure,
+    graphs_compiled,
+    layer_compile_blocker,
+    repeated_layers,
+    symbolic_packing_sizes,
+    uncompile_layers,
+)
 from ._enable import PackingLayers, enable_packing, packing_layers
 from ._mixers import find_stateful_layers
 from ._multimodal import multimodal_model
@@ -33,15 +45,22 @@ from ._wrappers import refuse_prompt_learning
 __all__ = [
     "PackingLayers",
     "RowSegments",
+    "auto_compile_blocker",
     "bucket_rows",
+    "checkpointed_layers",
     "compile_layers",
     "compiled_layer_count",
+    "compiled_step_failure",
     "enable_packing",
     "find_stateful_layers",
+    "graphs_compiled",
     "keys_layout_mask",
     "layer_compile_blocker",
     "multimodal_model",
     "packing_layers",
     "refuse_prompt_learning",
+    "repeated_layers",
     "row_segments",
+    "symbolic_packing_sizes",
+    "uncompile_layers",
 ]

@@ -19,27 +19,18 @@ import itertools
 import logging
 
 import numpy as np
-
 from transformers import TrainerCallback
 
 from .._compat import attn_implementation
-from .._model_unwrap import probe_module, text_config, unwrap_model
-from ..attention import FA4_ATTENTION, attention_kind, warm_up_attention
+from .._model_unwrap import probe_module, text_config
+from ..attention import attention_kind
 from ..checks import check_packing_support, probe_packing, refuse_failed_probe
 from ..collate import FlatteningCollator
+from ..trainer import training_autocast, warm_up_packed_attention
 
 __all__ = ["PreferenceCheckCallback"]
 
 logger = logging.getLogger(__name__)
-
-
-def _autocast(args, model):
-    import torch
-
-    if not (args.bf16 or args.fp16):
-        return None
-    device = next(model.parameters()).device.type
-    return torch.autocast(device_type=device, dtype=torch.bfloat16 if args.bf16 else torch.float16)
 
 
 class PreferenceCheckCallback(TrainerCallback):
@@ -52,7 +43,7 @@ class PreferenceCheckCallback(TrainerCallback):
         check_packing_support(model, batch, probe=False)
         if not self.probe:
             return
-        report = probe_packing(probe_module(model), FlatteningCollator(), autocast=_autocast(args, model))
+        report = probe_packing(probe_module(model), FlatteningCollator(), autocast=training_autocast(args, model))
         logger.info("PackingDPOTrainer: %s", report.summary())
         self.reports.append(report)
         refuse_failed_probe(report, attention_kind(attn_implementation(text_config(model))))
@@ -69,31 +60,29 @@ class PreferenceCheckCallback(TrainerCallback):
         if trainer.share_prompt and self.probe:
             self._check_shared(model, pairs, args)
         longest = max(len(s["input_ids"]) for s in sequences) if sequences else 0
-        inner = unwrap_model(model)  # the policy's warm-up compiles the kernels the frozen reference's forward reuses
-        if attn_implementation(text_config(inner)) in ("flash_attention_4", FA4_ATTENTION) and longest:
-            warm_up_attention(probe_module(model), max_length=max(longest, trainer.args.max_length or 0))
+        # the policy's warm-up compiles the kernels the frozen reference's forward reuses
+        warm_up_packed_attention(model, max(longest, trainer.args.max_length or 0) if longest else 0, args)
 
 
     def _check_shared(self, model, pairs: list, args) -> None:
         """Refuse a model on which the shared-prompt layout changes a sequence's log-probability or leaks."""
         import torch
 
-        from ..checks import tokenwise_experts
-        from ..checks._probe_parts import probe_dtype
+        from ..checks import probe_dtype, tokenwise_experts
 
         trainer = self.trainer
         module = probe_module(model)
         was_training = module.training
         module.eval()
         try:
-            with torch.no_grad(), _autocast(args, module) or _null(), tokenwise_experts(module):
+            with torch.no_grad(), training_autocast(args, module) or _null(), tokenwise_experts(module):
                 found = [_pair_values(trainer, module, pairs, share) for share in (False, True)]
                 changed = [dict(p, chosen_ids=[(t + 1) % 4 + 5 for t in p["chosen_ids"]]) for p in pairs]
                 leaked = _pair_values(trainer, module, changed, True)
         finally:
             module.train(was_training)
         difference = max(float((a - b).abs().max()) for a, b in zip(found[0], found[1]))
-        dtype = probe_dtype(_autocast(args, module), next(module.parameters()))
+        dtype = probe_dtype(training_autocast(args, module), next(module.parameters()))
         scale = max(1.0, float(found[0][1].abs().max()))
         allowed = (1e-5 if dtype in ("float32", "float64") else 1e-3) * scale  # of a sequence's log-probability
         leak = float((leaked[1] - found[1][1]).abs().max())

@@ -28,11 +28,10 @@ def pair_lengths(dataset, collator) -> np.ndarray:
 
 def pair_budget_loader(trainer, dataset, budget: int):
     """The train DataLoader of pairs packed into micro-batches of at most ``budget`` tokens."""
-    from torch.utils.data import DataLoader
-
     from .._compat import remove_unused_columns
     from .._validation import check_not_too_long
     from ..sampler import MultipackBatchSampler
+    from ..trainer import prepared_loader
 
     args = trainer.args
     dataset = remove_unused_columns(trainer, dataset, "training")
@@ -47,11 +46,6 @@ def pair_budget_loader(trainer, dataset, budget: int):
         rank=args.process_index, seed=args.data_seed if args.data_seed is not None else args.seed,
         drop_last=args.dataloader_drop_last,
     )  # fmt: skip
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=trainer.data_collator,
-                        num_workers=args.dataloader_num_workers, pin_memory=args.dataloader_pin_memory)  # fmt: skip
-    loader = trainer.accelerator.prepare(loader)
-    wrapper = getattr(loader, "batch_sampler", None)
-    if wrapper is not None and wrapper is not sampler and getattr(wrapper, "batch_sampler", None) is sampler:
-        wrapper.num_processes, wrapper.process_index = 1, 0  # the sampler already gives this rank its share
+    loader = prepared_loader(trainer, dataset, sampler, trainer.data_collator)
     trainer._pair_sampler = sampler
     return loader

@@ -24,7 +24,7 @@ import torch
 
 from .._model_unwrap import unwrap_model
 from ..loss import checked_head
-from ._collator import PAIR_KEYS, PreferenceCollator
+from ._collator import PreferenceCollator
 from ._logps import PairLogProbs, pair_log_probs
 from ._losses import F_DIVERGENCE_LOSSES, PairValues, PreferenceLoss
 

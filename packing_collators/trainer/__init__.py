@@ -8,6 +8,10 @@ _neftune.py           NEFTune's noise per example; the stock Trainer's (per row)
 _dataloader.py        PackingTrainer's dataloaders: lengths -> the budget -> sampler -> collator -> DataLoader
 _check_callback.py    PackingCheckCallback and the FA4 warm-up, added when training begins
 _autocast.py          the autocast the Trainer trains under: the probe's forwards and the budget's dry runs
+
+The plumbing another trainer on packed rows builds on (PackingDPOTrainer does): ``prepared_loader`` (a sampler's
+micro-batches through accelerate), ``training_autocast`` (what runs outside the steps runs as they do),
+``warm_up_packed_attention`` (FA4's kernels compiled before the first step).
 _trainer_budget.py    TrainerBudget: a dataloader's token budget, planned once ("auto" measured, memory_check),
                       agreed over ranks, handed on as a value
 _memory_budget.py     measure_token_budget / check_token_budget: max_tokens_per_batch against the GPU's memory, measured
@@ -26,6 +30,7 @@ Built on every other folder: the attention backends (``attention/``), the checks
 
 from .._lazy import lazy_names
 from .._token_budget import TokenBudget, fit_token_budget, plan_token_budget
+from ._autocast import training_autocast
 from ._memory_budget import check_token_budget, measure_token_budget
 from ._sequence_loss import count_sequences, sequence_loss_weights, sequence_mean_loss
 
@@ -40,9 +45,12 @@ __all__ = [
     "fit_token_budget",
     "measure_token_budget",
     "plan_token_budget",
+    "prepared_loader",
     "sequence_loss_weights",
     "sequence_mean_loss",
+    "training_autocast",
     "warm_up_compiled",
+    "warm_up_packed_attention",
 ]
 
 
@@ -56,5 +64,7 @@ __getattr__ = lazy_names(
         "PackingMetricsCallback": "._metrics",
         "CompileReport": "._compile",
         "warm_up_compiled": "._compile",
+        "warm_up_packed_attention": "._check_callback",
+        "prepared_loader": "._dataloader",
     },
 )

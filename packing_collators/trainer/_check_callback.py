@@ -136,17 +136,29 @@ class _AttentionWarmUp(TrainerCallback):
         self.seconds = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        implementation = attn_implementation(text_config(model)) if model is not None else None
-        longest = self.trainer.longest_train_sequence
-        if implementation not in ("flash_attention_4", FA4_ATTENTION) or not longest:
+        if model is None:
             return
-        if getattr(self.trainer, "is_deepspeed_enabled", False):  # a backward outside the engine: see _deepspeed.py
+        if getattr(self.trainer, "is_deepspeed_enabled", False) and _runs_fa4(model):  # a backward outside the engine
             logger.info("PackingTrainer: under DeepSpeed FlashAttention-4 compiles its kernels in the first steps")
             return
-        self.seconds = warm_up_attention(probe_module(model), max_length=longest, autocast=training_autocast(args, model))
-        logger.info(
-            "PackingTrainer: FlashAttention-4 kernels compiled up to %d tokens in %.1f s", longest, self.seconds
-        )
+        self.seconds = warm_up_packed_attention(model, self.trainer.longest_train_sequence, args)
+
+
+def _runs_fa4(model) -> bool:
+    return attn_implementation(text_config(model)) in ("flash_attention_4", FA4_ATTENTION)
+
+
+def warm_up_packed_attention(model, longest: int, args) -> float | None:
+    """Compile FlashAttention-4's kernel variants for rows up to ``longest`` tokens on ``model`` (under the
+    autocast ``args`` train with), before the first step; the seconds it took, None where the model's attention
+    compiles nothing (not FA4) or there is nothing to warm. Every trainer on packed rows calls it when training
+    begins (PackingTrainer, PackingDPOTrainer)."""
+    if not longest or not _runs_fa4(model):
+        return None
+    seconds = warm_up_attention(probe_module(model), max_length=longest, autocast=training_autocast(args, model))
+    logger.info("%s: FlashAttention-4 kernels compiled up to %d tokens in %.1f s", type(unwrap_model(model)).__name__,
+                longest, seconds)  # fmt: skip
+    return seconds
 
 
 def add_packing_callbacks(trainer, *, probe: bool, warm_up: bool, metrics: bool) -> None:

@@ -29,8 +29,8 @@ from transformers import TrainerCallback
 
 from .._compat import dynamo_sources_by_pattern, trainer_step_inputs
 from .._model_unwrap import text_config
-from ..collate._bucketed import bucketed_collator, compile_buckets, plan_padding
-from ..models._compile_layers import bucket_rows, graphs_compiled, symbolic_packing_sizes
+from ..collate import bucketed_collator, compile_buckets, plan_padding
+from ..models import bucket_rows, graphs_compiled, symbolic_packing_sizes
 from ._autocast import training_autocast
 from ._metrics import PackingMetricsCallback
 
@@ -188,7 +188,7 @@ class CompileWarmUp(TrainerCallback):
 
     def compile_layers(self, model) -> None:
         """Compile ``model``'s layers in place (at construction, and for a model ``model_init`` builds anew)."""
-        from ..models._compile_layers import auto_compile_blocker, compiled_step_failure, uncompile_layers
+        from ..models import auto_compile_blocker, compiled_step_failure, uncompile_layers
 
         args = self.trainer.args
         self.enabled, self.whole_model = bool(args.torch_compile), None
@@ -319,7 +319,7 @@ def _takes_over_checkpointing(fsdp, model) -> bool:
         return False
     from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
 
-    from ..models._compile_layers import repeated_layers
+    from ..models import repeated_layers
 
     try:
         policy = fsdp2_prepare_auto_wrap_policy(fsdp, model)
@@ -360,7 +360,7 @@ def _uncompiled_call(accelerator, original, *args, **kwargs):
     import torch
     from accelerate.utils import DynamoBackend
 
-    from ..models._compile_layers import checkpointed_layers, repeated_layers
+    from ..models import checkpointed_layers, repeated_layers
 
     plugin, fsdp = accelerator.state.dynamo_plugin, getattr(accelerator.state, "fsdp_plugin", None)
     backend, checkpointing = plugin.backend, getattr(fsdp, "activation_checkpointing", False)

@@ -148,8 +148,10 @@ def _loader_options(args) -> dict[str, Any]:
     return options
 
 
-def _prepared(trainer, dataset, sampler, collator):
-    """The DataLoader through ``accelerator.prepare``, its batch-sampler shard wrapper a pass-through."""
+def prepared_loader(trainer, dataset, sampler, collator):
+    """The DataLoader of ``sampler``'s micro-batches through the Trainer's ``accelerator.prepare``, the Trainer's
+    dataloader options (workers, pinning), its batch-sampler shard wrapper a pass-through (``sampler`` already
+    gives each rank its share): what a trainer on packed rows trains from, PackingTrainer's and PackingDPOTrainer's."""
     from torch.utils.data import DataLoader
 
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, **_loader_options(trainer.args))
@@ -171,5 +173,5 @@ def multipack_dataloader(trainer, dataset, description: str, batch_size: int, *,
     if shuffle and len(lengths) and trainer._compile.enabled:  # rows padded to a bucket, graphs compiled first
         plan = compile_plan(collator, sampler, budget.tokens)
         collator = plan.collator if plan is not None else collator
-    loader = _prepared(trainer, dataset, sampler, _rank_collator(trainer, collator, dataset, description))
+    loader = prepared_loader(trainer, dataset, sampler, _rank_collator(trainer, collator, dataset, description))
     return PackedLoader(loader, sampler, budget, plan)

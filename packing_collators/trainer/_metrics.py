@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from .._compat import caller_frame
 from .._validation import validate_positive_int
 from ..batch import padding_tail, segment_count
-from ..collate._bucketed import bucket_padding_id
+from ..collate import bucket_padding_id
 
 try:
     from transformers import TrainerCallback

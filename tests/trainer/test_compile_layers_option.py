@@ -20,6 +20,7 @@ from _tiny_models import random_examples, tiny_model
 
 from packing_collators import PackingTrainer
 from packing_collators.models import compiled_layer_count
+from packing_collators import models
 from packing_collators.models import _compile_layers
 from packing_collators.trainer import _compile
 from packing_collators.trainer._head_loss import why_full_logits
@@ -55,7 +56,7 @@ def test_auto_on_a_cpu_trains_eager_and_says_why(tmp_path, caplog):
 def test_auto_where_it_compiles_compiles_the_layers_before_the_first_step_and_trains_as_eager(tmp_path, monkeypatch):
     eager_trainer = _trainer(tmp_path, option=False)
     eager = _losses(eager_trainer)
-    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")  # a GPU that compiles
+    monkeypatch.setattr(models, "auto_compile_blocker", lambda model, device: "")  # a GPU that compiles
     trainer = _trainer(tmp_path)
     assert trainer._compile.enabled and trainer._compile.whole_model == ""
     layers = trainer.model.config.num_hidden_layers
@@ -81,7 +82,7 @@ def test_training_steps_trace_the_row_length_static_and_the_probe_keeps_its_grap
     eager = _losses(_trainer(tmp_path, option=False, steps=3))
     import packing_collators.models as models
 
-    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
+    monkeypatch.setattr(models, "auto_compile_blocker", lambda model, device: "")
     recorder, first_step, compile_layers = GraphRecorder(), [], models.compile_layers
     # the layers compiled with the recording backend (accelerate takes only its named backends on the arguments)
     monkeypatch.setattr(models, "compile_layers", lambda model, backend, **k: compile_layers(model, backend=recorder,
@@ -105,7 +106,7 @@ def test_training_steps_trace_the_row_length_static_and_the_probe_keeps_its_grap
 def test_a_model_model_init_builds_anew_is_compiled_as_the_first_one(tmp_path, monkeypatch):
     from _tiny_models import training_args
 
-    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
+    monkeypatch.setattr(models, "auto_compile_blocker", lambda model, device: "")
     args = training_args(tmp_path, max_steps=2, gradient_accumulation_steps=1)
     args.torch_compile_backend = "eager"
     built = []
@@ -125,7 +126,7 @@ def test_auto_decides_from_the_device_the_model_will_train_on():
 
 
 def test_auto_leaves_liger_runs_eager(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
+    monkeypatch.setattr(models, "auto_compile_blocker", lambda model, device: "")
     trainer = _trainer(tmp_path, option=False)
     trainer._compile.option, trainer.args.use_liger_kernel = "auto", True
     with caplog.at_level(logging.INFO, logger=_compile.__name__):
@@ -261,8 +262,8 @@ def test_the_tried_step_autocasts_as_training_does(monkeypatch):
 
 def test_auto_tries_its_step_under_the_trainers_autocast(tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
-    monkeypatch.setattr(_compile_layers, "compiled_step_failure",
+    monkeypatch.setattr(models, "auto_compile_blocker", lambda model, device: "")
+    monkeypatch.setattr(models, "compiled_step_failure",
                         lambda model, autocast=None: seen.append(autocast) or "stop here")  # fmt: skip
     _trainer(tmp_path, bf16=True)
     _trainer(tmp_path / "fp32")
@@ -270,8 +271,8 @@ def test_auto_tries_its_step_under_the_trainers_autocast(tmp_path, monkeypatch):
 
 
 def test_auto_trains_eager_where_the_tried_step_fails(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
-    monkeypatch.setattr(_compile_layers, "compiled_step_failure",
+    monkeypatch.setattr(models, "auto_compile_blocker", lambda model, device: "")
+    monkeypatch.setattr(models, "compiled_step_failure",
                         lambda model, autocast=None: "a compiled step failed (BackendCompilerFailed: no C compiler)")  # fmt: skip
     with caplog.at_level(logging.WARNING, logger=_compile.__name__):
         trainer = _trainer(tmp_path, steps=3)
@@ -337,8 +338,8 @@ def test_a_model_failing_its_compiled_warm_up_is_refused_with_the_fix(tmp_path, 
     def fails(graph, example_inputs):  # a Dynamo backend that cannot compile this model's layers
         raise RuntimeError("this backend compiles nothing")
 
-    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
-    monkeypatch.setattr(_compile_layers, "compiled_step_failure", lambda model, autocast=None: "")  # untried
+    monkeypatch.setattr(models, "auto_compile_blocker", lambda model, device: "")
+    monkeypatch.setattr(models, "compiled_step_failure", lambda model, autocast=None: "")  # untried
     trainer = _trainer(tmp_path)
     assert trainer._compile.enabled and _compile_layers.uncompile_layers(trainer.model)
     _compile_layers.compile_layers(trainer.model, backend=fails)
@@ -354,7 +355,7 @@ def test_an_accelerator_made_anew_prepares_the_compiled_layers_as_the_first(tmp_
     from accelerate import Accelerator
     from accelerate.utils import DynamoBackend
 
-    monkeypatch.setattr(_compile_layers, "auto_compile_blocker", lambda model, device: "")
+    monkeypatch.setattr(models, "auto_compile_blocker", lambda model, device: "")
     trainer = _trainer(tmp_path, steps=1)
     first, seen = trainer.accelerator, []
     monkeypatch.setattr(Accelerator, "prepare_model",
