@@ -70,14 +70,8 @@ from .parallel import (
     shard_flat_batch,
 )
 from .sampler import CostFit, fit_attention_weight, lengths_from_dataset
-from .trainer import (
-    TokenBudget,
-    check_token_budget,
-    count_sequences,
-    measure_token_budget,
-    sequence_loss_weights,
-    sequence_mean_loss,
-)
+from .budget import TokenBudget, check_token_budget, measure_token_budget
+from .trainer import count_sequences, sequence_loss_weights, sequence_mean_loss
 
 __all__ = [
     "ChatStats",

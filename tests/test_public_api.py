@@ -43,3 +43,13 @@ def test_a_moved_name_says_where_it_lives(name, home):
 def test_an_unknown_name_is_an_ordinary_attribute_error():
     with pytest.raises(AttributeError, match="module 'packing_collators' has no attribute 'nothing'"):
         packing_collators.nothing  # noqa: B018
+
+
+@pytest.mark.parametrize("name", ["TokenBudget", "check_token_budget", "measure_token_budget"])
+def test_a_budget_name_imported_from_the_trainer_says_it_moved_to_budget(name):
+    import packing_collators.budget
+    import packing_collators.trainer
+
+    with pytest.raises(AttributeError, match=rf"from packing_collators\.budget \(or packing_collators\) import {name}"):
+        getattr(packing_collators.trainer, name)
+    assert getattr(packing_collators.budget, name) is getattr(packing_collators, name)

@@ -191,8 +191,8 @@ def trl_budget(args, model, dataset):
     """The largest bfd max_length whose TRL step fits ``args.memory_fraction`` of the card (a ``TokenBudget``)."""
     import torch
 
-    from packing_collators.trainer import fit_token_budget
-    from packing_collators.trainer._allocator import avoid_fragmentation
+    from packing_collators.budget import fit_token_budget
+    from packing_collators.budget import avoid_fragmentation
     from packing_collators._gpu_memory import usable_gpu_bytes
 
     if not _on_cuda(model):

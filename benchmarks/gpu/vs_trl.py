@@ -44,7 +44,7 @@ at two sizes, a line, the planned size measured again, within 90% of the card wi
 each measurement runs TRL's own step: its collator's batch, its ``compute_loss`` (a fused LM head that never forms
 the full logits), backward, under the same gradient checkpointing. Then TRL's SFTTrainer trains bfd rows of that
 ``max_length`` (no ceiling: the largest that fits). The budget on each side is the JSON's ``max_tokens_per_batch`` / ``max_length``. Both auto settings
-run on CUDA's expandable segments (``packing_collators.trainer._allocator``: ours turns them on for its auto budget,
+run on CUDA's expandable segments (``packing_collators.budget.avoid_fragmentation``: ours turns them on for its auto budget,
 the harness does the same for TRL's). ``--memory-cap-gib 79`` runs any setting as on an 80 GB card on a larger one
 (``torch.cuda.set_per_process_memory_fraction``; both auto budgets plan for the cap, allocations past it fail;
 names end in ``_cap79``). The cap bounds PyTorch's caching allocator only: the CUDA context and library

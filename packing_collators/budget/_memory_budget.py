@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from .._gpu_memory import usable_gpu_bytes
 from .._model_unwrap import text_config
-from .._token_budget import TokenBudget, fit_token_budget
+from ._token_budget import TokenBudget, fit_token_budget
 from .._validation import validate_positive_int
 from ._allocator import avoid_fragmentation
 from typing import TYPE_CHECKING

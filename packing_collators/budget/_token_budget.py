@@ -3,7 +3,7 @@
 Under a varlen kernel (flash attention, ``packing_varlen``) a packed micro-batch's memory grows
 linearly with its tokens, whatever its examples' lengths: activations are per token, and
 attention keeps no (T, T) matrix. Peaks measured at the longest example's length, once and
-twice (``trainer/_memory_budget.py`` runs those dry runs on the GPU), draw that line::
+twice (``_memory_budget.py`` runs those dry runs on the GPU), draw that line::
 
     peak (GiB)
       |                                   .  <- memory_fraction * total - optimizer states
@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ._validation import validate_positive_int
+from .._validation import validate_positive_int
 
 __all__ = ["TokenBudget", "fit_token_budget", "plan_token_budget"]
 

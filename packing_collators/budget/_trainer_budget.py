@@ -1,4 +1,4 @@
-"""PackingTrainer's micro-batch token budget: computed in one place, once per dataloader, handed on as a value.
+"""A trainer's micro-batch token budget: computed in one place, once per dataloader, handed on as a value.
 
     PackingTrainer(max_tokens_per_batch=...)  ->  TrainerBudget: the setting, checked at construction
     a dataloader's lengths, batch size, GPU   ->  TrainerBudget.plan  ->  PlannedBudget(tokens, longest)
@@ -9,8 +9,8 @@
         training      memory_check: check_token_budget(model, tokens / n, longest / n), once per pair, on every rank
     PlannedBudget  ->  make_batch_sampler(lengths, tokens), the compile buckets, the FA4 warm-up: the same value
 
-Only a model whole on one CUDA device is measured (:class:`GpuRun`: not a CPU model, not FSDP/DeepSpeed
-shards, not a model split over devices). A refusal on one rank is raised on every rank, after all of
+Only a model whole on one CUDA device is measured (:class:`GpuRun`, which the trainer fills: not a CPU model,
+not FSDP/DeepSpeed shards, not a model split over devices). A refusal on one rank is raised on every rank, after all of
 them took part in the collective, so no rank is left waiting.
 Cost: two forward + backward passes per measured budget, once per (budget, longest).
 """
@@ -23,11 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from .._model_unwrap import probe_module
 from .._validation import validate_positive_int
-from ._autocast import autocast_dtype
 
-__all__ = ["AUTO_BUDGET", "GpuRun", "PlannedBudget", "TrainerBudget", "memory_model"]
+__all__ = ["AUTO_BUDGET", "GpuRun", "PlannedBudget", "TrainerBudget"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,38 +67,14 @@ def _smallest_over_ranks(tokens: int, device) -> int:
     return int(value.item())
 
 
-def memory_model(trainer):
-    """The model whose memory the budget is measured on, or None where it cannot be.
-
-    That is a model whole on one CUDA device: not on a CPU, not sharded (FSDP, DeepSpeed),
-    not split over several devices (model parallel, ``device_map``).
-    """
-    model = probe_module(trainer.model) if trainer.model is not None else None
-    devices = {p.device for p in model.parameters()} if model is not None else set()
-    split = (
-        getattr(trainer, "is_fsdp_enabled", False)
-        or getattr(trainer, "is_deepspeed_enabled", False)
-        or getattr(trainer, "is_model_parallel", False)
-        or len(devices) != 1
-    )
-    return None if split or next(iter(devices)).type != "cuda" else model
-
-
 @dataclass(frozen=True)
 class GpuRun:
     """What a budget is measured on: the model whole on one CUDA device (None: it cannot be), the Trainer's
-    autocast dtype, and the loss its steps compute."""
+    autocast dtype, and the loss its steps compute (a trainer builds it: ``trainer/_gpu_run.py``)."""
 
     model: Any
     autocast_dtype: Any = None
     loss_implementation: str = "auto"
-
-    @classmethod
-    def of(cls, trainer) -> GpuRun:
-        from ._head_loss import why_full_logits
-
-        loss = "full" if why_full_logits(trainer) else trainer._head_loss.implementation
-        return cls(memory_model(trainer), autocast_dtype(trainer.args), loss)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,7 @@ _autocast.py          the autocast the Trainer trains under: the probe's forward
 The plumbing another trainer on packed rows builds on (PackingDPOTrainer does): ``prepared_loader`` (a sampler's
 micro-batches through accelerate), ``training_autocast`` (what runs outside the steps runs as they do),
 ``warm_up_packed_attention`` (FA4's kernels compiled before the first step).
-_trainer_budget.py    TrainerBudget: a dataloader's token budget, planned once ("auto" measured, memory_check),
-                      agreed over ranks, handed on as a value
-_memory_budget.py     measure_token_budget / check_token_budget: max_tokens_per_batch against the GPU's memory, measured
-                      (the line and the fit: ../_token_budget.py, no torch)
+_gpu_run.py           what the token budget (../budget/) is measured on: the model on one GPU, the autocast, the loss
 _compile.py           torch_compile=True: the layers compiled in place, rows padded to buckets, graphs compiled first
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
 _launch.py            one process on several GPUs (python train.py, DataParallel) refused, naming torchrun
@@ -25,13 +22,11 @@ _sequence_loss.py     sequence_loss_weights / sequence_mean_loss: each example c
 _sequence_parallel.py PackingTrainer(sequence_parallel_size=n): the mesh, the checks, the loss, the probe
 
 Built on every other folder: the attention backends (``attention/``), the checks and the probe
-(``checks/``), sequence parallelism (``parallel/``), the sampler and the collators.
+(``checks/``), sequence parallelism (``parallel/``), the token budget (``budget/``), the sampler and the collators.
 """
 
 from .._lazy import lazy_names
-from .._token_budget import TokenBudget, fit_token_budget, plan_token_budget
 from ._autocast import training_autocast
-from ._memory_budget import check_token_budget, measure_token_budget
 from ._sequence_loss import count_sequences, sequence_loss_weights, sequence_mean_loss
 
 __all__ = [
@@ -39,12 +34,7 @@ __all__ = [
     "PackingCheckCallback",
     "PackingMetricsCallback",
     "PackingTrainer",
-    "TokenBudget",
-    "check_token_budget",
     "count_sequences",
-    "fit_token_budget",
-    "measure_token_budget",
-    "plan_token_budget",
     "prepared_loader",
     "sequence_loss_weights",
     "sequence_mean_loss",
@@ -66,5 +56,9 @@ __getattr__ = lazy_names(
         "warm_up_compiled": "._compile",
         "warm_up_packed_attention": "._check_callback",
         "prepared_loader": "._dataloader",
+    },
+    moved={
+        name: "packing_collators.budget (or packing_collators)"
+        for name in ("TokenBudget", "check_token_budget", "fit_token_budget", "measure_token_budget", "plan_token_budget")
     },
 )

@@ -23,7 +23,8 @@ import numpy as np
 from .._compat import collator_with_removed_columns, remove_unused_columns
 from ..checks import refuse_no_examples
 from ..sampler import example_lengths
-from ._trainer_budget import GpuRun, PlannedBudget
+from ..budget import PlannedBudget
+from ._gpu_run import gpu_run
 
 __all__ = ["PackedLoader", "multipack_dataloader", "report_dropped"]
 
@@ -167,7 +168,7 @@ def multipack_dataloader(trainer, dataset, description: str, batch_size: int, *,
     from ._compile import compile_plan
 
     dataset, lengths = _lengths(trainer, dataset, description, shuffle=shuffle)
-    budget = trainer._budget.plan(lengths, batch_size, GpuRun.of(trainer), training=shuffle)  # once, as a value
+    budget = trainer._budget.plan(lengths, batch_size, gpu_run(trainer), training=shuffle)  # once, as a value
     sampler = _sampler(trainer, lengths, budget.tokens, shuffle)
     collator, plan = trainer.data_collator, None
     if shuffle and len(lengths) and trainer._compile.enabled:  # rows padded to a bucket, graphs compiled first

@@ -45,7 +45,8 @@ from ._neftune import PackedNEFTune
 from ._predictions import EXAMPLE_COUNT, examples_counted, is_flat_row, per_example_predictions
 from ._prepare_model import prepare_trainer_model
 from ._sequence_loss import LossNormalization, check_sequence_setup, global_sequence_count, sequence_compute_loss
-from ._trainer_budget import GpuRun, TrainerBudget
+from ..budget import TrainerBudget
+from ._gpu_run import gpu_run
 
 try:
     from transformers import Trainer
@@ -164,7 +165,7 @@ class PackingTrainer(Trainer):
         self.overflow = check_sampler_option("overflow", overflow)
         validate_choice("loss_normalization", loss_normalization, LossNormalization)
         validate_choice("eval_packing", eval_packing, EvalPacking)
-        # the budget's setting, checked here; each dataloader plans its value from it (_trainer_budget.py)
+        # the budget's setting, checked here; each dataloader plans its value from it (budget/_trainer_budget.py)
         self._budget = TrainerBudget(
             max_tokens_per_batch, memory_check=memory_check, sequence_parallel_size=sequence_parallel_size
         )
@@ -237,7 +238,7 @@ class PackingTrainer(Trainer):
         the batch size as for one GPU (``per_device_train_batch_size`` examples per micro-batch).
         Each dataloader plans it once and hands the value to :meth:`make_batch_sampler`.
         """
-        return self._budget.plan(lengths, batch_size, GpuRun.of(self)).tokens
+        return self._budget.plan(lengths, batch_size, gpu_run(self)).tokens
 
     def make_batch_sampler(self, lengths: np.ndarray, max_tokens_per_batch: int, *, shuffle: bool):
         """The batch sampler of a train (``shuffle=True``) or eval dataloader: this rank's index lists.

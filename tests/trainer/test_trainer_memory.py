@@ -11,7 +11,8 @@ import torch
 from _tiny_models import random_examples, tiny_model, training_args
 
 from packing_collators import PackingTrainer, TokenBudget
-from packing_collators.trainer import _memory_budget, _trainer_budget
+from packing_collators.budget import _memory_budget, _trainer_budget
+from packing_collators.trainer import _gpu_run
 
 datasets = pytest.importorskip("datasets")
 from transformers import TrainerCallback  # noqa: E402
@@ -48,7 +49,7 @@ class Calls(list):
 def fake_gpu(monkeypatch):
     """The model counts as on a GPU of 80 GiB; ``peaks[tokens]`` is a step's peak (None: out of memory)."""
     peaks, calls = {}, Calls()
-    monkeypatch.setattr(_trainer_budget, "memory_model", lambda trainer: probe(trainer))
+    monkeypatch.setattr(_gpu_run, "memory_model", lambda trainer: probe(trainer))
     monkeypatch.setattr(_memory_budget, "_on_gpu", lambda model, caller, states: (2, 4 * GIB, 80 * GIB))
 
     def peak_bytes(model, tokens, longest, states=0, autocast_dtype=None, loss=None):
@@ -143,7 +144,7 @@ def test_auto_uses_the_measured_budget_for_the_longest_example(tmp_path, fake_gp
 def test_auto_stops_at_its_ceiling_where_far_more_would_fit(tmp_path, fake_gpu):
     # 10 GiB flat (the fake's default peak): the line allows any size. "auto" dry-runs nothing past its ceiling
     # and trains at it; a bigger micro-batch would train no faster, only dry-run and warm up for longer.
-    from packing_collators.trainer._trainer_budget import AUTO_CEILING
+    from packing_collators.budget._trainer_budget import AUTO_CEILING
 
     peaks, calls = fake_gpu
     peaks[30] = 10 * GIB + 15 * (1 << 10)  # 1 KiB per token: the line says ~60M tokens
@@ -177,7 +178,7 @@ def test_the_dry_run_autocasts_as_the_trainer_trains(tmp_path, fake_gpu):
 
 
 def test_the_forward_of_a_dry_run_runs_under_autocast(monkeypatch):
-    from packing_collators.trainer._memory_budget import _peak_bytes
+    from packing_collators.budget._memory_budget import _peak_bytes
 
     for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
         monkeypatch.setattr(torch.cuda, name, lambda *args, **kwargs: None)
@@ -214,20 +215,20 @@ def test_only_a_model_whole_on_one_gpu_is_measured(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     run = trainer(tmp_path, max_tokens_per_batch=64)
-    assert _trainer_budget.memory_model(run) is None  # on a CPU
+    assert _gpu_run.memory_model(run) is None  # on a CPU
 
     def placed(*devices):  # a stand-in model whose parameters sit on these devices
         params = [SimpleNamespace(device=torch.device(*d)) for d in devices]
         return SimpleNamespace(parameters=lambda: iter(params))
 
     whole, split = placed(("cuda", 0), ("cuda", 0)), placed(("cuda", 0), ("cuda", 1))
-    monkeypatch.setattr(_trainer_budget, "probe_module", lambda model: model)
+    monkeypatch.setattr(_gpu_run, "probe_module", lambda model: model)
     run.model = whole
-    assert _trainer_budget.memory_model(run) is whole
+    assert _gpu_run.memory_model(run) is whole
     run.model = split  # device_map over two GPUs: the first GPU would be charged every parameter's states
-    assert _trainer_budget.memory_model(run) is None
+    assert _gpu_run.memory_model(run) is None
     run.model, run.is_model_parallel = whole, True
-    assert _trainer_budget.memory_model(run) is None
+    assert _gpu_run.memory_model(run) is None
 
 
 def test_the_dry_run_computes_the_loss_training_computes(tmp_path, fake_gpu):

@@ -11,7 +11,7 @@ import pytest
 from _tiny_models import tiny_model
 
 from packing_collators import TokenBudget, measure_token_budget
-from packing_collators.trainer import plan_token_budget
+from packing_collators.budget import plan_token_budget
 
 GIB = 1 << 30
 
@@ -75,7 +75,7 @@ def test_the_dry_runs_need_the_model_on_a_gpu():
 def test_a_peak_above_the_line_shrinks_the_budget_until_a_measured_step_fits(seed):
     # measured on an H100: a 1B model with gradient checkpointing ran out of memory at the budget the line
     # through 8k and 16k tokens gave; the budget is now measured itself and shrunk until it fits
-    from packing_collators.trainer import fit_token_budget
+    from packing_collators.budget import fit_token_budget
 
     rng = np.random.default_rng(seed)
     longest, total = int(rng.integers(1024, 16384)), 80 * GIB
@@ -99,7 +99,7 @@ def test_a_peak_above_the_line_shrinks_the_budget_until_a_measured_step_fits(see
 
 
 def test_a_ceiling_below_the_longest_example_still_holds_it_and_a_bad_one_is_refused():
-    from packing_collators.trainer import fit_token_budget
+    from packing_collators.budget import fit_token_budget
 
     line = lambda tokens: int(GIB + 1e4 * tokens)  # noqa: E731 - millions of tokens would fit
     budget = fit_token_budget(line, longest=4096, total_bytes=80 * GIB, ceiling=1000)
@@ -110,7 +110,7 @@ def test_a_ceiling_below_the_longest_example_still_holds_it_and_a_bad_one_is_ref
 
 
 def test_one_example_that_runs_out_of_memory_alone_is_refused_before_training():
-    from packing_collators.trainer import fit_token_budget
+    from packing_collators.budget import fit_token_budget
 
     with pytest.raises(
         ValueError, match=r"One example of 8192 tokens does not fit on this GPU \(80.00 GiB\).*checkpointing"
@@ -155,7 +155,7 @@ def test_the_measured_step_is_a_second_step_with_the_optimizer_states_in_place(m
     # On an H100 a 1B model (gradient checkpointing) fit one forward + backward at its budget on a
     # fresh allocator, then ran out of memory at the second training step: the states, made at the
     # first step, split the blocks the next one needed. So the dry run runs two passes with them.
-    from packing_collators.trainer._memory_budget import _peak_bytes
+    from packing_collators.budget._memory_budget import _peak_bytes
 
     model = tiny_model()
     fake = _FakeCuda(monkeypatch, model, peak=10 * GIB)
@@ -168,7 +168,7 @@ def test_the_measured_step_is_a_second_step_with_the_optimizer_states_in_place(m
 
 
 def test_a_second_step_that_runs_out_of_memory_counts_as_not_fitting(monkeypatch):
-    from packing_collators.trainer._memory_budget import _peak_bytes
+    from packing_collators.budget._memory_budget import _peak_bytes
 
     model = tiny_model()
     fake = _FakeCuda(monkeypatch, model, peak=GIB, fail_at_forward=2)
@@ -177,7 +177,7 @@ def test_a_second_step_that_runs_out_of_memory_counts_as_not_fitting(monkeypatch
 
 
 def test_without_optimizer_states_one_pass_is_measured(monkeypatch):
-    from packing_collators.trainer._memory_budget import _peak_bytes
+    from packing_collators.budget._memory_budget import _peak_bytes
 
     model = tiny_model()
     fake = _FakeCuda(monkeypatch, model, peak=GIB)
@@ -189,7 +189,7 @@ def test_without_optimizer_states_one_pass_is_measured(monkeypatch):
 def test_a_line_too_shallow_into_out_of_memory_searches_down_to_near_the_real_limit(shallow):
     # measured on an H100: TRL's step at 2,048 and 4,096 tokens drew a line ~20x too shallow; the planned size
     # ran out of memory, and redrawing the line through it (as the whole card) left the budget at 4,096
-    from packing_collators.trainer import fit_token_budget
+    from packing_collators.budget import fit_token_budget
 
     longest, total, base, per_token = 2048, 80 * GIB, 6 * GIB, 1e4
     limit = int((0.9 * total - base) / (per_token * shallow))  # the real per-token cost is `shallow` times the line's
