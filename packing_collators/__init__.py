@@ -48,8 +48,8 @@ built only on the ones above it in this map::
 says so).
 """
 
-from ._version import __version__  # noqa: F401  (the version, not in __all__)
 from ._lazy import lazy_names
+from ._version import __version__  # noqa: F401  (the version, not in __all__)
 from .attention import (
     choose_attention,
     register_fa4_attention,
@@ -57,6 +57,7 @@ from .attention import (
     varlen_attention_forward,
     warm_up_attention,
 )
+from .budget import TokenBudget, check_token_budget, measure_token_budget
 from .chat import ChatStats, tokenize_chat, tokenize_chat_example
 from .checks import ProbeReport, check_packing_support, probe_packing
 from .collate import FlatteningCollator, PrePackedCollator, concatenate_and_pack, length_buckets, pack_sequences
@@ -70,7 +71,6 @@ from .parallel import (
     shard_flat_batch,
 )
 from .sampler import CostFit, fit_attention_weight, lengths_from_dataset
-from .budget import TokenBudget, check_token_budget, measure_token_budget
 from .trainer import count_sequences, sequence_loss_weights, sequence_mean_loss
 
 __all__ = [

@@ -32,6 +32,7 @@ __all__ = [
     "check_unpadded",
     "validate_attention_weight",
     "validate_choice",
+    "validate_flag",
     "validate_lengths",
     "validate_positive_int",
 ]
@@ -83,6 +84,21 @@ def validate_choice(name: str, value: str, allowed) -> None:
     allowed = allowed if isinstance(allowed, tuple) else get_args(allowed)
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}.")
+
+
+def validate_flag(name: str, value) -> bool:
+    """``value`` if it is a bool (numpy's too); anything else is refused, not read as true or false.
+
+    >>> validate_flag("share_prompt", True)
+    True
+    >>> validate_flag("share_prompt", "no")
+    Traceback (most recent call last):
+    ...
+    ValueError: share_prompt must be True or False, got 'no'.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}.")
+    return bool(value)
 
 
 def validate_positive_int(name: str, value, *, minimum: int = 1, allow_none: bool = False, none_means: str = ""):

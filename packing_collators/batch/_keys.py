@@ -13,6 +13,9 @@ A flat row of three examples (``B = 1`` row, ``T = 9`` tokens, ``n = 3`` example
     shift_labels   int64 (B, T)    a sequence shard's targets, fixed before the cut (``parallel/``)
     kv_index       int64 (Tk,)     keys laid out apart from the queries: each key's row token (a shared prompt)
     q_index        int64 (T,)      and each row token's key position (``KeysApartBatch``)
+    keys_labels    int64 (1, Tk)   the labels over the keys' layout (a shared prompt's: ``_shared_prompt.py``)
+    token_sequence int64 (1, Tk)   the sequence each token (each key, where keys are apart) belongs to, counted
+                                   over the batch: what a per-sequence loss (DPO, GRPO) sums by
     use_cache      bool            False: no KV cache in training
 
 The names are string constants here and nowhere else in the package: every module that writes or
@@ -32,6 +35,7 @@ __all__ = [
     "CU_SEQ_LENS_K",
     "CU_SEQ_LENS_Q",
     "IGNORE_INDEX",
+    "KEYS_LABELS",
     "KV_INDEX",
     "MAX_LENGTH_K",
     "MAX_LENGTH_Q",
@@ -39,7 +43,9 @@ __all__ = [
     "Q_INDEX",
     "SEQ_IDX",
     "SHIFT_LABELS",
+    "SEQUENCE_KEYS",
     "TARGET_KEYS",
+    "TOKEN_SEQUENCE",
     "VARLEN_KEYS",
     "KeysApartBatch",
     "PackedBatch",
@@ -56,6 +62,8 @@ PACKING_KEYS = (*VARLEN_KEYS, SEQ_IDX)  # the layout a collator writes: no examp
 SHIFT_LABELS = "shift_labels"
 KV_INDEX, Q_INDEX = "kv_index", "q_index"  # a layout whose keys are laid out apart from its queries
 TARGET_KEYS = ("labels", SHIFT_LABELS)  # what the loss reads, never the model's input
+KEYS_LABELS, TOKEN_SEQUENCE = "keys_labels", "token_sequence"  # a per-sequence loss's bookkeeping
+SEQUENCE_KEYS = (KEYS_LABELS, TOKEN_SEQUENCE)  # never the model's input
 IGNORE_INDEX = -100  # a label that is no target
 
 
@@ -75,8 +83,8 @@ class VarlenKwargs(TypedDict, total=False):
 class PackedBatch(VarlenKwargs, total=False):
     """A collated packed batch: the varlen keys and the rest, each with its dtype and shape (module docstring).
 
-    A batch of another kind (a preference batch: pairs of completions sharing a prompt) subclasses it
-    with its own keys.
+    A batch whose keys are laid out apart from its queries (completions sharing a prompt) subclasses it:
+    :class:`KeysApartBatch`.
     """
 
     input_ids: Any  # int64 (B, T)
@@ -88,10 +96,13 @@ class PackedBatch(VarlenKwargs, total=False):
 
 class KeysApartBatch(PackedBatch, total=False):
     """A packed batch whose keys and values are laid out apart from its queries (``cu_seq_lens_k`` over ``Tk``
-    keys): a preference pair's prompt once among the queries and once per completion among the keys."""
+    keys): a prompt once among the queries and once per completion among the keys (``SharedPromptLayout``: a
+    DPO pair's two completions, a GRPO group's G)."""
 
     kv_index: Any  # int64 (Tk,): the row token each key is
     q_index: Any  # int64 (T,): each row token's key position
+    keys_labels: Any  # int64 (1, Tk): the labels over the keys' layout
+    token_sequence: Any  # int64 (1, Tk): each key's sequence
     use_cache: bool
 
 

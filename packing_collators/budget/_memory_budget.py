@@ -19,12 +19,13 @@ training run on expandable segments of CUDA's allocator (``_allocator.py``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .._gpu_memory import usable_gpu_bytes
 from .._model_unwrap import text_config
-from ._token_budget import TokenBudget, fit_token_budget
 from .._validation import validate_positive_int
 from ._allocator import avoid_fragmentation
-from typing import TYPE_CHECKING
+from ._token_budget import TokenBudget, fit_token_budget
 
 if TYPE_CHECKING:  # loss/ imports torch; this module is imported with the package, before torch is needed
     from ..loss import LossImplementation
@@ -91,7 +92,6 @@ def _peak_bytes(model, tokens: int, longest: int, states_per_parameter: int = 0,
 
 def _on_gpu(model, caller: str, optimizer_states_per_parameter: int | None) -> tuple[int, int, int]:
     """(optimizer states per parameter, their bytes, the GPU bytes this process may use) for a model on a CUDA device."""
-    import torch
 
     parameter = next(model.parameters(), None)
     if parameter is None or parameter.device.type != "cuda":

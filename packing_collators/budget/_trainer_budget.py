@@ -195,6 +195,6 @@ class TrainerBudget:
             check,
             gpu.model,
             elsewhere=f"max_tokens_per_batch={tokens} does not fit another rank's GPU (its error says why).",
-            hint=" PackingTrainer(memory_check=False) skips this check.",
+            hint=" memory_check=False (PackingTrainer, PackingDPOTrainer) skips this check.",
         )
         self._checked.add((tokens, longest))

@@ -10,6 +10,8 @@
     _flattening.py    FlatteningCollator: a minibatch -> one flat row (online flattening)
     _prepacked.py     PrePackedCollator: rows of pack_dataset -> a flat row or padded rows
     _padded_rows.py   pack_sequences / concatenate_and_pack: token lists -> padded packed tensors
+    _shared_prompt.py shared_prompt_batch: completions of one prompt, the prompt once (DPO's pairs, GRPO's
+                      groups); flat_sequences_batch: the same sequences unshared, each token's sequence named
 
 One batch runs the line ``_features -> _concat -> _options -> _flat_row``; the keys it writes and
 their layout are the packed batch's (``packing_collators.batch``). Built on the engine and the
@@ -25,6 +27,7 @@ from ._flattening import FlatteningCollator
 from ._options import CollateOptions, ReturnTensors, to_tensors
 from ._padded_rows import concatenate_and_pack, pack_sequences
 from ._prepacked import PrePackedCollator
+from ._shared_prompt import flat_sequences_batch, shared_prompt_batch
 
 __all__ = [
     "CollateOptions",
@@ -43,11 +46,13 @@ __all__ = [
     "concatenate_and_pack",
     "feature_column",
     "flat_batch",
+    "flat_sequences_batch",
     "length_buckets",
     "pack_sequences",
     "plan_padding",
     "read_columns",
     "sequence_lengths",
+    "shared_prompt_batch",
     "to_tensors",
     "token_features",
     "validate_buckets",

@@ -51,22 +51,28 @@ _BLOCK_ELEMENTS = 1 << 25  # the weight's float32 gradient, converted to its dty
 
 @dataclass(frozen=True)
 class LogitTransform:
-    """What a model does to ``z = hidden @ W.T + b`` before its loss: ``cap * tanh(scale * z / cap)``, or ``scale * z``.
+    """What a model does to ``z = hidden @ W.T + b`` before its loss: ``cap * tanh(scale * z / cap)``, or ``scale * z``;
+    then a sampling ``temperature`` divides the model's logits (after its softcap, as TRL's RL trainers divide them).
 
     >>> LogitTransform().apply(torch.tensor([2.0]))
     tensor([2.])
     >>> LogitTransform(scale=0.5, softcap=1.0).apply(torch.tensor([2.0]))
     tensor([0.7616])
+    >>> LogitTransform(scale=0.5, softcap=1.0, temperature=2.0).apply(torch.tensor([2.0]))
+    tensor([0.3808])
     """
 
     scale: float = 1.0
     softcap: float | None = None
+    temperature: float = 1.0
 
     def apply(self, z: torch.Tensor) -> torch.Tensor:
         if self.scale != 1.0:
             z = z * self.scale
         if self.softcap:
             z = torch.tanh(z / self.softcap) * self.softcap
+        if self.temperature != 1.0:
+            z = z / self.temperature
         return z
 
 

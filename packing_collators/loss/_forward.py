@@ -17,6 +17,7 @@ An MoE model's ``aux_loss`` is added as its own loss adds it. Cost: the chunked 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import torch
@@ -84,8 +85,9 @@ def chunked_forward(model, inputs: Mapping, head: OutputHead, targets: torch.Ten
 
 
 def log_prob_forward(
-    model, inputs: Mapping, head: OutputHead | None, targets: torch.Tensor, stats: dict | None = None, rows=None
-):
+    model, inputs: Mapping, head: OutputHead | None, targets: torch.Tensor, stats: dict | None = None, rows=None,
+    temperature: float = 1.0,
+):  # fmt: skip
     """(float32 (B, T): log p(target) at each position with a target, 0 elsewhere; the model's outputs).
 
     ``head`` None: from the model's own full logits (a head the chunked path cannot compute, such as a PEFT
@@ -94,10 +96,13 @@ def log_prob_forward(
     ``stats``: a dict filled with float32 (B, T) ``entropy``, ``mean_logits`` and ``is_top1`` at the same
     positions (0 elsewhere), without gradients (see :func:`token_log_probs`). ``rows``: int64, shaped like
     ``targets``, the flat hidden-state row each target position reads (a layout whose positions repeat
-    row tokens, such as a shared prompt's keys); default each position its own row."""
+    row tokens, such as a shared prompt's keys); default each position its own row. ``temperature``: the
+    log-probabilities of the model's logits divided by it (after its softcap), as a sampler drew the tokens."""
     mask = targets != IGNORE_INDEX
     if head is None:
-        return _full_logit_log_probs(model, inputs, targets, mask, stats, rows)
+        return _full_logit_log_probs(model, inputs, targets, mask, stats, rows, temperature)
+    if temperature != 1.0:
+        head = dataclasses.replace(head, transform=dataclasses.replace(head.transform, temperature=float(temperature)))
     layer = head.module
 
     def compute(hidden):
@@ -115,7 +120,7 @@ def log_prob_forward(
     return _run(model, inputs, head, compute)
 
 
-def _full_logit_log_probs(model, inputs: Mapping, targets, mask, stats: dict | None, rows):
+def _full_logit_log_probs(model, inputs: Mapping, targets, mask, stats: dict | None, rows, temperature: float = 1.0):
     """:func:`log_prob_forward` from the model's own logits (B, T, V), which hold whatever its head applies."""
     from ._chunked import _token_stats
 
@@ -125,6 +130,8 @@ def _full_logit_log_probs(model, inputs: Mapping, targets, mask, stats: dict | N
     where = mask.reshape(-1).to(logits.device)
     picked = rows.reshape(-1).to(logits.device)[where] if rows is not None else where.nonzero().squeeze(-1)
     selected = flat[picked].float()
+    if temperature != 1.0:
+        selected = selected / temperature
     wanted = targets.to(logits.device)[mask.to(logits.device)]
     per_token = torch.log_softmax(selected, dim=-1).gather(-1, wanted[:, None]).squeeze(-1)
     if stats is not None:

@@ -12,6 +12,7 @@ _kda.py             Kimi Delta Attention (Kimi-Linear, Bailing-hybrid) on the va
 _lightning.py       lightning attention (MiniMax) on the varlen simple-GLA kernel
 _varlen.py          which layers take a varlen path, and the call that runs one
 _packed_mask.py     causal attention masks intersected with the examples (a model that builds them without)
+_shared_mask.py     the dense mask of a shared-prompt batch under sdpa/eager, sliding the model's windows
 _multimodal.py      multimodal rotary positions per example (the model's own get_rope_index)
 _wrappers.py        PEFT prompt and prefix tuning: refused (a prompt per row, not per example)
 _enable.py          enable_packing(model): installs each layer's path and the hooks, where missing
@@ -40,9 +41,11 @@ from ._mixers import find_stateful_layers
 from ._multimodal import multimodal_model
 from ._packed_mask import keys_layout_mask
 from ._row_segments import RowSegments, row_segments
+from ._shared_mask import SHARED_ATTENTION, shared_mask, sliding_windows, with_shared_mask
 from ._wrappers import refuse_prompt_learning
 
 __all__ = [
+    "SHARED_ATTENTION",  # noqa: RUF022 (constants first)
     "PackingLayers",
     "RowSegments",
     "auto_compile_blocker",
@@ -61,6 +64,9 @@ __all__ = [
     "refuse_prompt_learning",
     "repeated_layers",
     "row_segments",
+    "shared_mask",
+    "sliding_windows",
     "symbolic_packing_sizes",
     "uncompile_layers",
+    "with_shared_mask",
 ]

@@ -29,6 +29,7 @@ the checkpoint and the layer runs eager. Measured against TRL: docs/benchmarks.m
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import types
 
@@ -92,10 +93,9 @@ def _marked(module) -> bool:
     return bool(vars(module).get(_COMPILED, False))
 
 
-class _Rows:
-    """Which graphs a compiled layer's call runs: the row length static inside :func:`bucket_rows` (``static`` > 0)."""
-
-    static = 0
+# which graphs a compiled layer's call runs: the row length static inside bucket_rows (True), else dynamic; a
+# context variable, so a thread or task outside the training loop (an evaluation, a probe) keeps its own
+_STATIC_ROWS: contextvars.ContextVar[bool] = contextvars.ContextVar("packing_collators_static_rows", default=False)
 
 
 @contextlib.contextmanager
@@ -104,8 +104,8 @@ def bucket_rows():
     length, the packing sizes (``cu_seq_lens``, ``max_length``) symbolic, so a new number of examples does not
     recompile. For rows padded to a few lengths (PackingTrainer's buckets, its training steps); elsewhere a call
     takes the dynamic graphs. Static, the kernels are faster (docs/benchmarks.md, 8B under FSDP2). Keep the backward
-    inside too: a checkpoint around the compiled forward (transformers 5.15-5.17) recomputes it there. Not
-    thread-safe: one training loop per process enters it.
+    inside too: a checkpoint around the compiled forward (transformers 5.15-5.17) recomputes it there. It holds
+    for the thread (or asyncio task) that entered it, not for others.
 
     >>> import torch
     >>> model = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]))
@@ -115,12 +115,12 @@ def bucket_rows():
     >>> bool(torch.equal(static, model[0][0](torch.ones(1, 3, 2))))
     True
     """
-    _Rows.static += 1
+    entered = _STATIC_ROWS.set(True)
     try:
         with symbolic_packing_sizes():
             yield
     finally:
-        _Rows.static -= 1
+        _STATIC_ROWS.reset(entered)
 
 
 @functools.lru_cache(maxsize=None)
@@ -153,7 +153,7 @@ def _compiled_forward(cls, options: tuple, checkpoint: bool = False):
     @functools.wraps(cls.forward)  # the class's signature and source, for whoever inspects the layer's forward
     def forward(self, *args, **kwargs):
         with checkpoint_side_effects_not_replayed():  # transformers 5.25's layers set a global in their forward
-            return (static if _Rows.static else dynamic)(self, *args, **kwargs)
+            return (static if _STATIC_ROWS.get() else dynamic)(self, *args, **kwargs)
 
     return forward
 

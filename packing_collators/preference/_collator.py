@@ -5,7 +5,7 @@ Two pairs ``(P1, C1, R1)`` and ``(P2, C2, R2)`` (prompt, chosen, rejected token 
     input_ids      [ P1 C1 | P1 R1 | P2 C2 | P2 R2 ]               int64 (1, T)   FlatteningCollator's layout:
     labels         [ -100.. C1 | -100.. R1 | ... ]                 int64 (1, T)   positions restart per sequence,
     position_ids   [ 0 1 .. | 0 1 .. | ... ]                                      cu_seq_lens_q/k, max_length_q/k
-    pair_sequence  [ 0  0  0 | 1  1  1 | 2 .. | 3 .. ]             int64 (1, T)   2i: pair i's chosen, 2i + 1: rejected
+    token_sequence [ 0  0  0 | 1  1  1 | 2 .. | 3 .. ]             int64 (1, T)   2i: pair i's chosen, 2i + 1: rejected
     pair_count     2                                               int
     pair_tokens    [ |P1 C1| + |P1 R1|, ... ]                      int64 (B,)     tokens a padded batch would hold
     pair_completion_tokens  [ |C1|, |R1|, |C2|, |R2| ] (as cut)     int64 (2B,)    TRL's completion_mask.sum(), which
@@ -21,13 +21,17 @@ through a key-side layout that repeats it (a varlen kernel's keys, or the dense 
     kv_index       [ P1 C1 P1 R1 | P2 C2 P2 R2 ] (row positions)   int64 (Tk,): the keys, the prompt twice
     q_index        each row token's place among the keys           int64 (T,)
     cu_seq_lens_q  [0, |P1 C1|, +|R1|, ...]   cu_seq_lens_k [0, |P1 C1|, +|P1 R1|, ...]   (bottom-right causal)
-    pair_labels, pair_sequence                                     over the keys' layout: [P C] and [P R] as
+    keys_labels, token_sequence                                    over the keys' layout: [P C] and [P R] as
                                                                    the unshared row has them (no ``labels``)
+
+Both layouts are the collate folder's for any number of completions per prompt (``flat_sequences_batch``,
+``shared_prompt_batch``: a pair is a group of two).
 
 Only completion tokens are targets (the prompt's labels are -100), as TRL's ``DataCollatorForPreference``
 marks them with its ``completion_mask``; each sequence is cut to ``max_length`` the same way
-(``truncation_mode="keep_start"`` or ``"keep_end"``). The ``pair_*`` keys are the loss's bookkeeping: the
-trainer takes them out before the model's forward. Examples without ``prompt_ids`` (plain sequences,
+(``truncation_mode="keep_start"`` or ``"keep_end"``). ``PAIR_KEYS`` (the ``pair_*`` keys, the reference
+log-probabilities) and the sequence keys are the loss's bookkeeping: the trainer takes them out before the
+model's forward. Examples without ``prompt_ids`` (plain sequences,
 as the packing probe sends) are flattened as ``FlatteningCollator`` does. Cost: one concatenation per batch.
 """
 
@@ -39,12 +43,14 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from ..collate import FlatteningCollator
+from ..batch import SEQUENCE_KEYS
+from ..collate import FlatteningCollator, flat_sequences_batch, shared_prompt_batch
 
-__all__ = ["PAIR_KEYS", "PreferenceCollator"]
+__all__ = ["PAIR_COUNT", "PAIR_KEYS", "PreferenceCollator"]
 
-PAIR_KEYS = ("pair_sequence", "pair_labels", "pair_count", "pair_tokens", "pair_completion_tokens", "ref_chosen_logps",
-             "ref_rejected_logps")  # fmt: skip
+PAIR_COUNT, PAIR_TOKENS, PAIR_COMPLETION_TOKENS = "pair_count", "pair_tokens", "pair_completion_tokens"
+REFERENCE_KEYS = ("ref_chosen_logps", "ref_rejected_logps")  # precomputed, when the dataset has them
+PAIR_KEYS = (*SEQUENCE_KEYS, PAIR_COUNT, PAIR_TOKENS, PAIR_COMPLETION_TOKENS, *REFERENCE_KEYS)  # never the model's input
 Truncation = Literal["keep_start", "keep_end"]
 
 
@@ -66,7 +72,7 @@ class PreferenceCollator:
     >>> batch = PreferenceCollator()([{"prompt_ids": [1, 2], "chosen_ids": [3], "rejected_ids": [4, 5]}])
     >>> batch["input_ids"].tolist(), batch["labels"].tolist()
     ([[1, 2, 3, 1, 2, 4, 5]], [[-100, -100, 3, -100, -100, 4, 5]])
-    >>> batch["pair_sequence"].tolist(), batch["pair_count"], batch["pair_tokens"].tolist()
+    >>> batch["token_sequence"].tolist(), batch["pair_count"], batch["pair_tokens"].tolist()
     ([[0, 0, 0, 1, 1, 1, 1]], 1, [7])
     """
 
@@ -106,24 +112,18 @@ class PreferenceCollator:
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict:
         if features and "prompt_ids" not in features[0]:
             return self._flatten(features)  # plain sequences (the packing probe's): as FlatteningCollator does
-        sequences = [s for i, pair in enumerate(features) for s in self.sequences(pair, i)]
-        if self.share_prompt:
-            from ._shared import shared_batch
-
-            batch = shared_batch(sequences)
-            return self._pair_extras(batch, features, sequences)
-        batch = self._flatten(sequences)
-        lengths = np.array([len(s["input_ids"]) for s in sequences], dtype=np.int64)
-        batch["pair_sequence"] = torch.from_numpy(np.repeat(np.arange(len(sequences)), lengths))[None]
+        pairs = [self.sequences(pair, i) for i, pair in enumerate(features)]
+        sequences = [s for pair in pairs for s in pair]
+        batch = shared_prompt_batch(pairs) if self.share_prompt else flat_sequences_batch(sequences)
         return self._pair_extras(batch, features, sequences)
 
     def _pair_extras(self, batch: dict, features, sequences: list[dict]) -> dict:
         lengths = np.array([len(s["input_ids"]) for s in sequences], dtype=np.int64)
-        batch["pair_count"] = len(features)
-        batch["pair_tokens"] = torch.from_numpy(lengths.reshape(-1, 2).sum(1))
+        batch[PAIR_COUNT] = len(features)
+        batch[PAIR_TOKENS] = torch.from_numpy(lengths.reshape(-1, 2).sum(1))
         completion = [sum(label != -100 for label in s["labels"]) for s in sequences]  # a first token's included
-        batch["pair_completion_tokens"] = torch.tensor(completion, dtype=torch.int64)
-        for key in ("ref_chosen_logps", "ref_rejected_logps"):
+        batch[PAIR_COMPLETION_TOKENS] = torch.tensor(completion, dtype=torch.int64)
+        for key in REFERENCE_KEYS:
             if key in features[0]:
                 batch[key] = torch.tensor([float(f[key]) for f in features], dtype=torch.float32)
         return batch

@@ -1,6 +1,7 @@
 """Micro-batches of whole preference pairs that fill a token budget (``PackingDPOTrainer(max_tokens_per_batch=n)``).
 
     pair lengths = |P C| + |P R| (each cut to max_length as the collator cuts it)
+      -> TrainerBudget.plan: n (a number, or "auto" measured for the longest pair; memory_check before training)
       -> MultipackBatchSampler(lengths, n, num_replicas=world, rank=rank)   whole pairs, equal steps per rank
       -> PreferenceCollator -> accelerate.prepare(DataLoader)                its shard wrapper a pass-through
 
@@ -26,16 +27,21 @@ def pair_lengths(dataset, collator) -> np.ndarray:
     return total
 
 
-def pair_budget_loader(trainer, dataset, budget: int):
-    """The train DataLoader of pairs packed into micro-batches of at most ``budget`` tokens."""
+def pair_budget_loader(trainer, dataset, setting):
+    """The train DataLoader of pairs packed into micro-batches of the budget ``setting`` (a ``budget.TrainerBudget``)
+    plans for them: a number of tokens, or ``"auto"`` measured on the policy's GPU for the longest pair."""
     from .._compat import remove_unused_columns
     from .._validation import check_not_too_long
+    from ..budget import GpuRun
     from ..sampler import MultipackBatchSampler
-    from ..trainer import prepared_loader
+    from ..trainer import autocast_dtype, memory_model, prepared_loader
 
     args = trainer.args
     dataset = remove_unused_columns(trainer, dataset, "training")
     lengths = pair_lengths(dataset, trainer.data_collator)
+    loss = "full" if trainer._head(trainer.model) is None else "chunked"
+    gpu = GpuRun(memory_model(trainer), autocast_dtype(args), loss)
+    budget = setting.plan(lengths, args.per_device_train_batch_size, gpu, training=True).tokens
     check_not_too_long(
         lengths, budget, limit_name="max_tokens_per_batch", item="Pair",
         fix="A pair is never split (its chosen and rejected sequences share a micro-batch): raise "

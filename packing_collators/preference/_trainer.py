@@ -18,11 +18,13 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from .._model_unwrap import unwrap_model
+from .._validation import validate_flag
+from ..budget import TrainerBudget
 from ..loss import checked_head
 from ._collator import PreferenceCollator
 from ._logps import PairLogProbs, pair_log_probs
@@ -66,21 +68,41 @@ class PackingDPOTrainer(DPOTrainer):
     Args:
         max_tokens_per_batch: None (default): ``per_device_train_batch_size`` pairs per micro-batch, as TRL's; or a
             token budget that whole pairs fill (``MultipackBatchSampler``: a pair is never split across micro-batches
-            or ranks; the count of steps per epoch changes with it). Every pair of an optimizer step weighs the same
-            (its pairs counted over the accumulated micro-batches and the ranks), as in TRL's batch of them.
+            or ranks; the count of steps per epoch changes with it); or ``"auto"``: the budget measured on the
+            policy's GPU for the longest pair (``budget.measure_token_budget``, the smallest over ranks), as
+            PackingTrainer measures it. Every pair of an optimizer step weighs the same (its pairs counted over the
+            accumulated micro-batches and the ranks), as in TRL's batch of them.
+        memory_check: with a number of tokens, check before the first step that a micro-batch of them fits the
+            GPU (a training step of the policy on that many tokens; the reference's forward holds no activations).
         share_prompt: lay each pair's prompt once, its completions after it (``PreferenceCollator``); needs an
             attention that reads the shared layout (``packing_fa4``, ``packing_varlen``, sdpa/eager).
         packing_probe: run the live equivalence probe on the policy (and the reference) before the first step.
+
+    These options mean what PackingTrainer's of the same name mean and are checked the same way, when the trainer
+    is built.
 
     Without a ``ref_model`` (and no PEFT adapter or precomputed reference), the reference is TRL's own (loaded
     from the policy's name) or, for a model built in memory, a deep copy of it. Vision-language preference data
     is refused. ``use_weighting`` is not implemented (refused).
     """
 
-    def __init__(self, model, ref_model=None, args: DPOConfig | None = None, data_collator=None, *a, **kw) -> None:
-        self.max_tokens_per_batch = kw.pop("max_tokens_per_batch", None)
-        packing_probe = kw.pop("packing_probe", True)
-        self.share_prompt = bool(kw.pop("share_prompt", False))
+    def __init__(
+        self,
+        model,
+        ref_model=None,
+        args: DPOConfig | None = None,
+        data_collator=None,
+        *a,
+        max_tokens_per_batch: int | Literal["auto"] | None = None,
+        memory_check: bool = True,
+        share_prompt: bool = False,
+        packing_probe: bool = True,
+        **kw,
+    ) -> None:
+        self._budget = TrainerBudget(max_tokens_per_batch, memory_check=validate_flag("memory_check", memory_check),
+                                     sequence_parallel_size=1)  # fmt: skip
+        self.share_prompt = validate_flag("share_prompt", share_prompt)
+        packing_probe = validate_flag("packing_probe", packing_probe)
         args = args if args is not None else DPOConfig(output_dir="packing-dpo")
         _refuse_options(args)
         if ref_model is None and not isinstance(model, str) and not _loadable(model) and not _adapter_reference(model, kw, args):
@@ -113,12 +135,17 @@ class PackingDPOTrainer(DPOTrainer):
                 logger.warning("PackingDPOTrainer: %s: log-probabilities from the full logits (%s)", type(inner).__name__, why)
         return self._heads[id(inner)]
 
+    @property
+    def max_tokens_per_batch(self) -> int | Literal["auto"] | None:
+        """The budget as given (``max_tokens_per_batch=``)."""
+        return self._budget.max_tokens_per_batch
+
     def get_train_dataloader(self):
         if self.max_tokens_per_batch is None:
             return super().get_train_dataloader()
         from ._loader import pair_budget_loader
 
-        return pair_budget_loader(self, self.train_dataset, self.max_tokens_per_batch)
+        return pair_budget_loader(self, self.train_dataset, self._budget)
 
     def get_batch_samples(self, epoch_iterator, num_batches: int, device):
         """The Trainer's micro-batches of one optimizer step; under a token budget their pairs are counted over the
@@ -174,10 +201,10 @@ class PackingDPOTrainer(DPOTrainer):
 
     def _with_mask(self, inputs: dict) -> dict:
         """A shared-prompt batch under sdpa/eager: the dense mask of its layout, windowed where the model's layers
-        slide a window (see ``_shared.py``)."""
+        slide a window (``models/_shared_mask.py``)."""
         from .._compat import attn_implementation
         from .._model_unwrap import text_config
-        from ._shared import with_shared_mask
+        from ..models import with_shared_mask
 
         model = unwrap_model(self.model)
         config = text_config(model)
@@ -218,7 +245,7 @@ def _prepare(trainer) -> None:
     if trainer.share_prompt:
         from .._compat import attn_implementation
         from .._model_unwrap import text_config
-        from ._shared import SHARED_ATTENTION
+        from ..models import SHARED_ATTENTION
 
         implementation = attn_implementation(text_config(unwrap_model(trainer.model)))
         if trainer.aux_loss_enabled:
@@ -260,14 +287,11 @@ def _with_ld_alpha(logps: PairLogProbs, ld_alpha) -> tuple[torch.Tensor, torch.T
     completion of its pair weighted by it (LD-DPO)."""
     if ld_alpha is None:
         return logps.chosen, logps.rejected
-    lengths = logps.completion_lengths()
+    lengths = logps.target_counts()
     shared = torch.minimum(lengths[0::2], lengths[1::2]).repeat_interleave(2)
-    where = logps.sequence >= 0
-    flat = logps.sequence.clamp(min=0)
-    tail = where & (logps.positions() > shared[flat])
+    tail = (logps.sequence >= 0) & (logps.positions() > shared[logps.sequence.clamp(min=0)])
     weight = torch.where(tail, torch.full_like(logps.per_token, ld_alpha), torch.ones_like(logps.per_token))
-    sums = torch.zeros(lengths.shape[0], dtype=logps.per_token.dtype, device=logps.per_token.device)
-    sums = sums.index_add(0, logps.sequence[where], (logps.per_token * weight)[where])
+    sums = logps.weighted_sums(weight)
     return sums[0::2], sums[1::2]
 
 

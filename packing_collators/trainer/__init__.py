@@ -11,7 +11,8 @@ _autocast.py          the autocast the Trainer trains under: the probe's forward
 
 The plumbing another trainer on packed rows builds on (PackingDPOTrainer does): ``prepared_loader`` (a sampler's
 micro-batches through accelerate), ``training_autocast`` (what runs outside the steps runs as they do),
-``warm_up_packed_attention`` (FA4's kernels compiled before the first step).
+``warm_up_packed_attention`` (FA4's kernels compiled before the first step), ``memory_model`` and
+``autocast_dtype`` (what a token budget is measured on: ``budget.GpuRun``).
 _gpu_run.py           what the token budget (../budget/) is measured on: the model on one GPU, the autocast, the loss
 _compile.py           torch_compile=True: the layers compiled in place, rows padded to buckets, graphs compiled first
 _metrics.py           PackingMetricsCallback: num_tokens, padding, packing efficiency in the logs
@@ -26,7 +27,8 @@ Built on every other folder: the attention backends (``attention/``), the checks
 """
 
 from .._lazy import lazy_names
-from ._autocast import training_autocast
+from ._autocast import autocast_dtype, training_autocast
+from ._gpu_run import memory_model
 from ._sequence_loss import count_sequences, sequence_loss_weights, sequence_mean_loss
 
 __all__ = [
@@ -34,7 +36,9 @@ __all__ = [
     "PackingCheckCallback",
     "PackingMetricsCallback",
     "PackingTrainer",
+    "autocast_dtype",
     "count_sequences",
+    "memory_model",
     "prepared_loader",
     "sequence_loss_weights",
     "sequence_mean_loss",

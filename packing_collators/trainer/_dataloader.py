@@ -1,6 +1,6 @@
 """PackingTrainer's dataloaders: example lengths -> the token budget -> MultipackBatchSampler -> collator -> DataLoader.
 
-    dataset --lengths--> the trainer's TrainerBudget.plan --> PlannedBudget (once; checked on the GPU for training)
+    dataset --lengths--> trainer.planned_budget --> PlannedBudget (once; checked on the GPU for training)
             --budget--> trainer.make_batch_sampler --> index lists for this rank
             --collator--> (compile buckets at the budget) (sequence shard) --> accelerate.prepare(DataLoader)
 
@@ -21,10 +21,9 @@ from typing import Any
 import numpy as np
 
 from .._compat import collator_with_removed_columns, remove_unused_columns
+from ..budget import PlannedBudget
 from ..checks import refuse_no_examples
 from ..sampler import example_lengths
-from ..budget import PlannedBudget
-from ._gpu_run import gpu_run
 
 __all__ = ["PackedLoader", "multipack_dataloader", "report_dropped"]
 
@@ -168,7 +167,7 @@ def multipack_dataloader(trainer, dataset, description: str, batch_size: int, *,
     from ._compile import compile_plan
 
     dataset, lengths = _lengths(trainer, dataset, description, shuffle=shuffle)
-    budget = trainer._budget.plan(lengths, batch_size, gpu_run(trainer), training=shuffle)  # once, as a value
+    budget = trainer.planned_budget(lengths, batch_size, training=shuffle)  # once, as a value
     sampler = _sampler(trainer, lengths, budget.tokens, shuffle)
     collator, plan = trainer.data_collator, None
     if shuffle and len(lengths) and trainer._compile.enabled:  # rows padded to a bucket, graphs compiled first

@@ -28,9 +28,10 @@ from typing import Any, Literal
 import numpy as np
 
 from .._compat import positional_collator, train_batch_size, trainer_hooks
-from .._validation import validate_choice
+from .._validation import validate_choice, validate_flag
 from ..attention import AUTO_ATTENTION, choose_attention
 from ..batch import target_count
+from ..budget import PlannedBudget, TrainerBudget
 from ..collate import FlatteningCollator
 from ..engine import Overflow, Strategy
 from ..sampler import check_sampler_option
@@ -38,6 +39,7 @@ from ._check_callback import PackingCheckCallback, add_packing_callbacks
 from ._compile import CompileWarmUp
 from ._dataloader import PackedLoader, multipack_dataloader, report_dropped
 from ._deepspeed import check_deepspeed_setup
+from ._gpu_run import gpu_run
 from ._head_loss import HeadLoss, LossImplementation
 from ._launch import refuse_data_parallel
 from ._liger import check_liger_setup
@@ -45,8 +47,6 @@ from ._neftune import PackedNEFTune
 from ._predictions import EXAMPLE_COUNT, examples_counted, is_flat_row, per_example_predictions
 from ._prepare_model import prepare_trainer_model
 from ._sequence_loss import LossNormalization, check_sequence_setup, global_sequence_count, sequence_compute_loss
-from ..budget import TrainerBudget
-from ._gpu_run import gpu_run
 
 try:
     from transformers import Trainer
@@ -167,8 +167,10 @@ class PackingTrainer(Trainer):
         validate_choice("eval_packing", eval_packing, EvalPacking)
         # the budget's setting, checked here; each dataloader plans its value from it (budget/_trainer_budget.py)
         self._budget = TrainerBudget(
-            max_tokens_per_batch, memory_check=memory_check, sequence_parallel_size=sequence_parallel_size
-        )
+            max_tokens_per_batch, memory_check=validate_flag("memory_check", memory_check),
+            sequence_parallel_size=sequence_parallel_size,
+        )  # fmt: skip
+        packing_probe = validate_flag("packing_probe", packing_probe)
         self.sequence_parallel_size = self._budget.sequence_parallel_size
         self.length_column = length_column
         self.eval_packing = eval_packing
@@ -230,15 +232,16 @@ class PackingTrainer(Trainer):
             value, memory_check=budget.memory_check, sequence_parallel_size=budget.sequence_parallel_size
         )
 
-    def token_budget(self, lengths: np.ndarray, batch_size: int) -> int:
-        """The micro-batch token budget for these example lengths (see ``max_tokens_per_batch``).
+    def planned_budget(self, lengths: np.ndarray, batch_size: int, *, training: bool = False) -> PlannedBudget:
+        """The micro-batch token budget for these example lengths (see ``max_tokens_per_batch``); a training
+        one checked against the GPU (``memory_check``).
 
         Under ``sequence_parallel_size=n`` it is the group's: ``n`` times one rank's (a number, or
         ``"auto"`` measured for one rank's ``1/n`` of the longest example); ``None`` derives it from
         the batch size as for one GPU (``per_device_train_batch_size`` examples per micro-batch).
         Each dataloader plans it once and hands the value to :meth:`make_batch_sampler`.
         """
-        return self._budget.plan(lengths, batch_size, gpu_run(self)).tokens
+        return self._budget.plan(lengths, batch_size, gpu_run(self), training=training)
 
     def make_batch_sampler(self, lengths: np.ndarray, max_tokens_per_batch: int, *, shuffle: bool):
         """The batch sampler of a train (``shuffle=True``) or eval dataloader: this rank's index lists.

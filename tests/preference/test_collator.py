@@ -16,7 +16,7 @@ def test_each_pair_is_its_chosen_then_its_rejected_sequence_with_completion_targ
     assert batch["labels"].tolist() == [[-100, -100, -100, 4, 5, -100, -100, -100, 6, 7, 8, -100, 10, -100, 11]]
     assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 0, 1, 0, 1]]
     assert batch["cu_seq_lens_q"].tolist() == [0, 5, 11, 13, 15]
-    assert batch["pair_sequence"].tolist() == [[0] * 5 + [1] * 6 + [2] * 2 + [3] * 2]
+    assert batch["token_sequence"].tolist() == [[0] * 5 + [1] * 6 + [2] * 2 + [3] * 2]
     assert batch["pair_count"] == 2 and batch["pair_tokens"].tolist() == [11, 4]
 
 

@@ -16,7 +16,7 @@ from _tiny_models import reference_varlen_attn, tiny_model
 from packing_collators import PreferenceCollator, enable_packing
 from packing_collators.loss import output_head
 from packing_collators.preference._logps import pair_log_probs
-from packing_collators.preference._shared import with_shared_mask
+from packing_collators.models import with_shared_mask
 
 PAIRS = [
     {"prompt_ids": [5, 6, 7, 8, 9], "chosen_ids": [10, 11, 12], "rejected_ids": [13, 14]},
@@ -100,7 +100,7 @@ def test_the_trainer_measures_the_shared_layout_on_the_model_and_refuses_a_leak(
     from trl import DPOConfig
 
     from packing_collators import PackingDPOTrainer
-    from packing_collators.preference import _shared
+    from packing_collators.models import _shared_mask
 
     def trainer():
         model = tiny_model("llama", vocab_size=64, initializer_range=0.05)
@@ -111,6 +111,6 @@ def test_the_trainer_measures_the_shared_layout_on_the_model_and_refuses_a_leak(
 
     trainer().train()  # measured and accepted
     causal = lambda batch: torch.ones(1, 1, batch["input_ids"].shape[1], batch["input_ids"].shape[1]).tril().bool()  # noqa: E731
-    monkeypatch.setattr(_shared, "shared_mask", causal)  # a layout that lets R see C
+    monkeypatch.setattr(_shared_mask, "shared_mask", causal)  # a layout that lets R see C
     with pytest.raises(ValueError, match="a chosen completion moves the rejected ones"):
         trainer().train()

@@ -144,3 +144,43 @@ def test_under_a_token_budget_every_pair_of_a_step_weighs_the_same(tmp_path):
     (ours,), (theirs,) = runs[True], runs[False]
     for name in ("loss", "grad_norm"):
         assert ours[name] == pytest.approx(theirs[name], rel=1e-4, abs=1e-6), name
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("max_tokens_per_batch", 0, "max_tokens_per_batch must be a positive integer or None"),
+    ("max_tokens_per_batch", "all", "max_tokens_per_batch must be a positive integer or None"),
+    ("memory_check", "yes", "memory_check must be True or False"),
+    ("packing_probe", 1, "packing_probe must be True or False"),
+])  # fmt: skip
+def test_a_packing_option_is_refused_by_both_trainers_with_the_same_message(tmp_path, option, value, message):
+    """The options both trainers take mean the same and are checked the same way, when the trainer is built."""
+    from transformers import TrainingArguments
+
+    from packing_collators import PackingTrainer
+
+    model = tiny_model("llama", vocab_size=64, initializer_range=0.05)
+    with pytest.raises(ValueError, match=message):
+        PackingDPOTrainer(model=model, ref_model=copy.deepcopy(model), args=_config(tmp_path), train_dataset=_pairs(False),
+                          processing_class=word_tokenizer(), **{option: value})  # fmt: skip
+    args = TrainingArguments(output_dir=str(tmp_path / "sft"), use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match=message):
+        PackingTrainer(model=model, args=args, **{option: value})
+
+
+def test_share_prompt_must_be_a_flag_and_the_options_are_keyword_only(tmp_path):
+    import inspect
+
+    model = tiny_model("llama", vocab_size=64, initializer_range=0.05)
+    with pytest.raises(ValueError, match="share_prompt must be True or False, got 'no'"):
+        _trainer(tmp_path, model=model, share_prompt="no")
+    parameters = inspect.signature(PackingDPOTrainer.__init__).parameters
+    for name in ("max_tokens_per_batch", "memory_check", "share_prompt", "packing_probe"):
+        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+        assert f"{name}:" in PackingDPOTrainer.__doc__, name
+
+
+def test_an_auto_budget_is_measured_on_the_gpu_and_refused_on_a_cpu_with_the_fix(tmp_path):
+    trainer = _trainer(tmp_path, max_tokens_per_batch="auto", max_steps=1)
+    assert trainer.max_tokens_per_batch == "auto"
+    with pytest.raises(ValueError, match="max_tokens_per_batch='auto' measures the model's memory on its GPU.*Pass a number"):
+        trainer.get_train_dataloader()

@@ -85,8 +85,8 @@ def test_the_rank_balancing_weight_reaches_the_sampler_and_is_checked_at_constru
 def test_default_token_budget_follows_the_batch_size(tmp_path):
     trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=dataset())
     lengths = np.array(LENGTHS)
-    assert trainer.token_budget(lengths, 4) == round(4 * lengths.mean()) == 31
-    assert trainer.token_budget(np.array([3, 50]), 1) == 50  # never below the longest example
+    assert trainer.planned_budget(lengths, 4).tokens == round(4 * lengths.mean()) == 31
+    assert trainer.planned_budget(np.array([3, 50]), 1).tokens == 50  # never below the longest example
 
 
 class _BothRanks:
