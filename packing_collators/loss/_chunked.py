@@ -131,39 +131,44 @@ def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_gpu_dtype() if device == "cuda" else torch.get_autocast_cpu_dtype()
 
 
-def _chunk_eager(z, targets, weights, scale: float, softcap, out_dtype, want_grad: bool):
+def _chunk_eager(z, targets, weights, scale: float, softcap, out_dtype, want_grad: bool, temperature: float = 1.0):
     """One chunk: (sum(weights * (lse - chosen)), lse, chosen, and with ``want_grad`` the gradient at ``z``,
     ``weights * (softmax - onehot)`` through the transform, in ``out_dtype``). ``z`` float32 (r, V) is
     overwritten: one chunk-sized buffer, and a second under a soft cap (its derivative)."""
     logits = z.mul_(scale) if scale != 1.0 else z
+    derivative = None
     if softcap:
-        logits = logits.div_(softcap).tanh_().mul_(softcap)
+        logits = logits.div_(softcap).tanh_()
+        derivative = logits.square().neg_().add_(1) if want_grad else None  # d(c tanh(u / c)) / du
+        logits = logits.mul_(softcap)
+    if temperature != 1.0:
+        logits = logits.div_(temperature)
     lse = torch.logsumexp(logits, dim=-1)
     chosen = logits.gather(1, targets[:, None])[:, 0]
     loss = (weights * (lse - chosen)).sum()
     if not want_grad:
         return loss, lse, chosen, None
-    derivative = logits.div(softcap).square_().neg_().add_(1) if softcap else None  # d(c tanh(u / c)) / du
     grad = logits.sub_(lse[:, None]).exp_()
     grad.scatter_add_(1, targets[:, None], grad.new_full((targets.shape[0], 1), -1.0))
-    grad.mul_(weights[:, None] * scale)
+    grad.mul_(weights[:, None] * (scale / temperature))
     if derivative is not None:
         grad.mul_(derivative)
     return loss, lse, chosen, grad.to(out_dtype)
 
 
-def _chunk_in_place(z, targets, weights, scale: float, softcap, want_grad: bool):
+def _chunk_in_place(z, targets, weights, scale: float, softcap, want_grad: bool, temperature: float = 1.0):
     """:func:`_chunk_eager`'s arithmetic in float32 from ``z`` of any dtype, written for ``torch.compile`` to
     fuse into two passes; with ``want_grad`` the gradient is written over ``z`` (no second chunk-sized buffer)."""
     logits = z.float() * scale
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    lse = torch.logsumexp(logits, dim=-1)
-    chosen = logits.gather(1, targets[:, None])[:, 0]
+    tempered = logits / temperature
+    lse = torch.logsumexp(tempered, dim=-1)
+    chosen = tempered.gather(1, targets[:, None])[:, 0]
     loss = (weights * (lse - chosen)).sum()
     if want_grad:
         onehot = torch.arange(logits.shape[1], device=logits.device)[None] == targets[:, None]
-        grad = (torch.exp(logits - lse[:, None]) - onehot.float()) * (weights[:, None] * scale)
+        grad = (torch.exp(tempered - lse[:, None]) - onehot.float()) * (weights[:, None] * (scale / temperature))
         if softcap:
             grad = grad * (1 - (logits / softcap) ** 2)
         z.copy_(grad)
@@ -192,10 +197,10 @@ def _logits(h, w, bias, fn) -> torch.Tensor:
 
 def _chunk(z, targets, weights, transform: LogitTransform, out_dtype, want_grad: bool, fn):
     """(loss, lse, chosen, gradient at ``z`` in ``out_dtype`` or None); the compiled ``fn`` writes it over ``z``."""
-    scale, softcap = float(transform.scale), transform.softcap
+    scale, softcap, temperature = float(transform.scale), transform.softcap, float(transform.temperature)
     if fn is None:
-        return _chunk_eager(z, targets, weights, scale, softcap, out_dtype, want_grad)
-    loss, lse, chosen = fn(z, targets, weights, scale, softcap, want_grad)
+        return _chunk_eager(z, targets, weights, scale, softcap, out_dtype, want_grad, temperature)
+    loss, lse, chosen = fn(z, targets, weights, scale, softcap, want_grad, temperature)
     return loss, lse, chosen, z if want_grad else None
 
 

@@ -60,7 +60,7 @@ def output_head(model) -> tuple[OutputHead | None, str]:
     ...                                      intermediate_size=8))
     >>> head, why = output_head(model)
     >>> type(head.module).__name__, head.transform, head.aux_coef
-    ('Linear', LogitTransform(scale=1.0, softcap=None), 0.0)
+    ('Linear', LogitTransform(scale=1.0, softcap=None, temperature=1.0), 0.0)
     """
     inner = unwrap_model(model)
     getter = getattr(inner, "get_output_embeddings", None)

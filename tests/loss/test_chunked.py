@@ -8,7 +8,8 @@ import torch
 import packing_collators.loss._chunked as chunked
 from packing_collators.loss import LogitTransform, chunk_rows, token_log_probs, weighted_cross_entropy
 
-TRANSFORMS = [LogitTransform(), LogitTransform(scale=0.3), LogitTransform(scale=2.0, softcap=3.0)]
+TRANSFORMS = [LogitTransform(), LogitTransform(scale=0.3), LogitTransform(scale=2.0, softcap=3.0),
+              LogitTransform(temperature=0.7), LogitTransform(scale=2.0, softcap=3.0, temperature=1.5)]  # fmt: skip
 
 
 @pytest.fixture
@@ -112,15 +113,16 @@ def test_the_compiled_chunk_computes_the_eager_chunks_numbers_and_writes_the_gra
     # what torch.compile fuses on a GPU: the same arithmetic, the gradient in place (run here uncompiled)
     g = torch.Generator().manual_seed(0)
     z, targets, weights = torch.randn(40, 50, generator=g), torch.randint(0, 50, (40,), generator=g), torch.rand(40)
-    eager = chunked._chunk_eager(z.clone(), targets, weights, transform.scale, transform.softcap, torch.float32, True)
+    t = transform.temperature
+    eager = chunked._chunk_eager(z.clone(), targets, weights, transform.scale, transform.softcap, torch.float32, True, t)
     in_place = z.clone()
-    numbers = chunked._chunk_in_place(in_place, targets, weights, transform.scale, transform.softcap, True)
+    numbers = chunked._chunk_in_place(in_place, targets, weights, transform.scale, transform.softcap, True, t)
     for a, b in zip(eager, (*numbers, in_place)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     # bf16 logits: the softmax and the gradient computed in float32 from them, the gradient rounded once
     low = z.to(torch.bfloat16)
-    expected = chunked._chunk_eager(low.float(), targets, weights, transform.scale, transform.softcap, torch.bfloat16, True)
-    numbers = chunked._chunk_in_place(low, targets, weights, transform.scale, transform.softcap, True)
+    expected = chunked._chunk_eager(low.float(), targets, weights, transform.scale, transform.softcap, torch.bfloat16, True, t)
+    numbers = chunked._chunk_in_place(low, targets, weights, transform.scale, transform.softcap, True, t)
     for a, b in zip(expected[:3], numbers):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert low.dtype == torch.bfloat16 and torch.equal(low, expected[3])
