@@ -24,6 +24,7 @@ Cost: one read of the boundaries per forward, a walk over the modules per traini
 from __future__ import annotations
 
 import inspect
+import logging
 import weakref
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,6 +37,8 @@ from ..batch import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, KV_INDEX, Q_INDEX
 from ._row_segments import RowSegments, row_segments
 
 __all__ = ["CACHE_KEYWORDS", "CarryScope", "ForwardScope", "LayerForward", "PackingRuntime", "read_scope"]
+
+logger = logging.getLogger(__name__)
 
 CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")
 
@@ -126,6 +129,7 @@ class PackingRuntime:
         self._owner = weakref.ref(owner)  # the module enable_packing prepared (no cycle through it)
         self.scope: ForwardScope | None = None
         self._opener = None  # the module whose call opened the scope
+        self.forwards: list[LayerForward] = []  # every layer forward installed for this model
 
     @property
     def owner(self):
@@ -144,9 +148,19 @@ class PackingRuntime:
         if self.scope is not None and self._opener is not module:
             return None  # the base model inside the same call: already open
         self.scope, self._opener = read_scope(module, args, kwargs), module
+        self._keep_installed()
         if module.training and torch.is_grad_enabled():
             self._carry_into_recomputes(module)
         return None
+
+    def _keep_installed(self) -> None:
+        """Put back a layer forward something took off its layer since: transformers (5.25, with ``kernels``
+        installed) kernelizes a ``from_pretrained`` model again when it changes mode (``model.train()``), which
+        resets each layer's ``forward``, so a packed call would run the layer's own, which mixes examples."""
+        for forward in self.forwards:
+            if forward.layer.__dict__.get("forward") is not forward:
+                logger.debug("enable_packing: %s's forward was reset; installed again", type(forward.layer).__name__)
+                forward.layer.forward = forward
 
     def close(self, module, args: tuple, kwargs: dict, output: Any = None) -> None:
         if module is self._opener:
@@ -218,3 +232,4 @@ class LayerForward:
 
     def install(self) -> None:
         self.layer.forward = self
+        self.runtime.forwards.append(self)
