@@ -31,9 +31,12 @@ built only on the ones above it in this map::
                sequence_parallel_mesh,                   the dp x sp mesh, the probe through it
                probe_sequence_parallel                   (PackingTrainer(sequence_parallel_size=n))
     preference/ PackingDPOTrainer, PreferenceCollator    preference pairs (DPO) in packed rows, exact against TRL
+    rl/        PackingGRPOTrainer, PackingRLOOTrainer    GRPO / RLOO scoring forwards on packed rows, each prompt
+                                                         once for its group (share_prompt), exact against TRL
     trainer/   PackingTrainer, PackingCheckCallback,     Trainer wiring, packing metrics in the logs,
                PackingMetricsCallback,                   a token budget from GPU memory (measured,
-               measure_token_budget, check_token_budget  or a given one checked), torch.compile
+               (budget/: measure_token_budget,           or a given one checked), torch.compile
+               check_token_budget)
     cli/       packing-collators analyze|pack            the command line
     _validation.py    the argument checks every folder shares
     _progress.py      when long work shows a progress bar (one rule, following datasets/transformers)
@@ -81,7 +84,9 @@ __all__ = [
     "PackStats",
     "PackingCheckCallback",
     "PackingDPOTrainer",
+    "PackingGRPOTrainer",
     "PackingMetricsCallback",
+    "PackingRLOOTrainer",
     "PackingResult",
     "PackingTrainer",
     "PrePackedCollator",
@@ -136,6 +141,8 @@ __getattr__ = lazy_names(
         "enable_chunked_loss": ".loss",
         "PackingDPOTrainer": ".preference",
         "PreferenceCollator": ".preference",
+        "PackingGRPOTrainer": ".rl",
+        "PackingRLOOTrainer": ".rl",
     },
     moved={
         "CompileReport": "packing_collators.trainer",

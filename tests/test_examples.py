@@ -31,6 +31,7 @@ SCRIPTS = [
     "sft_trl.py",
     "sft_vlm.py",
     "dpo_packing.py",
+    "grpo.py",
 ]
 TINY = ["--max-examples", "24", "--batch-size", "4", "--max-length", "96", "--logging-steps", "1"]
 
@@ -239,3 +240,14 @@ def test_the_dpo_script_trains_the_same_steps_with_shared_prompts():
     assert len(steps) == 4 and steps == [line for line in shared.splitlines() if line.startswith("step ")]
     assert any(number(line.split("rewards/margins")[1]) != 0 for line in steps[1:])  # the policy moved
     assert "pairs: 24; optimizer steps: 4" in packed and "(shared prompts)" in shared
+
+
+@pytest.mark.slow
+def test_the_grpo_script_trains_on_packed_rows_with_and_without_shared_prompts():
+    """TRL's generation and loss, the completions scored on packed rows: both layouts train the planned steps."""
+    tiny = ["--max-prompts", "16", "--max-steps", "2"]
+    for options, title in (([], "== PackingGRPOTrainer =="), (["--share-prompt"], "(shared prompts)")):
+        out = run(sys.executable, "examples/grpo.py", *tiny, *options)
+        assert title in out and "prompts: 16; completions per prompt: 4; optimizer steps: 2" in out
+        steps = [line for line in out.splitlines() if line.startswith("step ")]
+        assert len(steps) == 2 and all("reward" in line and "entropy" in line for line in steps)

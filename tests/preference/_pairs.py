@@ -4,17 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-WORDS = ["<pad>", "<eos>"] + [f"w{i}" for i in range(60)]
-
-
-def word_tokenizer():
-    """A ``PreTrainedTokenizerFast`` over :data:`WORDS` (whitespace split), pad ``<pad>``, eos ``<eos>``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<pad>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
+from _words import WORDS, word_tokenizer  # noqa: E402, F401 (the tokenizer the DPO and RL tests share)
 
 
 def text_pairs(count: int = 12, seed: int = 0, prompt=(3, 12), completion=(1, 9)) -> list[dict]:

@@ -1,0 +1,109 @@
+"""The RL trainers' checks when training begins: the packed layout on the policy and the reference.
+
+    the probe's rows (FlatteningCollator)       check_packing_support + probe_packing, refused with the numbers
+    with share_prompt: synthetic groups         one prompt, three completions: their log-probabilities shared must
+                                                equal them unshared, and changing one completion must leave the
+                                                others as they were (a leak); one group as long as training's
+    FlashAttention-4                            its kernels compiled up to the longest sequence
+
+No completion exists before the first generation, so the shared layout is measured on token groups of the
+model's vocabulary, one of them as long as a prompt and completion may be (a window the short ones fit in is
+seen). Cost: the probe's few forwards per model, four more with ``share_prompt``; once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+from transformers import TrainerCallback
+
+from .._compat import attn_implementation
+from .._model_unwrap import probe_module, text_config
+from ..attention import attention_kind
+from ..checks import probe_dtype, probe_packing, refuse_failed_probe, tokenwise_experts
+from ..collate import FlatteningCollator
+from ..trainer import training_autocast, warm_up_packed_attention
+
+__all__ = ["RLCheckCallback"]
+
+logger = logging.getLogger(__name__)
+
+
+class RLCheckCallback(TrainerCallback):
+    """Probe the policy and the reference, measure the shared layout, warm FA4 up: before the first step."""
+
+    def __init__(self, trainer, *, probe: bool = True) -> None:
+        self.trainer, self.probe, self.reports = trainer, probe, []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        trainer = self.trainer
+        if self.probe:
+            for each in [model] + ([trainer.ref_model] if trainer.ref_model is not None else []):
+                report = probe_packing(probe_module(each), FlatteningCollator(), autocast=training_autocast(args, each))
+                logger.info("%s: %s", type(trainer).__name__, report.summary())
+                self.reports.append(report)
+                refuse_failed_probe(report, attention_kind(attn_implementation(text_config(each))))
+            if trainer.share_prompt:
+                self._check_shared(model, args)
+        warm_up_packed_attention(model, _longest(trainer), args)
+
+    def _check_shared(self, model, args) -> None:
+        """Refuse a model on which the shared layout changes a completion's log-probabilities or leaks."""
+        trainer, module = self.trainer, probe_module(model)
+        vocab = int(text_config(module).vocab_size)
+        generator = torch.Generator().manual_seed(0)
+        device = next(module.parameters()).device
+
+        def group(prompt: int, completions: list[int]) -> torch.Tensor:
+            ids = torch.randint(3, vocab, (len(completions), prompt + max(completions)), generator=generator)
+            ids[:, :prompt] = ids[0, :prompt]
+            mask = torch.zeros_like(ids)
+            for i, c in enumerate(completions):
+                mask[i, : prompt + c] = 1
+            return ids.to(device), mask.to(device), max(completions)
+
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad(), training_autocast(args, module) or contextlib.nullcontext(), tokenwise_experts(module):
+                longest = _longest(trainer)
+                for ids, mask, keep in (group(9, [5, 3, 7]), group(max(2, longest // 2), [longest - longest // 2] * 2)):
+                    found = [self._logps(module, ids, mask, keep, share) for share in (False, True)]
+                    changed = ids.clone()
+                    changed[0, -keep:] = (changed[0, -keep:] + 1) % vocab
+                    leaked = self._logps(module, changed, mask, keep, True)
+                    self._judge(found, leaked, module, args)
+        finally:
+            module.train(was_training)
+
+    def _logps(self, module, ids, mask, keep, share: bool) -> torch.Tensor:
+        trainer = self.trainer
+        was, trainer.share_prompt = trainer.share_prompt, share
+        try:
+            return trainer._get_per_token_logps_and_entropies(module, ids, mask, keep)[0].float()
+        finally:
+            trainer.share_prompt = was
+
+    def _judge(self, found, leaked, module, args) -> None:
+        difference = float((found[0] - found[1]).abs().max())
+        dtype = probe_dtype(training_autocast(args, module), next(module.parameters()))
+        exact = dtype in ("float32", "float64")  # half-precision kernels round by the row's content
+        allowed = 1e-5 if exact else 1e-2  # of a token's log-probability
+        leak = float((leaked[1:] - found[1][1:]).abs().max())
+        logger.info("%s: shared prompts: |shared - unshared| %.3g (tolerance %.3g), leak %.3g",
+                    type(self.trainer).__name__, difference, allowed, leak)  # fmt: skip
+        if (leak if exact else leak > allowed) or difference > allowed:
+            raise ValueError(
+                f"share_prompt=True changes this model's log-probabilities: shared against unshared {difference:.3g} "
+                f"(tolerance {allowed:.3g}); one completion moves its group's others by {leak:.3g} (must be "
+                f"{'0' if exact else f'within {allowed:.3g}'}). Its attention or a layer does not keep the shared "
+                "layout: train with share_prompt=False."
+            )
+
+
+def _longest(trainer) -> int:
+    """The longest prompt + completion a training forward may hold (TRL's limits; 512 where a prompt has none)."""
+    prompt = getattr(trainer, "max_prompt_length", None) or getattr(trainer.args, "max_prompt_length", None) or 512
+    return int(prompt) + int(trainer.max_completion_length)

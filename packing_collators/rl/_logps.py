@@ -1,0 +1,95 @@
+"""The per-token log-probabilities TRL's RL losses read, from one packed row per micro-batch.
+
+    TRL: _get_per_token_logps_and_entropies(model, input_ids (B, P + C), attention_mask, C, batch_size, ...)
+      each chunk of ``batch_size`` rows (TRL's own chunks)  -> padded_rows: its sequences
+        -> flat_sequences_batch (each whole) or shared_prompt_batch (each prompt once for its group)
+        -> loss.log_prob_forward: the chunked head at TRL's temperature, entropies, no logits
+        -> scatter: (B, C) log-probabilities and entropies where TRL's fused head puts them (0 on padding)
+      the MoE aux loss: the mean over the chunks, as TRL's
+
+Everything after (old-policy ratios, the reference's KL, every loss type, entropy masks, the metrics) is TRL's
+code on the same numbers. Cost: one forward per chunk on its real tokens only; with ``share_prompt`` each
+prompt's tokens once instead of once per completion (stateful layers recompute them per completion).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .._compat import attn_implementation
+from .._model_unwrap import text_config, unwrap_model
+from ..batch import KEYS_LABELS, KV_INDEX, SEQUENCE_KEYS, shifted_targets
+from ..collate import flat_sequences_batch, shared_prompt_batch
+from ..loss import checked_head, log_prob_forward
+from ..models import with_shared_mask
+from ._rows import padded_rows
+
+__all__ = ["MULTIMODAL_INPUTS", "PackedLogProbs"]
+
+logger = logging.getLogger(__name__)
+
+MULTIMODAL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
+                     "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")  # fmt: skip
+
+
+class PackedLogProbs:
+    """Mixed into a TRL RL trainer (GRPO, RLOO): its ``_get_per_token_logps_and_entropies`` on packed rows.
+
+    The trainer sets ``share_prompt`` and ``temperature`` (TRL's), and keeps ``_heads``, a dict."""
+
+    share_prompt: bool = False
+
+    def _packed_head(self, model):
+        """The model's output head, checked once; None where the chunked log-probabilities cannot compute it (a
+        PEFT ``modules_to_save`` copy of ``lm_head``): the model's own full logits then, the same numbers."""
+        inner = unwrap_model(model)
+        if id(inner) not in self._heads:
+            self._heads[id(inner)], why = checked_head(inner)
+            if self._heads[id(inner)] is None:
+                logger.warning("%s: log-probabilities from the full logits (%s)", type(self).__name__, why)
+        return self._heads[id(inner)]
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
+        given = sorted(name for name, value in multimodal.items() if value is not None)
+        if given:
+            raise ValueError(
+                f"{type(self).__name__} does not pack vision-language batches (their {', '.join(given)} would have to "
+                f"follow each sequence into the packed row); train them with TRL's own trainer."
+            )
+        batch_size = batch_size or input_ids.size(0)  # TRL's chunks: the same rows per forward
+        found = [self._packed_chunk(model, input_ids[s : s + batch_size], attention_mask[s : s + batch_size],
+                                    logits_to_keep, compute_entropy, compute_aux_loss)
+                 for s in range(0, input_ids.size(0), batch_size)]  # fmt: skip
+        logps = torch.cat([f[0] for f in found])
+        entropies = torch.cat([f[1] for f in found]) if compute_entropy else None
+        aux = torch.stack([f[2] for f in found]).mean() if compute_aux_loss else None
+        return logps, entropies, aux
+
+    def _packed_chunk(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy, compute_aux_loss):
+        rows = padded_rows(input_ids, attention_mask, logits_to_keep)
+        groups = rows.groups(self.share_prompt)
+        shared = any(len(group) > 1 for group in groups)
+        batch = shared_prompt_batch(groups) if shared else flat_sequences_batch(rows.sequences)
+        device = input_ids.device
+        batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items() if k not in SEQUENCE_KEYS or k == KEYS_LABELS}
+        targets = shifted_targets({"labels": batch.pop(KEYS_LABELS) if shared else batch.pop("labels")})
+        keys_rows = batch[KV_INDEX].reshape(targets.shape) if shared else None
+        if shared:
+            inner = unwrap_model(model)
+            config = text_config(inner)
+            batch = with_shared_mask(batch, attn_implementation(config), next(inner.parameters()).dtype, config)
+        if compute_aux_loss:
+            batch["output_router_logits"] = True
+        stats: dict | None = {} if compute_entropy else None
+        with self.accelerator.autocast():
+            per_token, outputs = log_prob_forward(model, batch, self._packed_head(model), targets, stats=stats,
+                                                  rows=keys_rows, temperature=self.temperature)  # fmt: skip
+        logps = rows.scatter(per_token, targets)
+        entropies = rows.scatter(stats["entropy"], targets) if compute_entropy else None
+        aux = None
+        if compute_aux_loss:
+            aux = outputs.get("aux_loss") if isinstance(outputs, dict) else getattr(outputs, "aux_loss", None)
+        return logps, entropies, aux

@@ -1,0 +1,96 @@
+"""PackingGRPOTrainer and PackingRLOOTrainer: TRL's trainers with every scoring forward on one packed row.
+
+    GRPOTrainer / RLOOTrainer (TRL >= 1.16)   prompts, generation, rewards, advantages, every loss type, metrics
+      + PackedLogProbs                        the policy's, the reference's and the old policy's per-token
+                                              log-probabilities (and entropies) from a flat row per micro-batch
+      + share_prompt                          each prompt once for its group of completions
+      + enable_packing, the checks            hybrids keep the row's sequences apart; probed before training
+
+The loss, its gradients and the metrics equal TRL's padded trainer on the same completions (tests/rl): packing
+changes which tokens a forward computes, not what TRL computes from them. Cost: a forward on the real tokens
+only (no padding), with ``share_prompt`` each prompt once per group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._validation import validate_flag
+from ._logps import PackedLogProbs
+
+try:
+    from trl import GRPOTrainer, RLOOTrainer
+except ImportError as error:  # pragma: no cover - trl is an optional dependency
+    raise ImportError("PackingGRPOTrainer builds on TRL's GRPOTrainer: pip install 'trl>=1.16'.") from error
+
+__all__ = ["PackingGRPOTrainer", "PackingRLOOTrainer"]
+
+
+def _packing_setup(trainer, share_prompt, packing_probe) -> None:
+    """What both trainers do after TRL built them: the options checked, the models prepared, the checks added."""
+    from ..models import SHARED_ATTENTION, enable_packing
+    from .._compat import attn_implementation
+    from .._model_unwrap import text_config, unwrap_model
+    from ._checks import RLCheckCallback
+
+    name = type(trainer).__name__
+    if getattr(trainer.args, "cast_lm_head_to_fp32", False):
+        raise ValueError(
+            f"{name} does not implement cast_lm_head_to_fp32=True (the packed head runs under the training "
+            "autocast); set cast_lm_head_to_fp32=False, or train with TRL's own trainer."
+        )
+    if getattr(trainer.args, "use_liger_kernel", False):
+        raise ValueError(f"{name} scores completions with its own chunked head: set use_liger_kernel=False.")
+    for model in (trainer.model, trainer.ref_model):
+        if model is not None:
+            enable_packing(unwrap_model(model))
+    if trainer.share_prompt:
+        implementation = attn_implementation(text_config(unwrap_model(trainer.model)))
+        if getattr(trainer, "aux_loss_enabled", False):
+            raise ValueError(
+                f"share_prompt=True with the router's auxiliary loss: the shared row routes each prompt's tokens once, "
+                f"where TRL's padded batch routes them with each completion, so the load-balancing loss would differ. "
+                f"Pass share_prompt=False, or {type(trainer.args).__name__}(router_aux_loss_coef=0.0) to train without it."
+            )
+        if implementation not in SHARED_ATTENTION:
+            raise ValueError(
+                f"share_prompt=True needs an attention that reads a shared prompt's layout ({', '.join(SHARED_ATTENTION)}); "
+                f"the model runs {implementation!r}, which would let a completion see its group's others. Load the "
+                "model with attn_implementation='sdpa' (or 'packing_varlen' / 'packing_fa4'), or share_prompt=False."
+            )
+    trainer.add_callback(RLCheckCallback(trainer, probe=packing_probe))
+
+
+class PackingGRPOTrainer(PackedLogProbs, GRPOTrainer):
+    """TRL's ``GRPOTrainer`` scoring its completions on packed rows (see the module docstring).
+
+    Takes what ``GRPOTrainer`` takes (``model``, ``reward_funcs``, ``args`` a ``GRPOConfig``, datasets,
+    ``processing_class``, ``peft_config``, ...), and keyword-only:
+
+    Args:
+        share_prompt: lay each prompt once, its group's completions after it (the keys-apart layout of
+            ``batch.SharedPromptLayout``); needs an attention that reads it (``sdpa``, ``eager``, ``packing_varlen``,
+            ``packing_fa4``). Refused with the router's auxiliary loss (TRL routes each prompt once per completion).
+        packing_probe: run the live equivalence probe on the policy (and the reference) before the first step.
+
+    These options mean what they mean for PackingTrainer and PackingDPOTrainer. Generation is TRL's own (the same
+    seed gives the same completions); vision-language batches, ``cast_lm_head_to_fp32`` and Liger are refused.
+    """
+
+    def __init__(self, *args: Any, share_prompt: bool = False, packing_probe: bool = True, **kwargs: Any) -> None:
+        self.share_prompt = validate_flag("share_prompt", share_prompt)
+        packing_probe = validate_flag("packing_probe", packing_probe)
+        self._heads: dict[int, Any] = {}
+        super().__init__(*args, **kwargs)
+        _packing_setup(self, self.share_prompt, packing_probe)
+
+
+class PackingRLOOTrainer(PackedLogProbs, RLOOTrainer):
+    """TRL's ``RLOOTrainer`` scoring its completions on packed rows; options as :class:`PackingGRPOTrainer`'s."""
+
+    def __init__(self, *args: Any, share_prompt: bool = False, packing_probe: bool = True, **kwargs: Any) -> None:
+        self.share_prompt = validate_flag("share_prompt", share_prompt)
+        packing_probe = validate_flag("packing_probe", packing_probe)
+        self._heads: dict[int, Any] = {}
+        super().__init__(*args, **kwargs)
+        _packing_setup(self, self.share_prompt, packing_probe)

@@ -1,0 +1,156 @@
+"""PackingGRPOTrainer (and PackingRLOOTrainer) against TRL's own trainers on the same prompts and seed.
+
+Both load the same tiny checkpoint (float32, CPU, saved once: TRL loads the reference from it when beta > 0),
+generate with TRL's own code (the same seed gives the same completions) and train two steps; every metric TRL
+logs (loss, grad_norm, rewards, KL, entropy, clip ratios, completion lengths) must agree within 1e-4
+relative, and every forward that computes gradients must see one packed row (1, T).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _words import word_tokenizer
+
+trl = pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+if tuple(int(x) for x in trl.__version__.split(".")[:2]) < (1, 16):
+    pytest.skip("PackingGRPOTrainer builds on TRL >= 1.16's GRPOTrainer", allow_module_level=True)
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+SKIPPED_METRICS = ("step_time",)  # wall-clock
+
+
+def _reward_length(completions, **kwargs):
+    return [float(len(c.split())) for c in completions]
+
+
+def _reward_words(completions, **kwargs):  # a second reward, so rewards differ within a group
+    return [float(sum(word.endswith(("1", "3", "7")) for word in c.split())) for c in completions]
+
+
+def _prompts(count: int = 8):
+    return datasets.Dataset.from_list(
+        [{"prompt": " ".join(f"w{(5 * i + 3 * j) % 60}" for j in range(3 + (2 * i) % 7))} for i in range(count)]
+    )
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Tiny checkpoints on disk, as a user passes a model name: a dense Llama, an MoE (8 experts, 2 per token) and a
+    Qwen3.5-like hybrid (Gated DeltaNet and attention layers), their configs' defaults left alone."""
+    from _hybrids import tiny_hybrid
+    from _moes import tiny_moe
+    from _tiny_models import tiny_model
+
+    folder = tmp_path_factory.mktemp("rl_models")
+    built = {
+        "llama": lambda: tiny_model("llama", vocab_size=64, initializer_range=0.05),
+        "qwen3_moe": lambda: tiny_moe("qwen3_moe"),
+        "qwen3_5": lambda: tiny_hybrid("qwen3_5_text", defaults=("use_cache",)),
+    }
+    paths = {}
+    for name, build in built.items():
+        paths[name] = folder / name
+        build().save_pretrained(paths[name])
+    return paths
+
+
+def _run(tmp_path, checkpoint, trainer_class, *, trainer_options=None, rloo=False, **options):
+    if rloo:
+        from trl import RLOOConfig as Config
+    else:
+        from trl import GRPOConfig as Config
+
+    # SGD: Adam's first step moves every weight by about lr * sign(gradient), so a gradient element within float32
+    # noise of 0 would move by 2 * lr on one side and not the other; SGD's step 2 measures the numbers themselves
+    base = dict(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, num_generations=4,
+                optim="sgd", learning_rate=0.05, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0,
+                disable_tqdm=True, max_completion_length=8, bf16=False, beta=0.1)  # fmt: skip
+    trainer = trainer_class(model=str(checkpoint), reward_funcs=[_reward_length, _reward_words],
+                            args=Config(**{**base, **options}), train_dataset=_prompts(),
+                            processing_class=word_tokenizer(), **(trainer_options or {}))  # fmt: skip
+    shapes = []
+
+    def record(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if torch.is_grad_enabled() and ids is not None:
+            shapes.append(tuple(ids.shape))
+
+    trainer.model.register_forward_pre_hook(record, with_kwargs=True)
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry and "train_runtime" not in entry]
+    return logs, shapes, trainer
+
+
+def _assert_same_logs(theirs, ours):
+    assert len(theirs) == len(ours) == 2
+    for step, (a, b) in enumerate(zip(theirs, ours)):
+        assert set(a) == set(b)
+        for key, value in a.items():
+            if key in SKIPPED_METRICS or not isinstance(value, float):
+                continue
+            assert b[key] == pytest.approx(value, rel=1e-4, abs=1e-6), f"step {step + 1}: {key} {b[key]} vs TRL {value}"
+
+
+def _compare(tmp_path, checkpoint, share_prompt, *, rloo=False, **options):
+    from trl import GRPOTrainer, RLOOTrainer
+
+    from packing_collators import PackingGRPOTrainer, PackingRLOOTrainer
+
+    theirs, _, _ = _run(tmp_path / "trl", checkpoint, RLOOTrainer if rloo else GRPOTrainer, rloo=rloo, **options)
+    ours, shapes, trainer = _run(tmp_path / "packed", checkpoint, PackingRLOOTrainer if rloo else PackingGRPOTrainer,
+                                 trainer_options={"share_prompt": share_prompt}, rloo=rloo, **options)  # fmt: skip
+    _assert_same_logs(theirs, ours)
+    assert shapes and all(shape[0] == 1 for shape in shapes), f"a training forward saw padded rows: {set(shapes)}"
+    return shapes, trainer
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_loss_type_trains_as_trl_on_packed_rows(tmp_path, checkpoints, loss_type, share_prompt):
+    options = {"loss_type": loss_type}
+    if loss_type == "luspo":  # TRL requires sequence-level importance sampling for it
+        options["importance_sampling_level"] = "sequence"
+    _compare(tmp_path, checkpoints["llama"], share_prompt, **options)
+
+
+@pytest.mark.parametrize("options", [
+    {"num_iterations": 2, "gradient_accumulation_steps": 2},  # the old policy's log-probabilities, importance ratios
+    {"top_entropy_quantile": 0.5},  # the entropy mask
+    {"mask_truncated_completions": True},
+    {"beta": 0.0},  # no reference
+    {"temperature": 0.7},  # log-probabilities of the logits divided by it
+])  # fmt: skip
+def test_options_that_change_the_log_probabilities_train_as_trl(tmp_path, checkpoints, options):
+    _compare(tmp_path, checkpoints["llama"], True, **options)
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "qwen3_5"])
+def test_an_moe_and_a_hybrid_train_as_trl(tmp_path, checkpoints, kind, share_prompt):
+    # TRL trains an MoE with its router's aux loss (router_aux_loss_coef 0.001); shared, it is refused (below)
+    options = {"router_aux_loss_coef": 0.0} if kind == "qwen3_moe" and share_prompt else {}
+    _compare(tmp_path, checkpoints[kind], share_prompt, **options)
+
+
+def test_a_shared_prompt_with_the_routers_aux_loss_is_refused_and_trains_as_trl_without_it(tmp_path, checkpoints):
+    """TRL's padded batch routes each prompt once per completion, a shared row once: the aux loss cannot match."""
+    from packing_collators import PackingGRPOTrainer
+
+    with pytest.raises(ValueError, match=r"router's auxiliary loss.*GRPOConfig\(router_aux_loss_coef=0.0\)"):
+        _run(tmp_path / "refused", checkpoints["qwen3_moe"], PackingGRPOTrainer, trainer_options={"share_prompt": True})
+    _, _, trainer = _run(tmp_path / "unshared", checkpoints["qwen3_moe"], PackingGRPOTrainer)
+    assert trainer.aux_loss_enabled  # TRL's default for an MoE; unshared, its aux loss matched TRL's (above)
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_rloo_trains_as_trl(tmp_path, checkpoints, share_prompt):
+    _compare(tmp_path, checkpoints["llama"], share_prompt, rloo=True)
+
+
+def test_a_shared_prompt_computes_each_prompt_once_for_its_group(tmp_path, checkpoints):
+    """The same completions, scored unshared and shared: the shared rows hold each group's prompt once."""
+    flat, _ = _compare(tmp_path / "flat", checkpoints["llama"], False)
+    shared, _ = _compare(tmp_path / "shared", checkpoints["llama"], True)
+    assert sum(width for _, width in shared) < sum(width for _, width in flat)
