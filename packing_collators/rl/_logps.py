@@ -88,7 +88,8 @@ class PackedLogProbs:
             per_token, outputs = log_prob_forward(model, batch, self._packed_head(model), targets, stats=stats,
                                                   rows=keys_rows, temperature=self.temperature)  # fmt: skip
         logps = rows.scatter(per_token, targets)
-        entropies = rows.scatter(stats["entropy"], targets) if compute_entropy else None
+        # a chunk whose completions are all masked (truncated, mask_truncated_completions) has no target: zeros
+        entropies = rows.scatter(stats.get("entropy", torch.zeros_like(per_token)), targets) if compute_entropy else None
         aux = None
         if compute_aux_loss:
             aux = outputs.get("aux_loss") if isinstance(outputs, dict) else getattr(outputs, "aux_loss", None)

@@ -28,9 +28,9 @@ __all__ = ["PackingGRPOTrainer", "PackingRLOOTrainer"]
 
 def _packing_setup(trainer, share_prompt, packing_probe) -> None:
     """What both trainers do after TRL built them: the options checked, the models prepared, the checks added."""
-    from ..models import SHARED_ATTENTION, enable_packing
     from .._compat import attn_implementation
     from .._model_unwrap import text_config, unwrap_model
+    from ..models import SHARED_ATTENTION, enable_packing
     from ._checks import RLCheckCallback
 
     name = type(trainer).__name__
