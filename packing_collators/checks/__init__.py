@@ -8,6 +8,7 @@ _probe_experts.py      tokenwise_experts: routed experts one token at a time in 
 _probe_refusal.py      refuse_failed_probe: a failed probe's numbers, the cause they point to and the fix
 _probe_parts.py        what both probes share (this one and parallel's): lengths, tokens, logits, tolerance
 _support.py            check_packing_support: the static checks, then the probe
+_shared_layout.py      refuse_shared_layout_change: a shared-prompt layout measured on a model, its verdict
 _token_range.py        check_training_data: something to train on, every token id inside the embedding
 
 Built on ``attention/`` (how an implementation keeps examples apart); ``parallel/`` and
@@ -19,8 +20,9 @@ from ._collated_features import check_collated_features
 from ._model_checks import check_model
 from ._probe import ProbeReport, probe_packing
 from ._probe_experts import tokenwise_experts
-from ._probe_refusal import refuse_failed_probe
 from ._probe_parts import PROBE_LENGTHS, model_inputs, output_logits, probe_dtype, synthetic_tokens, tolerance
+from ._probe_refusal import refuse_failed_probe
+from ._shared_layout import refuse_shared_layout_change
 from ._support import check_packing_support
 from ._token_range import check_training_data, refuse_no_batches, refuse_no_examples
 
@@ -37,6 +39,7 @@ __all__ = [
     "probe_dtype",
     "probe_packing",
     "refuse_failed_probe",
+    "refuse_shared_layout_change",
     "refuse_no_batches",
     "refuse_no_examples",
     "synthetic_tokens",

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import torch
 
 from ..batch import KEYS_LABELS, KV_INDEX, Q_INDEX, TOKEN_SEQUENCE, shared_prompt_layout, varlen_kwargs
 from ._flattening import FlatteningCollator
@@ -33,6 +32,8 @@ def shared_prompt_batch(groups: Sequence[Sequence[Mapping]]) -> dict:
     >>> batch["cu_seq_lens_q"].tolist(), batch["cu_seq_lens_k"].tolist(), batch["q_index"].tolist()
     ([0, 3, 5], [0, 3, 7], [0, 1, 2, 5, 6])
     """
+    import torch
+
     layout = shared_prompt_layout(groups)
     varlen = varlen_kwargs(layout.queries, layout.keys)
     return {
@@ -54,6 +55,8 @@ def flat_sequences_batch(sequences: Sequence[Mapping]) -> dict:
     >>> batch["input_ids"].tolist(), batch["token_sequence"].tolist()
     ([[1, 2, 3]], [[0, 0, 1]])
     """
+    import torch
+
     batch = FlatteningCollator()(list(sequences))
     lengths = np.array([len(s["input_ids"]) for s in sequences], dtype=np.int64)
     batch[TOKEN_SEQUENCE] = torch.from_numpy(np.repeat(np.arange(len(sequences)), lengths))[None]

@@ -18,6 +18,7 @@ Cost: one forward over a few tokens, once per model.
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,7 +27,9 @@ import torch
 from .._model_unwrap import text_config, unwrap_model
 from ._chunked import LogitTransform, _project
 
-__all__ = ["LossImplementation", "OutputHead", "check_output_head", "checked_head", "head_call", "output_head"]
+__all__ = ["CheckedHeads", "LossImplementation", "OutputHead", "check_output_head", "checked_head", "head_call", "output_head"]
+
+logger = logging.getLogger(__name__)
 
 
 LossImplementation = Literal["auto", "chunked", "full"]
@@ -192,3 +195,21 @@ def checked_head(model, implementation: LossImplementation = "auto", *, probe=No
     if head is None and implementation == "chunked":
         raise ValueError(f"loss_implementation='chunked' cannot be used with {type(unwrap_model(model)).__name__}: {why}.")
     return head, why
+
+
+class CheckedHeads:
+    """Each model's head, checked once (:func:`checked_head`) and kept by model: what a trainer scoring several models
+    (a policy, its reference) computes log-probabilities with. None where the chunked path cannot compute the
+    head (a PEFT ``modules_to_save`` copy of ``lm_head``): the model's own full logits then, the same numbers,
+    said once in the log by ``who``."""
+
+    def __init__(self, who: str) -> None:
+        self.who, self._heads = who, {}
+
+    def __call__(self, model) -> OutputHead | None:
+        inner = unwrap_model(model)
+        if id(inner) not in self._heads:
+            self._heads[id(inner)], why = checked_head(inner)
+            if self._heads[id(inner)] is None:
+                logger.warning("%s: %s: log-probabilities from the full logits (%s)", self.who, type(inner).__name__, why)
+        return self._heads[id(inner)]

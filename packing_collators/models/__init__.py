@@ -23,19 +23,8 @@ Imports nothing of the package's other folders but the packed batch's home (``ba
 the one rule that reads a batch's examples) and the top-level helpers; ``checks/`` and ``trainer/`` build on it.
 """
 
-from ._compile_layers import (
-    auto_compile_blocker,
-    bucket_rows,
-    checkpointed_layers,
-    compile_layers,
-    compiled_layer_count,
-    compiled_step_failure,
-    graphs_compiled,
-    layer_compile_blocker,
-    repeated_layers,
-    symbolic_packing_sizes,
-    uncompile_layers,
-)
+from . import _compile_layers
+from ._compile_layers import *  # noqa: F403 (its __all__ is the folder's, once)
 from ._enable import PackingLayers, enable_packing, packing_layers
 from ._mixers import find_stateful_layers
 from ._multimodal import multimodal_model
@@ -44,29 +33,19 @@ from ._row_segments import RowSegments, row_segments
 from ._shared_mask import SHARED_ATTENTION, shared_mask, sliding_windows, with_shared_mask
 from ._wrappers import refuse_prompt_learning
 
-__all__ = [
-    "SHARED_ATTENTION",  # noqa: RUF022 (constants first)
+__all__ = [  # noqa: RUF022 (compile's names, then the rest)
+    *_compile_layers.__all__,
+    "SHARED_ATTENTION",
     "PackingLayers",
     "RowSegments",
-    "auto_compile_blocker",
-    "bucket_rows",
-    "checkpointed_layers",
-    "compile_layers",
-    "compiled_layer_count",
-    "compiled_step_failure",
     "enable_packing",
     "find_stateful_layers",
-    "graphs_compiled",
     "keys_layout_mask",
-    "layer_compile_blocker",
     "multimodal_model",
     "packing_layers",
     "refuse_prompt_learning",
-    "repeated_layers",
     "row_segments",
     "shared_mask",
     "sliding_windows",
-    "symbolic_packing_sizes",
-    "uncompile_layers",
     "with_shared_mask",
 ]

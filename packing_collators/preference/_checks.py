@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 from .._compat import attn_implementation
 from .._model_unwrap import probe_module, text_config
 from ..attention import attention_kind
-from ..checks import check_packing_support, probe_packing, refuse_failed_probe
+from ..checks import check_packing_support, probe_packing, refuse_failed_probe, refuse_shared_layout_change
 from ..collate import FlatteningCollator
 from ..trainer import training_autocast, warm_up_packed_attention
 
@@ -87,15 +87,8 @@ class PreferenceCheckCallback(TrainerCallback):
         allowed = (1e-5 if dtype in ("float32", "float64") else 1e-3) * scale  # of a sequence's log-probability
         leak = float((leaked[1] - found[1][1]).abs().max())
         exact = dtype in ("float32", "float64")  # half-precision kernels round by the row's content
-        logger.info("PackingDPOTrainer: shared prompts: |shared - unshared| %.3g (tolerance %.3g), leak %.3g",
-                    difference, allowed, leak)  # fmt: skip
-        if (leak if exact else leak > allowed) or difference > allowed:
-            raise ValueError(
-                f"share_prompt=True changes this model's sequence log-probabilities: shared against unshared "
-                f"{difference:.3g} (tolerance {allowed:.3g}); a chosen completion moves the rejected ones by {leak:.3g} "
-                f"(must be {'0' if exact else f'within {allowed:.3g}'}). Its attention or a layer does not keep the shared "
-                "layout: train with share_prompt=False."
-            )
+        refuse_shared_layout_change("PackingDPOTrainer", difference, leak, exact=exact, allowed=allowed,
+                                    moved="a chosen completion moves the rejected ones")  # fmt: skip
 
 
 def _probe_pairs(dataset, collator, count: int = 4) -> list:

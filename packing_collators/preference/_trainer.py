@@ -18,14 +18,14 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
 from .._model_unwrap import unwrap_model
 from .._validation import validate_flag
 from ..budget import TrainerBudget
-from ..loss import checked_head
+from ..loss import CheckedHeads
 from ._collator import PreferenceCollator
 from ._logps import PairLogProbs, pair_log_probs
 from ._losses import F_DIVERGENCE_LOSSES, PairValues, PreferenceLoss
@@ -112,7 +112,7 @@ class PackingDPOTrainer(DPOTrainer):
                 max_length=args.max_length, truncation_mode=args.truncation_mode, share_prompt=self.share_prompt
             )
         self._loss = PreferenceLoss.from_config(args)
-        self._heads: dict[int, Any] = {}
+        self._heads = CheckedHeads("PackingDPOTrainer")
         _enable(model, ref_model)  # before TRL's __init__, which may compute the reference's log-probabilities
         super().__init__(model, ref_model, args, data_collator, *a, **kw)
         if self._is_vision_dataset:
@@ -126,14 +126,8 @@ class PackingDPOTrainer(DPOTrainer):
         self.add_callback(PreferenceCheckCallback(self, probe=packing_probe))
 
     def _head(self, model):
-        """The model's output head, checked once; None where the chunked log-probabilities cannot compute it (a
-        PEFT ``modules_to_save`` copy of ``lm_head``): the model's own full logits then, the same numbers."""
-        inner = unwrap_model(model)
-        if id(inner) not in self._heads:
-            self._heads[id(inner)], why = checked_head(inner)
-            if self._heads[id(inner)] is None:
-                logger.warning("PackingDPOTrainer: %s: log-probabilities from the full logits (%s)", type(inner).__name__, why)
-        return self._heads[id(inner)]
+        """The model's output head, checked once (``loss.CheckedHeads``); None: its own full logits."""
+        return self._heads(model)
 
     @property
     def max_tokens_per_batch(self) -> int | Literal["auto"] | None:

@@ -22,7 +22,7 @@ from transformers import TrainerCallback
 from .._compat import attn_implementation
 from .._model_unwrap import probe_module, text_config
 from ..attention import attention_kind
-from ..checks import probe_dtype, probe_packing, refuse_failed_probe, tokenwise_experts
+from ..checks import probe_dtype, probe_packing, refuse_failed_probe, refuse_shared_layout_change, tokenwise_experts
 from ..collate import FlatteningCollator
 from ..trainer import training_autocast, warm_up_packed_attention
 
@@ -92,15 +92,8 @@ class RLCheckCallback(TrainerCallback):
         exact = dtype in ("float32", "float64")  # half-precision kernels round by the row's content
         allowed = 1e-5 if exact else 1e-2  # of a token's log-probability
         leak = float((leaked[1:] - found[1][1:]).abs().max())
-        logger.info("%s: shared prompts: |shared - unshared| %.3g (tolerance %.3g), leak %.3g",
-                    type(self.trainer).__name__, difference, allowed, leak)  # fmt: skip
-        if (leak if exact else leak > allowed) or difference > allowed:
-            raise ValueError(
-                f"share_prompt=True changes this model's log-probabilities: shared against unshared {difference:.3g} "
-                f"(tolerance {allowed:.3g}); one completion moves its group's others by {leak:.3g} (must be "
-                f"{'0' if exact else f'within {allowed:.3g}'}). Its attention or a layer does not keep the shared "
-                "layout: train with share_prompt=False."
-            )
+        refuse_shared_layout_change(type(self.trainer).__name__, difference, leak, exact=exact, allowed=allowed,
+                                    moved="one completion moves its group's others")  # fmt: skip
 
 
 def _longest(trainer) -> int:

@@ -14,21 +14,17 @@ prompt's tokens once instead of once per completion (stateful layers recompute t
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from .._compat import attn_implementation
 from .._model_unwrap import text_config, unwrap_model
 from ..batch import KEYS_LABELS, KV_INDEX, SEQUENCE_KEYS, shifted_targets
 from ..collate import flat_sequences_batch, shared_prompt_batch
-from ..loss import checked_head, log_prob_forward
+from ..loss import log_prob_forward
 from ..models import with_shared_mask
 from ._rows import padded_rows
 
 __all__ = ["MULTIMODAL_INPUTS", "PackedLogProbs"]
-
-logger = logging.getLogger(__name__)
 
 MULTIMODAL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
                      "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")  # fmt: skip
@@ -37,19 +33,9 @@ MULTIMODAL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_atte
 class PackedLogProbs:
     """Mixed into a TRL RL trainer (GRPO, RLOO): its ``_get_per_token_logps_and_entropies`` on packed rows.
 
-    The trainer sets ``share_prompt`` and ``temperature`` (TRL's), and keeps ``_heads``, a dict."""
+    The trainer sets ``share_prompt`` and ``temperature`` (TRL's), and keeps ``_heads`` (``loss.CheckedHeads``)."""
 
     share_prompt: bool = False
-
-    def _packed_head(self, model):
-        """The model's output head, checked once; None where the chunked log-probabilities cannot compute it (a
-        PEFT ``modules_to_save`` copy of ``lm_head``): the model's own full logits then, the same numbers."""
-        inner = unwrap_model(model)
-        if id(inner) not in self._heads:
-            self._heads[id(inner)], why = checked_head(inner)
-            if self._heads[id(inner)] is None:
-                logger.warning("%s: log-probabilities from the full logits (%s)", type(self).__name__, why)
-        return self._heads[id(inner)]
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
@@ -85,7 +71,7 @@ class PackedLogProbs:
             batch["output_router_logits"] = True
         stats: dict | None = {} if compute_entropy else None
         with self.accelerator.autocast():
-            per_token, outputs = log_prob_forward(model, batch, self._packed_head(model), targets, stats=stats,
+            per_token, outputs = log_prob_forward(model, batch, self._heads(model), targets, stats=stats,
                                                   rows=keys_rows, temperature=self.temperature)  # fmt: skip
         logps = rows.scatter(per_token, targets)
         # a chunk whose completions are all masked (truncated, mask_truncated_completions) has no target: zeros

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._validation import validate_flag
+from ..loss import CheckedHeads
 from ._logps import PackedLogProbs
 
 try:
@@ -26,7 +27,7 @@ except ImportError as error:  # pragma: no cover - trl is an optional dependency
 __all__ = ["PackingGRPOTrainer", "PackingRLOOTrainer"]
 
 
-def _packing_setup(trainer, share_prompt, packing_probe) -> None:
+def _packing_setup(trainer, packing_probe: bool) -> None:
     """What both trainers do after TRL built them: the options checked, the models prepared, the checks added."""
     from .._compat import attn_implementation
     from .._model_unwrap import text_config, unwrap_model
@@ -61,7 +62,18 @@ def _packing_setup(trainer, share_prompt, packing_probe) -> None:
     trainer.add_callback(RLCheckCallback(trainer, probe=packing_probe))
 
 
-class PackingGRPOTrainer(PackedLogProbs, GRPOTrainer):
+class _PackingRL(PackedLogProbs):
+    """What both trainers add to TRL's: the packing options (keyword-only, checked), the head cache, the setup."""
+
+    def __init__(self, *args: Any, share_prompt: bool = False, packing_probe: bool = True, **kwargs: Any) -> None:
+        self.share_prompt = validate_flag("share_prompt", share_prompt)
+        packing_probe = validate_flag("packing_probe", packing_probe)
+        self._heads = CheckedHeads(type(self).__name__)
+        super().__init__(*args, **kwargs)
+        _packing_setup(self, packing_probe)
+
+
+class PackingGRPOTrainer(_PackingRL, GRPOTrainer):
     """TRL's ``GRPOTrainer`` scoring its completions on packed rows (see the module docstring).
 
     Takes what ``GRPOTrainer`` takes (``model``, ``reward_funcs``, ``args`` a ``GRPOConfig``, datasets,
@@ -77,20 +89,6 @@ class PackingGRPOTrainer(PackedLogProbs, GRPOTrainer):
     seed gives the same completions); vision-language batches, ``cast_lm_head_to_fp32`` and Liger are refused.
     """
 
-    def __init__(self, *args: Any, share_prompt: bool = False, packing_probe: bool = True, **kwargs: Any) -> None:
-        self.share_prompt = validate_flag("share_prompt", share_prompt)
-        packing_probe = validate_flag("packing_probe", packing_probe)
-        self._heads: dict[int, Any] = {}
-        super().__init__(*args, **kwargs)
-        _packing_setup(self, self.share_prompt, packing_probe)
 
-
-class PackingRLOOTrainer(PackedLogProbs, RLOOTrainer):
+class PackingRLOOTrainer(_PackingRL, RLOOTrainer):
     """TRL's ``RLOOTrainer`` scoring its completions on packed rows; options as :class:`PackingGRPOTrainer`'s."""
-
-    def __init__(self, *args: Any, share_prompt: bool = False, packing_probe: bool = True, **kwargs: Any) -> None:
-        self.share_prompt = validate_flag("share_prompt", share_prompt)
-        packing_probe = validate_flag("packing_probe", packing_probe)
-        self._heads: dict[int, Any] = {}
-        super().__init__(*args, **kwargs)
-        _packing_setup(self, self.share_prompt, packing_probe)

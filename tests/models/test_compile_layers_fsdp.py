@@ -5,8 +5,8 @@ whose hooks unshard the parameters around the layer's call, outside the compiled
 With ``fsdp_config`` ``activation_checkpointing``, PackingTrainer compiles each layer's checkpoint inside its graph
 (``compile_layers(checkpoint=True)``) instead of accelerate's ``checkpoint_wrapper`` around it; the wrapper is
 tested too (where accelerate keeps it: its CPU offload, a policy wrapping other modules), and transformers' own
-checkpointing under both its names (``gradient_checkpointing_enable``, deprecated in 5.25, and
-``activation_checkpointing_enable``), which from 5.24 checkpoints in the class's forward only when that is the
+checkpointing (``activation_checkpointing_enable``, ``gradient_checkpointing_enable`` before 5.25; both names are
+tested compiled in tests/trainer/test_compile.py), which from 5.24 checkpoints in the class's forward only when that is the
 outermost one: FSDP2 swaps the class. All cases run in one launch of the two ranks. Gradients equal eager's, and what the first step saves for its
 backward shows each checkpoint kept (a lost one trains right, on more memory).
 Each rank trains two steps of other lengths and example counts; the reference is one eager process
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 STEPS = ([9, 14, 5, 11], [20, 3, 8])  # each rank's examples per step (seeded by rank and step)
 
 WORKER = r"""
-import sys, warnings
+import sys
 sys.path.insert(0, {tests!r})
 import torch
 import torch.distributed as dist
@@ -59,10 +59,6 @@ def case(arch, wrapping):
     fully_shard(model)
     # transformers' own, enabled after the compile as the Trainer enables it: by its deprecated name, and by the
     # name 5.25 gave it (activation_checkpointing_enable; the same method before 5.25)
-    if wrapping == "hf_checkpointing":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{"use_reentrant": False}})
     if wrapping == "hf_activation_checkpointing":
         enable_activation_checkpointing(model, {{"use_reentrant": False}})
     before, saved = graphs_compiled(), []
@@ -112,8 +108,10 @@ def _saved_eager(arch):
     return sum(saved)
 
 
-CASES = [("llama", "checkpointed"), ("llama", "checkpoint_in_graph"), ("llama", "hf_checkpointing"),
-         ("llama", "hf_activation_checkpointing"), ("llama", "sharded"), ("qwen3_moe", "checkpoint_in_graph")]
+# transformers' checkpointing by its deprecated name (gradient_checkpointing_enable) is the same method as by its new
+# one; both names are tested compiled in tests/trainer/test_compile.py, so one launch case here is enough
+CASES = [("llama", "checkpointed"), ("llama", "checkpoint_in_graph"), ("llama", "hf_activation_checkpointing"),
+         ("llama", "sharded"), ("qwen3_moe", "checkpoint_in_graph")]
 
 
 @pytest.fixture(scope="module")
