@@ -1,0 +1,234 @@
+"""The update side of a GRPO step, TRL's GRPOTrainer against PackingGRPOTrainer on one GPU (issue #64): tokens/s, memory.
+
+    python benchmarks/gpu/grpo_update.py --all --out DIR            # trl, packed, shared: each its own process
+    python benchmarks/gpu/grpo_update.py --setting packed --out DIR # one run, this process
+    python benchmarks/gpu/grpo_update.py --compare --out DIR        # DIR/results.json and DIR/README.md (no torch)
+    python benchmarks/gpu/grpo_update.py --all --smoke --out DIR    # the CPU check, seconds
+
+On the device (TRL 1.16 carried as a wheel: ``bash benchmarks/gpu/vs_trl_wheels.sh`` stages ``.trlwhl``)::
+
+    pip install --no-index --no-deps --target /tmp/trl .trlwhl/*.whl && export PYTHONPATH=/tmp/trl:$PYTHONPATH &&
+    python3 benchmarks/gpu/grpo_update.py --all --out /tmp/grpo && python3 benchmarks/gpu/grpo_update.py --compare --out /tmp/grpo
+
+What is timed: one optimizer step per prompt group, from the completions TRL would hand its loss (generation is
+TRL's own on both sides and is not part of this): ``trainer.compute_loss(model, inputs)`` (the policy's per-token
+log-probabilities and TRL's loss), the backward, the optimizer's step, between two synchronizations. The same
+groups in every setting (seeded): G = 8 completions of one prompt per step (TRL's micro-batch of
+``per_device_train_batch_size = G``), prompts lognormal around 1,000 tokens clipped to [64, 4096], completions
+lognormal around 512 clipped to [16, 2048]; ``advantages`` standard normal; ``beta = 0`` and ``loss_type`` TRL's
+default (``dapo``), so the policy's forward is the only one (TRL's defaults: no reference model).
+
+    trl     TRL 1.16 GRPOTrainer: prompts padded left, completions right, its fused LM head; attention "sdpa"
+            (``--trl-attn``; what a GPU without flash-attn packages gives a TRL user)
+    packed  PackingGRPOTrainer: each micro-batch one row of its real tokens; attention ``--attn``
+            (default packing_varlen: torch's varlen flash kernel, no extra package)
+    shared  PackingGRPOTrainer(share_prompt=True): each prompt once for its 8 completions
+
+Model: Qwen3-1.7B's shape (hidden 2048, 28 layers, 16 query / 8 kv heads of 128, MLP 6144, vocabulary 151,936,
+tied embeddings), seeded random weights in bf16, gradient checkpointing (non-reentrant) on every side, AdamW
+(the Trainer's default, lr 1e-6). ``--smoke``: a 2-layer model of hidden 64 and vocabulary 512, on the CPU.
+Per setting (JSON): the median step's real tokens/s (sum over the group of prompt + completion), the peak
+allocated memory, each step's loss and gradient norm; ``--compare`` writes ``update_tokens_per_s_vs_trl`` and
+``peak_memory_vs_trl`` per row, and the largest relative gradient-norm difference to TRL over the steps (the loss
+itself is the same number on both sides at a first step, whatever the log-probabilities: the ratio is 1; in bf16
+this is agreement, not exactness, which tests/rl checks in float32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SETTINGS = ("trl", "packed", "shared")
+HERE = Path(__file__).resolve()
+
+
+def arguments(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--setting", choices=SETTINGS)
+    parser.add_argument("--all", action="store_true", help="every setting, each in a process of its own")
+    parser.add_argument("--compare", action="store_true", help="the table of the runs in --out")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--group", type=int, default=8, help="completions per prompt (G), one micro-batch")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--attn", default="packing_varlen", help="the packed settings' attention")
+    parser.add_argument("--trl-attn", default="sdpa", help="TRL's attention")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def group_lengths(args, count: int) -> list[tuple[int, list[int]]]:
+    """(prompt length, completion lengths) of each step's group, seeded: the same in every setting."""
+    rng = np.random.default_rng([args.seed, 64])
+    scale = 16 if args.smoke else 1
+    groups = []
+    for _ in range(count):
+        prompt = int(np.clip(rng.lognormal(np.log(1000) - 0.18, 0.6), 64, 4096)) // scale
+        completions = np.clip(rng.lognormal(np.log(512) - 0.32, 0.8, args.group), 16, 2048).astype(int) // scale
+        groups.append((max(prompt, 2), [max(int(c), 1) for c in completions]))
+    return groups
+
+
+def group_inputs(prompt: int, completions: list[int], vocab: int, seed: int, device) -> dict:
+    """TRL's inputs to its loss for one group: one prompt (G times), completions padded right, advantages."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    longest = max(completions)
+    prompt_ids = torch.randint(2, vocab, (1, prompt), generator=g).repeat(len(completions), 1)
+    completion_ids = torch.randint(2, vocab, (len(completions), longest), generator=g)
+    completion_mask = (torch.arange(longest)[None] < torch.tensor(completions)[:, None]).long()
+    completion_ids = completion_ids.masked_fill(completion_mask == 0, 0)
+    inputs = {
+        "prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion_ids,
+        "completion_mask": completion_mask, "advantages": torch.randn(len(completions), generator=g),
+        "old_per_token_logps": None, "num_items_in_batch": completion_mask.sum(),
+    }  # fmt: skip
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+
+
+def build_model(args, device):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=512) if args.smoke else dict(
+                 hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, vocab_size=151936)  # fmt: skip
+    config = Qwen3Config(**shape, tie_word_embeddings=True, max_position_embeddings=8192, pad_token_id=0, eos_token_id=1)
+    torch.manual_seed(args.seed)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(config)
+    return model.to(torch.float32 if args.smoke else torch.bfloat16)
+
+
+def run_one(args) -> dict:
+    import datasets
+    import torch
+    from _dpo_data import word_tokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    sys.path.insert(0, str(HERE.parents[2]))
+    from packing_collators import PackingGRPOTrainer, register_varlen_attention
+    from packing_collators._compat import enable_activation_checkpointing
+
+    cuda = torch.cuda.is_available() and not args.smoke
+    device = torch.device("cuda" if cuda else "cpu")
+    model = build_model(args, device)
+    attention = args.trl_attn if args.setting == "trl" else args.attn
+    if not cuda and attention == "packing_varlen":  # its kernel needs CUDA: the smoke run packs under sdpa
+        attention = "sdpa"
+    if attention == "packing_varlen":
+        register_varlen_attention()
+    model.set_attn_implementation(attention)
+    enable_activation_checkpointing(model, {"use_reentrant": False})
+    config = GRPOConfig(output_dir=str(Path(args.out) / "trainer"), per_device_train_batch_size=args.group,
+                        num_generations=args.group, max_completion_length=2048, bf16=cuda, use_cpu=not cuda,
+                        learning_rate=1e-6, report_to="none", save_strategy="no", disable_tqdm=True)  # fmt: skip
+    prompts = datasets.Dataset.from_list([{"prompt": "w1 w2"}] * args.group)
+    common = dict(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=config,
+                  train_dataset=prompts, processing_class=word_tokenizer(model.config.vocab_size))  # fmt: skip
+    if args.setting == "trl":
+        trainer = GRPOTrainer(**common)
+    else:
+        trainer = PackingGRPOTrainer(**common, share_prompt=args.setting == "shared", packing_probe=False)
+    trainer.create_optimizer()
+    trainer.current_gradient_accumulation_steps = 1  # what the Trainer's loop sets: one micro-batch per step
+    model.train()
+    groups = group_lengths(args, args.warmup + args.steps)
+    steps, losses = [], []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    for index, (prompt, completions) in enumerate(groups):
+        inputs = group_inputs(prompt, completions, model.config.vocab_size, args.seed + index, device)
+        if cuda:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        loss = trainer.compute_loss(model, inputs)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        tokens = sum(prompt + c for c in completions)
+        padded = len(completions) * (prompt + max(completions))
+        steps.append({"seconds": seconds, "tokens": tokens, "padded_positions": padded, "warmup": index < args.warmup})
+        losses.append(float(loss.detach()))
+        steps[-1]["grad_norm"] = grad_norm
+    timed = [s["tokens"] / s["seconds"] for s in steps if not s["warmup"]]
+    import transformers
+    import trl
+
+    return {
+        "setting": args.setting, "attention": attention, "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
+        "command": " ".join([Path(sys.executable).name, *sys.argv]), "steps": steps, "losses": losses,
+        "median_tokens_per_s": statistics.median(timed), "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+    }  # fmt: skip
+
+
+def compare(out: Path) -> list[dict]:
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.stem in SETTINGS}
+    trl = runs.get("trl")
+    rows = []
+    for name in ("packed", "shared"):
+        run = runs.get(name)
+        if run is None or trl is None or "error" in run or "error" in trl:
+            continue
+        norms = [(a["grad_norm"], b["grad_norm"]) for a, b in zip(run["steps"], trl["steps"])]
+        norm_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in norms)
+        rows.append({
+            "setting": name, "device": run["device"], "attention": run["attention"], "trl_attention": trl["attention"],
+            "update_tokens_per_s": run["median_tokens_per_s"], "trl_update_tokens_per_s": trl["median_tokens_per_s"],
+            "update_tokens_per_s_vs_trl": run["median_tokens_per_s"] / trl["median_tokens_per_s"],
+            "peak_gib": run["peak_gib"], "trl_peak_gib": trl["peak_gib"],
+            "peak_memory_vs_trl": run["peak_gib"] / trl["peak_gib"] if run["peak_gib"] and trl["peak_gib"] else None,
+            "grad_norm_max_rel_diff_vs_trl": norm_diff,
+        })  # fmt: skip
+    (out / "results.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
+    lines = ["| setting | attention (ours / TRL) | update tokens/s | TRL | x TRL | peak GiB | TRL GiB | memory x TRL | grad_norm rel diff |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        memory = f"{r['peak_memory_vs_trl']:.3f}" if r["peak_memory_vs_trl"] else "-"
+        peaks = [f"{v:.1f}" if v else "-" for v in (r["peak_gib"], r["trl_peak_gib"])]
+        lines.append(f"| {r['setting']} | {r['attention']} / {r['trl_attention']} | {r['update_tokens_per_s']:,.0f} | "
+                     f"{r['trl_update_tokens_per_s']:,.0f} | {r['update_tokens_per_s_vs_trl']:.3f} | {peaks[0]} | {peaks[1]} | "
+                     f"{memory} | {r['grad_norm_max_rel_diff_vs_trl']:.2e} |")  # fmt: skip
+    print("\n".join(lines))
+    return rows
+
+
+def main() -> None:
+    args = arguments()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.compare:
+        compare(out)
+        return
+    if args.all:
+        for setting in SETTINGS:
+            command = [sys.executable, str(HERE), *[a for a in sys.argv[1:] if a != "--all"], "--setting", setting]
+            done = subprocess.run(command, capture_output=True, text=True)
+            print(done.stdout[-2000:], done.stderr[-4000:] if done.returncode else "", flush=True)
+            if done.returncode:  # the run's failure is a result: recorded, the driver goes on
+                (out / f"{setting}.json").write_text(json.dumps({"setting": setting, "error": done.stderr[-4000:]}))
+        return
+    sys.path[:0] = [str(HERE.parent), str(HERE.parents[1])]  # benchmarks/gpu (_dpo_data), benchmarks (_lengths)
+    result = run_one(args)
+    (out / f"{args.setting}.json").write_text(json.dumps(result, indent=1))
+    print(f"{args.setting}: {result['median_tokens_per_s']:,.0f} tokens/s, peak {result['peak_gib']} GiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""The GRPO update-side harness (benchmarks/gpu/grpo_update.py) in its CPU --smoke form: TRL's GRPOTrainer and
+PackingGRPOTrainer(share_prompt=True) timed on the same groups, and --compare writing the ratios from their JSONs.
+On the CPU both run sdpa in float32: their gradient norms agree (the harness compares what the GPU rows report)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "grpo_update.py"
+
+
+@pytest.mark.slow
+def test_the_harness_times_both_trainers_on_the_same_groups_and_compares_them(tmp_path):
+    smoke = ["--smoke", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)]
+    runs = [subprocess.Popen([sys.executable, str(SCRIPT), *smoke, "--setting", s], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for s in ("trl", "shared")]  # fmt: skip
+    for run in runs:
+        output, _ = run.communicate(timeout=300)
+        assert run.returncode == 0, output[-3000:]
+    trl, shared = (json.loads((tmp_path / f"{s}.json").read_text()) for s in ("trl", "shared"))
+    assert [s["tokens"] for s in trl["steps"]] == [s["tokens"] for s in shared["steps"]]  # the same groups
+    assert all(s["padded_positions"] >= s["tokens"] for s in trl["steps"])
+    assert trl["attention"] == shared["attention"] == "sdpa" and trl["device"] == "cpu"
+    out = subprocess.run([sys.executable, str(SCRIPT), "--compare", "--out", str(tmp_path)], capture_output=True, text=True)
+    (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert row["setting"] == "shared" and "| shared | sdpa / sdpa |" in out.stdout
+    assert row["update_tokens_per_s_vs_trl"] == pytest.approx(shared["median_tokens_per_s"] / trl["median_tokens_per_s"])
+    assert row["grad_norm_max_rel_diff_vs_trl"] < 1e-4  # float32: the same gradients, packed and padded
