@@ -70,9 +70,8 @@ class PackedLogProbs:
         if compute_aux_loss:
             batch["output_router_logits"] = True
         stats: dict | None = {} if compute_entropy else None
-        with self.accelerator.autocast():
-            per_token, outputs = log_prob_forward(model, batch, self._heads(model), targets, stats=stats,
-                                                  rows=keys_rows, temperature=self.temperature)  # fmt: skip
+        per_token, outputs = log_prob_forward(model, batch, self._heads(model), targets, stats=stats,
+                                              rows=keys_rows, temperature=self.temperature)  # fmt: skip
         logps = rows.scatter(per_token, targets)
         # a chunk whose completions are all masked (truncated, mask_truncated_completions) has no target: zeros
         entropies = rows.scatter(stats.get("entropy", torch.zeros_like(per_token)), targets) if compute_entropy else None

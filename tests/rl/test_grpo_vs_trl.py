@@ -160,7 +160,9 @@ def test_a_shared_prompt_computes_each_prompt_once_for_its_group(tmp_path, check
 def test_under_trls_default_bf16_autocast_it_trains_as_trl_to_bf16_rounding(tmp_path, checkpoints, share_prompt):
     """GRPOConfig trains in bf16 by default: float32 weights under autocast. The same completions (rewards equal),
     and the numbers within bf16 rounding of the packed and the padded matmuls (measured: grad_norm 3e-4 to 2e-3
-    relative, KL within 1e-5 of TRL's 5e-5 at step 2)."""
+    relative, KL within 1e-5 of TRL's 5e-5 at step 2). With TRL's default gradient checkpointing: the forward runs
+    under accelerate's autocast only, as TRL's, and recomputes the same tensors (an autocast of our own around it
+    broke the recompute on torch 2.6)."""
     from trl import GRPOTrainer
 
     from packing_collators import PackingGRPOTrainer
@@ -171,7 +173,9 @@ def test_under_trls_default_bf16_autocast_it_trains_as_trl_to_bf16_rounding(tmp_
     assert shapes and all(shape[0] == 1 for shape in shapes)
     for a, b in zip(theirs, ours, strict=True):
         assert b["reward"] == a["reward"] and b["completions/mean_length"] == a["completions/mean_length"]
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+        assert abs(b["kl"] - a["kl"]) <= 2e-5
+        # the loss is the policy term plus beta * KL: the policy term within 1e-4, the KL within its own bound (a
+        # step whose advantages are all 0 leaves only beta * KL, measured 1e-4 +- 4e-6 on torch 2.6)
+        assert abs(b["loss"] - a["loss"]) <= 1e-4 * abs(a["loss"]) + 0.1 * 2e-5
         assert b["entropy"] == pytest.approx(a["entropy"], rel=1e-4)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-2)
-        assert abs(b["kl"] - a["kl"]) <= 2e-5
