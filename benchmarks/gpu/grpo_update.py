@@ -14,7 +14,7 @@ What is timed: one optimizer step per prompt group, from the completions TRL wou
 TRL's own on both sides and is not part of this): ``trainer.compute_loss(model, inputs)`` (the policy's per-token
 log-probabilities and TRL's loss), the backward, the optimizer's step, between two synchronizations. The same
 groups in every setting (seeded): G = 8 completions of one prompt per step (TRL's micro-batch of
-``per_device_train_batch_size = G``), prompts lognormal around 1,000 tokens clipped to [64, 4096], completions
+``per_device_train_batch_size = G``), prompts lognormal around 1,000 tokens clipped to [64, 4096] (``--prompts``), completions
 lognormal around 512 clipped to [16, 2048]; ``advantages`` standard normal; ``beta = 0`` and ``loss_type`` TRL's
 default (``dapo``), so the policy's forward is the only one (TRL's defaults: no reference model).
 
@@ -63,6 +63,8 @@ def arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--trl-attn", default="sdpa", help="TRL's attention")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompts", default="64,1000,4096",
+                        help="prompt lengths: shortest, median, longest (lognormal around the median, clipped)")
     return parser.parse_args(argv)
 
 
@@ -70,9 +72,10 @@ def group_lengths(args, count: int) -> list[tuple[int, list[int]]]:
     """(prompt length, completion lengths) of each step's group, seeded: the same in every setting."""
     rng = np.random.default_rng([args.seed, 64])
     scale = 16 if args.smoke else 1
+    shortest, median, longest = (int(n) for n in args.prompts.split(","))
     groups = []
     for _ in range(count):
-        prompt = int(np.clip(rng.lognormal(np.log(1000) - 0.18, 0.6), 64, 4096)) // scale
+        prompt = int(np.clip(rng.lognormal(np.log(median) - 0.18, 0.6), shortest, longest)) // scale
         completions = np.clip(rng.lognormal(np.log(512) - 0.32, 0.8, args.group), 16, 2048).astype(int) // scale
         groups.append((max(prompt, 2), [max(int(c), 1) for c in completions]))
     return groups
@@ -163,7 +166,8 @@ def run_one(args) -> dict:
         seconds = time.perf_counter() - started
         tokens = sum(prompt + c for c in completions)
         padded = len(completions) * (prompt + max(completions))
-        steps.append({"seconds": seconds, "tokens": tokens, "padded_positions": padded, "warmup": index < args.warmup})
+        steps.append({"seconds": seconds, "prompt": prompt, "tokens": tokens, "padded_positions": padded,
+                      "warmup": index < args.warmup})
         losses.append(float(loss.detach()))
         steps[-1]["grad_norm"] = grad_norm
     timed = [s["tokens"] / s["seconds"] for s in steps if not s["warmup"]]
@@ -173,7 +177,7 @@ def run_one(args) -> dict:
     return {
         "setting": args.setting, "attention": attention, "device": torch.cuda.get_device_name() if cuda else "cpu",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
-        "command": " ".join([Path(sys.executable).name, *sys.argv]), "steps": steps, "losses": losses,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]), "prompts": args.prompts, "steps": steps, "losses": losses,
         "median_tokens_per_s": statistics.median(timed), "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
     }  # fmt: skip
 
@@ -189,7 +193,8 @@ def compare(out: Path) -> list[dict]:
         norms = [(a["grad_norm"], b["grad_norm"]) for a, b in zip(run["steps"], trl["steps"])]
         norm_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in norms)
         rows.append({
-            "setting": name, "device": run["device"], "attention": run["attention"], "trl_attention": trl["attention"],
+            "setting": name, "prompts": run.get("prompts", "64,1000,4096"), "device": run["device"],
+            "attention": run["attention"], "trl_attention": trl["attention"],
             "update_tokens_per_s": run["median_tokens_per_s"], "trl_update_tokens_per_s": trl["median_tokens_per_s"],
             "update_tokens_per_s_vs_trl": run["median_tokens_per_s"] / trl["median_tokens_per_s"],
             "peak_gib": run["peak_gib"], "trl_peak_gib": trl["peak_gib"],
@@ -197,12 +202,12 @@ def compare(out: Path) -> list[dict]:
             "grad_norm_max_rel_diff_vs_trl": norm_diff,
         })  # fmt: skip
     (out / "results.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
-    lines = ["| setting | attention (ours / TRL) | update tokens/s | TRL | x TRL | peak GiB | TRL GiB | memory x TRL | grad_norm rel diff |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| setting | prompts (shortest, median, longest) | attention (ours / TRL) | update tokens/s | TRL | x TRL | peak GiB | TRL GiB | memory x TRL | grad_norm rel diff |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         memory = f"{r['peak_memory_vs_trl']:.3f}" if r["peak_memory_vs_trl"] else "-"
         peaks = [f"{v:.1f}" if v else "-" for v in (r["peak_gib"], r["trl_peak_gib"])]
-        lines.append(f"| {r['setting']} | {r['attention']} / {r['trl_attention']} | {r['update_tokens_per_s']:,.0f} | "
+        lines.append(f"| {r['setting']} | {r['prompts']} | {r['attention']} / {r['trl_attention']} | {r['update_tokens_per_s']:,.0f} | "
                      f"{r['trl_update_tokens_per_s']:,.0f} | {r['update_tokens_per_s_vs_trl']:.3f} | {peaks[0]} | {peaks[1]} | "
                      f"{memory} | {r['grad_norm_max_rel_diff_vs_trl']:.2e} |")  # fmt: skip
     print("\n".join(lines))
