@@ -17,7 +17,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "grpo_upda
 
 @pytest.mark.slow
 def test_the_harness_times_both_trainers_on_the_same_groups_and_compares_them(tmp_path):
-    smoke = ["--smoke", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)]
+    smoke = ["--smoke", "--steps", "2", "--warmup", "1", "--prompts", "1024,2000,2048", "--out", str(tmp_path)]
     runs = [subprocess.Popen([sys.executable, str(SCRIPT), *smoke, "--setting", s], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True) for s in ("trl", "shared")]  # fmt: skip
     for run in runs:
@@ -26,9 +26,10 @@ def test_the_harness_times_both_trainers_on_the_same_groups_and_compares_them(tm
     trl, shared = (json.loads((tmp_path / f"{s}.json").read_text()) for s in ("trl", "shared"))
     assert [s["tokens"] for s in trl["steps"]] == [s["tokens"] for s in shared["steps"]]  # the same groups
     assert all(s["padded_positions"] >= s["tokens"] for s in trl["steps"])
+    assert all(1024 // 16 <= s["prompt"] <= 2048 // 16 for s in trl["steps"])  # --prompts, scaled down by --smoke
     assert trl["attention"] == shared["attention"] == "sdpa" and trl["device"] == "cpu"
     out = subprocess.run([sys.executable, str(SCRIPT), "--compare", "--out", str(tmp_path)], capture_output=True, text=True)
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert row["setting"] == "shared" and "| shared | sdpa / sdpa |" in out.stdout
+    assert row["setting"] == "shared" and "| shared | 1024,2000,2048 | sdpa / sdpa |" in out.stdout
     assert row["update_tokens_per_s_vs_trl"] == pytest.approx(shared["median_tokens_per_s"] / trl["median_tokens_per_s"])
     assert row["grad_norm_max_rel_diff_vs_trl"] < 1e-4  # float32: the same gradients, packed and padded
