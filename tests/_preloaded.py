@@ -29,18 +29,22 @@ from __future__ import annotations
 import multiprocessing
 import os
 import runpy
+import subprocess
 import sys
 import traceback
 from pathlib import Path
 
-__all__ = ["AT_IMPORT", "start", "run"]
+__all__ = ["AT_IMPORT", "start", "run", "subprocess_run", "drive"]
 
 AT_IMPORT = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
              "HF_DATASETS_OFFLINE": "1"}  # fmt: skip
-PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.trainer", "datasets", "numpy"]
+# TRL's trainers too: the benchmark harnesses' settings import them (~5 s of CPU each on CI); a missing one is skipped
+PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.trainer", "datasets", "numpy",
+           "trl.trainer.sft_trainer", "trl.trainer.dpo_trainer", "trl.trainer.grpo_trainer"]  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
 
 _context = None
+_REAL_RUN = subprocess.run  # what subprocess_run falls back on, also while it stands in for subprocess.run
 
 
 def _server():
@@ -149,3 +153,50 @@ def run(argv: list[str], *, env: dict | None = None, cwd: Path = ROOT, timeout: 
             proc.kill()
             proc.wait()
         return proc.returncode, out.read_text(errors="replace"), err.read_text(errors="replace")
+
+
+def subprocess_run(command, *, stdout=None, stderr=None, env=None, cwd=None, timeout=None, **options):
+    """``subprocess.run`` for a benchmark driver that runs each setting as ``[sys.executable, script, *args]`` with
+    its output to a file (``stdout=sink, stderr=subprocess.STDOUT``): that command forked from the server instead
+    (its own process, as before, without its seconds of imports); any other command runs as it would.
+
+    >>> import subprocess, tempfile
+    >>> log = Path(tempfile.mkdtemp()) / "log"
+    >>> with log.open("w") as sink:
+    ...     done = subprocess_run([sys.executable, "-c", "print('hi'); raise SystemExit(2)"], stdout=sink,
+    ...                           stderr=subprocess.STDOUT)
+    >>> done.returncode, log.read_text()
+    (2, 'hi\\n')
+    >>> with log.open("w") as sink:
+    ...     subprocess_run([sys.executable, "-c", "import time; time.sleep(30)"], stdout=sink,
+    ...                    timeout=1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    subprocess.TimeoutExpired: Command '...' timed out after 1 seconds
+    """
+    forked = command[0] == sys.executable and hasattr(stdout, "name") and stderr in (subprocess.STDOUT, None)
+    if not forked or options or cwd is not None:
+        return _REAL_RUN(command, stdout=stdout, stderr=stderr, env=env, cwd=cwd, timeout=timeout, **options)
+    stdout.flush()
+    proc = start(list(command[1:]), log=Path(stdout.name), env=env)
+    if proc.wait(timeout) is None:
+        proc.kill()
+        proc.wait()
+        raise subprocess.TimeoutExpired(command, timeout)
+    return subprocess.CompletedProcess(command, proc.returncode)
+
+
+def drive(main, argv: list[str]) -> str:
+    """A benchmark driver's ``main(argv)`` (``--all``: each setting its own process) run in this process, each
+    setting's process forked from the server (:func:`subprocess_run`); what the driver printed."""
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    saved = subprocess.run
+    subprocess.run = subprocess_run
+    try:
+        with contextlib.redirect_stdout(printed):
+            main(argv)
+    finally:
+        subprocess.run = saved
+    return printed.getvalue()

@@ -1,8 +1,8 @@
 """The DPO throughput harness measures what its table says (benchmarks/gpu/dpo_throughput.py, its CPU --smoke form).
 
-Three ``--all --smoke --mix long_prompt`` drivers run side by side (trl, packed, shared: each its own process as on
-the GPU), then ``--compare`` writes the rows from the JSON files gathered in one folder. Checked: each
-run's JSON holds its figures (rates from its own steps, the mix's pairs per step, versions, the command); shared ran
+Three ``--all --smoke --mix long_prompt`` drivers (trl, packed, shared: each its own process as on the GPU; forked
+here with its imports done, ``_preloaded.drive``), then ``--compare`` writes the rows from the JSON files gathered in
+one folder. Checked: each run's JSON holds its figures (rates from its own steps, the mix's pairs per step, versions, the command); shared ran
 or recorded a clean error while its driver went on; every setting trained the same pairs step by step (real tokens,
 pairs, token-id checksums) and packed's loss equals trl's at every step within 1e-4 (float32); TRL's model ran
 padded rows, packed's exactly the real tokens; results.json's ratios are ours / theirs of the JSON files, and
@@ -25,6 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from _preloaded import drive
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu" / "dpo_throughput.py"
@@ -46,20 +47,9 @@ def _harness():
 def runs(tmp_path_factory):
     """Every run's JSON (setting -> parsed), results.json, README.md and the drivers' output, after --compare."""
     base = tmp_path_factory.mktemp("dpo")
-    command = [sys.executable, str(SCRIPT), "--all", "--smoke", "--mix", MIX]
-    drivers = {
-        side: subprocess.Popen(
-            [*command, "--settings", side, "--out", str(base / side)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for side in DRIVERS
-    }
-    output = {}
-    for side, driver in drivers.items():
-        output[side], _ = driver.communicate(timeout=400)
-        assert driver.returncode == 0, output[side][-4000:]
+    harness = _harness()
+    output = {side: drive(harness.main, ["--all", "--smoke", "--mix", MIX, "--settings", side, "--out", str(base / side)])
+              for side in DRIVERS}  # fmt: skip
     both = base / "both"
     both.mkdir()
     for path in [p for side in DRIVERS for p in (base / side).glob("*_gc_on.json")]:

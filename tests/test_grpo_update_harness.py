@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _preloaded import run as preloaded_run
 
 pytest.importorskip("trl")
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "grpo_update.py"
@@ -18,11 +19,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "grpo_upda
 @pytest.mark.slow
 def test_the_harness_times_both_trainers_on_the_same_groups_and_compares_them(tmp_path):
     smoke = ["--smoke", "--steps", "2", "--warmup", "1", "--prompts", "1024,2000,2048", "--out", str(tmp_path)]
-    runs = [subprocess.Popen([sys.executable, str(SCRIPT), *smoke, "--setting", s], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for s in ("trl", "shared")]  # fmt: skip
-    for run in runs:
-        output, _ = run.communicate(timeout=300)
-        assert run.returncode == 0, output[-3000:]
+    for setting in ("trl", "shared"):  # each its own process, forked with its imports done
+        code, out, err = preloaded_run([str(SCRIPT), *smoke, "--setting", setting])
+        assert code == 0, (out + err)[-3000:]
     trl, shared = (json.loads((tmp_path / f"{s}.json").read_text()) for s in ("trl", "shared"))
     assert [s["tokens"] for s in trl["steps"]] == [s["tokens"] for s in shared["steps"]]  # the same groups
     assert all(s["padded_positions"] >= s["tokens"] for s in trl["steps"])

@@ -1,6 +1,7 @@
 """The TRL comparison harness measures what its table says (benchmarks/gpu/vs_trl.py, in its CPU --smoke form).
 
-Two ``--all --smoke`` drivers run side by side, one per pair (each setting its own process, as on the GPU):
+Two ``--all --smoke`` drivers, one per pair (each setting its own process, as on the GPU; forked here with its
+imports done, ``_preloaded.drive``):
 trl_padding_free + ours_flattening, trl_bfd + ours_packing. Then ``--compare`` writes the rows. Checked: the
 flattening pair trains the same batches (tokens and token-id checksums per step) with the same step-1 loss, the
 loss is a per-token mean (about ln of the vocabulary at a random init), packed steps stay within the budget and
@@ -22,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _preloaded import drive
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu" / "vs_trl.py"
@@ -44,24 +46,15 @@ def _harness():
 def runs(tmp_path_factory):
     """Both pairs' JSON files, gathered in one folder after ``--compare`` there; name -> parsed JSON."""
     base = tmp_path_factory.mktemp("vs_trl")
-    drivers = {
-        pair: subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--all", "--settings", names, *SMOKE, "--out", str(base / pair)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for pair, names in PAIRS.items()
-    }
-    for pair, driver in drivers.items():
-        output, _ = driver.communicate(timeout=300)
-        assert driver.returncode == 0 and "FAILED" not in output, output[-4000:]
+    harness = _harness()
+    for pair, names in PAIRS.items():  # each setting its own process, forked with the imports done
+        output = drive(harness.main, ["--all", "--settings", names, *SMOKE, "--out", str(base / pair)])
+        assert "FAILED" not in output, output[-4000:]
     both = base / "both"
     both.mkdir()
     for path in [p for pair in PAIRS for p in (base / pair).glob("*_gc_on.json")]:
         shutil.copy(path, both)
-    compare = [sys.executable, str(SCRIPT), "--compare", "--out", str(both)]
-    done = subprocess.run(compare, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--compare", "--out", str(both)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return {p.stem.rsplit(f"_{VOCAB}_", 1)[0]: json.loads(p.read_text()) for p in both.glob("*_gc_on.json")} | {
         "results": json.loads((both / "results.json").read_text()),
@@ -175,16 +168,12 @@ def test_fa4_calls_go_through_the_int_lengths_wrapper_and_are_counted(monkeypatc
 def compile_modes(tmp_path_factory):
     """Our two settings under ``--torch-compile on`` and ``defaults``, both drivers at once; mode -> its folder."""
     base = tmp_path_factory.mktemp("vs_trl_compile")
-    command = [sys.executable, str(SCRIPT), "--all", "--settings", "ours_packing,ours_flattening", *SMOKE]
-    drivers = {
-        mode: subprocess.Popen([*command, "--torch-compile", mode, "--out", str(base / mode)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        for mode in ("on", "defaults")
-    }
-    for driver in drivers.values():
-        output, _ = driver.communicate(timeout=300)
-        assert driver.returncode == 0 and "FAILED" not in output, output[-4000:]
-    return {mode: base / mode for mode in drivers}
+    harness = _harness()
+    for mode in ("on", "defaults"):
+        argv = ["--all", "--settings", "ours_packing,ours_flattening", *SMOKE, "--torch-compile", mode]
+        output = drive(harness.main, [*argv, "--out", str(base / mode)])
+        assert "FAILED" not in output, output[-4000:]
+    return {mode: base / mode for mode in ("on", "defaults")}
 
 
 def test_torch_compile_on_compiles_our_layers_and_keeps_the_chunked_loss(compile_modes):
