@@ -61,12 +61,13 @@ def _varlen_windows_unbounded(monkeypatch):
 
 @pytest.fixture
 def fresh_dynamo():
-    """Dynamo's caches and counters reset before and after the test."""
-    import torch
+    """Dynamo's caches and counters reset before and after the test (all but what a fresh process would learn at
+    its first compile and keep: ``_dynamo.py``)."""
+    from _dynamo import reset_dynamo
 
-    torch._dynamo.reset()
+    reset_dynamo()
     yield
-    torch._dynamo.reset()
+    reset_dynamo()
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.fsdp import fully_shard
 from _tiny_models import random_examples, tiny_model
+from _dynamo import reset_dynamo
 from _moes import tiny_moe
 from packing_collators import FlatteningCollator
 from packing_collators._compat import enable_activation_checkpointing
@@ -47,7 +48,7 @@ rank = dist.get_rank()
 
 
 def case(arch, wrapping):
-    torch._dynamo.reset()  # each case compiles its own graphs, as a process of its own would
+    reset_dynamo()  # each case compiles its own graphs, as a process of its own would
     torch.manual_seed(0)
     model = eval(BUILD[arch])
     compiled = compile_layers(model, backend="aot_eager", checkpoint=wrapping == "checkpoint_in_graph")
