@@ -60,7 +60,21 @@ def _logs(trainer) -> list[dict]:
     return [entry for entry in trainer.state.log_history if "loss" in entry and "train_runtime" not in entry]
 
 
+_TRLS_RUNS: dict = {}
+
+
 def _run(tmp_path, kind, packed: bool, share_prompt: bool = False, **options):
+    """(the logged steps, the shapes the policy saw); TRL's run of a set-up once for every test that compares
+    against it (with and without share_prompt)."""
+    if packed:
+        return _train(tmp_path, kind, True, share_prompt, **options)
+    key = (kind, repr(sorted(options.items())))
+    if key not in _TRLS_RUNS:
+        _TRLS_RUNS[key] = _train(tmp_path, kind, False, False, **options)
+    return _TRLS_RUNS[key]
+
+
+def _train(tmp_path, kind, packed: bool, share_prompt: bool, **options):
     from trl import DPOTrainer
 
     from packing_collators import PackingDPOTrainer

@@ -83,6 +83,17 @@ def _run(tmp_path, checkpoint, trainer_class, *, trainer_options=None, rloo=Fals
     return logs, shapes, trainer
 
 
+_TRLS_LOGS: dict = {}
+
+
+def _trls_logs(tmp_path, checkpoint, trainer_class, **options):
+    """TRL's logs of a set-up, run once for the tests that compare against it (with and without share_prompt)."""
+    key = (str(checkpoint), trainer_class.__name__, repr(sorted(options.items())))
+    if key not in _TRLS_LOGS:
+        _TRLS_LOGS[key] = _run(tmp_path, checkpoint, trainer_class, **options)[0]
+    return _TRLS_LOGS[key]
+
+
 def _assert_same_logs(theirs, ours):
     assert len(theirs) == len(ours) == 2
     for step, (a, b) in enumerate(zip(theirs, ours)):
@@ -98,7 +109,7 @@ def _compare(tmp_path, checkpoint, share_prompt, *, rloo=False, **options):
 
     from packing_collators import PackingGRPOTrainer, PackingRLOOTrainer
 
-    theirs, _, _ = _run(tmp_path / "trl", checkpoint, RLOOTrainer if rloo else GRPOTrainer, rloo=rloo, **options)
+    theirs = _trls_logs(tmp_path / "trl", checkpoint, RLOOTrainer if rloo else GRPOTrainer, rloo=rloo, **options)
     ours, shapes, trainer = _run(tmp_path / "packed", checkpoint, PackingRLOOTrainer if rloo else PackingGRPOTrainer,
                                  trainer_options={"share_prompt": share_prompt}, rloo=rloo, **options)  # fmt: skip
     _assert_same_logs(theirs, ours)
@@ -167,7 +178,7 @@ def test_under_trls_default_bf16_autocast_it_trains_as_trl_to_bf16_rounding(tmp_
 
     from packing_collators import PackingGRPOTrainer
 
-    theirs, _, _ = _run(tmp_path / "trl", checkpoints["llama"], GRPOTrainer, bf16=True)
+    theirs = _trls_logs(tmp_path / "trl", checkpoints["llama"], GRPOTrainer, bf16=True)
     ours, shapes, _ = _run(tmp_path / "packed", checkpoints["llama"], PackingGRPOTrainer,
                            trainer_options={"share_prompt": share_prompt}, bf16=True)  # fmt: skip
     assert shapes and all(shape[0] == 1 for shape in shapes)
