@@ -12,7 +12,7 @@ Imports nothing of the package's other folders but ``collate`` (the warm-up's ba
 (``checks/``), sequence parallelism (``parallel/``) and the Trainer (``trainer/``) build on it.
 """
 
-from ._choice import AUTO_ATTENTION, choose_attention, packed_attention_candidates, warm_up_attention
+from ._choice import AUTO_ATTENTION, FA4_MANY, choose_attention, packed_attention_candidates, warm_up_attention
 from ._fa4 import FA4_ATTENTION, fa4_attention_forward, register_fa4_attention
 from ._kind import FLASH_IMPLEMENTATIONS, attention_kind, check_backend_limits, own_backend
 from ._varlen import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
@@ -20,6 +20,7 @@ from ._varlen import VARLEN_ATTENTION, register_varlen_attention, varlen_attenti
 __all__ = [
     "AUTO_ATTENTION",
     "FA4_ATTENTION",
+    "FA4_MANY",
     "FLASH_IMPLEMENTATIONS",
     "VARLEN_ATTENTION",
     "attention_kind",

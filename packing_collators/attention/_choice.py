@@ -131,14 +131,17 @@ def choose_attention(model, requested: str | None = AUTO_ATTENTION) -> str:
     return current
 
 
+FA4_MANY = 256
+"""FA4 schedules a batch of more than this many sequences with a batch-lookup aid, a kernel variant of its own
+(flash_attn.cute's ``BIN_BATCH_SEARCH_THRESH``)."""
+
 MANY_SEQUENCES = 300
-"""Sequences in a warm-up batch that must count as "many": FA4 schedules a batch of more than
-256 sequences with a batch-lookup aid, a kernel variant of its own (flash_attn.cute's
-``BIN_BATCH_SEARCH_THRESH``)."""
+"""Sequences in a warm-up batch that must count as "many" (more than ``FA4_MANY``)."""
 
 
-def warm_up_lengths(max_length: int) -> list[int]:
-    """The longest-example lengths a warm-up runs: both ends of every octave from 16 up to ``max_length``.
+def warm_up_lengths(max_length: int, shortest: int = 1) -> list[int]:
+    """The longest-example lengths a warm-up runs: both ends of every octave from 16 up to ``max_length``,
+    but for the octaves below ``shortest`` (the shortest example: no batch's longest sequence is shorter).
 
     A JIT kernel's variant follows thresholds on the batch's longest example (FA4's backward
     specializes on whether the queries or keys fit one tile of 64 or 128; its forward on whether
@@ -148,6 +151,8 @@ def warm_up_lengths(max_length: int) -> list[int]:
 
     >>> warm_up_lengths(300)
     [16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 300]
+    >>> warm_up_lengths(300, shortest=100)  # (64, 128] holds 100: its two ends, and the octaves above
+    [65, 128, 129, 256, 257, 300]
     >>> warm_up_lengths(10)
     [10]
     """
@@ -155,7 +160,11 @@ def warm_up_lengths(max_length: int) -> list[int]:
     while power < max_length:
         lengths += [n for n in (power + 1, 2 * power) if n <= max_length]
         power *= 2
-    return sorted(set(lengths) | {max_length})
+
+    def octave_top(n: int) -> int:  # the longest length whose variants n stands for
+        return min(max_length, max(16, 1 << (n - 1).bit_length()))
+
+    return [n for n in sorted(set(lengths) | {max_length}) if octave_top(n) >= min(shortest, max_length)]
 
 
 def _backward_through_layers(model, batch: dict, autocast=None) -> None:
@@ -174,7 +183,9 @@ def _backward_through_layers(model, batch: dict, autocast=None) -> None:
     loss.backward()
 
 
-def warm_up_attention(model, *, max_length: int, tokens: int = 4096, autocast=None) -> float:
+def warm_up_attention(
+    model, *, max_length: int, tokens: int = 4096, autocast=None, shortest: int = 1, most_sequences: int | None = None
+) -> float:
     """Run forward and backward on flat batches whose longest example grows from 16 to ``max_length`` tokens.
 
     JIT-compiled kernels (FlashAttention-4) compile one variant per configuration, and the
@@ -188,6 +199,10 @@ def warm_up_attention(model, *, max_length: int, tokens: int = 4096, autocast=No
     152k vocabulary would hold 25 GB more than training does). The forwards run under ``autocast`` (the
     Trainer's: float32 weights with ``bf16=True`` give the kernel the half activations training does; a
     kernel refuses float32). Gradients are cleared after; no weight changes. Returns the seconds it took.
+
+    What training can reach, where the caller knows it: ``shortest``, the shortest example (the octaves
+    below it are left out); ``most_sequences``, the most sequences a batch can hold (at most ``FA4_MANY``:
+    the many-sequence batches are left out). Each leaves out kernels no training batch would select.
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> from packing_collators import choose_attention
@@ -214,8 +229,10 @@ def warm_up_attention(model, *, max_length: int, tokens: int = 4096, autocast=No
         }
         _backward_through_layers(model, batch, autocast)
 
-    for length in warm_up_lengths(max_length):
-        run([length] * max(1, min(tokens, max_length * 4) // length))
-        run([length] + [min(8, length)] * MANY_SEQUENCES)
+    many = most_sequences is None or most_sequences > FA4_MANY
+    for length in warm_up_lengths(max_length, shortest):
+        run([length] * max(1, min(tokens, max_length * 4, FA4_MANY * length) // length))
+        if many:
+            run([length] + [min(8, length)] * MANY_SEQUENCES)
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - started

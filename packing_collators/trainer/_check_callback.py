@@ -17,7 +17,7 @@ import numpy as np
 
 from .._compat import attn_implementation
 from .._model_unwrap import probe_module, text_config, unwrap_model
-from ..attention import FA4_ATTENTION, attention_kind, warm_up_attention
+from ..attention import FA4_ATTENTION, FA4_MANY, attention_kind, warm_up_attention
 from ..checks import (
     check_collated_features,
     check_packing_support,
@@ -126,9 +126,9 @@ class _AttentionWarmUp(TrainerCallback):
 
     FA4 compiles a kernel per configuration, and the configuration follows the batch (its
     longest sequence, more than 256 sequences): left alone, a run stalls seconds at the
-    first batch of a new kind. The
-    warm-up runs :func:`warm_up_attention` up to the longest example the sampler can batch,
-    on every rank, before the first step. Other implementations need none.
+    first batch of a new kind. The warm-up runs :func:`warm_up_attention` up to the longest example
+    the sampler can batch, from the octave of its shortest, the many-sequence variant only where a
+    micro-batch can hold that many, on every rank, before the first step. Other implementations need none.
     """
 
     def __init__(self, trainer) -> None:
@@ -141,23 +141,32 @@ class _AttentionWarmUp(TrainerCallback):
         if getattr(self.trainer, "is_deepspeed_enabled", False) and _runs_fa4(model):  # a backward outside the engine
             logger.info("PackingTrainer: under DeepSpeed FlashAttention-4 compiles its kernels in the first steps")
             return
-        self.seconds = warm_up_packed_attention(model, self.trainer.longest_train_sequence, args)
+        loader = self.trainer._train_loader
+        reach = {"shortest": loader.shortest_example, "most_sequences": loader.most_sequences} if loader else {}
+        self.seconds = warm_up_packed_attention(model, self.trainer.longest_train_sequence, args, **reach)
 
 
 def _runs_fa4(model) -> bool:
     return attn_implementation(text_config(model)) in ("flash_attention_4", FA4_ATTENTION)
 
 
-def warm_up_packed_attention(model, longest: int, args) -> float | None:
+def warm_up_packed_attention(
+    model, longest: int, args, *, shortest: int = 1, most_sequences: int | None = None
+) -> float | None:
     """Compile FlashAttention-4's kernel variants for rows up to ``longest`` tokens on ``model`` (under the
     autocast ``args`` train with), before the first step; the seconds it took, None where the model's attention
     compiles nothing (not FA4) or there is nothing to warm. Every trainer on packed rows calls it when training
-    begins (PackingTrainer, PackingDPOTrainer)."""
+    begins (PackingTrainer, PackingDPOTrainer). ``shortest`` (the shortest example) and ``most_sequences`` (the
+    most a micro-batch holds), where the trainer knows them, leave out the variants no batch reaches."""
     if not longest or not _runs_fa4(model):
         return None
-    seconds = warm_up_attention(probe_module(model), max_length=longest, autocast=training_autocast(args, model))
-    logger.info("%s: FlashAttention-4 kernels compiled up to %d tokens in %.1f s", type(unwrap_model(model)).__name__,
-                longest, seconds)  # fmt: skip
+    seconds = warm_up_attention(probe_module(model), max_length=longest, autocast=training_autocast(args, model),
+                                shortest=shortest, most_sequences=most_sequences)  # fmt: skip
+    few = most_sequences is not None and most_sequences <= FA4_MANY
+    logger.info("%s: FlashAttention-4 kernels compiled for batches whose longest sequence is %d to %d tokens%s, in "
+                "%.1f s", type(unwrap_model(model)).__name__, min(shortest, longest), longest,
+                f" (at most {most_sequences} sequences a batch: not the variant of over {FA4_MANY})" if few else "",
+                seconds)  # fmt: skip
     return seconds
 
 

@@ -54,6 +54,20 @@ class PackedLoader:
             return longest
         return max([longest, *self.compile_plan.report.buckets])
 
+    @property
+    def shortest_example(self) -> int:
+        """The shortest example with tokens the sampler batches (1 where its lengths are unknown): no micro-batch's
+        longest sequence is shorter."""
+        lengths = np.asarray(getattr(self.sampler, "lengths", []))
+        lengths = lengths[lengths > 0]
+        return int(lengths.min()) if lengths.size else 1
+
+    @property
+    def most_sequences(self) -> int:
+        """The most sequences a micro-batch can hold: the budget over the shortest example, and a compile bucket's
+        padding segment."""
+        return self.budget.tokens // self.shortest_example + (self.compile_plan is not None)
+
 
 def report_dropped(sampler) -> None:
     """Log how many examples ``overflow='drop'`` left out (nothing is lost without a count)."""
