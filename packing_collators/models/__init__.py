@@ -5,7 +5,8 @@ _mixers.py          find_stateful_layers: the layers that carry state along the 
 _scope.py           the forward's scope: one call's examples, opened and closed by the model's hooks
 _per_example.py     run_per_example: the exact path for any such layer, its arguments read by name
 _kernels.py         VarlenKernels: flash-linear-attention's varlen kernels (cu_seqlens), found once, or references
-_gated_deltanet.py  Gated DeltaNet on the varlen kernels
+_gated_deltanet.py  Gated DeltaNet on the varlen kernels (a shared prompt once, from its final state)
+_shared_prefix.py   a shared-prompt row through a recurrence: the prompts, then the completions from their states
 _mamba2.py          Mamba2 (Nemotron-H, Granite-4.0-H, Falcon-H1, Bamba, Zamba2) on the varlen kernels
 _short_conv.py      gated short convolutions (LFM2, LFM2-MoE, LFM3) on the varlen conv
 _kda.py             Kimi Delta Attention (Kimi-Linear, Bailing-hybrid) on the varlen kernels

@@ -160,11 +160,27 @@ class StatefulForward(LayerForward):
 
     def __call__(self, *args, **kwargs):
         scope = self.runtime.scope
-        if scope is not None and scope.kv_index is not None:  # a shared prompt: run on the keys' layout
+        if scope is not None and scope.kv_index is not None:  # a shared prompt
+            hidden = self.arguments.hidden_states(args, kwargs)
+            if self._prompts_once(hidden, args, kwargs) and scope.shared_prefix() is not None:
+                row = hidden.reshape(1, -1, hidden.shape[-1])
+                out = self.varlen.family.shared(self.layer, row, scope, self.kernels, self.varlen.layout)
+                return out.reshape(*hidden.shape[:2], *out.shape[2:])
+            # else on the keys' layout: the prompt once per completion
             args = tuple(scope.to_keys(a) for a in args)
             kwargs = {k: v if k in (KV_INDEX, Q_INDEX) else scope.to_keys(v) for k, v in kwargs.items()}
             return scope.to_queries(self._run(*args, **kwargs))
         return self._run(*args, **kwargs)
+
+    def _prompts_once(self, hidden, args, kwargs) -> bool:
+        """Whether this layer runs a shared-prompt row with each prompt once: a family with that path, on kernels
+        that take initial states, on their device, no padding mask."""
+        kernels, varlen = self.kernels, self.varlen
+        if varlen is None or varlen.family.shared is None or kernels is None or not kernels.prefix_states:
+            return False
+        mask = self.arguments.named(args, kwargs).get("attention_mask")
+        padded = isinstance(mask, torch.Tensor) and mask.dim() == 2
+        return hidden is not None and hidden.device.type == kernels.device_type and not padded
 
     def _run(self, *args, **kwargs):
         segments = self.runtime.segments
@@ -191,7 +207,9 @@ def _path(varlen: VarlenLayer | None, kernels: VarlenKernels | None, why_not: st
         why = kernels.why_missing or f"{kernels.name} has no {' or '.join(missing)} kernel with cu_seqlens"
         return f"{PER_EXAMPLE}; {why}", False
     where = "CUDA" if kernels.device_type == "cuda" else kernels.device_type
-    return f"{kernels.name} varlen kernels on {where} ({varlen.describe()}), {PER_EXAMPLE} elsewhere", True
+    shared = varlen.family.shared is not None and kernels.prefix_states
+    once = "; a shared prompt once, its completions from its final state" if shared else ""
+    return f"{kernels.name} varlen kernels on {where} ({varlen.describe()}{once}), {PER_EXAMPLE} elsewhere", True
 
 
 def _installed(module, kind: type) -> bool:

@@ -12,7 +12,9 @@ at every example. Two projection layouts exist:
 
 The kernels are passed in (``VarlenKernels``, ``_kernels.py``): flash-linear-attention's Triton ones on a
 GPU, or any with the same signatures (the tests give a per-example torch reference, so the wiring is
-checked on a CPU). Cost: the kernels' own, on ``T`` tokens: no padding, one launch per layer.
+checked on a CPU). A row laid out with its prompts shared (``batch.SharedPromptLayout``) runs each prompt once
+where the delta rule takes initial states (``gated_deltanet_shared_forward``, ``_shared_prefix.py``). Cost: the
+kernels' own, on ``T`` tokens: no padding, one launch per layer (two for a shared-prompt row).
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ import torch.nn.functional as F
 
 from ._kernels import VarlenKernels
 
-__all__ = ["GatedDeltaNetKernels", "gated_deltanet_layout", "gated_deltanet_varlen_forward"]
+__all__ = [
+    "GatedDeltaNetKernels",
+    "gated_deltanet_layout",
+    "gated_deltanet_shared_forward",
+    "gated_deltanet_varlen_forward",
+]
 
 _SPLIT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 _FUSED = ("in_proj_qkvz", "in_proj_ba")
@@ -58,10 +65,41 @@ def gated_deltanet_varlen_forward(
     module, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor, kernels: VarlenKernels, layout: str
 ) -> torch.Tensor:
     """The layer's output (1, T, H) for a packed row whose examples end at ``cu_seqlens``."""
+
+    def conv(mixed_qkv):
+        return kernels.conv(
+            mixed_qkv, module.conv1d.weight.squeeze(1), module.conv1d.bias, module.activation, cu_seqlens
+        )
+
+    return _forward(module, hidden_states, layout, conv, lambda *qkvgb: kernels.delta_rule(*qkvgb, cu_seqlens))
+
+
+def gated_deltanet_shared_forward(module, hidden_states: torch.Tensor, scope, kernels: VarlenKernels, layout: str):
+    """The layer's output (1, T, H) for a row laid out with its prompts shared (``scope``: the call's kv_index,
+    q_index and keys' segments), each prompt's tokens through the layer once: the conv over the keys' layout (a
+    window of the prompt before each completion), the delta rule from each prompt's final state
+    (``_shared_prefix.py``). ``kernels.delta_rule`` takes ``initial_state`` and ``output_final_state``."""
+    from ._shared_prefix import run_from_prompts
+
+    passes = scope.shared_prefix()
+    cu_keys = scope.segments.cu_seq_lens
+
+    def conv(mixed_qkv):
+        keys = scope.to_keys(mixed_qkv)
+        weight = module.conv1d.weight.squeeze(1)
+        return scope.to_queries(kernels.conv(keys, weight, module.conv1d.bias, module.activation, cu_keys))
+
+    return _forward(
+        module, hidden_states, layout, conv, lambda *qkvgb: run_from_prompts(kernels.delta_rule, passes, *qkvgb)
+    )
+
+
+def _forward(module, hidden_states: torch.Tensor, layout: str, conv, delta_rule) -> torch.Tensor:
+    """The layer's computation with its two sequence mixers given: ``conv(mixed_qkv)``, ``delta_rule(q, k, v, g,
+    beta)``."""
     batch, length, _ = hidden_states.shape
     mixed_qkv, z, b, a = _projections(module, hidden_states, layout)
-    weight = module.conv1d.weight.squeeze(1)
-    mixed_qkv = kernels.conv(mixed_qkv, weight, module.conv1d.bias, module.activation, cu_seqlens)
+    mixed_qkv = conv(mixed_qkv)
     key_dim = module.head_k_dim * module.num_k_heads
     query, key, value = torch.split(mixed_qkv, [key_dim, key_dim, module.head_v_dim * module.num_v_heads], dim=-1)
     query = query.reshape(batch, length, -1, module.head_k_dim)
@@ -69,6 +107,6 @@ def gated_deltanet_varlen_forward(
     value = value.reshape(batch, length, -1, module.head_v_dim)
     beta = b.sigmoid()
     g = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)
-    out = kernels.delta_rule(query, key, value, g, beta, cu_seqlens)
+    out = delta_rule(query, key, value, g, beta)
     out = module.norm(out.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
     return module.out_proj(out.reshape(batch, length, -1))

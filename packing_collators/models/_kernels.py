@@ -4,6 +4,7 @@
     conv         causal_conv1d            (x (1, T, D), weight (D, W), bias, activation,        every layer with
                                           cu_seqlens) -> y (1, T, D)                            a short conv
     delta_rule   chunk_gated_delta_rule   (q, k, v, g, beta, cu_seqlens) -> o (1, T, HV, V)     Gated DeltaNet
+                                          (initial_state=, output_final_state=: prefix_states)
     ssd          mamba-ssm's              (x, dt, A, B, C, D, chunk_size, cu_seqlens)           Mamba2, lightning
                  mamba_chunk_scan_combined, -> y (1, T, h, p) (``_ssd.py``)                     attention
                  or fla's chunk_simple_gla
@@ -48,6 +49,9 @@ class VarlenKernels:
     ssd: Callable | None = None
     kda: Callable | None = None
     why_missing: str = ""  # why a kernel is None, where not "this package has none with cu_seqlens"
+    # delta_rule also takes initial_state= (N, HV, K, V) and, with output_final_state=True, returns (o, final states):
+    # a shared prompt's Gated DeltaNet layers then run each prompt once (``_shared_prefix.py``)
+    prefix_states: bool = False
 
     def missing(self, needs: tuple[str, ...]) -> tuple[str, ...]:
         """The kernels of ``needs`` this package lacks."""
@@ -81,11 +85,12 @@ def _fla_conv(x, weight, bias, activation, cu_seqlens):
     return out[0] if isinstance(out, tuple) else out
 
 
-def _fla_delta_rule(q, k, v, g, beta, cu_seqlens):
+def _fla_delta_rule(q, k, v, g, beta, cu_seqlens, initial_state=None, output_final_state=False):
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    o, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True)
-    return o
+    o, final = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True,
+                                      initial_state=initial_state, output_final_state=output_final_state)  # fmt: skip
+    return (o, final) if output_final_state else o
 
 
 def _version() -> str:
@@ -159,5 +164,6 @@ def fla_kernels() -> tuple[VarlenKernels | None, str]:
         ssd=ssd,
         kda=_with_cu_seqlens("fla.ops.kda", "chunk_kda"),
         why_missing="; ".join(why for why in (refused, simple_refused) if why),
+        prefix_states=True,
     )
     return kernels, ""

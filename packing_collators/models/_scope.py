@@ -64,6 +64,16 @@ class ForwardScope:
     same_example: torch.Tensor | None = None
     kv_index: torch.Tensor | None = None
     q_index: torch.Tensor | None = None
+    _prefix: tuple | None = field(default=None, repr=False)
+
+    def shared_prefix(self):
+        """The two passes a recurrence takes over a shared-prompt row (``_shared_prefix.py``), made once per call;
+        None where no prompt is shared."""
+        if self._prefix is None:
+            from ._shared_prefix import shared_prefix
+
+            self._prefix = (shared_prefix(self.kv_index, self.q_index, self.segments.cu_seq_lens),)
+        return self._prefix[0]
 
     def to_keys(self, value):
         """``value`` laid out as the keys (``kv_index``): a (B, T, ...) tensor gathered along T, a tuple's tensors too

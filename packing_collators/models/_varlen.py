@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._gated_deltanet import gated_deltanet_layout, gated_deltanet_varlen_forward
+from ._gated_deltanet import gated_deltanet_layout, gated_deltanet_shared_forward, gated_deltanet_varlen_forward
 from ._kda import kda_layout, kda_varlen_forward
 from ._kernels import VarlenKernels, zero_padding
 from ._lightning import lightning_layout, lightning_varlen_forward
@@ -47,11 +47,14 @@ class VarlenFamily:
     forward: Callable  # (module, row (1, T, H), cu_seqlens, kernels, layout, mask) -> output
     needs: tuple[str, ...]
     calls: str  # the fla functions, for the log and packing_layers()
+    # (module, row (1, T, H) laid out with its prompts shared, the call's scope, kernels, layout) -> output, each
+    # prompt once (kernels with prefix_states); None: the keys' layout, the prompt once per completion
+    shared: Callable | None = None
 
 
 FAMILIES = (
     VarlenFamily("Gated DeltaNet", gated_deltanet_layout, _gated_deltanet, ("conv", "delta_rule"),
-                 "causal_conv1d + chunk_gated_delta_rule"),
+                 "causal_conv1d + chunk_gated_delta_rule", gated_deltanet_shared_forward),
     VarlenFamily("Mamba2", mamba2_layout, mamba2_varlen_forward, ("conv", "ssd"), "causal_conv1d + the SSD scan"),
     VarlenFamily("short convolution", short_conv_layout, short_conv_varlen_forward, ("conv",), "causal_conv1d"),
     VarlenFamily("KDA", kda_layout, kda_varlen_forward, ("conv", "kda"), "causal_conv1d + chunk_kda"),

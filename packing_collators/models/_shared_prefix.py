@@ -1,0 +1,102 @@
+"""A shared-prompt row through a recurrence: each prompt once, its completions from the prompt's final state.
+
+    row      [ P C1 | C2 | C3 ]        the shared-prompt layout (``batch.SharedPromptLayout``)
+    pass 1   [ P ]                      from a zero state; its final state S kept
+    pass 2   [ C1 | C2 | C3 ]           each from S (a sequence laid out unshared: the whole of it, from zero)
+
+A recurrence reads the prompt only through its state at the prompt's end, so the two passes compute what the
+keys' layout ``[ P C1 | P C2 | P C3 ]`` computes, with the prompt run once instead of once per completion.
+:func:`shared_prefix` reads the passes from the call's ``kv_index`` / ``q_index`` / keys' segments (the
+shared copies of a prompt are the keys whose row token is another key's), :func:`run_from_prompts` runs a
+kernel that takes initial states and returns final states (flash-linear-attention's
+``chunk_gated_delta_rule``) over them. Cost: one pass over the keys' index on the host per model call, two
+launches and a gather and scatter per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SharedPrefix", "run_from_prompts", "shared_prefix"]
+
+
+@dataclass(frozen=True, eq=False)
+class SharedPrefix:
+    """The two passes over a shared-prompt row (row positions, int64; boundaries, int32 as kernels take them).
+
+    Attributes:
+        prompt_rows, cu_prompts: the shared prompts' tokens, prompt after prompt, and their boundaries.
+        rest_rows, cu_rest: every other token, completion after completion (an unshared sequence whole).
+        rest_prompt: (R,) the prompt whose final state each of those segments starts from; -1: a zero state.
+    """
+
+    prompt_rows: torch.Tensor
+    cu_prompts: torch.Tensor
+    rest_rows: torch.Tensor
+    cu_rest: torch.Tensor
+    rest_prompt: torch.Tensor
+
+
+def _cumulative(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0).to(torch.int32)
+
+
+def shared_prefix(kv_index: torch.Tensor, q_index: torch.Tensor, cu_keys: torch.Tensor) -> SharedPrefix | None:
+    """The passes of a row laid out with its prompts shared; None where no prompt is shared (one pass does).
+
+    >>> from packing_collators.collate import shared_prompt_batch
+    >>> group = [{"input_ids": [1, 2, 3], "labels": [-100, -100, 3]},
+    ...          {"input_ids": [1, 2, 4, 5], "labels": [-100, -100, 4, 5]}]
+    >>> alone = {"input_ids": [7, 8], "labels": [-100, 8]}
+    >>> batch = shared_prompt_batch([group, [alone]])   # row: [1 2 3 | 4 5 | 7 8]
+    >>> passes = shared_prefix(batch["kv_index"], batch["q_index"], batch["cu_seq_lens_k"])
+    >>> passes.prompt_rows.tolist(), passes.rest_rows.tolist(), passes.cu_rest.tolist(), passes.rest_prompt.tolist()
+    ([0, 1], [2, 3, 4, 5, 6], [0, 1, 3, 5], [0, 0, -1])
+    """
+    kv, q, cu = kv_index.reshape(-1).tolist(), q_index.reshape(-1).tolist(), cu_keys.reshape(-1).tolist()
+    segments = []  # (start, end, copied): a keys segment and how many of its first keys copy another's token
+    prompts: dict[int, tuple[int, int]] = {}  # the prompt's first row position -> (its pass-1 index, length)
+    for start, end in zip(cu[:-1], cu[1:]):
+        copied = 0
+        while start + copied < end and q[kv[start + copied]] != start + copied:
+            copied += 1
+        segments.append((start, end, copied))
+        if copied:
+            prompts.setdefault(kv[start], (len(prompts), copied))
+    if not prompts:
+        return None
+    prompt_rows, rest_rows, rest_lengths, rest_prompt = [None] * len(prompts), [], [], []
+    for start, end, copied in segments:
+        index, length = prompts.get(kv[start], (-1, 0))
+        if index >= 0 and not copied:  # the group's first sequence: its first keys are the prompt's own tokens
+            prompt_rows[index] = kv[start : start + length]
+        rest_rows += kv[start + length : end]
+        rest_lengths.append(end - start - length)
+        rest_prompt.append(index)
+    return SharedPrefix(
+        prompt_rows=torch.tensor([r for rows in prompt_rows for r in rows], dtype=torch.int64),
+        cu_prompts=_cumulative([len(rows) for rows in prompt_rows]),
+        rest_rows=torch.tensor(rest_rows, dtype=torch.int64),
+        cu_rest=_cumulative(rest_lengths),
+        rest_prompt=torch.tensor(rest_prompt, dtype=torch.int64),
+    )
+
+
+def run_from_prompts(kernel: Callable, passes: SharedPrefix, *inputs: torch.Tensor) -> torch.Tensor:
+    """``kernel(*inputs, cu_seqlens, initial_state=, output_final_state=)`` over the row's tokens (dim 1 of each
+    input, (1, T, ...)) in the two passes; its output (1, T, ...) in row order."""
+    device = inputs[0].device
+
+    def gathered(rows: torch.Tensor) -> list[torch.Tensor]:
+        return [x.index_select(1, rows.to(device)) for x in inputs]
+
+    first, states = kernel(*gathered(passes.prompt_rows), passes.cu_prompts.to(device), output_final_state=True)
+    zero = torch.zeros_like(states[:1])
+    initial = torch.cat([zero, states]).index_select(0, (passes.rest_prompt + 1).to(device))
+    rest = kernel(*gathered(passes.rest_rows), passes.cu_rest.to(device), initial_state=initial)
+    out = first.new_empty((1, inputs[0].shape[1], *first.shape[2:]))
+    out = out.index_copy(1, passes.prompt_rows.to(device), first)
+    return out.index_copy(1, passes.rest_rows.to(device), rest)
