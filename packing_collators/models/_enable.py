@@ -173,10 +173,12 @@ class StatefulForward(LayerForward):
         return self._run(*args, **kwargs)
 
     def _prompts_once(self, hidden, args, kwargs) -> bool:
-        """Whether this layer runs a shared-prompt row with each prompt once: a family with that path, on kernels
-        that take initial states, on their device, no padding mask."""
+        """Whether this layer runs a shared-prompt row with each prompt once: a family with that path (on kernels
+        that take initial states where it starts completions from states), on their device, no padding mask."""
         kernels, varlen = self.kernels, self.varlen
-        if varlen is None or varlen.family.shared is None or kernels is None or not kernels.prefix_states:
+        if varlen is None or varlen.family.shared is None or kernels is None:
+            return False
+        if varlen.family.shared_needs_states and not kernels.prefix_states:
             return False
         mask = self.arguments.named(args, kwargs).get("attention_mask")
         padded = isinstance(mask, torch.Tensor) and mask.dim() == 2
@@ -207,8 +209,9 @@ def _path(varlen: VarlenLayer | None, kernels: VarlenKernels | None, why_not: st
         why = kernels.why_missing or f"{kernels.name} has no {' or '.join(missing)} kernel with cu_seqlens"
         return f"{PER_EXAMPLE}; {why}", False
     where = "CUDA" if kernels.device_type == "cuda" else kernels.device_type
-    shared = varlen.family.shared is not None and kernels.prefix_states
-    once = "; a shared prompt once, its completions from its final state" if shared else ""
+    family = varlen.family
+    shared = family.shared is not None and (kernels.prefix_states or not family.shared_needs_states)
+    once = "; a shared prompt once, its completions from its state" if shared else ""
     return f"{kernels.name} varlen kernels on {where} ({varlen.describe()}{once}), {PER_EXAMPLE} elsewhere", True
 
 

@@ -8,7 +8,9 @@ The same computation as transformers' ``Lfm2ShortConv.forward`` (5.15 to 5.24; L
 are the same code), with the boundaries given to the conv, so its window restarts at every example:
 an example's first tokens never see the last ones of the example before it. The layer is found by
 its structure: a depthwise causal ``conv`` child whose channels are a third of ``in_proj``'s outputs,
-and an ``out_proj``. Cost: the conv on ``T`` tokens, one launch per layer, no padding.
+and an ``out_proj``. A row laid out with its prompts shared (``batch.SharedPromptLayout``) projects each
+prompt once and runs only the conv on the keys' layout, whose window reads the prompt before each completion
+(``short_conv_shared_forward``). Cost: the conv on ``T`` tokens, one launch per layer, no padding.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from ._kernels import VarlenKernels, causal_conv, zero_padding
 from ._mixers import is_short_convolution
 
-__all__ = ["short_conv_layout", "short_conv_varlen_forward"]
+__all__ = ["short_conv_layout", "short_conv_shared_forward", "short_conv_varlen_forward"]
 
 
 def short_conv_layout(module) -> str | None:
@@ -36,4 +38,13 @@ def short_conv_varlen_forward(
     """The layer's output (1, T, H) for a packed row whose examples end at ``cu_seqlens`` (``mask``: (1, T) or None)."""
     B, C, x = module.in_proj(zero_padding(hidden_states, mask)).chunk(3, dim=-1)
     conv = causal_conv(kernels, module.conv, B * x, None, cu_seqlens)
+    return module.out_proj(C * conv)
+
+
+def short_conv_shared_forward(module, hidden_states: torch.Tensor, scope, kernels: VarlenKernels, layout: str):
+    """The layer's output (1, T, H) for a row laid out with its prompts shared (``scope``: the call's kv_index,
+    q_index and keys' segments): the projections on the row (each prompt once), the conv on the keys' layout."""
+    B, C, x = module.in_proj(hidden_states).chunk(3, dim=-1)
+    keys = scope.to_keys(B * x)
+    conv = scope.to_queries(causal_conv(kernels, module.conv, keys, None, scope.segments.cu_seq_lens))
     return module.out_proj(C * conv)

@@ -29,7 +29,7 @@ from ._kda import kda_layout, kda_varlen_forward
 from ._kernels import VarlenKernels, zero_padding
 from ._lightning import lightning_layout, lightning_varlen_forward
 from ._mamba2 import mamba2_layout, mamba2_varlen_forward
-from ._short_conv import short_conv_layout, short_conv_varlen_forward
+from ._short_conv import short_conv_layout, short_conv_shared_forward, short_conv_varlen_forward
 
 __all__ = ["FAMILIES", "VarlenFamily", "VarlenLayer", "run_varlen", "varlen_layer"]
 
@@ -48,15 +48,17 @@ class VarlenFamily:
     needs: tuple[str, ...]
     calls: str  # the fla functions, for the log and packing_layers()
     # (module, row (1, T, H) laid out with its prompts shared, the call's scope, kernels, layout) -> output, each
-    # prompt once (kernels with prefix_states); None: the keys' layout, the prompt once per completion
+    # prompt once; None: the keys' layout, the prompt once per completion
     shared: Callable | None = None
+    shared_needs_states: bool = False  # its shared path starts completions from states: kernels.prefix_states
 
 
 FAMILIES = (
     VarlenFamily("Gated DeltaNet", gated_deltanet_layout, _gated_deltanet, ("conv", "delta_rule"),
-                 "causal_conv1d + chunk_gated_delta_rule", gated_deltanet_shared_forward),
+                 "causal_conv1d + chunk_gated_delta_rule", gated_deltanet_shared_forward, shared_needs_states=True),
     VarlenFamily("Mamba2", mamba2_layout, mamba2_varlen_forward, ("conv", "ssd"), "causal_conv1d + the SSD scan"),
-    VarlenFamily("short convolution", short_conv_layout, short_conv_varlen_forward, ("conv",), "causal_conv1d"),
+    VarlenFamily("short convolution", short_conv_layout, short_conv_varlen_forward, ("conv",), "causal_conv1d",
+                 short_conv_shared_forward),
     VarlenFamily("KDA", kda_layout, kda_varlen_forward, ("conv", "kda"), "causal_conv1d + chunk_kda"),
     VarlenFamily("lightning attention", lightning_layout, lightning_varlen_forward, ("ssd",), "the SSD scan"),
 )  # fmt: skip

@@ -1,27 +1,29 @@
-"""A shared-prompt row through Gated DeltaNet on kernels that take initial states: each prompt computed once.
+"""A shared-prompt row through stateful layers that compute each prompt once: Gated DeltaNet on kernels that take
+initial states (the completions from the prompt's final state), gated short convolutions (the conv alone on the
+keys' layout).
 
-Measured on a tiny Qwen3.5-like hybrid (its config's defaults) with the torch reference kernels on the CPU
+Measured on tiny Qwen3.5 and LFM2 models (their configs' defaults) with the torch reference kernels on the CPU
 (fla's signatures, initial and final states included): the row's logits, read in each sequence's order, equal
 each sequence run alone, and logits and gradients equal the keys' layout (each prompt once per completion),
-float32; the delta rule reads the row's tokens only (the prompt once), where the keys' layout reads every copy.
+float32; each stateful layer's projection reads the row's tokens (each prompt once), the keys' layout every copy.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from _gdn_reference import PREFIX_REFERENCE, REFERENCE
+from _gdn_reference import PREFIX_REFERENCE
+from _gdn_reference import REFERENCE as GDN_REFERENCE
 from _hybrids import HYBRIDS, alone_logits, tiny_hybrid
+from _varlen_reference import REFERENCE as VARLEN_REFERENCE
 
 from packing_collators._compat import attn_implementation
 from packing_collators._model_unwrap import text_config
 from packing_collators.batch import SEQUENCE_KEYS
 from packing_collators.collate import shared_prompt_batch
-from packing_collators.models import packing_layers
+from packing_collators.models import enable_packing, packing_layers
 from packing_collators.models._enable import enable_packing_with
 from packing_collators.models._shared_mask import with_shared_mask
-
-pytestmark = pytest.mark.skipif("qwen3_5_text" not in HYBRIDS, reason="this transformers has no Qwen3.5")
 
 
 def _sequence(prompt: list[int], completion: list[int]) -> dict:
@@ -42,18 +44,17 @@ def _groups(vocab: int) -> list[list[dict]]:
     ]
 
 
-def _counting(kernels, seen: list[int]):
-    def delta_rule(q, *rest, **options):
-        seen.append(q.shape[1])
-        return kernels.delta_rule(q, *rest, **options)
-
-    import dataclasses
-
-    return dataclasses.replace(kernels, delta_rule=delta_rule)
+KERNELS = {"qwen3_5_text": PREFIX_REFERENCE, "lfm2": VARLEN_REFERENCE}  # fla's signatures, on the CPU
+PROJECTION = {"qwen3_5_text": "in_proj_qkv", "lfm2": "in_proj"}  # each stateful layer's first projection
 
 
-def _run(kernels, groups):
-    model = enable_packing_with(tiny_hybrid("qwen3_5_text", defaults=("use_cache",)).train(), lambda: (kernels, ""))
+def _run(model, groups, projection: str):
+    """(the row's logits, the gradients, the tokens each stateful layer's projection read) for the groups laid out
+    with their prompts shared, a weighted sum of the logits backward."""
+    seen = []
+    for name, module in model.named_modules():
+        if name.endswith(projection):
+            module.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[1]))
     config = text_config(model)
     batch = shared_prompt_batch(groups)
     inputs = {k: v for k, v in batch.items() if k not in (*SEQUENCE_KEYS, "labels")}
@@ -61,24 +62,29 @@ def _run(kernels, groups):
     logits = model(**inputs).logits
     weights = torch.linspace(-1, 1, logits.numel()).reshape(logits.shape)
     (logits * weights).sum().backward()
-    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
-    return model, batch, logits, grads
+    return logits, {name: p.grad for name, p in model.named_parameters() if p.grad is not None}, seen
 
 
-def test_each_prompt_runs_once_and_every_sequence_gets_what_it_gets_alone():
-    groups = _groups(tiny_hybrid("qwen3_5_text").config.vocab_size)
-    once, keys = [], []
-    model, batch, logits, grads = _run(_counting(PREFIX_REFERENCE, once), groups)
-    _, _, keys_logits, keys_grads = _run(_counting(REFERENCE, keys), groups)
+def _tiny(model_type: str):
+    return tiny_hybrid(model_type, defaults=("use_cache",)).train()
+
+
+@pytest.mark.parametrize("model_type", [m for m in KERNELS if m in HYBRIDS])
+def test_each_prompt_runs_once_and_every_sequence_gets_what_it_gets_alone(model_type):
+    groups = _groups(_tiny(model_type).config.vocab_size)
+    batch = shared_prompt_batch(groups)
+    model = enable_packing_with(_tiny(model_type), lambda: (KERNELS[model_type], ""))
     assert "a shared prompt once" in packing_layers(model).summary()
-
+    logits, grads, seen = _run(model, groups, PROJECTION[model_type])
     row, copies = batch["input_ids"].shape[1], batch["kv_index"].numel()
-    layers = len(once) // 2  # each layer: the prompts, then the rest
-    assert sum(once) == layers * row and sum(keys) == layers * copies and copies > row
+    assert copies > row and seen and set(seen) == {row}  # each stateful layer projected the row: each prompt once
+    # the keys' layout (each prompt once per completion): the varlen path without states, or per example
+    keys_model = enable_packing_with(_tiny(model_type), lambda: (GDN_REFERENCE, "")) if model_type == "qwen3_5_text" \
+        else enable_packing(_tiny(model_type))  # fmt: skip
+    keys_logits, keys_grads, _ = _run(keys_model, groups, PROJECTION[model_type])
 
     sequences = [s for group in groups for s in group]
-    reference = tiny_hybrid("qwen3_5_text", defaults=("use_cache",)).train()
-    alone = alone_logits(reference, [{"input_ids": s["input_ids"]} for s in sequences])
+    alone = alone_logits(_tiny(model_type), [{"input_ids": s["input_ids"]} for s in sequences])
     as_sequences = logits[0].index_select(0, batch["kv_index"])  # the row read in each sequence's order
     torch.testing.assert_close(as_sequences, alone, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(logits, keys_logits, rtol=1e-5, atol=1e-6)
@@ -87,10 +93,19 @@ def test_each_prompt_runs_once_and_every_sequence_gets_what_it_gets_alone():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5 * float(grad.abs().max()) + 1e-7, msg=name)
 
 
-def test_a_row_with_no_shared_prompt_takes_one_pass():
+def test_gated_deltanet_on_kernels_without_states_keeps_the_keys_layout():
+    groups = _groups(_tiny("qwen3_5_text").config.vocab_size)
+    model = enable_packing_with(_tiny("qwen3_5_text"), lambda: (GDN_REFERENCE, ""))  # no initial states
+    assert "a shared prompt once" not in packing_layers(model).summary()
+    _, _, seen = _run(model, groups, "in_proj_qkv")
+    assert set(seen) == {shared_prompt_batch(groups)["kv_index"].numel()}
+
+
+@pytest.mark.parametrize("model_type", [m for m in KERNELS if m in HYBRIDS])
+def test_a_row_with_no_shared_prompt_takes_one_pass(model_type):
     groups = [[_sequence([5, 6, 7], [8, 9])], [_sequence([4, 4], [6, 7, 8])]]
-    seen = []
-    _, batch, logits, _ = _run(_counting(PREFIX_REFERENCE, seen), groups)
-    _, _, keys_logits, _ = _run(REFERENCE, groups)
-    assert all(n == batch["input_ids"].shape[1] for n in seen)  # one call a layer, over the row
+    logits, _, seen = _run(enable_packing_with(_tiny(model_type), lambda: (KERNELS[model_type], "")), groups,
+                           PROJECTION[model_type])  # fmt: skip
+    keys_logits, _, _ = _run(enable_packing(_tiny(model_type)), groups, PROJECTION[model_type])
+    assert set(seen) == {shared_prompt_batch(groups)["input_ids"].shape[1]}  # nothing copied: the row
     torch.testing.assert_close(logits, keys_logits, rtol=1e-5, atol=1e-6)
