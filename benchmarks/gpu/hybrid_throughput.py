@@ -130,7 +130,7 @@ def real_tokens(batch: dict) -> int:
 
 # ----------------------------------------------------------------------------- throughput
 def throughput(args, model, per_example, device, distribution: str) -> dict:
-    lengths = lengths_of(distribution, args.examples, seed=0)
+    lengths = lengths_of(distribution, args.examples, seed=0, high=512 if args.smoke else None)  # smoke: short rows
     vocab, steps, slow = model.config.vocab_size, args.steps + args.warmup, args.padded_steps + args.warmup
     modes = args.modes.split(",")
     padded = padded_batches(lengths, vocab, slow) if {"padded", "padded_kernels"} & set(modes) else []
