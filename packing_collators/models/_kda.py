@@ -14,7 +14,9 @@ its formula is the installed version's. Output gates:
     g_ab   o_norm(o, g_b_proj(g_a_proj(hidden)))     Kimi-Linear (and GLM-5-Next's text layers, same code)
     g      o_norm(o, g_proj(hidden))                 Bailing-hybrid
 
-Cost: the two kernels on ``T`` tokens, one launch each per layer, no padding.
+A row laid out with its prompts shared runs each prompt once where the kernels take initial states
+(``kda_shared_forward``, ``_shared_prefix.py``). Cost: the two kernels on ``T`` tokens, one launch each per
+layer (the delta rule two for a shared-prompt row), no padding.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 
 from ._kernels import VarlenKernels, causal_conv, zero_padding
 
-__all__ = ["kda_layout", "kda_varlen_forward"]
+__all__ = ["kda_layout", "kda_shared_forward", "kda_varlen_forward"]
 
 _KDA = ("q_proj", "k_proj", "v_proj", "conv1d", "forget_gate", "b_proj", "o_norm", "o_proj", "num_heads", "head_dim")
 
@@ -42,14 +44,44 @@ def kda_varlen_forward(
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The layer's output (1, T, H) for a packed row whose examples end at ``cu_seqlens`` (``mask``: (1, T) or None)."""
-    hidden_states = zero_padding(hidden_states, mask)
+
+    def conv(mixed):
+        return causal_conv(kernels, module.conv1d, mixed, module.activation, cu_seqlens)
+
+    def kda(query, key, value, g, beta):
+        return kernels.kda(query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)[0]
+
+    return _forward(module, zero_padding(hidden_states, mask), layout, conv, kda)
+
+
+def kda_shared_forward(module, hidden_states: torch.Tensor, scope, kernels: VarlenKernels, layout: str):
+    """The layer's output (1, T, H) for a row laid out with its prompts shared (``scope``: the call's kv_index,
+    q_index and keys' segments), each prompt's tokens through the layer once: the conv over the keys' layout, the
+    delta rule from each prompt's final state (``_shared_prefix.py``; fla's ``chunk_kda`` takes the states)."""
+    from ._shared_prefix import run_from_prompts
+
+    def conv(mixed):
+        keys = causal_conv(kernels, module.conv1d, scope.to_keys(mixed), module.activation, scope.segments.cu_seq_lens)
+        return scope.to_queries(keys)
+
+    def from_states(query, key, value, g, beta, cu_seqlens, initial_state=None, output_final_state=False):
+        o, final = kernels.kda(query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens,
+                               initial_state=initial_state, output_final_state=output_final_state)  # fmt: skip
+        return (o, final) if output_final_state else o
+
+    passes = scope.shared_prefix()
+    return _forward(module, hidden_states, layout, conv, lambda *qkvgb: run_from_prompts(from_states, passes, *qkvgb))
+
+
+def _forward(module, hidden_states: torch.Tensor, layout: str, conv, kda) -> torch.Tensor:
+    """The layer's computation with its two sequence mixers given: ``conv(q | k | v)``, ``kda(q, k, v, g, beta)``."""
     length, shape = hidden_states.shape[1], (1, hidden_states.shape[1], -1, module.head_dim)
     projections = (module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states))
-    mixed = causal_conv(kernels, module.conv1d, torch.cat(projections, dim=-1), module.activation, cu_seqlens)
+    mixed = conv(torch.cat(projections, dim=-1))
     query, key, value = (x.reshape(shape) for x in mixed.split([p.shape[-1] for p in projections], dim=-1))
     g = module.forget_gate(hidden_states)
     beta = torch.sigmoid(module.b_proj(hidden_states))
-    o, _ = kernels.kda(query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
+    o = kda(query, key, value, g, beta)
     if layout == "g_ab":
         gate = module.g_b_proj(module.g_a_proj(hidden_states))
     else:

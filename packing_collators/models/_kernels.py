@@ -49,8 +49,9 @@ class VarlenKernels:
     ssd: Callable | None = None
     kda: Callable | None = None
     why_missing: str = ""  # why a kernel is None, where not "this package has none with cu_seqlens"
-    # delta_rule also takes initial_state= (N, HV, K, V) and, with output_final_state=True, returns (o, final states):
-    # a shared prompt's Gated DeltaNet layers then run each prompt once (``_shared_prefix.py``)
+    # delta_rule (and kda, as fla's chunk_kda does) also takes initial_state= (N, HV, K, V) and, with
+    # output_final_state=True, returns (o, final states): a shared prompt's Gated DeltaNet and KDA layers then run
+    # each prompt once (``_shared_prefix.py``)
     prefix_states: bool = False
 
     def missing(self, needs: tuple[str, ...]) -> tuple[str, ...]:

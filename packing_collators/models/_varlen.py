@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ._gated_deltanet import gated_deltanet_layout, gated_deltanet_shared_forward, gated_deltanet_varlen_forward
-from ._kda import kda_layout, kda_varlen_forward
+from ._kda import kda_layout, kda_shared_forward, kda_varlen_forward
 from ._kernels import VarlenKernels, zero_padding
 from ._lightning import lightning_layout, lightning_varlen_forward
 from ._mamba2 import mamba2_layout, mamba2_varlen_forward
@@ -59,7 +59,8 @@ FAMILIES = (
     VarlenFamily("Mamba2", mamba2_layout, mamba2_varlen_forward, ("conv", "ssd"), "causal_conv1d + the SSD scan"),
     VarlenFamily("short convolution", short_conv_layout, short_conv_varlen_forward, ("conv",), "causal_conv1d",
                  short_conv_shared_forward),
-    VarlenFamily("KDA", kda_layout, kda_varlen_forward, ("conv", "kda"), "causal_conv1d + chunk_kda"),
+    VarlenFamily("KDA", kda_layout, kda_varlen_forward, ("conv", "kda"), "causal_conv1d + chunk_kda",
+                 kda_shared_forward, shared_needs_states=True),
     VarlenFamily("lightning attention", lightning_layout, lightning_varlen_forward, ("ssd",), "the SSD scan"),
 )  # fmt: skip
 

@@ -9,7 +9,7 @@
 
 Everything after (old-policy ratios, the reference's KL, every loss type, entropy masks, the metrics) is TRL's
 code on the same numbers. Cost: one forward per chunk on its real tokens only; with ``share_prompt`` each
-prompt's tokens once instead of once per completion (Gated DeltaNet on fla's kernels too, from the prompt's final
+prompt's tokens once instead of once per completion (Gated DeltaNet and KDA on fla's kernels too, from its final
 state; other stateful layers recompute them per completion).
 """
 

@@ -10,6 +10,8 @@ tests' control that every boundary the paths pass matters.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from _gdn_reference import conv, delta_rule
 
@@ -50,22 +52,24 @@ def chunk_kda(
     q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
     cu_seqlens=None,
 ):  # fmt: skip
-    """(o (1, T, H, V), None): the gated delta rule with a decay per channel, g (1, T, H, K), per example."""
-    assert initial_state is None and not output_final_state
+    """(o (1, T, H, V), each example's last state or None): the gated delta rule with a decay per channel, g (1, T,
+    H, K), per example, from its ``initial_state`` (N, H, K, V) where given."""
     qf, kf, vf, gf, bf = (x[0].float() for x in (q, k, v, g, beta))
     if use_qk_l2norm_in_kernel:
         qf = qf * torch.rsqrt((qf * qf).sum(-1, keepdim=True) + 1e-6)
         kf = kf * torch.rsqrt((kf * kf).sum(-1, keepdim=True) + 1e-6)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    out = []
-    for start, end in _segments(cu_seqlens, q.shape[1]):
-        state = qf.new_zeros(q.shape[2], q.shape[-1], v.shape[-1])
+    out, finals = [], []
+    for n, (start, end) in enumerate(_segments(cu_seqlens, q.shape[1])):
+        start_state = None if initial_state is None else initial_state[n].float()
+        state = qf.new_zeros(q.shape[2], q.shape[-1], v.shape[-1]) if start_state is None else start_state
         for t in range(start, end):
             state = state * gf[t].exp()[:, :, None]
             delta = (vf[t] - (state * kf[t][:, :, None]).sum(1)) * bf[t][:, None]
             state = state + kf[t][:, :, None] * delta[:, None, :]
             out.append(scale * (qf[t][:, :, None] * state).sum(1))
-    return torch.stack(out)[None].to(q.dtype), None
+        finals.append(state)
+    return torch.stack(out)[None].to(q.dtype), torch.stack(finals) if output_final_state else None
 
 
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, seq_idx=None):
@@ -109,3 +113,4 @@ BLIND_CONV = VarlenKernels(
 BLIND_SCAN = VarlenKernels(
     conv, delta_rule, "blind scan", "cpu", ssd=simple_gla_ssd(_blind(chunk_simple_gla)), kda=_blind(chunk_kda)
 )  # fmt: skip
+PREFIX_REFERENCE = dataclasses.replace(REFERENCE, prefix_states=True)  # its delta rules from initial states, as fla's
