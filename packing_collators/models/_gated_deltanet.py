@@ -61,17 +61,19 @@ def _projections(module, hidden_states: torch.Tensor, layout: str):
     return torch.cat(flat, dim=-1), z, b.reshape(batch, length, -1), a.reshape(batch, length, -1)
 
 
+def _conv(module, kernels: VarlenKernels):
+    """The layer's depthwise conv (then its activation) over a row: ``(x, cu_seqlens) -> y``."""
+    weight = module.conv1d.weight.squeeze(1)
+    return lambda x, cu_seqlens: kernels.conv(x, weight, module.conv1d.bias, module.activation, cu_seqlens)
+
+
 def gated_deltanet_varlen_forward(
     module, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor, kernels: VarlenKernels, layout: str
 ) -> torch.Tensor:
     """The layer's output (1, T, H) for a packed row whose examples end at ``cu_seqlens``."""
-
-    def conv(mixed_qkv):
-        return kernels.conv(
-            mixed_qkv, module.conv1d.weight.squeeze(1), module.conv1d.bias, module.activation, cu_seqlens
-        )
-
-    return _forward(module, hidden_states, layout, conv, lambda *qkvgb: kernels.delta_rule(*qkvgb, cu_seqlens))
+    conv = _conv(module, kernels)
+    return _forward(module, hidden_states, layout, lambda x: conv(x, cu_seqlens),
+                    lambda *qkvgb: kernels.delta_rule(*qkvgb, cu_seqlens))  # fmt: skip
 
 
 def gated_deltanet_shared_forward(module, hidden_states: torch.Tensor, scope, kernels: VarlenKernels, layout: str):
@@ -79,19 +81,11 @@ def gated_deltanet_shared_forward(module, hidden_states: torch.Tensor, scope, ke
     q_index and keys' segments), each prompt's tokens through the layer once: the conv over the keys' layout (a
     window of the prompt before each completion), the delta rule from each prompt's final state
     (``_shared_prefix.py``). ``kernels.delta_rule`` takes ``initial_state`` and ``output_final_state``."""
-    from ._shared_prefix import run_from_prompts
+    from ._shared_prefix import on_keys, run_from_prompts
 
-    passes = scope.shared_prefix()
-    cu_keys = scope.segments.cu_seq_lens
-
-    def conv(mixed_qkv):
-        keys = scope.to_keys(mixed_qkv)
-        weight = module.conv1d.weight.squeeze(1)
-        return scope.to_queries(kernels.conv(keys, weight, module.conv1d.bias, module.activation, cu_keys))
-
-    return _forward(
-        module, hidden_states, layout, conv, lambda *qkvgb: run_from_prompts(kernels.delta_rule, passes, *qkvgb)
-    )
+    conv, passes = _conv(module, kernels), scope.shared_prefix()
+    return _forward(module, hidden_states, layout, lambda x: on_keys(scope, conv, x),
+                    lambda *qkvgb: run_from_prompts(kernels.delta_rule, passes, *qkvgb))  # fmt: skip
 
 
 def _forward(module, hidden_states: torch.Tensor, layout: str, conv, delta_rule) -> torch.Tensor:

@@ -58,11 +58,10 @@ def kda_shared_forward(module, hidden_states: torch.Tensor, scope, kernels: Varl
     """The layer's output (1, T, H) for a row laid out with its prompts shared (``scope``: the call's kv_index,
     q_index and keys' segments), each prompt's tokens through the layer once: the conv over the keys' layout, the
     delta rule from each prompt's final state (``_shared_prefix.py``; fla's ``chunk_kda`` takes the states)."""
-    from ._shared_prefix import run_from_prompts
+    from ._shared_prefix import on_keys, run_from_prompts
 
     def conv(mixed):
-        keys = causal_conv(kernels, module.conv1d, scope.to_keys(mixed), module.activation, scope.segments.cu_seq_lens)
-        return scope.to_queries(keys)
+        return on_keys(scope, lambda x, cu: causal_conv(kernels, module.conv1d, x, module.activation, cu), mixed)
 
     def from_states(query, key, value, g, beta, cu_seqlens, initial_state=None, output_final_state=False):
         o, final = kernels.kda(query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens,

@@ -9,7 +9,8 @@ keys' layout ``[ P C1 | P C2 | P C3 ]`` computes, with the prompt run once inste
 :func:`shared_prefix` reads the passes from the call's ``kv_index`` / ``q_index`` / keys' segments (the
 shared copies of a prompt are the keys whose row token is another key's), :func:`run_from_prompts` runs a
 kernel that takes initial states and returns final states (flash-linear-attention's
-``chunk_gated_delta_rule``) over them. Cost: one pass over the keys' index on the host per model call, two
+``chunk_gated_delta_rule``, ``chunk_kda``) over them; a layer's short conv runs on the keys' layout instead
+(:func:`on_keys`). Cost: one pass over the keys' index on the host per model call, two
 launches and a gather and scatter per layer.
 """
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SharedPrefix", "run_from_prompts", "shared_prefix"]
+__all__ = ["SharedPrefix", "on_keys", "run_from_prompts", "shared_prefix"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,3 +101,9 @@ def run_from_prompts(kernel: Callable, passes: SharedPrefix, *inputs: torch.Tens
     out = first.new_empty((1, inputs[0].shape[1], *first.shape[2:]))
     out = out.index_copy(1, passes.prompt_rows.to(device), first)
     return out.index_copy(1, passes.rest_rows.to(device), rest)
+
+
+def on_keys(scope, mixer: Callable, x: torch.Tensor) -> torch.Tensor:
+    """``mixer(x laid out as the keys, the keys' boundaries)`` read back at the row's tokens: a short window (a
+    layer's conv) that must see each completion's prompt before it, cheap enough to run on every copy."""
+    return scope.to_queries(mixer(scope.to_keys(x), scope.segments.cu_seq_lens))

@@ -44,7 +44,8 @@ def short_conv_varlen_forward(
 def short_conv_shared_forward(module, hidden_states: torch.Tensor, scope, kernels: VarlenKernels, layout: str):
     """The layer's output (1, T, H) for a row laid out with its prompts shared (``scope``: the call's kv_index,
     q_index and keys' segments): the projections on the row (each prompt once), the conv on the keys' layout."""
+    from ._shared_prefix import on_keys
+
     B, C, x = module.in_proj(hidden_states).chunk(3, dim=-1)
-    keys = scope.to_keys(B * x)
-    conv = scope.to_queries(causal_conv(kernels, module.conv, keys, None, scope.segments.cu_seq_lens))
+    conv = on_keys(scope, lambda bx, cu: causal_conv(kernels, module.conv, bx, None, cu), B * x)
     return module.out_proj(C * conv)
