@@ -18,17 +18,24 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "grpo_upda
 
 @pytest.mark.slow
 def test_the_harness_times_both_trainers_on_the_same_groups_and_compares_them(tmp_path):
-    smoke = ["--smoke", "--steps", "2", "--warmup", "1", "--prompts", "1024,2000,2048", "--out", str(tmp_path)]
+    smoke = ["--smoke", "--steps", "2", "--warmup", "1", "--prompts", "1024,2000,2048", "--generate", "1",
+             "--generate-tokens", "4", "--out", str(tmp_path)]  # fmt: skip
     for setting in ("trl", "shared"):  # each its own process, forked with its imports done
         code, out, err = preloaded_run([str(SCRIPT), *smoke, "--setting", setting])
         assert code == 0, (out + err)[-3000:]
-    trl, shared = (json.loads((tmp_path / f"{s}.json").read_text()) for s in ("trl", "shared"))
+    trl, shared = (json.loads((tmp_path / f"qwen3_{s}.json").read_text()) for s in ("trl", "shared"))
     assert [s["tokens"] for s in trl["steps"]] == [s["tokens"] for s in shared["steps"]]  # the same groups
     assert all(s["padded_positions"] >= s["tokens"] for s in trl["steps"])
     assert all(1024 // 16 <= s["prompt"] <= 2048 // 16 for s in trl["steps"])  # --prompts, scaled down by --smoke
     assert trl["attention"] == shared["attention"] == "sdpa" and trl["device"] == "cpu"
+    for run in (trl, shared):  # TRL's generation timed on the first group's prompt, on both sides alike
+        assert run["generation"]["prompts"] == [trl["steps"][0]["prompt"]] and run["generation"]["error"] is None
+        assert len(run["generation"]["seconds"]) == 1 and run["generation"]["completion_tokens"] == 4
     out = subprocess.run([sys.executable, str(SCRIPT), "--compare", "--out", str(tmp_path)], capture_output=True, text=True)
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert row["setting"] == "shared" and "| shared | 1024,2000,2048 | sdpa / sdpa |" in out.stdout
+    assert row["setting"] == "shared" and "| qwen3 | shared | 1024,2000,2048 | sdpa / sdpa |" in out.stdout
     assert row["update_tokens_per_s_vs_trl"] == pytest.approx(shared["median_tokens_per_s"] / trl["median_tokens_per_s"])
     assert row["grad_norm_max_rel_diff_vs_trl"] < 1e-4  # float32: the same gradients, packed and padded
+    whole = shared["generation"]["median_seconds"] + shared["median_update_seconds"]
+    trl_whole = trl["generation"]["median_seconds"] + trl["median_update_seconds"]
+    assert row["whole_step_vs_trl"] == pytest.approx(trl_whole / whole)

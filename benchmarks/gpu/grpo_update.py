@@ -24,9 +24,16 @@ default (``dapo``), so the policy's forward is the only one (TRL's defaults: no 
             (default packing_varlen: torch's varlen flash kernel, no extra package)
     shared  PackingGRPOTrainer(share_prompt=True): each prompt once for its 8 completions
 
-Model: Qwen3-1.7B's shape (hidden 2048, 28 layers, 16 query / 8 kv heads of 128, MLP 6144, vocabulary 151,936,
-tied embeddings), seeded random weights in bf16, gradient checkpointing (non-reentrant) on every side, AdamW
-(the Trainer's default, lr 1e-6). ``--smoke``: a 2-layer model of hidden 64 and vocabulary 512, on the CPU.
+Model (``--model``): ``qwen3``, Qwen3-1.7B's shape (hidden 2048, 28 layers, 16 query / 8 kv heads of 128, MLP 6144,
+vocabulary 151,936, tied embeddings); ``qwen3_5``, the hybrid Qwen3.5-0.8B text model of ``_hybrid_models.py`` (18 Gated
+DeltaNet and 6 attention layers, fla's kernels where installed, on both sides). Seeded random weights in bf16,
+gradient checkpointing (non-reentrant) on every side, AdamW (the Trainer's default, lr 1e-6). ``--smoke``: 2 to 4
+layers of hidden 64 and vocabulary 512, on the CPU. Attention: ``--attn`` ours (``packing_fa4`` for FA4: the same
+kernel as one op; share_prompt needs it), ``--trl-attn`` TRL's (``flash_attention_4``, through ``fa4_int_lengths``).
+
+``--generate N`` also times TRL's generation (``_generate_and_score_completions``, the same code on every side) for
+the first N groups' prompts, G completions of exactly ``--generate-tokens`` each; ``--compare`` then adds the whole
+step (median generation + median update, ``whole_step_vs_trl``: TRL's step time over ours).
 Per setting (JSON): the median step's real tokens/s (sum over the group of prompt + completion), the peak
 allocated memory, each step's loss and gradient norm; ``--compare`` writes ``update_tokens_per_s_vs_trl`` and
 ``peak_memory_vs_trl`` per row, and the largest relative gradient-norm difference to TRL over the steps (the loss
@@ -47,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 SETTINGS = ("trl", "packed", "shared")
+MODELS = ("qwen3", "qwen3_5")
 HERE = Path(__file__).resolve()
 
 
@@ -63,6 +71,10 @@ def arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--trl-attn", default="sdpa", help="TRL's attention")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", choices=MODELS, default="qwen3", help="qwen3: Qwen3-1.7B's shape; qwen3_5: a hybrid")
+    parser.add_argument("--generate", type=int, default=0,
+                        help="after the update steps, time this many groups' generation (TRL's own on every side)")
+    parser.add_argument("--generate-tokens", type=int, default=512, help="tokens each generated completion has")
     parser.add_argument("--prompts", default="64,1000,4096",
                         help="prompt lengths: shortest, median, longest (lognormal around the median, clipped)")
     return parser.parse_args(argv)
@@ -101,8 +113,17 @@ def group_inputs(prompt: int, completions: list[int], vocab: int, seed: int, dev
 
 def build_model(args, device):
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+    if args.model == "qwen3_5":  # Qwen3.5-0.8B's text model (hybrid_throughput.py's), its checkpoint's use_cache on
+        from _hybrid_models import qwen3_5_config
+
+        config = qwen3_5_config(args.smoke)
+        config.use_cache, config.pad_token_id, config.eos_token_id = True, 0, 1
+        torch.manual_seed(args.seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config)
+        return model.to(torch.float32 if args.smoke else torch.bfloat16)
     shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, vocab_size=512) if args.smoke else dict(
                  hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
@@ -121,18 +142,19 @@ def run_one(args) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     sys.path.insert(0, str(HERE.parents[2]))
-    from packing_collators import PackingGRPOTrainer, register_varlen_attention
+    from _vs_trl_measure import fa4_int_lengths
+
+    from packing_collators import PackingGRPOTrainer, choose_attention
     from packing_collators._compat import enable_activation_checkpointing
 
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda" if cuda else "cpu")
+    fa4 = fa4_int_lengths() if cuda else {"installed": False}  # transformers' FA4 hands it tensor lengths: see there
     model = build_model(args, device)
     attention = args.trl_attn if args.setting == "trl" else args.attn
-    if not cuda and attention == "packing_varlen":  # its kernel needs CUDA: the smoke run packs under sdpa
+    if not cuda and attention in ("packing_varlen", "packing_fa4"):  # their kernels need CUDA: smoke packs under sdpa
         attention = "sdpa"
-    if attention == "packing_varlen":
-        register_varlen_attention()
-    model.set_attn_implementation(attention)
+    choose_attention(model, attention)  # packing_varlen / packing_fa4 registered first
     enable_activation_checkpointing(model, {"use_reentrant": False})
     config = GRPOConfig(output_dir=str(Path(args.out) / "trainer"), per_device_train_batch_size=args.group,
                         num_generations=args.group, max_completion_length=2048, bf16=cuda, use_cpu=not cuda,
@@ -171,47 +193,98 @@ def run_one(args) -> dict:
         losses.append(float(loss.detach()))
         steps[-1]["grad_norm"] = grad_norm
     timed = [s["tokens"] / s["seconds"] for s in steps if not s["warmup"]]
+    generation = time_generation(args, trainer, groups[: args.generate], cuda) if args.generate else None
     import transformers
     import trl
 
     return {
-        "setting": args.setting, "attention": attention, "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "setting": args.setting, "model": args.model, "attention": attention, "fa4_int_lengths": fa4,
+        "generation": generation, "median_update_seconds": statistics.median(s["seconds"] for s in steps if not s["warmup"]), "device": torch.cuda.get_device_name() if cuda else "cpu",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "prompts": args.prompts, "steps": steps, "losses": losses,
         "median_tokens_per_s": statistics.median(timed), "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
     }  # fmt: skip
 
 
+def time_generation(args, trainer, groups, cuda: bool) -> dict:
+    """TRL's ``_generate_and_score_completions`` on each group's prompt (the same code on every side: generation is
+    TRL's): G completions of exactly ``--generate-tokens`` (eos held off, so every side generates the same count).
+    Under the model's attention; where that cannot decode, under sdpa, and the JSON says so."""
+    import torch
+
+    vocab = trainer.model.config.get_text_config().vocab_size
+    trainer.generation_config.max_new_tokens = trainer.generation_config.min_new_tokens = args.generate_tokens
+    attention, error, seconds = trainer.model.config._attn_implementation, None, []
+    for index, (prompt, _) in enumerate(groups):
+        text = " ".join(f"w{(index * 7919 + i) % (vocab - 2)}" for i in range(prompt))
+        batch = [{"prompt": text}] * args.group
+        if cuda:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        try:
+            trainer._generate_and_score_completions(batch)
+        except Exception as failure:  # noqa: BLE001 - recorded: the row says which attention generated
+            if error is not None:
+                raise
+            error, attention = f"{type(failure).__name__}: {failure}"[:600], "sdpa"
+            trainer.model.set_attn_implementation("sdpa")
+            trainer._generate_and_score_completions(batch)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - started)
+    return {"seconds": seconds, "median_seconds": statistics.median(seconds), "attention": attention,
+            "error": error, "completion_tokens": args.generate_tokens, "prompts": [p for p, _ in groups]}  # fmt: skip
+
+
+def run_name(model: str, setting: str) -> str:
+    return f"{model}_{setting}"
+
+
 def compare(out: Path) -> list[dict]:
-    runs = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.stem in SETTINGS}
-    trl = runs.get("trl")
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.stem != "results"}
     rows = []
-    for name in ("packed", "shared"):
-        run = runs.get(name)
-        if run is None or trl is None or "error" in run or "error" in trl:
-            continue
-        norms = [(a["grad_norm"], b["grad_norm"]) for a, b in zip(run["steps"], trl["steps"])]
-        norm_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in norms)
-        rows.append({
-            "setting": name, "prompts": run.get("prompts", "64,1000,4096"), "device": run["device"],
-            "attention": run["attention"], "trl_attention": trl["attention"],
-            "update_tokens_per_s": run["median_tokens_per_s"], "trl_update_tokens_per_s": trl["median_tokens_per_s"],
-            "update_tokens_per_s_vs_trl": run["median_tokens_per_s"] / trl["median_tokens_per_s"],
-            "peak_gib": run["peak_gib"], "trl_peak_gib": trl["peak_gib"],
-            "peak_memory_vs_trl": run["peak_gib"] / trl["peak_gib"] if run["peak_gib"] and trl["peak_gib"] else None,
-            "grad_norm_max_rel_diff_vs_trl": norm_diff,
-        })  # fmt: skip
+    for model in MODELS:
+        trl = runs.get(run_name(model, "trl"))
+        for name in ("packed", "shared"):
+            run = runs.get(run_name(model, name))
+            if run is None or trl is None or "error" in run or "error" in trl:
+                continue
+            rows.append(compare_row(model, name, run, trl))
     (out / "results.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
-    lines = ["| setting | prompts (shortest, median, longest) | attention (ours / TRL) | update tokens/s | TRL | x TRL | peak GiB | TRL GiB | memory x TRL | grad_norm rel diff |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| model | setting | prompts (shortest, median, longest) | attention (ours / TRL) | update tokens/s | TRL | x TRL | "
+             "peak GiB | TRL GiB | memory x TRL | grad_norm rel diff | whole step s (TRL) | whole step x TRL |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         memory = f"{r['peak_memory_vs_trl']:.3f}" if r["peak_memory_vs_trl"] else "-"
         peaks = [f"{v:.1f}" if v else "-" for v in (r["peak_gib"], r["trl_peak_gib"])]
-        lines.append(f"| {r['setting']} | {r['prompts']} | {r['attention']} / {r['trl_attention']} | {r['update_tokens_per_s']:,.0f} | "
-                     f"{r['trl_update_tokens_per_s']:,.0f} | {r['update_tokens_per_s_vs_trl']:.3f} | {peaks[0]} | {peaks[1]} | "
-                     f"{memory} | {r['grad_norm_max_rel_diff_vs_trl']:.2e} |")  # fmt: skip
+        whole = (f"{r['whole_step_s']:.2f} ({r['trl_whole_step_s']:.2f}) | {r['whole_step_vs_trl']:.3f}"
+                 if r["whole_step_vs_trl"] else "- | -")  # fmt: skip
+        lines.append(f"| {r['model']} | {r['setting']} | {r['prompts']} | {r['attention']} / {r['trl_attention']} | "
+                     f"{r['update_tokens_per_s']:,.0f} | {r['trl_update_tokens_per_s']:,.0f} | {r['update_tokens_per_s_vs_trl']:.3f} | "
+                     f"{peaks[0]} | {peaks[1]} | {memory} | {r['grad_norm_max_rel_diff_vs_trl']:.2e} | {whole} |")  # fmt: skip
     print("\n".join(lines))
     return rows
+
+
+def compare_row(model: str, name: str, run: dict, trl: dict) -> dict:
+    """One setting against TRL's run of the same model: the update's ratios, and the whole step where generation ran
+    (a step = the median generation + the median update; the speed-up is TRL's step time over ours)."""
+    norms = [(a["grad_norm"], b["grad_norm"]) for a, b in zip(run["steps"], trl["steps"])]
+    whole = trl_whole = None
+    if run.get("generation") and trl.get("generation"):
+        whole = run["generation"]["median_seconds"] + run["median_update_seconds"]
+        trl_whole = trl["generation"]["median_seconds"] + trl["median_update_seconds"]
+    return {
+        "model": model, "setting": name, "prompts": run.get("prompts"), "device": run["device"],
+        "attention": run["attention"], "trl_attention": trl["attention"],
+        "update_tokens_per_s": run["median_tokens_per_s"], "trl_update_tokens_per_s": trl["median_tokens_per_s"],
+        "update_tokens_per_s_vs_trl": run["median_tokens_per_s"] / trl["median_tokens_per_s"],
+        "peak_gib": run["peak_gib"], "trl_peak_gib": trl["peak_gib"],
+        "peak_memory_vs_trl": run["peak_gib"] / trl["peak_gib"] if run["peak_gib"] and trl["peak_gib"] else None,
+        "grad_norm_max_rel_diff_vs_trl": max(abs(a - b) / max(abs(b), 1e-12) for a, b in norms),
+        "whole_step_s": whole, "trl_whole_step_s": trl_whole,
+        "whole_step_vs_trl": trl_whole / whole if whole else None,
+    }  # fmt: skip
 
 
 def main() -> None:
@@ -227,11 +300,12 @@ def main() -> None:
             done = subprocess.run(command, capture_output=True, text=True)
             print(done.stdout[-2000:], done.stderr[-4000:] if done.returncode else "", flush=True)
             if done.returncode:  # the run's failure is a result: recorded, the driver goes on
-                (out / f"{setting}.json").write_text(json.dumps({"setting": setting, "error": done.stderr[-4000:]}))
+                failed = {"setting": setting, "model": args.model, "error": done.stderr[-4000:]}
+                (out / f"{run_name(args.model, setting)}.json").write_text(json.dumps(failed))
         return
     sys.path[:0] = [str(HERE.parent), str(HERE.parents[1])]  # benchmarks/gpu (_dpo_data), benchmarks (_lengths)
     result = run_one(args)
-    (out / f"{args.setting}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{run_name(args.model, args.setting)}.json").write_text(json.dumps(result, indent=1))
     print(f"{args.setting}: {result['median_tokens_per_s']:,.0f} tokens/s, peak {result['peak_gib']} GiB")
 
 
