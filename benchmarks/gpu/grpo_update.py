@@ -194,11 +194,14 @@ def run_one(args) -> dict:
         steps[-1]["grad_norm"] = grad_norm
     timed = [s["tokens"] / s["seconds"] for s in steps if not s["warmup"]]
     generation = time_generation(args, trainer, groups[: args.generate], cuda) if args.generate else None
+    from packing_collators.models import packing_layers
+
+    paths = sorted(set(packing_layers(model).paths.values())) if args.setting != "trl" else None  # which kernels ran
     import transformers
     import trl
 
     return {
-        "setting": args.setting, "model": args.model, "attention": attention, "fa4_int_lengths": fa4,
+        "setting": args.setting, "model": args.model, "attention": attention, "fa4_int_lengths": fa4, "layer_paths": paths,
         "generation": generation, "median_update_seconds": statistics.median(s["seconds"] for s in steps if not s["warmup"]), "device": torch.cuda.get_device_name() if cuda else "cpu",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "prompts": args.prompts, "steps": steps, "losses": losses,
