@@ -306,9 +306,25 @@ def compile_trainer_layers(trainer, model, *, only_check: bool = False) -> str:
         return why
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None) if trainer.is_fsdp_enabled else None
     checkpoint = _takes_over_checkpointing(plugin, model)  # FSDP2's: into the layers' graphs
+    _fa4_as_one_op(model)
     compile_layers(model, backend=args.torch_compile_backend, mode=args.torch_compile_mode, checkpoint=checkpoint)
     _prepare_uncompiled(trainer.accelerator)
     return ""
+
+
+def _fa4_as_one_op(model) -> None:
+    """A model on transformers' ``flash_attention_4`` runs ``packing_fa4`` once its layers compile: the same kernel
+    and arguments, called as one custom op, where Dynamo would trace into transformers' wrapper and break the graph
+    at FA4's DLTensorWrapper and lru_cache calls (a 28-layer model then compiled for minutes). The trainer's batches
+    are packed rows, all that ``packing_fa4`` leaves out is padding and decoding with a cache."""
+    from .._compat import attn_implementation
+    from ..attention import FA4_ATTENTION, register_fa4_attention
+
+    if attn_implementation(text_config(model)) == "flash_attention_4":
+        register_fa4_attention()
+        model.set_attn_implementation(FA4_ATTENTION)
+        logger.info("PackingTrainer: flash_attention_4 runs as %s in the compiled layers (the same kernel, one op).",
+                    FA4_ATTENTION)  # fmt: skip
 
 
 def _takes_over_checkpointing(fsdp, model) -> bool:

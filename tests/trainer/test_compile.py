@@ -377,3 +377,27 @@ def test_checkpointing_by_either_name_stays_in_the_compiled_layers(tmp_path, nam
     for layer in model.model.layers:
         layer.gradient_checkpointing = False
     assert checkpointed < 0.65 * _saved_bytes(model, batch)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_transformers_flash_attention_4_runs_as_the_one_op_once_the_layers_compile(tmp_path, fa4_reference, compiled):
+    # Dynamo traced into transformers' FA4 wrapper (graph breaks at FA4's DLTensorWrapper and lru_cache calls): the
+    # compiled layers call the same kernel through packing_fa4's custom op; eager, the model's choice stays
+    from _tiny_models import training_args
+
+    from packing_collators import PackingTrainer
+
+    model = tiny_model("llama").bfloat16()
+    model.config._attn_implementation = "flash_attention_4"  # as loaded with it (no flash-attn-4 on this CPU)
+    options = dict(torch_compile=True, torch_compile_backend=BACKEND) if compiled else {}
+    trainer = PackingTrainer(
+        model=model,
+        args=training_args(tmp_path, max_steps=1, gradient_accumulation_steps=1, **options),
+        train_dataset=random_examples([5, 7, 9, 4] * 4),
+        max_tokens_per_batch=32,
+        attn_implementation=None,
+        packing_probe=False,
+    )
+    assert compiled_layer_count(trainer.model) == (model.config.num_hidden_layers if compiled else 0)
+    layers = {layer.self_attn.config._attn_implementation for layer in trainer.model.model.layers}
+    assert layers == {"packing_fa4" if compiled else "flash_attention_4"}
