@@ -16,6 +16,11 @@ Same kernel, same arguments as transformers passes (causal, softmax scale, slidi
 autocast's half dtype as transformers does; what it cannot do (dropout, float32 activations,
 padded batches, decoding with a cache) is refused with an error naming the alternative.
 
+FA4 compiles each kernel variant the first time a process meets it (seconds each): importing this library turns
+on FA4's own disk cache (``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1``, under ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``
+or the temp folder, keyed by FA4's source), so a second run starts with them compiled; set the variable to 0 first
+to keep FA4's default (memory only).
+
 Under ``torch.compile`` the same call goes through the custom op ``packing_collators::fa4_varlen_fwd``
 (``_fa4_ops``: a fake implementation for tracing, FA4's own backward as autograd), so the
 graph does not break at every layer; eager calls are unchanged.
@@ -34,6 +39,19 @@ FA4_ATTENTION = "packing_fa4"
 """The ``attn_implementation`` name :func:`register_fa4_attention` registers."""
 
 _KERNEL: list = []  # flash_attn.cute.flash_attn_varlen_func, imported on first use
+FA4_DISK_CACHE = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+
+
+def keep_fa4_kernels_on_disk(environ) -> str:
+    """FA4's disk cache on unless the user chose (FA4 reads the variable once, when ``flash_attn.cute`` is imported).
+
+    >>> keep_fa4_kernels_on_disk({}), keep_fa4_kernels_on_disk({FA4_DISK_CACHE: "0"})
+    ('1', '0')
+    """
+    return environ.setdefault(FA4_DISK_CACHE, "1")
+
+
+keep_fa4_kernels_on_disk(os.environ)
 
 
 def register_fa4_attention() -> str:

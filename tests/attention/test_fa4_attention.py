@@ -253,3 +253,13 @@ def test_what_a_backend_lacks_follows_the_function_registered_not_the_name(monke
     softcapped.config._attn_implementation = "my_varlen"  # torch's varlen kernel, under another name
     with pytest.raises(ValueError, match="softcapping.*PyTorch's varlen kernel lacks"):
         check_packing_support(softcapped, probe=False)
+
+
+def test_importing_the_library_keeps_fa4_kernels_on_disk_unless_the_user_chose():
+    # FA4 reads the variable when flash_attn.cute is imported: this library, imported first, turns its disk cache on
+    import os
+
+    from packing_collators.attention._fa4 import FA4_DISK_CACHE, keep_fa4_kernels_on_disk
+
+    assert os.environ[FA4_DISK_CACHE] in ("0", "1")  # set by the import (or by the user before it)
+    assert keep_fa4_kernels_on_disk({FA4_DISK_CACHE: "0"}) == "0" and keep_fa4_kernels_on_disk({}) == "1"
