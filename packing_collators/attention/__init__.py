@@ -6,6 +6,7 @@ _inputs.py   what both backends read from the batch: flat (1, T) tensors, causal
 _varlen.py   packing_varlen, a backend on torch.nn.attention.varlen (PyTorch's Flash kernel)
 _fa4.py      packing_fa4, FlashAttention-4's varlen kernel called straight from the batch
 _fa4_ops.py  FA4's kernel as torch.library custom ops (fake + autograd): traced by torch.compile
+_decoding.py decoding_attention: generate under the transformers implementation of the same kernel
 _choice.py   choose_attention: the fastest packed-correct attention on this machine; warm_up_attention
 
 Imports nothing of the package's other folders but ``collate`` (the warm-up's batches); the checks
@@ -13,12 +14,14 @@ Imports nothing of the package's other folders but ``collate`` (the warm-up's ba
 """
 
 from ._choice import AUTO_ATTENTION, FA4_MANY, choose_attention, packed_attention_candidates, warm_up_attention
+from ._decoding import DECODING_ATTENTION, decoding_attention
 from ._fa4 import FA4_ATTENTION, fa4_attention_forward, register_fa4_attention
 from ._kind import FLASH_IMPLEMENTATIONS, attention_kind, check_backend_limits, own_backend
 from ._varlen import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
 
 __all__ = [
     "AUTO_ATTENTION",
+    "DECODING_ATTENTION",
     "FA4_ATTENTION",
     "FA4_MANY",
     "FLASH_IMPLEMENTATIONS",
@@ -26,6 +29,7 @@ __all__ = [
     "attention_kind",
     "check_backend_limits",
     "choose_attention",
+    "decoding_attention",
     "fa4_attention_forward",
     "own_backend",
     "packed_attention_candidates",

@@ -72,6 +72,14 @@ class _PackingRL(PackedLogProbs):
         super().__init__(*args, **kwargs)
         _packing_setup(self, packing_probe)
 
+    def _generate_single_turn(self, *args: Any, **kwargs: Any):
+        """TRL's generation, the policy decoding under the transformers implementation of its packed attention's
+        kernel (``packing_fa4`` and ``packing_varlen`` read packed rows only; ``attention.decoding_attention``)."""
+        from ..attention import decoding_attention
+
+        with decoding_attention(self.model):
+            return super()._generate_single_turn(*args, **kwargs)
+
 
 class PackingGRPOTrainer(_PackingRL, GRPOTrainer):
     """TRL's ``GRPOTrainer`` scoring its completions on packed rows (see the module docstring).
