@@ -165,6 +165,8 @@ class StatefulForward(LayerForward):
             if self._prompts_once(hidden, args, kwargs) and scope.shared_prefix() is not None:
                 row = hidden.reshape(1, -1, hidden.shape[-1])
                 out = self.varlen.family.shared(self.layer, row, scope, self.kernels, self.varlen.layout)
+                if isinstance(out, tuple):  # MiniMax's layer returns (output, its state: None)
+                    return (out[0].reshape(*hidden.shape[:2], *out[0].shape[2:]), *out[1:])
                 return out.reshape(*hidden.shape[:2], *out.shape[2:])
             # else on the keys' layout: the prompt once per completion
             args = tuple(scope.to_keys(a) for a in args)

@@ -22,6 +22,8 @@ the gated RMSNorm the layer's own module (grouped or not, as the installed versi
     falcon_h1   FalconH1Mixer: hidden * ssm_in_multiplier before in_proj, its output * mup_vector,
                 the gated RMSNorm optional (mamba_rms_norm) and before or after the gate as its module says
 
+A row laid out with its prompts shared runs each prompt once (``mamba2_shared_forward``): the scan takes no
+initial state, so each completion's output gains its prompt's final state's term (``_shared_prefix.py``).
 Mamba (1) layers (Jamba, Zamba: a decay per channel and state) are not these; they run per example.
 Cost: the two kernels on ``T`` tokens (on fla's simple GLA, B and C repeated to (T, heads, n) each).
 """
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 
 from ._kernels import VarlenKernels, causal_conv, zero_padding
 
-__all__ = ["mamba2_layout", "mamba2_varlen_forward"]
+__all__ = ["mamba2_layout", "mamba2_shared_forward", "mamba2_varlen_forward"]
 
 _MAMBA2 = (
     "in_proj", "conv1d", "A_log", "D", "dt_bias", "norm", "out_proj", "num_heads", "head_dim", "n_groups",
@@ -65,6 +67,23 @@ def mamba2_varlen_forward(
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The layer's output (1, T, H) for a packed row whose examples end at ``cu_seqlens`` (``mask``: (1, T) or None)."""
+    conv = lambda xBC: causal_conv(kernels, module.conv1d, xBC, module.activation, cu_seqlens)  # noqa: E731
+    return _forward(module, hidden_states, layout, conv, lambda *scan: kernels.ssd(*scan, cu_seqlens), mask)
+
+
+def mamba2_shared_forward(module, hidden_states: torch.Tensor, scope, kernels: VarlenKernels, layout: str):
+    """The layer's output (1, T, H) for a row laid out with its prompts shared, each prompt's tokens through the
+    layer once: the conv over the keys' layout, the scan from each prompt's final state (``_shared_prefix.py``)."""
+    from ._shared_prefix import on_keys, ssd_from_prompts
+
+    passes = scope.shared_prefix()
+    conv = lambda x, cu_seqlens: causal_conv(kernels, module.conv1d, x, module.activation, cu_seqlens)  # noqa: E731
+    return _forward(module, hidden_states, layout, lambda xBC: on_keys(scope, conv, xBC),
+                    lambda *scan: ssd_from_prompts(kernels.ssd, passes, *scan))  # fmt: skip
+
+
+def _forward(module, hidden_states: torch.Tensor, layout: str, conv, ssd, mask=None) -> torch.Tensor:
+    """The layer's computation with its sequence mixers given: ``conv(xBC)``, ``ssd(x, dt, A, B, C, D, chunk)``."""
     dtype, length = hidden_states.dtype, hidden_states.shape[1]
     hidden_states = zero_padding(hidden_states, mask)
     if layout == "falcon_h1":
@@ -73,13 +92,12 @@ def mamba2_varlen_forward(
     if layout == "falcon_h1":
         projected = projected * module.mup_vector
     gate, xBC, dt = projected.split([module.intermediate_size, module.conv_dim, module.num_heads], dim=-1)
-    xBC = zero_padding(causal_conv(kernels, module.conv1d, xBC, module.activation, cu_seqlens), mask)
+    xBC = zero_padding(conv(xBC), mask)
     x, B, C = _heads(module, xBC, length)
     low, high = module.time_step_limit
     dt = F.softplus(dt.float() + module.dt_bias.float()).clamp(min=low, max=high)  # (1, T, h)
     A = -torch.exp(module.A_log.float())
-    chunk_size = getattr(module, "chunk_size", 256)
-    y = kernels.ssd(x, dt, A, B, C, module.D, chunk_size, cu_seqlens).reshape(1, length, -1)
+    y = ssd(x, dt, A, B, C, module.D, getattr(module, "chunk_size", 256)).reshape(1, length, -1)
     if getattr(module, "mamba_rms_norm", True):
         y = module.norm(y, gate)
     else:  # Falcon-H1 without its norm

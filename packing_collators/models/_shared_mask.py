@@ -10,6 +10,10 @@ causal (and sliding) one, so it slides the model's window too. Cost: a (T, T) ma
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
+
 import torch
 
 from ..batch import CU_SEQ_LENS_K, KV_INDEX, Q_INDEX
@@ -38,18 +42,21 @@ def sliding_windows(config) -> tuple[dict[str, int | None] | None, int | None]:
     token sees. With ``layer_types``, a mask per type: the window on ``sliding_attention`` layers (Gemma 2/3), or,
     where no layer is called sliding and ``sliding_window`` is set, on the ``full_attention`` ones (MiniMax, whose
     window is model-wide); else ``sliding_window`` for every layer (Mistral, Mixtral), or (None, None). A
-    trainer's check before training measures the result on its longest sequences.
+    trainer's check before training measures the result on its longest sequences. A model whose modeling code never
+    reads ``sliding_window`` (Nemotron-H's config has the field, its attention ignores it) slides nothing.
 
-    >>> from transformers import Gemma2Config, MiniMaxConfig, MistralConfig, Qwen2Config
+    >>> from transformers import Gemma2Config, MiniMaxConfig, MistralConfig, NemotronHConfig, Qwen2Config
     >>> sliding_windows(Gemma2Config(sliding_window=8, num_hidden_layers=2))
     ({'sliding_attention': 8, 'full_attention': None}, None)
     >>> sliding_windows(MiniMaxConfig(sliding_window=8, num_hidden_layers=2))
     ({'full_attention': 8, 'linear_attention': None}, None)
     >>> sliding_windows(MistralConfig(sliding_window=8)), sliding_windows(Qwen2Config())
     ((None, 8), (None, None))
+    >>> sliding_windows(NemotronHConfig(sliding_window=8))
+    (None, None)
     """
     window = getattr(config, "sliding_window", None)
-    if not window:
+    if not window or not _modeling_reads_window(getattr(config, "model_type", "")):
         return None, None
     kinds = list(dict.fromkeys(getattr(config, "layer_types", None) or []))
     windowed = "sliding_attention" if "sliding_attention" in kinds else "full_attention"
@@ -57,6 +64,17 @@ def sliding_windows(config) -> tuple[dict[str, int | None] | None, int | None]:
     if len(kinds) <= 1:
         return None, (int(window) if not kinds or per_type[kinds[0]] else None)
     return per_type, None
+
+
+@functools.lru_cache(maxsize=None)
+def _modeling_reads_window(model_type: str) -> bool:
+    """Whether transformers' modeling module of ``model_type`` mentions ``sliding_window`` (True where it cannot be
+    read: the window is applied, and the trainers' checks measure the outcome)."""
+    try:
+        module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+        return "sliding_window" in inspect.getsource(module)
+    except (ImportError, OSError, TypeError):
+        return True
 
 
 def _windowed(mask: torch.Tensor, batch: dict, window: int | None) -> torch.Tensor:

@@ -10,8 +10,11 @@ keys' layout ``[ P C1 | P C2 | P C3 ]`` computes, with the prompt run once inste
 shared copies of a prompt are the keys whose row token is another key's), :func:`run_from_prompts` runs a
 kernel that takes initial states and returns final states (flash-linear-attention's
 ``chunk_gated_delta_rule``, ``chunk_kda``) over them; a layer's short conv runs on the keys' layout instead
-(:func:`on_keys`). Cost: one pass over the keys' index on the host per model call, two
-launches and a gather and scatter per layer.
+(:func:`on_keys`). The SSD scan (Mamba2, lightning attention) takes no states, but its decay is one scalar per head
+and token, so a completion's output from the prompt's state S is the zero-state output plus
+``C_t exp(A (dt_1 + ... + dt_t)) S``: :func:`ssd_from_prompts` adds that term, S computed from the prompt's tokens.
+Cost: one pass over the keys' index on the host per model call, two launches and a gather and scatter per layer
+(and for the SSD two einsums per prompt).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SharedPrefix", "on_keys", "run_from_prompts", "shared_prefix"]
+__all__ = ["SharedPrefix", "on_keys", "run_from_prompts", "shared_prefix", "ssd_from_prompts"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,3 +110,51 @@ def on_keys(scope, mixer: Callable, x: torch.Tensor) -> torch.Tensor:
     """``mixer(x laid out as the keys, the keys' boundaries)`` read back at the row's tokens: a short window (a
     layer's conv) that must see each completion's prompt before it, cheap enough to run on every copy."""
     return scope.to_queries(mixer(scope.to_keys(x), scope.segments.cu_seq_lens))
+
+
+def ssd_from_prompts(ssd: Callable, passes: SharedPrefix, x, dt, A, B, C, D, chunk_size: int) -> torch.Tensor:
+    """``ssd(x, dt, A, B, C, D, chunk_size, cu_seqlens)`` (``_ssd.py``: no initial states) over a shared-prompt row
+    (x (1, T, h, p), dt (1, T, h), B and C (1, T, g, n)) in the two passes, each completion's output from its prompt's
+    final state: the scan is linear in its state, so the zero-state output gains ``C_t exp(A * sum(dt_1..t)) S``."""
+    device = x.device
+    prompt_rows, rest_rows = passes.prompt_rows.to(device), passes.rest_rows.to(device)
+    xp, dtp, Bp, Cp = (t.index_select(1, prompt_rows) for t in (x, dt, B, C))
+    first = ssd(xp, dtp, A, Bp, Cp, D, chunk_size, passes.cu_prompts.to(device))
+    xr, dtr, Br, Cr = (t.index_select(1, rest_rows) for t in (x, dt, B, C))
+    rest = ssd(xr, dtr, A, Br, Cr, D, chunk_size, passes.cu_rest.to(device))
+    states = _ssd_final_states(passes.cu_prompts.tolist(), A, xp[0], dtp[0], Bp[0])
+    rest = (rest.float() + _from_states(passes, states, A, dtr[0], Cr[0])[None]).to(first.dtype)
+    out = first.new_empty((1, x.shape[1], *first.shape[2:]))
+    return out.index_copy(1, prompt_rows, first).index_copy(1, rest_rows, rest)
+
+
+def _ssd_final_states(cu: list[int], A, x, dt, B) -> list[torch.Tensor]:
+    """Each prompt's state at its end, float32 (h, p, n): ``sum_s exp(A * (dt_s+1 + ... + dt_end)) dt_s x_s B_s``."""
+    heads, groups = x.shape[1], B.shape[1]
+    states = []
+    for start, end in zip(cu[:-1], cu[1:]):
+        decay = A.float() * dt[start:end].float()  # (L, h), <= 0
+        after = decay.flip(0).cumsum(0).flip(0) - decay  # what each token's contribution decays by until the end
+        weighted = x[start:end].float() * (after.exp() * dt[start:end].float())[..., None]  # (L, h, p)
+        weighted = weighted.reshape(end - start, groups, heads // groups, -1)
+        states.append(torch.einsum("sgkp,sgn->gkpn", weighted, B[start:end].float()).reshape(heads, *weighted.shape[3:], -1))
+    return states
+
+
+def _from_states(passes: SharedPrefix, states: list[torch.Tensor], A, dt, C) -> torch.Tensor:
+    """(R, h, p) float32: ``C_t exp(A * (dt_1 + ... + dt_t)) S`` at each rest token whose segment starts from a
+    prompt's state S (t counted from the segment's start), 0 elsewhere."""
+    heads, groups, device = dt.shape[1], C.shape[1], dt.device
+    lengths = passes.cu_rest.diff().long()  # on the host, as the passes are
+    starts = passes.cu_rest[:-1].long().repeat_interleave(lengths)
+    token_prompt = passes.rest_prompt.repeat_interleave(lengths)
+    decay = (A.double() * dt.double()).cumsum(0)  # float64: differences of long sums
+    before = decay.index_select(0, (starts - 1).clamp(min=0).to(device)) * (starts > 0).to(device)[:, None]
+    since_start = (decay - before).float().exp()  # (R, h): exp(A * (dt_1 + ... + dt_t)) within each segment
+    out = torch.zeros((dt.shape[0], heads, states[0].shape[1]), dtype=torch.float32, device=device)
+    for prompt, state in enumerate(states):
+        index = (token_prompt == prompt).nonzero().squeeze(1).to(device)
+        c = C.index_select(0, index).float()  # (t, g, n)
+        read = torch.einsum("tgn,gkpn->tgkp", c, state.reshape(groups, heads // groups, *state.shape[1:]))
+        out = out.index_add(0, index, read.reshape(len(index), heads, -1) * since_start.index_select(0, index)[..., None])
+    return out

@@ -27,8 +27,8 @@ import torch
 from ._gated_deltanet import gated_deltanet_layout, gated_deltanet_shared_forward, gated_deltanet_varlen_forward
 from ._kda import kda_layout, kda_shared_forward, kda_varlen_forward
 from ._kernels import VarlenKernels, zero_padding
-from ._lightning import lightning_layout, lightning_varlen_forward
-from ._mamba2 import mamba2_layout, mamba2_varlen_forward
+from ._lightning import lightning_layout, lightning_shared_forward, lightning_varlen_forward
+from ._mamba2 import mamba2_layout, mamba2_shared_forward, mamba2_varlen_forward
 from ._short_conv import short_conv_layout, short_conv_shared_forward, short_conv_varlen_forward
 
 __all__ = ["FAMILIES", "VarlenFamily", "VarlenLayer", "run_varlen", "varlen_layer"]
@@ -56,12 +56,14 @@ class VarlenFamily:
 FAMILIES = (
     VarlenFamily("Gated DeltaNet", gated_deltanet_layout, _gated_deltanet, ("conv", "delta_rule"),
                  "causal_conv1d + chunk_gated_delta_rule", gated_deltanet_shared_forward, shared_needs_states=True),
-    VarlenFamily("Mamba2", mamba2_layout, mamba2_varlen_forward, ("conv", "ssd"), "causal_conv1d + the SSD scan"),
+    VarlenFamily("Mamba2", mamba2_layout, mamba2_varlen_forward, ("conv", "ssd"), "causal_conv1d + the SSD scan",
+                 mamba2_shared_forward),
     VarlenFamily("short convolution", short_conv_layout, short_conv_varlen_forward, ("conv",), "causal_conv1d",
                  short_conv_shared_forward),
     VarlenFamily("KDA", kda_layout, kda_varlen_forward, ("conv", "kda"), "causal_conv1d + chunk_kda",
                  kda_shared_forward, shared_needs_states=True),
-    VarlenFamily("lightning attention", lightning_layout, lightning_varlen_forward, ("ssd",), "the SSD scan"),
+    VarlenFamily("lightning attention", lightning_layout, lightning_varlen_forward, ("ssd",), "the SSD scan",
+                 lightning_shared_forward),
 )  # fmt: skip
 
 

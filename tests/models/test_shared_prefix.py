@@ -1,6 +1,7 @@
 """A shared-prompt row through stateful layers that compute each prompt once: Gated DeltaNet and KDA on kernels
-that take initial states (the completions from the prompt's final state), gated short convolutions (the conv alone
-on the keys' layout).
+that take initial states (the completions from the prompt's final state), Mamba2 and lightning attention on SSD
+scans that take none (the prompt's final state's term added to each completion), gated short convolutions (the
+conv alone on the keys' layout).
 
 Measured on every tiny type with such layers (their configs' defaults) with the torch reference kernels
 on the CPU (fla's signatures, initial and final states included): the row's logits, read in each sequence's order, equal
@@ -46,7 +47,9 @@ def _groups(vocab: int) -> list[list[dict]]:
 
 # each stateful layer's first projection, by family and layout: what the layer reads the row through
 PROJECTION = {("Gated DeltaNet", "split"): "in_proj_qkv", ("Gated DeltaNet", "fused"): "in_proj_qkvz",
-              ("KDA", "g_ab"): "q_proj", ("KDA", "g"): "q_proj", ("short convolution", "bcx"): "in_proj"}  # fmt: skip
+              ("KDA", "g_ab"): "q_proj", ("KDA", "g"): "q_proj", ("short convolution", "bcx"): "in_proj",
+              ("Mamba2", "mamba2"): "in_proj", ("Mamba2", "falcon_h1"): "in_proj",
+              ("lightning attention", "minimax"): "qkv_proj"}  # fmt: skip
 
 
 def _once_layers(model) -> list:
