@@ -28,10 +28,11 @@ def decoding_attention(model):
     """Inside: ``model`` (unwrapped) on the implementation that decodes; after: on the one it had.
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> from packing_collators._compat import attn_implementation
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1,
     ...                                      num_attention_heads=2, intermediate_size=8))
     >>> with decoding_attention(model):  # sdpa decodes as it is
-    ...     model.config._attn_implementation
+    ...     attn_implementation(model.config)
     'sdpa'
     """
     from .._compat import attn_implementation
