@@ -1,14 +1,16 @@
 """The LM-head loss kernels side by side on one GPU: time, memory and exactness of forward + backward.
 
-    python benchmarks/gpu/lm_head_loss.py --out DIR [--tokens 16384] [--vocabs 32000,151936,248320]
+    python benchmarks/gpu/lm_head_loss.py --out DIR [--tokens 16384] [--vocabs 32000,151936,248320] [--hiddens 2048,4096]
 
-One process, one (tokens, hidden, vocabulary) problem at a time: bf16 hidden states (tokens, 2048) and a
-bf16 output embedding (vocabulary, 2048), random targets, the token-mean cross-entropy, forward and
+One process, one (tokens, hidden, vocabulary) problem at a time: bf16 hidden states (tokens, hidden) and a
+bf16 output embedding (vocabulary, hidden), random targets, the token-mean cross-entropy, forward and
 backward. Kernels (those not installed are skipped and listed):
 
     full              F.linear -> logits.float() -> cross_entropy: the stock transformers loss
     chunked_eager     packing_collators.loss.weighted_cross_entropy(compiled=False): chunks, eager steps
     chunked_compiled  the same, each chunk's softmax and gradient as torch.compile'd kernels (the default)
+    chunked_2x        chunked_compiled with chunks of twice the logits (1 GiB of bf16): half the passes over the
+                      weight's float32 gradient accumulator (a question for the fused kernel of issue #65)
     logprobs          packing_collators.loss.token_log_probs (recomputes in the backward; preference losses)
     liger             liger-kernel's fused linear cross-entropy (Triton)
     cce_exact         cut-cross-entropy's linear_cross_entropy, filter_eps=None (no gradient filtering)
@@ -18,7 +20,11 @@ backward. Kernels (those not installed are skipped and listed):
 Each kernel: 3 warm-up runs, then the median of --repeats timed runs (CUDA events around forward +
 backward), the peak memory above the inputs (the hidden states, the weight, their gradients left
 from the previous run freed), and the relative error of the loss and of both gradients against a
-float32 reference computed a chunk at a time. Writes DIR/lm_head_loss.json and DIR/lm_head_loss.md.
+float32 reference computed a chunk at a time. Per problem also ``gemm_ms``: the three bare bf16 GEMMs any exact
+head must do (logits = h W^T, dh = G W, dW = G^T h at full size), timed in the same run; per kernel
+``ratio_vs_gemm`` (ms / gemm_ms), ``peak_extra_gib`` (the peak above the inputs less the two gradients
+it returns), ``max_rel_error_vs_fp32`` (the largest of the three errors) and ``exact`` (no gradient filtering:
+false for cce_default). Writes DIR/lm_head_loss.json and DIR/lm_head_loss.md.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-HIDDEN = 2048
+INEXACT = ("cce_default",)  # filters gradient terms below bf16's precision by design
 
 
 def _kernels() -> dict:
@@ -47,6 +53,7 @@ def _kernels() -> dict:
         "full": lambda h, w, t: torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w).float(), t),
         "chunked_eager": lambda h, w, t: weighted_cross_entropy(h, w, None, t, weights_of(t), compiled=False),
         "chunked_compiled": lambda h, w, t: weighted_cross_entropy(h, w, None, t, weights_of(t), compiled=True),
+        "chunked_2x": _twice_the_chunk(lambda h, w, t: weighted_cross_entropy(h, w, None, t, weights_of(t))),
         "logprobs": lambda h, w, t: -token_log_probs(h, w, None, t).mean(),
     }
     try:
@@ -73,6 +80,43 @@ def _kernels() -> dict:
     except Exception as error:  # noqa: BLE001
         print(f"trl: not importable ({error})", flush=True)
     return kernels
+
+
+def _twice_the_chunk(fn):
+    """``fn`` run with chunks of twice the logits (the library's ``_CHUNK_ELEMENTS``, patched for the call)."""
+    from packing_collators.loss import _chunked
+
+    def run(h, w, t):
+        saved = _chunked._CHUNK_ELEMENTS
+        _chunked._CHUNK_ELEMENTS = 2 * saved
+        try:
+            return fn(h, w, t)
+        finally:
+            _chunked._CHUNK_ELEMENTS = saved
+
+    return run
+
+
+def _gemm_ms(h, w, repeats: int) -> float:
+    """The median time of the three bare GEMMs of an exact head at full size (bf16 in, float32 accumulation)."""
+    grad = torch.empty(h.shape[0], w.shape[0], dtype=h.dtype, device=h.device).normal_()
+
+    def three():
+        h.detach() @ w.detach().t(), grad @ w.detach(), grad.t() @ h.detach()
+
+    for _ in range(3):
+        three()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        three()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    del grad
+    torch.cuda.empty_cache()
+    return sorted(times)[len(times) // 2]
 
 
 def _reference(h, w, t):
@@ -119,37 +163,45 @@ def _measure(name, fn, h, w, t, reference, repeats: int) -> dict:
         return {"kernel": name, "error": f"{type(error).__name__}: {str(error)[:200]}"}
     ref_loss, ref_h, ref_w = reference
     times.sort()
+    returned = h.numel() * h.element_size() + w.numel() * w.element_size()  # the two gradients it hands back
+    errors = [abs(float(loss) - ref_loss) / abs(ref_loss), _relative(h.grad, ref_h), _relative(w.grad, ref_w)]
     return {
         "kernel": name,
         "ms_median": times[len(times) // 2],
         "ms_min": times[0],
         "peak_gib_above_inputs": peak / (1 << 30),
-        "loss_relative_error": abs(float(loss) - ref_loss) / abs(ref_loss),
-        "grad_hidden_relative_error": _relative(h.grad, ref_h),
-        "grad_weight_relative_error": _relative(w.grad, ref_w),
+        "peak_extra_gib": (peak - returned) / (1 << 30),
+        "loss_relative_error": errors[0],
+        "grad_hidden_relative_error": errors[1],
+        "grad_weight_relative_error": errors[2],
+        "max_rel_error_vs_fp32": max(errors),
+        "exact": name not in INEXACT,
     }
 
 
-def _problem(tokens: int, vocab: int, seed: int = 0):
+def _problem(tokens: int, vocab: int, hidden: int, seed: int = 0):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    h = (torch.randn(tokens, HIDDEN, device="cuda", generator=g) * 1.0).bfloat16().requires_grad_()
-    w = (torch.randn(vocab, HIDDEN, device="cuda", generator=g) * 0.02).bfloat16().requires_grad_()
+    h = (torch.randn(tokens, hidden, device="cuda", generator=g) * 1.0).bfloat16().requires_grad_()
+    w = (torch.randn(vocab, hidden, device="cuda", generator=g) * 0.02).bfloat16().requires_grad_()
     t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
     return h, w, t
 
 
 def _table(rows: list[dict]) -> str:
     lines = [
-        "| vocabulary | tokens | kernel | ms (median) | peak GiB above inputs | loss rel. error | dh rel. error | dW rel. error |",
-        "|---|---|---|---|---|---|---|---|",
+        "| vocabulary | hidden | tokens | kernel | ms (median) | 3 GEMMs ms | x GEMMs | peak GiB above inputs | extra GiB "
+        "| loss rel. error | dh rel. error | dW rel. error | exact |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        head = f"| {r['vocab']} | {r['hidden']} | {r['tokens']} | {r['kernel']} |"
         if "error" in r:
-            lines.append(f"| {r['vocab']} | {r['tokens']} | {r['kernel']} | failed: {r['error']} | | | | |")
+            lines.append(f"{head} failed: {r['error']} | | | | | | | | |")
             continue
         lines.append(
-            f"| {r['vocab']} | {r['tokens']} | {r['kernel']} | {r['ms_median']:.2f} | {r['peak_gib_above_inputs']:.2f} | "
-            f"{r['loss_relative_error']:.1e} | {r['grad_hidden_relative_error']:.1e} | {r['grad_weight_relative_error']:.1e} |"
+            f"{head} {r['ms_median']:.2f} | {r['gemm_ms']:.2f} | {r['ratio_vs_gemm']:.3f} | {r['peak_gib_above_inputs']:.2f} | "
+            f"{r['peak_extra_gib']:.2f} | {r['loss_relative_error']:.1e} | {r['grad_hidden_relative_error']:.1e} | "
+            f"{r['grad_weight_relative_error']:.1e} | {r['exact']} |"
         )
     return "\n".join(lines)
 
@@ -159,6 +211,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--vocabs", default="32000,151936,248320")
+    parser.add_argument("--hiddens", default="2048", help="hidden sizes, a comma list (issue #65: 2048,4096)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--only", default="", help="a comma list of kernels")
     args = parser.parse_args()
@@ -168,12 +221,17 @@ def main() -> None:
     if args.only:
         kernels = {k: v for k, v in kernels.items() if k in args.only.split(",")}
     rows = []
-    for vocab in (int(v) for v in args.vocabs.split(",")):
-        h, w, t = _problem(args.tokens, vocab)
+    problems = [(int(v), int(d)) for d in args.hiddens.split(",") for v in args.vocabs.split(",")]
+    for vocab, hidden in problems:
+        h, w, t = _problem(args.tokens, vocab, hidden)
+        gemm_ms = _gemm_ms(h, w, args.repeats)
         reference = _reference(h, w, t)
         for name, fn in kernels.items():
             started = time.time()
-            row = {"vocab": vocab, "tokens": args.tokens, "hidden": HIDDEN, **_measure(name, fn, h, w, t, reference, args.repeats)}
+            row = {"vocab": vocab, "tokens": args.tokens, "hidden": hidden, "gemm_ms": gemm_ms,
+                   **_measure(name, fn, h, w, t, reference, args.repeats)}  # fmt: skip
+            if "ms_median" in row:
+                row["ratio_vs_gemm"] = row["ms_median"] / gemm_ms
             rows.append(row)
             print(json.dumps(row), f"({time.time() - started:.0f} s)", flush=True)
         del h, w, t, reference
