@@ -9,8 +9,8 @@ backward. Kernels (those not installed are skipped and listed):
     full              F.linear -> logits.float() -> cross_entropy: the stock transformers loss
     chunked_eager     packing_collators.loss.weighted_cross_entropy(compiled=False): chunks, eager steps
     chunked_compiled  the same, each chunk's softmax and gradient as torch.compile'd kernels (the default)
-    chunked_2x        chunked_compiled with chunks of twice the logits (1 GiB of bf16): half the passes over the
-                      weight's float32 gradient accumulator (a question for the fused kernel of issue #65)
+    chunked_2x        chunked_compiled with chunks of twice its logits: half the passes over the weight's float32
+                      accumulator (lm_head_breakdown_h100 ran it at 1 GiB against the 0.5 GiB default of then)
     logprobs          packing_collators.loss.token_log_probs (recomputes in the backward; preference losses)
     liger             liger-kernel's fused linear cross-entropy (Triton)
     cce_exact         cut-cross-entropy's linear_cross_entropy, filter_eps=None (no gradient filtering)
@@ -83,16 +83,16 @@ def _kernels() -> dict:
 
 
 def _twice_the_chunk(fn):
-    """``fn`` run with chunks of twice the logits (the library's ``_CHUNK_ELEMENTS``, patched for the call)."""
+    """``fn`` run with chunks of twice the logits (the library's ``_CHUNK_BYTES``, patched for the call)."""
     from packing_collators.loss import _chunked
 
     def run(h, w, t):
-        saved = _chunked._CHUNK_ELEMENTS
-        _chunked._CHUNK_ELEMENTS = 2 * saved
+        saved = _chunked._CHUNK_BYTES
+        _chunked._CHUNK_BYTES = 2 * saved
         try:
             return fn(h, w, t)
         finally:
-            _chunked._CHUNK_ELEMENTS = saved
+            _chunked._CHUNK_BYTES = saved
 
     return run
 

@@ -26,10 +26,13 @@ Two ways to run a chunk:
 
 Exactness: the weight's gradient accumulates in float32 over the chunks; in float32 the loss and
 gradients equal the full-logit ones up to summation order (1e-6).
-Memory: one chunk's logits (``chunk_rows``: 2**28 elements, 0.5 GiB in bf16 on the GPU path, 1 GiB of
+Memory: one chunk's logits (``chunk_rows``: 1 GiB of them, 2**29 elements in bf16 on the GPU path, 2**28 of
 float32 on the eager one) and the weight's float32 gradient (``V x H``). Where the weight is not
-float32 that accumulator is kept in blocks of 2**25 elements, converted to the weight's dtype one at a
-time, so the conversion never holds the float32 accumulator and a converted copy at once. (A full-logit
+float32 that accumulator is kept in blocks of 2**27 elements, converted to the weight's dtype one at a
+time, so the conversion never holds the float32 accumulator and a converted copy at once. The sizes are
+measured (benchmarks/results/lm_head_breakdown_h100, one H100 at 16k tokens): each chunk reads and writes the
+whole accumulator, so chunks of 0.5 GiB took 10% longer at a 248k vocabulary, and blocks of 2**25 elements made
+15 small GEMMs a chunk (8 ms more than one). (A full-logit
 loss holds the logits, their float32 copy and its gradient: ~10 GB per copy at 16k tokens and a 152k
 vocabulary.)
 Cost: the same three products as the full-logit loss.
@@ -45,8 +48,8 @@ import torch
 __all__ = ["MAX_CHUNK_ROWS", "LogitTransform", "chunk_rows", "token_log_probs", "weighted_cross_entropy"]
 
 MAX_CHUNK_ROWS = 4096  # the most tokens whose logits are held at once
-_CHUNK_ELEMENTS = 1 << 28  # logits per chunk: 0.5 GiB in bf16 (compiled), 1 GiB in float32 (eager)
-_BLOCK_ELEMENTS = 1 << 25  # the weight's float32 gradient, converted to its dtype a block (128 MiB) at a time
+_CHUNK_BYTES = 1 << 30  # logits per chunk: 1 GiB (2**29 in bf16 on the compiled path, 2**28 in float32 eager)
+_BLOCK_ELEMENTS = 1 << 27  # the weight's float32 gradient, converted to its dtype a block (512 MiB) at a time
 
 
 @dataclass(frozen=True)
@@ -76,13 +79,15 @@ class LogitTransform:
         return z
 
 
-def chunk_rows(vocab: int, max_rows: int = MAX_CHUNK_ROWS) -> int:
-    """Tokens per chunk: at most ``max_rows``, and about 2**28 logits (a multiple of 128).
+def chunk_rows(vocab: int, max_rows: int = MAX_CHUNK_ROWS, element_size: int = 4) -> int:
+    """Tokens per chunk: at most ``max_rows``, and about 1 GiB of logits of ``element_size`` bytes (a multiple of 128).
 
     >>> chunk_rows(32_000), chunk_rows(151_936), chunk_rows(248_320)
     (4096, 1664, 1024)
+    >>> chunk_rows(151_936, element_size=2), chunk_rows(248_320, element_size=2)  # bf16 logits (compiled)
+    (3456, 2048)
     """
-    rows = _CHUNK_ELEMENTS // max(1, vocab) // 128 * 128
+    rows = _CHUNK_BYTES // element_size // max(1, vocab) // 128 * 128
     return max(128, min(max_rows, rows))
 
 
@@ -190,6 +195,11 @@ def _compiled(compiled: bool, device: torch.device):
     return _compiled_chunk() if compiled and device.type == "cuda" else None
 
 
+def _rows(weight: torch.Tensor, h: torch.Tensor, fn) -> int:
+    """Tokens per chunk: the compiled chunk holds its logits in the projection's dtype, the eager one in float32."""
+    return chunk_rows(weight.shape[0], element_size=4 if fn is None else h.element_size())
+
+
 def _logits(h, w, bias, fn) -> torch.Tensor:
     """One chunk's logits: in the projection's dtype for the compiled chunk, float32 for the eager one."""
     return _project(h, w, bias, float32=fn is None)
@@ -249,7 +259,8 @@ class _WeightedCrossEntropy(torch.autograd.Function):
             h, w = hidden.to(dtype), weight.to(dtype)
             loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
             grads = _Chunks(hidden, weight, bias) if needs_grad else None
-            fn, step = _compiled(compiled, h.device), chunk_rows(weight.shape[0])
+            fn = _compiled(compiled, h.device)
+            step = _rows(weight, h, fn)
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
                 z = _logits(h[rows], w, bias, fn)
@@ -309,7 +320,8 @@ class _TokenLogProbs(torch.autograd.Function):
             out = torch.empty(h.shape[0], dtype=torch.float32, device=hidden.device)
             lse = torch.empty_like(out)
             none = torch.zeros(h.shape[0], dtype=torch.float32, device=hidden.device)
-            fn, step = _compiled(compiled, h.device), chunk_rows(weight.shape[0])
+            fn = _compiled(compiled, h.device)
+            step = _rows(weight, h, fn)
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
                 z = _logits(h[rows], w, bias, fn)
@@ -327,7 +339,8 @@ class _TokenLogProbs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)
             grads = _Chunks(hidden, weight, bias)
-            fn, step = _compiled(ctx.compiled, h.device), chunk_rows(weight.shape[0])
+            fn = _compiled(ctx.compiled, h.device)
+            step = _rows(weight, h, fn)
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
                 z = _logits(h[rows], w, bias, fn)

@@ -14,7 +14,7 @@ TRANSFORMS = [LogitTransform(), LogitTransform(scale=0.3), LogitTransform(scale=
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(chunked, "_CHUNK_ELEMENTS", 128 * 50)  # chunks of 128 tokens at a vocabulary of 50
+    monkeypatch.setattr(chunked, "_CHUNK_BYTES", 128 * 50 * 4)  # chunks of 128 tokens at a vocabulary of 50 (float32)
 
 
 @pytest.fixture
@@ -96,6 +96,9 @@ def test_no_target_gives_a_zero_loss_that_still_backpropagates():
 def test_chunks_hold_at_most_4096_tokens_and_about_a_gib_of_logits():
     assert [chunk_rows(v) for v in (512, 32_000, 151_936, 248_320)] == [4096, 4096, 1664, 1024]
     assert all(chunk_rows(v) * v * 4 <= (1 << 30) for v in (151_936, 248_320))
+    # the compiled chunk's logits in bf16: as many bytes, twice the rows (half the passes over dW's accumulator)
+    assert [chunk_rows(v, element_size=2) for v in (512, 151_936, 248_320)] == [4096, 3456, 2048]
+    assert all(chunk_rows(v, element_size=2) * v * 2 <= (1 << 30) for v in (151_936, 248_320))
 
 
 def test_under_autocast_the_projection_runs_in_the_autocast_dtype_and_accumulates_in_float32():
