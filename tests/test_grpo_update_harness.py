@@ -39,3 +39,19 @@ def test_the_harness_times_both_trainers_on_the_same_groups_and_compares_them(tm
     whole = shared["generation"]["median_seconds"] + shared["median_update_seconds"]
     trl_whole = trl["generation"]["median_seconds"] + trl["median_update_seconds"]
     assert row["whole_step_vs_trl"] == pytest.approx(trl_whole / whole)
+
+
+@pytest.mark.slow
+def test_the_harness_times_rloo_the_same_way(tmp_path):
+    smoke = ["--smoke", "--trainer", "rloo", "--steps", "1", "--warmup", "1", "--out", str(tmp_path)]
+    for setting in ("trl", "packed"):
+        code, out, err = preloaded_run([str(SCRIPT), *smoke, "--setting", setting])
+        assert code == 0, (out + err)[-3000:]
+    trl, packed = (json.loads((tmp_path / f"rloo_qwen3_{s}.json").read_text()) for s in ("trl", "packed"))
+    assert trl["trainer"] == packed["trainer"] == "rloo"
+    assert [s["tokens"] for s in trl["steps"]] == [s["tokens"] for s in packed["steps"]]
+    subprocess.run([sys.executable, str(SCRIPT), "--compare", "--out", str(tmp_path)], check=True, capture_output=True)
+    (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert (row["trainer"], row["setting"]) == ("rloo", "packed")
+    assert row["update_tokens_per_s_vs_trl"] == pytest.approx(packed["median_tokens_per_s"] / trl["median_tokens_per_s"])
+    assert row["grad_norm_max_rel_diff_vs_trl"] < 1e-4  # the first step, before any ratio moves off 1

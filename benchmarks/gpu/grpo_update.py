@@ -16,7 +16,9 @@ log-probabilities and TRL's loss), the backward, the optimizer's step, between t
 groups in every setting (seeded): G = 8 completions of one prompt per step (TRL's micro-batch of
 ``per_device_train_batch_size = G``), prompts lognormal around 1,000 tokens clipped to [64, 4096] (``--prompts``), completions
 lognormal around 512 clipped to [16, 2048]; ``advantages`` standard normal; ``beta = 0`` and ``loss_type`` TRL's
-default (``dapo``), so the policy's forward is the only one (TRL's defaults: no reference model).
+default (``dapo``), so the policy's forward is the only one (TRL's defaults: no reference model). ``--trainer rloo``
+times RLOOTrainer against PackingRLOOTrainer the same way (beta 0 there too: RLOO's default 0.05 would load a
+reference model by name; its ``old_logps`` per sequence, about a random completion's), runs named ``rloo_*``.
 
     trl     TRL 1.16 GRPOTrainer: prompts padded left, completions right, its fused LM head; attention "sdpa"
             (``--trl-attn``; what a GPU without flash-attn packages gives a TRL user)
@@ -71,6 +73,8 @@ def arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--trl-attn", default="sdpa", help="TRL's attention")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trainer", choices=("grpo", "rloo"), default="grpo",
+                        help="TRL's GRPOTrainer / RLOOTrainer against PackingGRPOTrainer / PackingRLOOTrainer")
     parser.add_argument("--model", choices=MODELS, default="qwen3", help="qwen3: Qwen3-1.7B's shape; qwen3_5: a hybrid")
     parser.add_argument("--generate", type=int, default=0,
                         help="after the update steps, time this many groups' generation (TRL's own on every side)")
@@ -93,7 +97,7 @@ def group_lengths(args, count: int) -> list[tuple[int, list[int]]]:
     return groups
 
 
-def group_inputs(prompt: int, completions: list[int], vocab: int, seed: int, device) -> dict:
+def group_inputs(prompt: int, completions: list[int], vocab: int, seed: int, device, rloo: bool = False) -> dict:
     """TRL's inputs to its loss for one group: one prompt (G times), completions padded right, advantages."""
     import torch
 
@@ -108,6 +112,8 @@ def group_inputs(prompt: int, completions: list[int], vocab: int, seed: int, dev
         "completion_mask": completion_mask, "advantages": torch.randn(len(completions), generator=g),
         "old_per_token_logps": None, "num_items_in_batch": completion_mask.sum(),
     }  # fmt: skip
+    if rloo:  # RLOO's ratio is per sequence: the old policy's log-probability of a random completion, about uniform
+        inputs["old_logps"] = -completion_mask.sum(1).float() * float(np.log(vocab))
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}
 
 
@@ -139,12 +145,12 @@ def run_one(args) -> dict:
     import datasets
     import torch
     from _dpo_data import word_tokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
     sys.path.insert(0, str(HERE.parents[2]))
     from _vs_trl_measure import fa4_int_lengths
 
-    from packing_collators import PackingGRPOTrainer, choose_attention
+    from packing_collators import PackingGRPOTrainer, PackingRLOOTrainer, choose_attention
     from packing_collators._compat import enable_activation_checkpointing
 
     cuda = torch.cuda.is_available() and not args.smoke
@@ -156,16 +162,18 @@ def run_one(args) -> dict:
         attention = "sdpa"
     choose_attention(model, attention)  # packing_varlen / packing_fa4 registered first
     enable_activation_checkpointing(model, {"use_reentrant": False})
-    config = GRPOConfig(output_dir=str(Path(args.out) / "trainer"), per_device_train_batch_size=args.group,
+    rloo = args.trainer == "rloo"
+    config = (RLOOConfig if rloo else GRPOConfig)(output_dir=str(Path(args.out) / "trainer"), per_device_train_batch_size=args.group,
                         num_generations=args.group, max_completion_length=2048, bf16=cuda, use_cpu=not cuda,
-                        learning_rate=1e-6, report_to="none", save_strategy="no", disable_tqdm=True)  # fmt: skip
+                        learning_rate=1e-6, beta=0.0, report_to="none", save_strategy="no", disable_tqdm=True)  # fmt: skip
     prompts = datasets.Dataset.from_list([{"prompt": "w1 w2"}] * args.group)
     common = dict(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=config,
                   train_dataset=prompts, processing_class=word_tokenizer(model.config.vocab_size))  # fmt: skip
     if args.setting == "trl":
-        trainer = GRPOTrainer(**common)
+        trainer = (RLOOTrainer if rloo else GRPOTrainer)(**common)
     else:
-        trainer = PackingGRPOTrainer(**common, share_prompt=args.setting == "shared", packing_probe=False)
+        packing = PackingRLOOTrainer if rloo else PackingGRPOTrainer
+        trainer = packing(**common, share_prompt=args.setting == "shared", packing_probe=False)
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1  # what the Trainer's loop sets: one micro-batch per step
     model.train()
@@ -174,7 +182,7 @@ def run_one(args) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     for index, (prompt, completions) in enumerate(groups):
-        inputs = group_inputs(prompt, completions, model.config.vocab_size, args.seed + index, device)
+        inputs = group_inputs(prompt, completions, model.config.vocab_size, args.seed + index, device, rloo)
         if cuda:
             torch.cuda.synchronize()
         started = time.perf_counter()
@@ -201,7 +209,7 @@ def run_one(args) -> dict:
     import trl
 
     return {
-        "setting": args.setting, "model": args.model, "attention": attention, "fa4_int_lengths": fa4, "layer_paths": paths,
+        "setting": args.setting, "trainer": args.trainer, "model": args.model, "attention": attention, "fa4_int_lengths": fa4, "layer_paths": paths,
         "generation": generation, "median_update_seconds": statistics.median(s["seconds"] for s in steps if not s["warmup"]), "device": torch.cuda.get_device_name() if cuda else "cpu",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "prompts": args.prompts, "steps": steps, "losses": losses,
@@ -239,30 +247,31 @@ def time_generation(args, trainer, groups, cuda: bool) -> dict:
             "error": error, "completion_tokens": args.generate_tokens, "prompts": [p for p, _ in groups]}  # fmt: skip
 
 
-def run_name(model: str, setting: str) -> str:
-    return f"{model}_{setting}"
+def run_name(model: str, setting: str, trainer: str = "grpo") -> str:
+    return f"{model}_{setting}" if trainer == "grpo" else f"{trainer}_{model}_{setting}"
 
 
 def compare(out: Path) -> list[dict]:
     runs = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.stem != "results"}
     rows = []
-    for model in MODELS:
-        trl = runs.get(run_name(model, "trl"))
-        for name in ("packed", "shared"):
-            run = runs.get(run_name(model, name))
-            if run is None or trl is None or "error" in run or "error" in trl:
-                continue
-            rows.append(compare_row(model, name, run, trl))
+    for trainer in ("grpo", "rloo"):
+        for model in MODELS:
+            trl = runs.get(run_name(model, "trl", trainer))
+            for name in ("packed", "shared"):
+                run = runs.get(run_name(model, name, trainer))
+                if run is None or trl is None or "error" in run or "error" in trl:
+                    continue
+                rows.append({"trainer": trainer, **compare_row(model, name, run, trl)})
     (out / "results.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
-    lines = ["| model | setting | prompts (shortest, median, longest) | attention (ours / TRL) | update tokens/s | TRL | x TRL | "
+    lines = ["| trainer | model | setting | prompts (shortest, median, longest) | attention (ours / TRL) | update tokens/s | TRL | x TRL | "
              "peak GiB | TRL GiB | memory x TRL | grad_norm rel diff | whole step s (TRL) | whole step x TRL |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         memory = f"{r['peak_memory_vs_trl']:.3f}" if r["peak_memory_vs_trl"] else "-"
         peaks = [f"{v:.1f}" if v else "-" for v in (r["peak_gib"], r["trl_peak_gib"])]
         whole = (f"{r['whole_step_s']:.2f} ({r['trl_whole_step_s']:.2f}) | {r['whole_step_vs_trl']:.3f}"
                  if r["whole_step_vs_trl"] else "- | -")  # fmt: skip
-        lines.append(f"| {r['model']} | {r['setting']} | {r['prompts']} | {r['attention']} / {r['trl_attention']} | "
+        lines.append(f"| {r['trainer']} | {r['model']} | {r['setting']} | {r['prompts']} | {r['attention']} / {r['trl_attention']} | "
                      f"{r['update_tokens_per_s']:,.0f} | {r['trl_update_tokens_per_s']:,.0f} | {r['update_tokens_per_s_vs_trl']:.3f} | "
                      f"{peaks[0]} | {peaks[1]} | {memory} | {r['grad_norm_max_rel_diff_vs_trl']:.2e} | {whole} |")  # fmt: skip
     print("\n".join(lines))
@@ -304,11 +313,11 @@ def main() -> None:
             print(done.stdout[-2000:], done.stderr[-4000:] if done.returncode else "", flush=True)
             if done.returncode:  # the run's failure is a result: recorded, the driver goes on
                 failed = {"setting": setting, "model": args.model, "error": done.stderr[-4000:]}
-                (out / f"{run_name(args.model, setting)}.json").write_text(json.dumps(failed))
+                (out / f"{run_name(args.model, setting, args.trainer)}.json").write_text(json.dumps(failed))
         return
     sys.path[:0] = [str(HERE.parent), str(HERE.parents[1])]  # benchmarks/gpu (_dpo_data), benchmarks (_lengths)
     result = run_one(args)
-    (out / f"{run_name(args.model, args.setting)}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{run_name(args.model, args.setting, args.trainer)}.json").write_text(json.dumps(result, indent=1))
     print(f"{args.setting}: {result['median_tokens_per_s']:,.0f} tokens/s, peak {result['peak_gib']} GiB")
 
 
