@@ -10,7 +10,7 @@ backward. Kernels (those not installed are skipped and listed):
     chunked_eager     packing_collators.loss.weighted_cross_entropy(compiled=False): chunks, eager steps
     chunked_compiled  the same, each chunk's softmax and gradient as torch.compile'd kernels (the default)
     chunked_2x        chunked_compiled with chunks of twice its logits: half the passes over the weight's float32
-                      accumulator (lm_head_breakdown_h100 ran it at 1 GiB against the 0.5 GiB default of then)
+                      accumulator, at twice the logits' memory
     logprobs          packing_collators.loss.token_log_probs (recomputes in the backward; preference losses)
     liger             liger-kernel's fused linear cross-entropy (Triton)
     cce_exact         cut-cross-entropy's linear_cross_entropy, filter_eps=None (no gradient filtering)

@@ -29,10 +29,9 @@ gradients equal the full-logit ones up to summation order (1e-6).
 Memory: one chunk's logits (``chunk_rows``: 1 GiB of them, 2**29 elements in bf16 on the GPU path, 2**28 of
 float32 on the eager one) and the weight's float32 gradient (``V x H``). Where the weight is not
 float32 that accumulator is kept in blocks of 2**27 elements, converted to the weight's dtype one at a
-time, so the conversion never holds the float32 accumulator and a converted copy at once. The sizes are
-measured (benchmarks/results/lm_head_breakdown_h100, one H100 at 16k tokens): each chunk reads and writes the
-whole accumulator, so chunks of 0.5 GiB took 10% longer at a 248k vocabulary, and blocks of 2**25 elements made
-15 small GEMMs a chunk (8 ms more than one). (A full-logit
+time, so the conversion never holds the float32 accumulator and a converted copy at once. Each chunk reads and
+writes the whole accumulator, so chunks and blocks are as large as that memory allows
+(benchmarks/results/lm_head_breakdown_h100). (A full-logit
 loss holds the logits, their float32 copy and its gradient: ~10 GB per copy at 16k tokens and a 152k
 vocabulary.)
 Cost: the same three products as the full-logit loss.
