@@ -129,7 +129,8 @@ def ssd_from_prompts(ssd: Callable, passes: SharedPrefix, x, dt, A, B, C, D, chu
 
 
 def _ssd_final_states(cu: list[int], A, x, dt, B) -> list[torch.Tensor]:
-    """Each prompt's state at its end, float32 (h, p, n): ``sum_s exp(A * (dt_s+1 + ... + dt_end)) dt_s x_s B_s``."""
+    """Each prompt's state at its end, float32 (g, h / g, p, n), the heads by their B group:
+    ``sum_s exp(A * (dt_s+1 + ... + dt_end)) dt_s x_s B_s``."""
     heads, groups = x.shape[1], B.shape[1]
     states = []
     for start, end in zip(cu[:-1], cu[1:]):
@@ -137,24 +138,24 @@ def _ssd_final_states(cu: list[int], A, x, dt, B) -> list[torch.Tensor]:
         after = decay.flip(0).cumsum(0).flip(0) - decay  # what each token's contribution decays by until the end
         weighted = x[start:end].float() * (after.exp() * dt[start:end].float())[..., None]  # (L, h, p)
         weighted = weighted.reshape(end - start, groups, heads // groups, -1)
-        states.append(torch.einsum("sgkp,sgn->gkpn", weighted, B[start:end].float()).reshape(heads, *weighted.shape[3:], -1))
+        states.append(torch.einsum("sgkp,sgn->gkpn", weighted, B[start:end].float()))
     return states
 
 
 def _from_states(passes: SharedPrefix, states: list[torch.Tensor], A, dt, C) -> torch.Tensor:
     """(R, h, p) float32: ``C_t exp(A * (dt_1 + ... + dt_t)) S`` at each rest token whose segment starts from a
     prompt's state S (t counted from the segment's start), 0 elsewhere."""
-    heads, groups, device = dt.shape[1], C.shape[1], dt.device
+    heads, device = dt.shape[1], dt.device
     lengths = passes.cu_rest.diff().long()  # on the host, as the passes are
     starts = passes.cu_rest[:-1].long().repeat_interleave(lengths)
     token_prompt = passes.rest_prompt.repeat_interleave(lengths)
     decay = (A.double() * dt.double()).cumsum(0)  # float64: differences of long sums
     before = decay.index_select(0, (starts - 1).clamp(min=0).to(device)) * (starts > 0).to(device)[:, None]
     since_start = (decay - before).float().exp()  # (R, h): exp(A * (dt_1 + ... + dt_t)) within each segment
-    out = torch.zeros((dt.shape[0], heads, states[0].shape[1]), dtype=torch.float32, device=device)
+    out = torch.zeros((dt.shape[0], heads, states[0].shape[2]), dtype=torch.float32, device=device)
     for prompt, state in enumerate(states):
         index = (token_prompt == prompt).nonzero().squeeze(1).to(device)
         c = C.index_select(0, index).float()  # (t, g, n)
-        read = torch.einsum("tgn,gkpn->tgkp", c, state.reshape(groups, heads // groups, *state.shape[1:]))
+        read = torch.einsum("tgn,gkpn->tgkp", c, state)
         out = out.index_add(0, index, read.reshape(len(index), heads, -1) * since_start.index_select(0, index)[..., None])
     return out
