@@ -29,6 +29,7 @@ $(OLDEST)/.installed-oldest: pyproject.toml scripts/install_oldest.sh
 
 test-oldest: $(OLDEST)/.installed-oldest
 	$(OLDEST)/bin/python -m pytest -m "not slow"
+	@cat $(OLDEST)/torch-floor-not-tested 2>/dev/null || true
 
 bench: $(VENV)/.installed-dev-bench
 	$(PY) benchmarks/cpu/bench_engine.py
