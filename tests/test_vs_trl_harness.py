@@ -107,6 +107,11 @@ def test_compare_rows_are_ours_over_trl(runs):
         assert row["tokens_per_s"] == a["median_tokens_per_s"] and row["trl_tokens_per_s"] == b["median_tokens_per_s"]
         assert row["tokens_per_s_vs_trl"] == pytest.approx(a["median_tokens_per_s"] / b["median_tokens_per_s"])
         assert "peak_memory_vs_trl" in row and row["peak_memory_vs_trl"] is None  # no GPU memory on a CPU
+        # process start (here the fork from the preloaded server) to the end of step 1: the step itself and the set-up
+        for run in (runs[ours], runs[theirs]):
+            assert run["steps"][0]["seconds"] + run["setup_seconds"] <= run["first_step_s"] + 0.05  # ticks of 10 ms
+            assert run["first_step_s"] <= run["setup_seconds"] + run["train_call_seconds"] + 60
+        assert row["first_step_vs_trl"] == pytest.approx(runs[ours]["first_step_s"] / runs[theirs]["first_step_s"])
     flat = rows[f"ours_flattening_{VOCAB}_gc_on"]
     assert flat["same_batches"] is True and flat["first_loss_equal"] is True and flat["first_loss_abs_diff"] < 1e-4
     assert f"| ours_flattening_{VOCAB}_gc_on | trl_padding_free_{VOCAB}_gc_on | {VOCAB} | on |" in runs["readme"]

@@ -12,11 +12,15 @@ after training, so recording adds no host sync beyond the two at the step's boun
 
 ``step_statistics`` turns the steps into the figures a row reports (the median step, the steady state without
 stalls, the whole run); ``fa4_int_lengths`` installs the FA4 wrapper every CUDA setting runs through.
+``first_step_s``: from the process's start (the interpreter's, before torch is imported) to the end of the first
+optimizer step: what a user who times a short run waits for (imports, the model, the trainer's checks and
+dry runs, compiles, the step).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import statistics
 import time
 
@@ -67,7 +71,7 @@ class StepRecorder:
         self.device = device
         self.raw: list[dict] = []  # per step: seconds and its micro-batches' numbers (tensors until summary)
         self._micro: list[dict] = []
-        self._began = self.first_begin = self.last_end = None
+        self._began = self.first_begin = self.last_end = self.first_step_s = None
         self.peak_before_steps = self.folded = 0  # bytes: before the first step; peaks that resets would lose
 
     def attach(self, trainer) -> None:
@@ -112,6 +116,8 @@ class StepRecorder:
         self._sync()
         self.last_end = time.perf_counter()
         self.raw.append({"seconds": self.last_end - self._began, "micro": self._micro})
+        if self.first_step_s is None:
+            self.first_step_s = seconds_since_process_start()
         # a line per step as it ends (the log shows how far a run that is cut off got; no sync beyond the clock's)
         print(f"vs_trl: step {len(self.raw)} took {self.raw[-1]['seconds']:.2f} s", flush=True)
 
@@ -213,6 +219,24 @@ def fa4_int_lengths() -> dict:
 
     cute.flash_attn_varlen_func = counted
     return seen
+
+
+def seconds_since_process_start() -> float:
+    """Wall seconds since this process started: from ``/proc`` (Linux; the interpreter's start, clock ticks), else
+    since this module was imported.
+
+    >>> 0 <= seconds_since_process_start() < 24 * 3600
+    True
+    """
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            started_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime, after the name
+            return float(uptime.read().split()[0]) - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+_IMPORTED = time.perf_counter()
 
 
 def versions() -> dict:

@@ -5,7 +5,8 @@
                                                               README.md: that table, then every setting's figures
 
 A row's ratios are ours / TRL's: ``tokens_per_s_vs_trl`` on the median step's tokens/s, ``peak_memory_vs_trl``
-on the whole run's peak allocated memory (None on a CPU run, which has none). The flattening pair trains the
+on the whole run's peak allocated memory (None on a CPU run, which has none), ``first_step_vs_trl`` on
+``first_step_s`` (process start to the end of step 1: below 1 means ours trains its first step sooner). The flattening pair trains the
 same batches: its row also says whether their tokens and token-id checksums match step by step, and how far
 apart their first losses are.
 """
@@ -64,6 +65,9 @@ def pair_row(ours: dict, theirs: dict) -> dict:
         "steady_tokens_per_s_vs_trl": _ratio(a["steady_tokens_per_s"], b["steady_tokens_per_s"]),
         "whole_run_tokens_per_s_vs_trl": _ratio(a["whole_run_tokens_per_s"], b["whole_run_tokens_per_s"]),
         "peak_memory_steps_vs_trl": _ratio(ours["peak_memory_steps_gib"], theirs["peak_memory_steps_gib"]),
+        "first_step_s": ours.get("first_step_s"),
+        "trl_first_step_s": theirs.get("first_step_s"),
+        "first_step_vs_trl": _ratio(ours.get("first_step_s"), theirs.get("first_step_s")),
         "mean_tokens_per_step": a["mean_tokens_per_step"],
         "trl_mean_tokens_per_step": b["mean_tokens_per_step"],
         "trl_stalls": len(b["stalls"]),
@@ -113,8 +117,8 @@ def readme(rows: list[dict], runs: list[dict]) -> str:
         "median step's real tokens/s, the whole run's peak allocated memory.",
         "",
         "| ours | TRL | vocab | grad ckpt | compiled | tokens/s ours | tokens/s TRL | x TRL | peak GiB ours "
-        "| peak GiB TRL | memory x TRL | same batches | step-1 loss diff |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak GiB TRL | memory x TRL | first step s ours | first step s TRL | same batches | step-1 loss diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         same = {True: "yes", False: "NO"}.get(r.get("same_batches"), "-")
@@ -123,7 +127,8 @@ def readme(rows: list[dict], runs: list[dict]) -> str:
             f"| {r['setting']} | {r['vs']} | {r['vocab']} | {'on' if r['grad_checkpointing'] else 'off'} "
             f"| {_compiled(r.get('compiled'))} | {_fmt(r['tokens_per_s'])} | {_fmt(r['trl_tokens_per_s'])} | {_fmt(r['tokens_per_s_vs_trl'], '.3f')} "
             f"| {_fmt(r['peak_memory_gib'], '.1f')} | {_fmt(r['trl_peak_memory_gib'], '.1f')} "
-            f"| {_fmt(r['peak_memory_vs_trl'], '.3f')} | {same} | {_fmt(r.get('first_loss_abs_diff'), '.2e')} |"
+            f"| {_fmt(r['peak_memory_vs_trl'], '.3f')} | {_fmt(r['first_step_s'], '.1f')} | {_fmt(r['trl_first_step_s'], '.1f')} "
+            f"| {same} | {_fmt(r.get('first_loss_abs_diff'), '.2e')} |"
         )
     lines += ["", "Every setting (stalls: steps slower than twice the median step, by step number):", ""]
     return "\n".join(lines + _settings_table(runs)) + "\n"

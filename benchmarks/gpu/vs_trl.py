@@ -270,6 +270,7 @@ def run_setting(args) -> dict:
         "steps_planned": args.warmup + timed_steps,
         "setup_seconds": built - began,
         "train_call_seconds": trained - built,
+        "first_step_s": recorder.first_step_s,
         "versions": {**versions(), "commit": _commit()},
         "command": _command(),
         "steps": steps,
