@@ -57,7 +57,9 @@ def flat_sequences_batch(sequences: Sequence[Mapping]) -> dict:
     """
     import torch
 
-    batch = FlatteningCollator()(list(sequences))
+    collator = FlatteningCollator()
+    collator._no_targets.warned = True  # a scorer's rows, not training data: all masked is TRL's choice (truncations)
+    batch = collator(list(sequences))
     lengths = np.array([len(s["input_ids"]) for s in sequences], dtype=np.int64)
     batch[TOKEN_SEQUENCE] = torch.from_numpy(np.repeat(np.arange(len(sequences)), lengths))[None]
     return batch

@@ -310,10 +310,11 @@ def weighted_cross_entropy(
 
 
 class _TokenLogProbs(torch.autograd.Function):
-    """log p(target) per token over chunks; the backward recomputes each chunk's logits."""
+    """log p(target) per token over chunks, and each token's entropy (``stats``); the backward recomputes each
+    chunk's logits. The entropy is an output with gradients only where ``entropy_grad`` (an entropy bonus)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, transform, dtype, compiled, stats):
+    def forward(ctx, hidden, weight, bias, targets, transform, dtype, compiled, stats, entropy_grad):
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(dtype), weight.to(dtype)
             out = torch.empty(h.shape[0], dtype=torch.float32, device=hidden.device)
@@ -330,26 +331,48 @@ class _TokenLogProbs(torch.autograd.Function):
                 out[rows] = chosen - lse[rows]
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.transform, ctx.dtype, ctx.compiled = transform, dtype, compiled
-        return out
+        entropy = stats["entropy"] if stats else out.new_zeros(out.shape)
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
+        return out, entropy
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, grad_entropy):
         hidden, weight, bias, targets = ctx.saved_tensors
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)
             grads = _Chunks(hidden, weight, bias)
             fn = _compiled(ctx.compiled, h.device)
             step = _rows(weight, h, fn)
+            if grad_entropy is not None:  # the autograd of a chunk's float32 logits: a few chunk-sized buffers
+                step = chunk_rows(weight.shape[0], element_size=4 * _ENTROPY_BUFFERS)
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
                 z = _logits(h[rows], w, bias, fn)
-                # d log p(t) / d logits = onehot(t) - softmax: the weighted gradient with weights -grad_out
-                upstream = -grad_out[rows].float()
-                *_, grad = _chunk(z, targets[rows], upstream, ctx.transform, ctx.dtype, True, fn)
+                if grad_entropy is not None:
+                    grad = _log_prob_and_entropy_grad(z, targets[rows], grad_out[rows], grad_entropy[rows],
+                                                      ctx.transform).to(ctx.dtype)  # fmt: skip
+                else:  # d log p(t) / d logits = onehot(t) - softmax: the weighted gradient with weights -grad_out
+                    upstream = -grad_out[rows].float()
+                    *_, grad = _chunk(z, targets[rows], upstream, ctx.transform, ctx.dtype, True, fn)
                 del z
                 grads.add(grad, h, w, rows)
                 del grad
-        return (*grads.result(weight, bias), None, None, None, None, None)
+        return (*grads.result(weight, bias), None, None, None, None, None, None)
+
+
+_ENTROPY_BUFFERS = 6  # float32 (r, V) tensors alive in _log_prob_and_entropy_grad's autograd
+
+
+def _log_prob_and_entropy_grad(z, targets, grad_log_prob, grad_entropy, transform: LogitTransform) -> torch.Tensor:
+    """d(sum(grad_log_prob * log p(target) + grad_entropy * entropy)) / dz, float32 (r, V), through the transform."""
+    with torch.enable_grad():
+        leaf = z.detach().float().requires_grad_()
+        log_p = torch.log_softmax(transform.apply(leaf), dim=-1)
+        chosen = log_p.gather(1, targets[:, None])[:, 0]
+        entropy = -(log_p.exp() * log_p).sum(-1)
+        (grad,) = torch.autograd.grad((chosen, entropy), leaf, (grad_log_prob.float(), grad_entropy.float()))
+    return grad
 
 
 def _token_stats(logits: torch.Tensor, targets: torch.Tensor, rows: slice, stats: dict, total: int) -> None:
@@ -372,16 +395,24 @@ def token_log_probs(
     *,
     compiled: bool = True,
     stats: dict | None = None,
+    entropy_grad: bool = False,
 ) -> torch.Tensor:
     """float32 (N,): ``log_softmax(transform(hidden @ weight.T + bias))[i, targets[i]]``, a chunk at a time.
 
-    ``stats``: a dict filled, in the same pass and without gradients, with each token's ``entropy``,
-    ``mean_logits`` (over the vocabulary) and ``is_top1`` (1.0 where the target is the most likely token),
-    float32 (N,) each: what preference trainers log.
+    ``stats``: a dict filled, in the same pass, with each token's ``entropy``, ``mean_logits`` (over the
+    vocabulary) and ``is_top1`` (1.0 where the target is the most likely token), float32 (N,) each: what
+    preference and RL trainers log. Without gradients, but for the ``entropy`` where ``entropy_grad`` (a loss that
+    rewards it, such as TRL's entropy bonus: its backward then recomputes each chunk's softmax under autograd).
 
     >>> hidden, weight = torch.randn(3, 4, generator=torch.Generator().manual_seed(0)), torch.eye(6, 4)
     >>> full = torch.log_softmax(hidden @ weight.t(), -1)[torch.arange(3), torch.tensor([0, 1, 5])]
     >>> bool(torch.allclose(token_log_probs(hidden, weight, None, torch.tensor([0, 1, 5])), full))
     True
     """
-    return _TokenLogProbs.apply(hidden, weight, bias, targets, transform, _compute_dtype(hidden), compiled, stats)
+    if entropy_grad and stats is None:
+        raise ValueError("token_log_probs(entropy_grad=True) returns the entropies in stats: pass stats={}")
+    out, entropy = _TokenLogProbs.apply(hidden, weight, bias, targets, transform, _compute_dtype(hidden), compiled,
+                                        stats, bool(entropy_grad))  # fmt: skip
+    if stats is not None:
+        stats["entropy"] = entropy
+    return out

@@ -86,7 +86,7 @@ def chunked_forward(model, inputs: Mapping, head: OutputHead, targets: torch.Ten
 
 def log_prob_forward(
     model, inputs: Mapping, head: OutputHead | None, targets: torch.Tensor, stats: dict | None = None, rows=None,
-    temperature: float = 1.0,
+    temperature: float = 1.0, entropy_grad: bool = False,
 ):  # fmt: skip
     """(float32 (B, T): log p(target) at each position with a target, 0 elsewhere; the model's outputs).
 
@@ -94,13 +94,14 @@ def log_prob_forward(
     ``modules_to_save`` copy of ``lm_head``), the same numbers at the memory of the full logits.
 
     ``stats``: a dict filled with float32 (B, T) ``entropy``, ``mean_logits`` and ``is_top1`` at the same
-    positions (0 elsewhere), without gradients (see :func:`token_log_probs`). ``rows``: int64, shaped like
+    positions (0 elsewhere), without gradients but for the entropy where ``entropy_grad`` (see
+    :func:`token_log_probs`). ``rows``: int64, shaped like
     ``targets``, the flat hidden-state row each target position reads (a layout whose positions repeat
     row tokens, such as a shared prompt's keys); default each position its own row. ``temperature``: the
     log-probabilities of the model's logits divided by it (after its softcap), as a sampler drew the tokens."""
     mask = targets != IGNORE_INDEX
     if head is None:
-        return _full_logit_log_probs(model, inputs, targets, mask, stats, rows, temperature)
+        return _full_logit_log_probs(model, inputs, targets, mask, stats, rows, temperature, entropy_grad)
     if temperature != 1.0:
         head = dataclasses.replace(head, transform=dataclasses.replace(head.transform, temperature=float(temperature)))
     layer = head.module
@@ -109,7 +110,8 @@ def log_prob_forward(
         selected = _selected(hidden, mask, rows)
         found: dict | None = {} if stats is not None else None
         per_token = token_log_probs(
-            selected, layer.weight, layer.bias, targets[mask].to(selected.device), head.transform, stats=found
+            selected, layer.weight, layer.bias, targets[mask].to(selected.device), head.transform, stats=found,
+            entropy_grad=entropy_grad,
         )
         where = mask.to(per_token.device)
         for name, values in (found or {}).items():
@@ -120,7 +122,8 @@ def log_prob_forward(
     return _run(model, inputs, head, compute)
 
 
-def _full_logit_log_probs(model, inputs: Mapping, targets, mask, stats: dict | None, rows, temperature: float = 1.0):
+def _full_logit_log_probs(model, inputs: Mapping, targets, mask, stats: dict | None, rows, temperature: float = 1.0,
+                          entropy_grad: bool = False):  # fmt: skip
     """:func:`log_prob_forward` from the model's own logits (B, T, V), which hold whatever its head applies."""
     from ._chunked import _token_stats
 
@@ -138,6 +141,9 @@ def _full_logit_log_probs(model, inputs: Mapping, targets, mask, stats: dict | N
         found: dict = {}
         with torch.no_grad():
             _token_stats(selected.detach(), wanted, slice(None), found, wanted.numel())
+        if entropy_grad:
+            log_p = torch.log_softmax(selected, dim=-1)
+            found["entropy"] = -(log_p.exp() * log_p).sum(-1)
         for name, values in found.items():
             stats[name] = torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(where.reshape(mask.shape), values)
     out = torch.zeros(mask.shape, dtype=per_token.dtype, device=per_token.device)

@@ -7,10 +7,12 @@
         -> scatter: (B, C) log-probabilities and entropies where TRL's fused head puts them (0 on padding)
       the MoE aux loss: the mean over the chunks, as TRL's
 
-Everything after (old-policy ratios, the reference's KL, every loss type, entropy masks, the metrics) is TRL's
-code on the same numbers. Cost: one forward per chunk on its real tokens only; with ``share_prompt`` each
-prompt's tokens once instead of once per completion (Gated DeltaNet and KDA on fla's kernels too, from its final
-state; other stateful layers recompute them per completion).
+Entropies carry gradients where TRL's entropy bonus reads them (``entropy_coef``, ``use_adaptive_entropy``), and
+are tied where TRL's padded forward ties them (``first_same_context``). Everything after (old-policy ratios, the
+reference's KL, every loss type, entropy masks, the metrics) is TRL's code on the same numbers. Cost: one forward
+per chunk on its real tokens only; with ``share_prompt`` each prompt's tokens once instead of once per completion
+(Gated DeltaNet and KDA on fla's kernels too, from its final state; other stateful layers recompute them per
+completion).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..batch import KEYS_LABELS, KV_INDEX, SEQUENCE_KEYS, shifted_targets
 from ..collate import flat_sequences_batch, shared_prompt_batch
 from ..loss import log_prob_forward
 from ..models import with_shared_mask
-from ._rows import padded_rows
+from ._rows import first_same_context, padded_rows
 
 __all__ = ["MULTIMODAL_INPUTS", "PackedLogProbs"]
 
@@ -51,7 +53,10 @@ class PackedLogProbs:
                                     logits_to_keep, compute_entropy, compute_aux_loss)
                  for s in range(0, input_ids.size(0), batch_size)]  # fmt: skip
         logps = torch.cat([f[0] for f in found])
-        entropies = torch.cat([f[1] for f in found]) if compute_entropy else None
+        entropies = None
+        if compute_entropy:  # each token's entropy as TRL's padded forward ties it (_rows.first_same_context)
+            entropies = torch.cat([f[1] for f in found])
+            entropies = entropies.gather(0, first_same_context(input_ids, attention_mask, logits_to_keep))
         aux = torch.stack([f[2] for f in found]).mean() if compute_aux_loss else None
         return logps, entropies, aux
 
@@ -71,8 +76,9 @@ class PackedLogProbs:
         if compute_aux_loss:
             batch["output_router_logits"] = True
         stats: dict | None = {} if compute_entropy else None
-        per_token, outputs = log_prob_forward(model, batch, self._heads(model), targets, stats=stats,
-                                              rows=keys_rows, temperature=self.temperature)  # fmt: skip
+        entropy_grad = compute_entropy and torch.is_grad_enabled() and getattr(self, "_entropy_bonus_enabled", False)
+        per_token, outputs = log_prob_forward(model, batch, self._heads(model), targets, stats=stats, rows=keys_rows,
+                                              temperature=self.temperature, entropy_grad=entropy_grad)  # fmt: skip
         logps = rows.scatter(per_token, targets)
         # a chunk whose completions are all masked (truncated, mask_truncated_completions) has no target: zeros
         entropies = rows.scatter(stats.get("entropy", torch.zeros_like(per_token)), targets) if compute_entropy else None

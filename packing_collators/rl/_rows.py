@@ -8,6 +8,12 @@
     packed per-token values, at the keys' layout's target positions -> (B, C): column j of row i holds the
     value for token P + j (0 where that token is padding or no target), as TRL's own forward returns them
 
+Ties: TRL's padded forward computes a token whose row has the same tokens before it as another row's (a group's
+first completion token, completions that start alike) as the same numbers, bit for bit; a packed row computes
+them at other offsets, a last bit apart. ``first_same_context`` names, for each completion token, the first row
+with the same context, so that a value a threshold compares (TRL's ``top_entropy_quantile`` takes tokens at or
+above a quantile, which falls on such ties) is tied as TRL's is.
+
 A target at layout position t is token t + 1's (a causal LM predicts the next token); every sequence lies whole
 in the keys' layout (the row's, unshared), so token u of the layout is sequence ``owner[u]``'s real token
 ``column[u]`` of its row. Cost: one numpy pass over the real tokens.
@@ -22,7 +28,7 @@ import torch
 
 from ..batch import IGNORE_INDEX, shared_prefix_length
 
-__all__ = ["PaddedRows", "padded_rows"]
+__all__ = ["PaddedRows", "first_same_context", "padded_rows"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,3 +96,26 @@ def padded_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to
         column.append(columns - prompt_width)
     concat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)  # noqa: E731
     return PaddedRows(sequences, concat(owner), concat(column), (ids.shape[0], logits_to_keep))
+
+
+def first_same_context(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
+    """int64 (B, C): for each completion token (a real one) the first row whose tokens before it are the same
+    (its prompt and its completion so far: a distribution predicted from the same context); the row itself
+    for padding.
+
+    >>> ids = torch.tensor([[0, 5, 6, 1, 2], [0, 5, 6, 1, 3], [0, 5, 6, 4, 2], [7, 5, 6, 1, 2]])
+    >>> first_same_context(ids, (ids > 0).long(), 2).tolist()  # rows 0-2 share their prompt, 0 and 1 its token 1
+    [[0, 0], [0, 0], [0, 2], [3, 3]]
+    """
+    ids, mask = input_ids.cpu().numpy(), attention_mask.cpu().numpy().astype(bool)
+    rows, width = ids.shape
+    prompt = width - logits_to_keep
+    real = np.where(mask, ids, -1)  # padding as a token of its own: the same padding, the same positions
+    _, context = np.unique(real[:, :prompt], axis=0, return_inverse=True)
+    out = np.empty((rows, logits_to_keep), dtype=np.int64)
+    for j in range(logits_to_keep):
+        first = {}
+        for i in range(rows):
+            out[i, j] = first.setdefault(int(context[i]), i) if mask[i, prompt + j] else i
+        _, context = np.unique(np.stack([context.reshape(-1), real[:, prompt + j]], 1), axis=0, return_inverse=True)
+    return torch.as_tensor(out, device=input_ids.device)

@@ -187,3 +187,25 @@ def test_token_statistics_are_the_full_logits_ones(small_chunks):
     torch.testing.assert_close(stats["mean_logits"], logits.mean(-1).detach(), rtol=1e-5, atol=1e-6)
     assert torch.equal(stats["is_top1"], (logits.argmax(-1) == targets).float())
     assert 0 < float(stats["is_top1"].sum()) < len(targets)  # some tokens are top-1, some not
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_entropies_asked_with_gradients_backpropagate_as_the_full_logits_ones(small_chunks, chunk_path, transform):
+    """An entropy bonus (TRL's entropy_coef) differentiates each token's entropy too: the backward of
+    ``log p(target) * a + entropy * b`` equals the full logits' through the transform; asked without, the
+    entropies carry no gradient (what trainers log)."""
+    h, w, b, targets, upstream = _inputs(True)
+    bonus = torch.rand(len(targets), generator=torch.Generator().manual_seed(1))
+    log_p = torch.log_softmax(transform.apply(h @ w.t() + b), -1)
+    full_entropy = -(log_p.exp() * log_p).sum(-1)
+    ((log_p.gather(1, targets[:, None])[:, 0] * upstream).sum() + (full_entropy * bonus).sum()).backward()
+    expected = _grads(h, w, b)
+    stats = {}
+    ours = token_log_probs(h, w, b, targets, transform, stats=stats, entropy_grad=True)
+    ((ours * upstream).sum() + (stats["entropy"] * bonus).sum()).backward()
+    torch.testing.assert_close(stats["entropy"].detach(), full_entropy.detach(), rtol=1e-5, atol=1e-5)
+    for got, want in zip(_grads(h, w, b), expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    logged = {}
+    token_log_probs(h, w, b, targets, transform, stats=logged)
+    assert not logged["entropy"].requires_grad

@@ -1,0 +1,101 @@
+"""Set-ups TRL users run, each against TRL's GRPOTrainer on the same checkpoint and seed (tests/rl/_grpo.py): what a
+review found accepted and different, or refused although it packs exactly.
+
+The checkpoints keep their configs' defaults (``use_cache`` on, tied embeddings where the type ties them, GPT-2's
+dropout); the sharper ones (initializer range 0.2-0.5) make near-ties and float32 rounding visible where a
+near-uniform model would hide them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from _grpo import _compare, _run
+
+trl = pytest.importorskip("trl")
+if tuple(int(x) for x in trl.__version__.split(".")[:2]) < (1, 16):
+    pytest.skip("PackingGRPOTrainer builds on TRL >= 1.16's GRPOTrainer", allow_module_level=True)
+
+SMALL = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=64, pad_token_id=0, head_dim=8)  # fmt: skip
+GPT2 = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, pad_token_id=0)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("rl_setups")
+    built = {
+        "llama": ("llama", {**SMALL, "initializer_range": 0.2}),
+        "phi3": ("phi3", {**SMALL, "initializer_range": 0.5}),
+        # learned positions, 128 of them; no dropout, so the run can equal TRL's
+        "gpt2_128": ("gpt2", {**GPT2, "initializer_range": 0.2, "n_positions": 128, "attn_pdrop": 0.0,
+                              "resid_pdrop": 0.0, "embd_pdrop": 0.0}),  # fmt: skip
+        "gpt2_dropout": ("gpt2", {**GPT2, "initializer_range": 0.2}),  # its checkpoints' dropout 0.1
+    }
+    paths = {}
+    for name, (model_type, options) in built.items():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **options), dtype=torch.float32)
+        paths[name] = folder / name
+        model.save_pretrained(paths[name])
+    return paths
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+@pytest.mark.parametrize("options", [
+    {"entropy_coef": 0.05},  # TRL's entropy bonus: the loss rewards each token's entropy, so it has a gradient
+    {"entropy_coef": 0.05, "top_entropy_quantile": 0.5},
+    {"use_adaptive_entropy": True, "entropy_coef": 0.05, "entropy_target": 10.0},
+])  # fmt: skip
+def test_the_entropy_bonus_trains_as_trl(tmp_path, checkpoints, options, share_prompt):
+    _compare(tmp_path, checkpoints["llama"], share_prompt, **options)
+
+
+def test_the_entropy_bonus_through_a_peft_copy_of_the_head_trains_as_trl(tmp_path, checkpoints):
+    """``modules_to_save=["lm_head"]``: the log-probabilities and entropies from the full logits, the bonus's too."""
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"], lora_dropout=0.0)
+    _compare(tmp_path, checkpoints["llama"], True, both={"peft_config": config}, entropy_coef=0.05)
+
+
+@pytest.mark.parametrize(("share_prompt", "options"), [
+    (False, {"top_entropy_quantile": 0.5, "max_completion_length": 10}),
+    (True, {"top_entropy_quantile": 0.3, "mask_truncated_completions": True, "max_completion_length": 10}),
+])  # fmt: skip
+def test_the_high_entropy_mask_keeps_trls_ties(tmp_path, checkpoints, share_prompt, options):
+    """TRL's padded forward computes a group's first completion token (the same context in every row) as the same
+    entropy, bit for bit, and its quantile threshold falls on such ties; the packed row computes them a last bit
+    apart. Measured before the tie: step-2 loss -0.21867 against TRL's -0.26866 (unshared), 0 against 0.17496."""
+    _compare(tmp_path, checkpoints["llama"], share_prompt, **options)
+
+
+def test_a_sharp_model_is_not_refused_for_float32_rounding(tmp_path, checkpoints):
+    """Log-probabilities of -15 to -25 round to ~1e-5 in float32: the shared layout's check bounds the difference
+    relative to them (it refused at 1.24e-5 against an absolute 1e-5, a run that equals TRL within 1e-6)."""
+    _compare(tmp_path, checkpoints["phi3"], True, temperature=0.7, max_completion_length=12)
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_a_model_of_short_context_is_checked_within_it(tmp_path, checkpoints, share_prompt):
+    """GPT-2 with 128 learned positions: the shared check's longest group (a 512-token prompt where TRL sets no limit,
+    and the completion) is cut to the context, where it raised an IndexError before training."""
+    _compare(tmp_path, checkpoints["gpt2_128"], share_prompt, max_completion_length=12)
+
+
+def test_dropout_left_on_trains_and_says_it_draws_its_own_masks(tmp_path, checkpoints, caplog):
+    """GPT-2's checkpoints drop 10% and TRL's disable_dropout is False: the packed and padded forwards draw different
+    masks (equal in distribution, not number for number), which the run says before its first step."""
+    from packing_collators import PackingGRPOTrainer
+
+    with caplog.at_level(logging.WARNING, logger="packing_collators"):
+        logs, shapes, _ = _run(tmp_path, checkpoints["gpt2_dropout"], PackingGRPOTrainer, max_steps=1)
+    assert "dropout is on while training (attn_pdrop=0.1" in caplog.text and "disable_dropout=True" in caplog.text
+    assert len(logs) == 1 and shapes and all(shape[0] == 1 for shape in shapes)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="packing_collators"):
+        _run(tmp_path / "off", checkpoints["gpt2_128"], PackingGRPOTrainer, max_steps=1)
+    assert "dropout is on" not in caplog.text
