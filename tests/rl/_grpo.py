@@ -69,14 +69,15 @@ def _trls_logs(tmp_path, checkpoint, trainer_class, **options):
     return _TRLS_LOGS[key]
 
 
-def _assert_same_logs(theirs, ours):
+def _assert_same_logs(theirs, ours, loss_abs: float = 1e-6):
     assert len(theirs) == len(ours) == 2
     for step, (a, b) in enumerate(zip(theirs, ours)):
         assert set(a) == set(b)
         for key, value in a.items():
             if key in SKIPPED_METRICS or not isinstance(value, float):
                 continue
-            assert b[key] == pytest.approx(value, rel=1e-4, abs=1e-6), f"step {step + 1}: {key} {b[key]} vs TRL {value}"
+            bound = loss_abs if key == "loss" else 1e-6
+            assert b[key] == pytest.approx(value, rel=1e-4, abs=bound), f"step {step + 1}: {key} {b[key]} vs TRL {value}"
 
 
 def _compare(tmp_path, checkpoint, share_prompt, *, rloo=False, both=None, **options):
@@ -93,7 +94,9 @@ def _compare(tmp_path, checkpoint, share_prompt, *, rloo=False, both=None, **opt
     ours, shapes, trainer = _run(tmp_path / "packed", checkpoint, PackingRLOOTrainer if rloo else PackingGRPOTrainer,
                                  trainer_options={"share_prompt": share_prompt, **(both or {})}, rloo=rloo,
                                  **options)  # fmt: skip
-    _assert_same_logs(theirs, ours)
+    # RLOO's leave-one-out advantages sum to 0 in each group: its loss is float32 rounding of terms near 1 (measured
+    # 1.2e-6 against TRL's -1.2e-7 on torch 2.6), while grad_norm and the rest still agree within 1e-4
+    _assert_same_logs(theirs, ours, loss_abs=1e-5 if rloo else 1e-6)
     assert shapes and all(shape[0] == 1 for shape in shapes), f"a training forward saw padded rows: {set(shapes)}"
     return shapes, trainer
 
