@@ -79,6 +79,9 @@ def arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--generate", type=int, default=0,
                         help="after the update steps, time this many groups' generation (TRL's own on every side)")
     parser.add_argument("--generate-tokens", type=int, default=512, help="tokens each generated completion has")
+    parser.add_argument("--setting-timeout", type=float, default=None,
+                        help="with --all: seconds each setting's process may run (its finished steps are kept)")
+    parser.add_argument("--settings", default=",".join(SETTINGS), help="with --all: which settings, in this order")
     parser.add_argument("--prompts", default="64,1000,4096",
                         help="prompt lengths: shortest, median, longest (lognormal around the median, clipped)")
     return parser.parse_args(argv)
@@ -141,7 +144,7 @@ def build_model(args, device):
     return model.to(torch.float32 if args.smoke else torch.bfloat16)
 
 
-def run_one(args) -> dict:
+def run_one(args, save=None) -> dict:
     import datasets
     import torch
     from _dpo_data import word_tokenizer
@@ -200,21 +203,47 @@ def run_one(args) -> dict:
                       "warmup": index < args.warmup})
         losses.append(float(loss.detach()))
         steps[-1]["grad_norm"] = grad_norm
-    timed = [s["tokens"] / s["seconds"] for s in steps if not s["warmup"]]
+        if save is not None and index >= args.warmup:  # what a step finished is kept if the call's time runs out
+            save({**summary(args, model, attention, fa4, steps, losses, None, cuda), "partial": True})
     generation = time_generation(args, trainer, groups[: args.generate], cuda) if args.generate else None
-    from packing_collators.models import packing_layers
+    return summary(args, model, attention, fa4, steps, losses, generation, cuda)
 
-    paths = sorted(set(packing_layers(model).paths.values())) if args.setting != "trl" else None  # which kernels ran
+
+def summary(args, model, attention, fa4, steps, losses, generation, cuda) -> dict:
+    """The run's JSON: its steps so far, the median of the timed ones, the kernels its layers ran."""
+    import torch
     import transformers
     import trl
 
+    from packing_collators.models import packing_layers
+
+    timed = [s for s in steps if not s["warmup"]]
+    paths = sorted(set(packing_layers(model).paths.values())) if args.setting != "trl" else None  # which kernels ran
     return {
         "setting": args.setting, "trainer": args.trainer, "model": args.model, "attention": attention, "fa4_int_lengths": fa4, "layer_paths": paths,
-        "generation": generation, "median_update_seconds": statistics.median(s["seconds"] for s in steps if not s["warmup"]), "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "linear_attention_kernels": linear_attention_kernels(model),
+        "generation": generation, "median_update_seconds": statistics.median(s["seconds"] for s in timed), "device": torch.cuda.get_device_name() if cuda else "cpu",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "prompts": args.prompts, "steps": steps, "losses": losses,
-        "median_tokens_per_s": statistics.median(timed), "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "median_tokens_per_s": statistics.median(s["tokens"] / s["seconds"] for s in timed), "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
     }  # fmt: skip
+
+
+def linear_attention_kernels(model) -> dict:
+    """Which implementation transformers' own linear-attention functions resolved to (fla's, or the torch reference
+    it falls back to): TRL's side runs them as they are, so its figure is fla's only where these name fla."""
+    import inspect
+
+    module = inspect.getmodule(type(model))
+    found = {}
+    for name in ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update"):
+        fn = getattr(module, name, None)
+        if fn is None:
+            continue
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ())) if hasattr(fn, "__code__") else {}
+        chosen = cells["implementation"].cell_contents if "implementation" in cells else fn
+        found[name] = f"{getattr(chosen, '__module__', '?')}.{getattr(chosen, '__name__', '?')}"
+    return found
 
 
 def time_generation(args, trainer, groups, cuda: bool) -> dict:
@@ -307,17 +336,22 @@ def main() -> None:
         compare(out)
         return
     if args.all:
-        for setting in SETTINGS:
+        for setting in args.settings.split(","):
             command = [sys.executable, str(HERE), *[a for a in sys.argv[1:] if a != "--all"], "--setting", setting]
-            done = subprocess.run(command, capture_output=True, text=True)
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=args.setting_timeout)
+            except subprocess.TimeoutExpired as expired:  # its steps so far are in its JSON ("partial")
+                print(f"{setting}: stopped after {args.setting_timeout} s", (expired.stderr or b"")[-2000:], flush=True)
+                continue
             print(done.stdout[-2000:], done.stderr[-4000:] if done.returncode else "", flush=True)
             if done.returncode:  # the run's failure is a result: recorded, the driver goes on
                 failed = {"setting": setting, "model": args.model, "error": done.stderr[-4000:]}
                 (out / f"{run_name(args.model, setting, args.trainer)}.json").write_text(json.dumps(failed))
         return
     sys.path[:0] = [str(HERE.parent), str(HERE.parents[1])]  # benchmarks/gpu (_dpo_data), benchmarks (_lengths)
-    result = run_one(args)
-    (out / f"{run_name(args.model, args.setting, args.trainer)}.json").write_text(json.dumps(result, indent=1))
+    path = out / f"{run_name(args.model, args.setting, args.trainer)}.json"
+    result = run_one(args, save=lambda partial: path.write_text(json.dumps(partial, indent=1)))
+    path.write_text(json.dumps(result, indent=1))
     print(f"{args.setting}: {result['median_tokens_per_s']:,.0f} tokens/s, peak {result['peak_gib']} GiB")
 
 
