@@ -23,4 +23,9 @@ if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
   fi
 fi
 "${pip[@]}" install -q -e ".[${extras}]"
+# The tests run the chunked loss's Triton kernel on the CPU under Triton's interpreter (tests/loss/test_chunked.py).
+# CUDA builds of torch bring Triton; the CPU build does not. Linux x86-64 wheels only.
+if [[ ",${extras}," == *",dev,"* ]] && [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
+  "$venv/bin/python" -c 'import triton' 2>/dev/null || "${pip[@]}" install -q 'triton>=3.2'
+fi
 touch "$venv/.installed-${extras//,/-}"

@@ -17,10 +17,15 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# Triton's kernels (the chunked loss's rows) run on the CPU under its interpreter: triton.jit reads this as Triton's
+# modules load, so it is set before anything imports Triton. It changes nothing where Triton is not called.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # The standard distributions have one home, benchmarks/_lengths.py (numpy only), shared with the benchmarks.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

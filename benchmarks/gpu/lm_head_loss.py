@@ -8,10 +8,14 @@ backward. Kernels (those not installed are skipped and listed):
 
     full              F.linear -> logits.float() -> cross_entropy: the stock transformers loss
     chunked_eager     packing_collators.loss.weighted_cross_entropy(compiled=False): chunks, eager steps
-    chunked_compiled  the same, each chunk's softmax and gradient as torch.compile'd kernels (the default)
-    chunked_2x        chunked_compiled with chunks of twice its logits: half the passes over the weight's float32
+    chunked_triton    the same, each chunk's softmax, loss and gradient as one Triton kernel (the default on CUDA)
+    chunked_compiled  the same with that pass as torch.compile'd kernels (the default where Triton is missing)
+    chunked_2x        chunked_triton with chunks of twice its logits: half the passes over the weight's float32
                       accumulator, at twice the logits' memory
-    logprobs          packing_collators.loss.token_log_probs (recomputes in the backward; preference losses)
+    logprobs          packing_collators.loss.token_log_probs (recomputes in the backward; preference losses);
+                      logprobs_compiled: without Triton
+    logprobs_stats    the same with stats={} (each token's entropy, mean logit, top-1: GRPO's and DPO's forward);
+                      logprobs_stats_compiled: without Triton (the statistics in eager float32 passes)
     liger             liger-kernel's fused linear cross-entropy (Triton)
     cce_exact         cut-cross-entropy's linear_cross_entropy, filter_eps=None (no gradient filtering)
     cce_default       the same with its default gradient filtering (filter_eps="high": inexact by design)
@@ -20,7 +24,7 @@ backward. Kernels (those not installed are skipped and listed):
 Each kernel: 3 warm-up runs, then the median of --repeats timed runs (CUDA events around forward +
 backward), the peak memory above the inputs (the hidden states, the weight, their gradients left
 from the previous run freed), and the relative error of the loss and of both gradients against a
-float32 reference computed a chunk at a time. Per problem also ``gemm_ms``: the three bare bf16 GEMMs any exact
+float32 reference computed a chunk at a time (the eager chunk, float32 throughout). Per problem also ``gemm_ms``: the three bare bf16 GEMMs any exact
 head must do (logits = h W^T, dh = G W, dW = G^T h at full size), timed in the same run; per kernel
 ``ratio_vs_gemm`` (ms / gemm_ms), ``peak_extra_gib`` (the peak above the inputs less the two gradients
 it returns), ``max_rel_error_vs_fp32`` (the largest of the three errors) and ``exact`` (no gradient filtering:
@@ -49,12 +53,22 @@ def _kernels() -> dict:
     def weights_of(targets):
         return torch.full(targets.shape, 1.0 / targets.numel(), device=targets.device)
 
+    def chunked(h, w, t):
+        return weighted_cross_entropy(h, w, None, t, weights_of(t))
+
+    def with_stats(h, w, t):  # what GRPO's and DPO's forwards ask: the entropy, mean logit and top-1 beside log p
+        return -token_log_probs(h, w, None, t, stats={}).mean()
+
     kernels = {
         "full": lambda h, w, t: torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w).float(), t),
         "chunked_eager": lambda h, w, t: weighted_cross_entropy(h, w, None, t, weights_of(t), compiled=False),
-        "chunked_compiled": lambda h, w, t: weighted_cross_entropy(h, w, None, t, weights_of(t), compiled=True),
-        "chunked_2x": _twice_the_chunk(lambda h, w, t: weighted_cross_entropy(h, w, None, t, weights_of(t))),
+        "chunked_triton": chunked,
+        "chunked_compiled": _without_triton(chunked),
+        "chunked_2x": _twice_the_chunk(chunked),
         "logprobs": lambda h, w, t: -token_log_probs(h, w, None, t).mean(),
+        "logprobs_compiled": _without_triton(lambda h, w, t: -token_log_probs(h, w, None, t).mean()),
+        "logprobs_stats": with_stats,
+        "logprobs_stats_compiled": _without_triton(with_stats),
     }
     try:
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
@@ -80,6 +94,21 @@ def _kernels() -> dict:
     except Exception as error:  # noqa: BLE001
         print(f"trl: not importable ({error})", flush=True)
     return kernels
+
+
+def _without_triton(fn):
+    """``fn`` with the library's Triton rows turned off: each chunk's pass as the ``torch.compile``d kernel pair."""
+    from packing_collators.loss import _triton_rows
+
+    def run(h, w, t):
+        saved = _triton_rows.usable
+        _triton_rows.usable = lambda device: False
+        try:
+            return fn(h, w, t)
+        finally:
+            _triton_rows.usable = saved
+
+    return run
 
 
 def _twice_the_chunk(fn):
@@ -124,7 +153,7 @@ def _reference(h, w, t):
     from packing_collators.loss import weighted_cross_entropy
 
     h32, w32 = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
-    loss = weighted_cross_entropy(h32, w32, None, t, torch.full(t.shape, 1.0 / t.numel(), device=t.device))
+    loss = weighted_cross_entropy(h32, w32, None, t, torch.full(t.shape, 1.0 / t.numel(), device=t.device), compiled=False)
     loss.backward()
     return float(loss.detach()), h32.grad, w32.grad
 
@@ -237,7 +266,8 @@ def main() -> None:
         del h, w, t, reference
         torch.cuda.empty_cache()
     header = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv)}
-    (out / "lm_head_loss.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    for name in ("lm_head_loss.json", "results.json"):  # results.json: the name issue #65 gives its rows
+        (out / name).write_text(json.dumps({"header": header, "rows": rows}, indent=1))
     (out / "lm_head_loss.md").write_text(f"{header}\n\n{_table(rows)}\n")
     print(_table(rows), flush=True)
 

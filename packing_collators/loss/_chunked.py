@@ -15,11 +15,13 @@ weighted sum (preference losses): it keeps one float per token and recomputes ea
 in its backward (four products). ``transform`` is what the model does after its projection:
 a scale (Cohere, Granite, Falcon-H1) and a tanh soft cap (Gemma 2/3).
 
-Two ways to run a chunk:
-- On a GPU (compiled, the default there): the logits in the projection's dtype, as the full-logit loss
-  has them before its ``logits.float()`` (bf16 under bf16 training); one compiled kernel pair (two
-  passes over the chunk) computes the softmax, the loss and the gradient from them in float32 and
-  writes the gradient over the logits: one chunk-sized buffer.
+Three ways to run a chunk:
+- On a GPU with Triton (the default there): the logits in the projection's dtype, as the full-logit loss
+  has them before its ``logits.float()`` (bf16 under bf16 training); one Triton program per row reads them
+  twice and writes the gradient over them, computing the softmax, the loss (and the log-probabilities'
+  entropy, mean logit and top-1) in float32 (:mod:`._triton_rows`): the pass at its memory roofline.
+- On a GPU without Triton: the same arithmetic as a ``torch.compile``d kernel pair (two passes over the
+  chunk, and the statistics in eager float32 passes of their own).
 - Elsewhere (eager): float32 logits (the projection accumulates and returns float32) and, where the
   projection is not float32, the gradient in a second buffer of its dtype (a third under a soft cap:
   its derivative); a few eager passes over the chunk.
@@ -43,6 +45,8 @@ import functools
 from dataclasses import dataclass
 
 import torch
+
+from . import _triton_rows
 
 __all__ = ["MAX_CHUNK_ROWS", "LogitTransform", "chunk_rows", "token_log_probs", "weighted_cross_entropy"]
 
@@ -190,7 +194,10 @@ def _compiled_chunk():
 
 
 def _compiled(compiled: bool, device: torch.device):
-    """The compiled chunk where asked for and on CUDA, else None (the eager chunk)."""
+    """The fused chunk where asked for: Triton's kernel (one program per row, at its memory roofline) where it runs,
+    else the compiled chunk on CUDA, else None (the eager chunk)."""
+    if compiled and _triton_rows.usable(device):
+        return _triton_rows.chunk
     return _compiled_chunk() if compiled and device.type == "cuda" else None
 
 
@@ -325,9 +332,15 @@ class _TokenLogProbs(torch.autograd.Function):
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
                 z = _logits(h[rows], w, bias, fn)
-                if stats is not None:  # before _chunk, which may overwrite z
-                    _token_stats(transform.apply(z.float()), targets[rows], rows, stats, h.shape[0])
-                _, lse[rows], chosen, _ = _chunk(z, targets[rows], none[rows], transform, dtype, False, fn)
+                if stats is not None and fn is _triton_rows.chunk:  # the statistics in the same pass as lse
+                    found = _triton_rows.row_stats(z, targets[rows], transform.scale, transform.softcap,
+                                                   transform.temperature)  # fmt: skip
+                    _keep_stats(found, rows, stats, h.shape[0])
+                    lse[rows], chosen = found["lse"], found["chosen"]
+                else:
+                    if stats is not None:  # before _chunk, which may overwrite z
+                        _token_stats(transform.apply(z.float()), targets[rows], rows, stats, h.shape[0])
+                    _, lse[rows], chosen, _ = _chunk(z, targets[rows], none[rows], transform, dtype, False, fn)
                 out[rows] = chosen - lse[rows]
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.transform, ctx.dtype, ctx.compiled = transform, dtype, compiled
@@ -375,15 +388,24 @@ def _log_prob_and_entropy_grad(z, targets, grad_log_prob, grad_entropy, transfor
     return grad
 
 
+_STATS = ("entropy", "mean_logits", "is_top1")
+
+
 def _token_stats(logits: torch.Tensor, targets: torch.Tensor, rows: slice, stats: dict, total: int) -> None:
     """Per-token entropy, mean logit and whether the target is the top token, into ``stats`` (float32 (N,) each)."""
-    if not stats:
-        for name in ("entropy", "mean_logits", "is_top1"):
-            stats[name] = torch.empty(total, dtype=torch.float32, device=logits.device)
     log_p = torch.log_softmax(logits, dim=-1)
-    stats["entropy"][rows] = -(log_p.exp() * log_p).sum(-1)
-    stats["mean_logits"][rows] = logits.mean(-1)
-    stats["is_top1"][rows] = (logits.argmax(-1) == targets).float()
+    found = {"entropy": -(log_p.exp() * log_p).sum(-1), "mean_logits": logits.mean(-1),
+             "is_top1": (logits.argmax(-1) == targets).float()}  # fmt: skip
+    _keep_stats(found, rows, stats, total)
+
+
+def _keep_stats(found: dict, rows: slice, stats: dict, total: int) -> None:
+    """A chunk's statistics into ``stats``' (N,) tensors, made at the first chunk."""
+    if not stats:
+        for name in _STATS:
+            stats[name] = torch.empty(total, dtype=torch.float32, device=found[name].device)
+    for name in _STATS:
+        stats[name][rows] = found[name]
 
 
 def token_log_probs(

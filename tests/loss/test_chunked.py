@@ -23,11 +23,21 @@ def gpu_chunks(monkeypatch):
     monkeypatch.setattr(chunked, "_compiled", lambda compiled, device: chunked._chunk_in_place if compiled else None)
 
 
-@pytest.fixture(params=["eager", "gpu"])
+@pytest.fixture
+def triton_chunks(monkeypatch):
+    """The GPU's Triton kernel (one program per row: the loss, the gradient over the logits, the statistics), run by
+    Triton's interpreter on the CPU (tests/conftest.py sets TRITON_INTERPRET before Triton is imported)."""
+    pytest.importorskip("triton")  # in the dev extra on x86-64 Linux; not in the oldest venv
+    monkeypatch.setattr(chunked, "_compiled", lambda compiled, device: chunked._triton_rows.chunk if compiled else None)
+
+
+@pytest.fixture(params=["eager", "gpu", "triton"])
 def chunk_path(request):
-    """Each way through a chunk: eager (float32 logits), and the GPU's (see ``gpu_chunks``)."""
+    """Each way through a chunk: eager (float32 logits), the GPU's without Triton (see ``gpu_chunks``), and with it."""
     if request.param == "gpu":
         request.getfixturevalue("gpu_chunks")
+    if request.param == "triton":
+        request.getfixturevalue("triton_chunks")
 
 
 def _inputs(bias: bool, n: int = 300, hidden: int = 16, vocab: int = 50, seed: int = 0):
@@ -177,11 +187,12 @@ def test_a_weight_not_in_float32_gets_its_gradient_from_float32_blocks_converted
         torch.testing.assert_close(got, want)
 
 
-def test_token_statistics_are_the_full_logits_ones(small_chunks):
+@pytest.mark.parametrize("transform", [LogitTransform(scale=0.5), LogitTransform(scale=2.0, softcap=3.0, temperature=1.5)])
+def test_token_statistics_are_the_full_logits_ones(small_chunks, chunk_path, transform):
     h, w, b, targets, _ = _inputs(True)
     stats = {}
-    token_log_probs(h, w, b, targets, LogitTransform(scale=0.5), stats=stats)
-    logits = (h @ w.t() + b) * 0.5
+    token_log_probs(h, w, b, targets, transform, stats=stats)
+    logits = transform.apply(h @ w.t() + b)
     log_p = torch.log_softmax(logits, -1)
     torch.testing.assert_close(stats["entropy"], -(log_p.exp() * log_p).sum(-1).detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(stats["mean_logits"], logits.mean(-1).detach(), rtol=1e-5, atol=1e-6)
@@ -209,3 +220,34 @@ def test_entropies_asked_with_gradients_backpropagate_as_the_full_logits_ones(sm
     logged = {}
     token_log_probs(h, w, b, targets, transform, stats=logged)
     assert not logged["entropy"].requires_grad
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_the_triton_rows_compute_the_eager_chunks_numbers_over_several_vocabulary_blocks(transform):
+    # one program per row reads the vocabulary 2,048 columns at a time: two full blocks and a short one here
+    pytest.importorskip("triton")
+    from packing_collators.loss import _triton_rows
+
+    vocab, g = 2 * 2048 + 7, torch.Generator().manual_seed(2)
+    z = torch.randn(6, vocab, generator=g) * 4
+    targets, weights, t = torch.tensor([0, 2047, 2048, 4102, vocab - 1, 4100]), torch.rand(6, generator=g), transform.temperature
+    z[5, [17, 4100]] = z[5].max() + 1  # a tie for the largest logit: is_top1 is argmax's, the first of them (not 4100)
+    expected = chunked._chunk_eager(z.clone(), targets, weights, transform.scale, transform.softcap, torch.float32, True, t)
+    in_place = z.clone()
+    numbers = _triton_rows.chunk(in_place, targets, weights, transform.scale, transform.softcap, True, t)
+    for a, b in zip(expected, (*numbers, in_place)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    found = _triton_rows.row_stats(z, targets, transform.scale, transform.softcap, t)
+    logits = transform.apply(z)
+    log_p = torch.log_softmax(logits, -1)
+    torch.testing.assert_close(found["entropy"], -(log_p.exp() * log_p).sum(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(found["mean_logits"], logits.mean(-1), rtol=1e-5, atol=1e-6)
+    assert torch.equal(found["is_top1"], (logits.argmax(-1) == targets).float()) and found["is_top1"][5] == 0
+    # bf16 logits, as the GPU path holds them: float32 arithmetic from them, the gradient rounded once in place
+    low = z.to(torch.bfloat16)
+    expected = chunked._chunk_eager(low.float(), targets, weights, transform.scale, transform.softcap, torch.bfloat16, True, t)
+    numbers = _triton_rows.chunk(low, targets, weights, transform.scale, transform.softcap, True, t)
+    for a, b in zip(expected[:3], numbers):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), expected[3].float(), rtol=2**-7, atol=1e-6)  # one bf16 step apart at most

@@ -1,0 +1,71 @@
+"""Each chunk's softmax, loss, gradient and token statistics as one Triton kernel: a program per token row.
+
+    z (r, V) the chunk's logits, bf16 on the GPU path (the projection's output, as nn.Linear returns it)
+    program i, row z[i]:
+      pass 1: read z[i] once      x = transform(z[i]) in float32    online, per lane: max m, sum e^(x-m)
+                                  (stats: sum e^(x-m) x for the entropy, sum x, the first largest x)
+              lse[i] = log sum e^x;  chosen[i] = x[target];  loss[i] = weight[i] (lse[i] - chosen[i])
+      pass 2 (gradient): read z[i] again, write over it  g = weight[i] (e^(x - lse) - onehot) dx/dz
+
+Cost: two reads of the logits and one write, in their dtype, and nothing else: the memory roofline of the pass
+the compiled chunk makes in several (at 248k, 2,048 rows of bf16: ~3 GB of traffic a chunk, ~1 ms on an H100).
+The statistics ride in pass 1 (the compiled path computed them in extra float32 passes). Exactness: the same
+float32 arithmetic as :func:`~packing_collators.loss._chunked._chunk_eager`, in another summation order
+(float32 rounding, ~1e-6 relative); the tanh of a soft cap is computed from exp (a few float32 ulps).
+
+Triton is imported when a kernel is first built; where it is missing (or the tensors are not on CUDA), the chunked
+loss uses its compiled or eager chunk instead. Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is
+imported) runs them on CPU tensors: the tests do.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+__all__ = ["chunk", "row_stats", "usable"]
+
+_BLOCK = 2048  # vocabulary entries a program reads at a time (16 per thread at 4 warps)
+
+
+def usable(device: torch.device) -> bool:
+    """Whether the Triton kernels run for tensors on ``device``: CUDA, with Triton installed.
+
+    >>> usable(torch.device("cpu"))
+    False
+    """
+    return device.type == "cuda" and _has_triton()
+
+
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _launch(z, targets, weights, scale: float, softcap, temperature: float, want_grad: bool, stats: bool):
+    rows_count, vocab = z.shape
+    assert z.stride(1) == 1 and targets.shape == (rows_count,), "the chunk's rows must be contiguous"
+    out = torch.empty((6 if stats else 3, rows_count), dtype=torch.float32, device=z.device)
+    if weights is None:
+        weights = out[2]  # any float32 (r,): the loss it weights is not read
+    if rows_count:  # imported here: Triton is optional, and its jit reads TRITON_INTERPRET when the module loads
+        importlib.import_module("packing_collators.loss._triton_kernels").rows[(rows_count,)](
+            z, z.stride(0), targets.contiguous(), weights.contiguous(), out[0], out[1], out[2],
+            *(out[3:] if stats else (out[0], out[0], out[0])), vocab, float(scale), float(softcap or 1.0),
+            1.0 / float(temperature), SOFTCAP=bool(softcap), WANT_GRAD=want_grad, STATS=stats, BLOCK=_BLOCK,
+        )  # fmt: skip
+    return out
+
+
+def chunk(z, targets, weights, scale: float, softcap, want_grad: bool, temperature: float = 1.0):
+    """:func:`~packing_collators.loss._chunked._chunk_in_place` in one kernel: (sum(weights * (lse - chosen)), lse,
+    chosen), and with ``want_grad`` ``weights * (softmax - onehot)`` through the transform written over ``z``."""
+    out = _launch(z, targets, weights, scale, softcap, temperature, want_grad, stats=False)
+    return out[2].sum(), out[0], out[1]
+
+
+def row_stats(z, targets, scale: float, softcap, temperature: float = 1.0) -> dict:
+    """One pass over ``z`` (r, V), left as it is: each row's ``lse``, ``chosen`` (the target's transformed logit),
+    ``entropy``, ``mean_logits`` and ``is_top1``, float32 (r,) each, of the transformed logits."""
+    out = _launch(z, targets, None, scale, softcap, temperature, want_grad=False, stats=True)
+    return dict(zip(("lse", "chosen", "loss", "entropy", "mean_logits", "is_top1"), out))
