@@ -26,7 +26,8 @@ import torch
 
 __all__ = ["chunk", "row_stats", "usable"]
 
-_BLOCK = 2048  # vocabulary entries a program reads at a time (16 per thread at 4 warps)
+_BLOCK = 2048  # vocabulary entries a program reads at a time
+_WARPS = 8  # 256 threads a program: 8 entries (16 bytes of bf16) per thread and read
 
 
 def usable(device: torch.device) -> bool:
@@ -53,6 +54,7 @@ def _launch(z, targets, weights, scale: float, softcap, temperature: float, want
             z, z.stride(0), targets.contiguous(), weights.contiguous(), out[0], out[1], out[2],
             *(out[3:] if stats else (out[0], out[0], out[0])), vocab, float(scale), float(softcap or 1.0),
             1.0 / float(temperature), SOFTCAP=bool(softcap), WANT_GRAD=want_grad, STATS=stats, BLOCK=_BLOCK,
+            num_warps=_WARPS,
         )  # fmt: skip
     return out
 
