@@ -251,3 +251,25 @@ def test_the_triton_rows_compute_the_eager_chunks_numbers_over_several_vocabular
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert low.dtype == torch.bfloat16
     torch.testing.assert_close(low.float(), expected[3].float(), rtol=2**-7, atol=1e-6)  # one bf16 step apart at most
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_log_probs_whose_entropy_nothing_differentiates_take_the_plain_backward(monkeypatch, entropy_grad):
+    # the entropy's autograd path recomputes each chunk's softmax under autograd in small chunks: only for a loss that
+    # rewards the entropy (with it unused, or not asked for, the backward is the weighted gradient's)
+    h, w, b, targets, _ = _inputs(True)
+    expected = torch.autograd.grad(torch.log_softmax(h @ w.t() + b, -1)[torch.arange(len(targets)), targets].sum(), (h, w, b))
+    monkeypatch.setattr(chunked, "_log_prob_and_entropy_grad", lambda *a: pytest.fail("the entropy's autograd path"))
+    out = token_log_probs(h, w, b, targets, stats={}, entropy_grad=entropy_grad)
+    for got, want in zip(torch.autograd.grad(out.sum(), (h, w, b)), expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_entropy_bonus_alone_backpropagates_through_the_entropy():
+    h, w, b, targets, _ = _inputs(True)
+    log_p = torch.log_softmax(h @ w.t() + b, -1)
+    expected = torch.autograd.grad(-(log_p.exp() * log_p).sum(), (h, w, b))
+    stats = {}
+    token_log_probs(h, w, b, targets, stats=stats, entropy_grad=True)
+    for got, want in zip(torch.autograd.grad(stats["entropy"].sum(), (h, w, b)), expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
