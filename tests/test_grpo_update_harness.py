@@ -55,3 +55,20 @@ def test_the_harness_times_rloo_the_same_way(tmp_path):
     assert (row["trainer"], row["setting"]) == ("rloo", "packed")
     assert row["update_tokens_per_s_vs_trl"] == pytest.approx(packed["median_tokens_per_s"] / trl["median_tokens_per_s"])
     assert row["grad_norm_max_rel_diff_vs_trl"] < 1e-4  # the first step, before any ratio moves off 1
+
+
+def test_the_steady_ratio_pairs_the_same_groups_and_leaves_out_the_steps_where_a_side_compiled():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import grpo_update
+
+    def steps(seconds, tokens=(1000, 2000, 3000, 1000)):
+        return [{"tokens": 50, "seconds": 9.0, "warmup": True}] + [
+            {"tokens": t, "seconds": s, "warmup": False} for t, s in zip(tokens, seconds)]  # fmt: skip
+
+    ours, trl = steps([0.5, 1.0, 1.5, 0.5]), steps([1.0, 2.0, 30.0, 0.5])  # TRL compiled at its third timed group
+    row = grpo_update.steady_ratio(ours, trl)
+    assert row["steady_update_vs_trl"] == 2.0 and (row["steady_steps"], row["trl_stalled_steps"]) == (3, 1)
+    assert row["per_step_update_vs_trl"] == [2.0, 2.0, 20.0, 1.0]
+    assert grpo_update.steady_ratio(ours, trl[:3])["steady_steps"] == 2  # a run its time limit stopped: the common steps
+    with pytest.raises(AssertionError, match="same groups"):
+        grpo_update.steady_ratio(ours, steps([1.0] * 4, tokens=(1000, 2000, 3001, 1000)))

@@ -293,8 +293,8 @@ def compare(out: Path) -> list[dict]:
                 rows.append({"trainer": trainer, **compare_row(model, name, run, trl)})
     (out / "results.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
     lines = ["| trainer | model | setting | prompts (shortest, median, longest) | attention (ours / TRL) | update tokens/s | TRL | x TRL | "
-             "peak GiB | TRL GiB | memory x TRL | grad_norm rel diff | whole step s (TRL) | whole step x TRL |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "steady x TRL (steps; TRL stalls) | peak GiB | TRL GiB | memory x TRL | grad_norm rel diff | whole step s (TRL) | whole step x TRL |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         memory = f"{r['peak_memory_vs_trl']:.3f}" if r["peak_memory_vs_trl"] else "-"
         peaks = [f"{v:.1f}" if v else "-" for v in (r["peak_gib"], r["trl_peak_gib"])]
@@ -302,9 +302,15 @@ def compare(out: Path) -> list[dict]:
                  if r["whole_step_vs_trl"] else "- | -")  # fmt: skip
         lines.append(f"| {r['trainer']} | {r['model']} | {r['setting']} | {r['prompts']} | {r['attention']} / {r['trl_attention']} | "
                      f"{r['update_tokens_per_s']:,.0f} | {r['trl_update_tokens_per_s']:,.0f} | {r['update_tokens_per_s_vs_trl']:.3f} | "
+                     f"{_steady(r)} | "
                      f"{peaks[0]} | {peaks[1]} | {memory} | {r['grad_norm_max_rel_diff_vs_trl']:.2e} | {whole} |")  # fmt: skip
     print("\n".join(lines))
     return rows
+
+
+def _steady(row: dict) -> str:
+    value = row.get("steady_update_vs_trl")
+    return f"{value:.3f} ({row['steady_steps']}; {row['trl_stalled_steps']})" if value else "-"
 
 
 def compare_row(model: str, name: str, run: dict, trl: dict) -> dict:
@@ -315,8 +321,10 @@ def compare_row(model: str, name: str, run: dict, trl: dict) -> dict:
     if run.get("generation") and trl.get("generation"):
         whole = run["generation"]["median_seconds"] + run["median_update_seconds"]
         trl_whole = trl["generation"]["median_seconds"] + trl["median_update_seconds"]
+    steady = steady_ratio(run["steps"], trl["steps"])
     return {
         "model": model, "setting": name, "prompts": run.get("prompts"), "device": run["device"],
+        **steady,
         "attention": run["attention"], "trl_attention": trl["attention"],
         "update_tokens_per_s": run["median_tokens_per_s"], "trl_update_tokens_per_s": trl["median_tokens_per_s"],
         "update_tokens_per_s_vs_trl": run["median_tokens_per_s"] / trl["median_tokens_per_s"],
@@ -326,6 +334,36 @@ def compare_row(model: str, name: str, run: dict, trl: dict) -> dict:
         "whole_step_s": whole, "trl_whole_step_s": trl_whole,
         "whole_step_vs_trl": trl_whole / whole if whole else None,
     }  # fmt: skip
+
+
+STALL = 5.0  # a step this many times slower than its tokens take at the run's fastest rate: a compile, not work
+
+
+def stalled(steps: list[dict]) -> list[bool]:
+    """Which timed steps stalled: a kernel compiled at a new shape (Triton's, tilelang's: seconds) inside the step.
+
+    >>> stalled([{"tokens": 100, "seconds": 1.0}, {"tokens": 200, "seconds": 2.5}, {"tokens": 100, "seconds": 9.0}])
+    [False, False, True]
+    """
+    fastest = max(s["tokens"] / s["seconds"] for s in steps)
+    return [s["seconds"] > STALL * s["tokens"] / fastest for s in steps]
+
+
+def steady_ratio(ours: list[dict], trl: list[dict]) -> dict:
+    """TRL's step time over ours, step by step on the same groups, over the timed steps where neither side stalled;
+    their median is ``steady_update_vs_trl`` (the median tokens/s ratio counts every stall where it falls)."""
+    ours, trl = [s for s in ours if not s["warmup"]], [s for s in trl if not s["warmup"]]
+    n = min(len(ours), len(trl))  # a run stopped by its time limit has fewer
+    ours, trl = ours[:n], trl[:n]
+    assert [s["tokens"] for s in ours] == [s["tokens"] for s in trl], "the same groups on both sides"
+    if not n:
+        return {"steady_update_vs_trl": None, "steady_steps": 0, "stalled_steps": 0, "trl_stalled_steps": 0,
+                "per_step_update_vs_trl": []}  # fmt: skip
+    calm = [not (a or b) for a, b in zip(stalled(ours), stalled(trl))]
+    ratios = [b["seconds"] / a["seconds"] for a, b, keep in zip(ours, trl, calm) if keep]
+    return {"steady_update_vs_trl": statistics.median(ratios) if ratios else None, "steady_steps": len(ratios),
+            "stalled_steps": len(calm) - len(ratios), "trl_stalled_steps": sum(stalled(trl)),
+            "per_step_update_vs_trl": [b["seconds"] / a["seconds"] for a, b in zip(ours, trl)]}  # fmt: skip
 
 
 def main() -> None:
