@@ -56,7 +56,8 @@ def runs(tmp_path_factory):
         shutil.copy(path, both)
     done = subprocess.run([sys.executable, str(SCRIPT), "--compare", "--out", str(both)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    return {p.stem.rsplit(f"_{VOCAB}_", 1)[0]: json.loads(p.read_text()) for p in both.glob("*_gc_on.json")} | {
+    # the like-for-like runs (every side eager: --torch-compile off, the default) say so in their names
+    return {p.stem.rsplit(f"_eager_both_{VOCAB}_", 1)[0]: json.loads(p.read_text()) for p in both.glob("*_gc_on.json")} | {
         "results": json.loads((both / "results.json").read_text()),
         "readme": (both / "README.md").read_text(),
     }
@@ -99,11 +100,11 @@ def test_packed_steps_fill_the_budget(runs):
 
 def test_compare_rows_are_ours_over_trl(runs):
     rows = {row["setting"]: row for row in runs["results"]}
-    assert set(rows) == {f"ours_flattening_{VOCAB}_gc_on", f"ours_packing_{VOCAB}_gc_on"}
+    assert set(rows) == {f"ours_flattening_eager_both_{VOCAB}_gc_on", f"ours_packing_eager_both_{VOCAB}_gc_on"}
     for ours, theirs in (("ours_flattening", "trl_padding_free"), ("ours_packing", "trl_bfd")):
-        row = rows[f"{ours}_{VOCAB}_gc_on"]
+        row = rows[f"{ours}_eager_both_{VOCAB}_gc_on"]
         a, b = runs[ours]["statistics"], runs[theirs]["statistics"]
-        assert row["vs"] == f"{theirs}_{VOCAB}_gc_on" and row["vocab"] == VOCAB and row["grad_checkpointing"] is True
+        assert row["vs"] == f"{theirs}_eager_both_{VOCAB}_gc_on" and row["vocab"] == VOCAB and row["grad_checkpointing"] is True
         assert row["tokens_per_s"] == a["median_tokens_per_s"] and row["trl_tokens_per_s"] == b["median_tokens_per_s"]
         assert row["tokens_per_s_vs_trl"] == pytest.approx(a["median_tokens_per_s"] / b["median_tokens_per_s"])
         assert "peak_memory_vs_trl" in row and row["peak_memory_vs_trl"] is None  # no GPU memory on a CPU
@@ -112,9 +113,9 @@ def test_compare_rows_are_ours_over_trl(runs):
             assert run["steps"][0]["seconds"] + run["setup_seconds"] <= run["first_step_s"] + 0.05  # ticks of 10 ms
             assert run["first_step_s"] <= run["setup_seconds"] + run["train_call_seconds"] + 60
         assert row["first_step_vs_trl"] == pytest.approx(runs[ours]["first_step_s"] / runs[theirs]["first_step_s"])
-    flat = rows[f"ours_flattening_{VOCAB}_gc_on"]
+    flat = rows[f"ours_flattening_eager_both_{VOCAB}_gc_on"]
     assert flat["same_batches"] is True and flat["first_loss_equal"] is True and flat["first_loss_abs_diff"] < 1e-4
-    assert f"| ours_flattening_{VOCAB}_gc_on | trl_padding_free_{VOCAB}_gc_on | {VOCAB} | on |" in runs["readme"]
+    assert f"| ours_flattening_eager_both_{VOCAB}_gc_on | trl_padding_free_eager_both_{VOCAB}_gc_on | {VOCAB} | on |" in runs["readme"]
 
 
 def test_trl_step_peak_runs_trls_own_step_twice(monkeypatch, tmp_path):
@@ -186,8 +187,8 @@ def test_torch_compile_on_compiles_our_layers_and_keeps_the_chunked_loss(compile
     # stock Trainer side calls compile_layers(model); the names and JSONs say so, and --compare pairs compiled runs
     # with compiled runs only (an eager TRL run beside them is not their pair).
     tmp_path = compile_modes["on"]
-    packing = json.loads((tmp_path / f"ours_packing_compiled_{VOCAB}_gc_on.json").read_text())
-    flattening = json.loads((tmp_path / f"ours_flattening_compiled_{VOCAB}_gc_on.json").read_text())
+    packing = json.loads((tmp_path / f"ours_packing_compiled_both_{VOCAB}_gc_on.json").read_text())
+    flattening = json.loads((tmp_path / f"ours_flattening_compiled_both_{VOCAB}_gc_on.json").read_text())
     assert packing["compiled"] is True and packing["loss"] == "PackingTrainer chunked"
     assert packing["compile"].startswith("torch.compile: ") and "0 recompiles since" in packing["compile"]
     assert flattening["compiled"] is True and flattening["loss"] == "enable_chunked_loss + compile_layers"
@@ -207,7 +208,7 @@ def test_torch_compile_on_compiles_our_layers_and_keeps_the_chunked_loss(compile
     import _vs_trl_recount
     import vs_trl
 
-    path = tmp_path / f"ours_packing_compiled_{VOCAB}_gc_on.json"
+    path = tmp_path / f"ours_packing_compiled_both_{VOCAB}_gc_on.json"
     old = json.loads(path.read_text())
     for step in old["steps"]:
         step["examples"] += int(step["tokens"] < budget)
@@ -248,9 +249,9 @@ def test_a_memory_cap_names_its_runs_and_pairs_them_only_with_runs_under_the_sam
     import _vs_trl_report
 
     capped = harness._arguments(["--setting", "ours_auto", "--memory-cap-gib", "79", "--vocab", "151936", "--out", "x"])
-    assert harness.run_name(capped, "ours_auto") == "ours_auto_cap79_151936_gc_on"
+    assert harness.run_name(capped, "ours_auto") == "ours_auto_eager_both_cap79_151936_gc_on"
     whole = harness._arguments(["--setting", "ours_auto", "--vocab", "151936", "--out", "x"])
-    assert harness.run_name(whole, "ours_auto") == "ours_auto_151936_gc_on"
+    assert harness.run_name(whole, "ours_auto") == "ours_auto_eager_both_151936_gc_on"
     with pytest.raises(SystemExit):
         harness._arguments(["--setting", "ours_auto", "--memory-cap-gib", "0", "--out", "x"])
     run = {"setting": "ours_auto", "side": "ours", "vocab": 1, "grad_checkpointing": True, "options": {"memory_cap_gib": 79.0}}

@@ -50,15 +50,15 @@ the harness does the same for TRL's). ``--memory-cap-gib 79`` runs any setting a
 names end in ``_cap79``). The cap bounds PyTorch's caching allocator only: the CUDA context and library
 workspaces lie outside it, so a capped card has up to ~1 GiB more room than a real one of that size.
 
-``--torch-compile on`` (names end in ``_compiled``; pairs only with compiled runs): ``torch_compile=True`` in every
+``--torch-compile on`` (names hold ``_compiled_both``; pairs only with compiled runs): ``torch_compile=True`` in every
 setting's arguments (Inductor; aot_eager under --smoke). TRL's Trainer then compiles the whole model (accelerate);
 PackingTrainer compiles its decoder layers in place and keeps its chunked loss; ours_flattening leaves the flag off
 and calls the documented ``compile_layers(model)`` after ``enable_chunked_loss(model)``, with FA4 as
 ``packing_fa4`` (the same kernel, one graph node) on a GPU.
-``--torch-compile defaults`` (names end in ``_defaults``): each side as its user gets it, TRL eager (its default),
+``--torch-compile defaults`` (names hold ``_defaults``): each side as its user gets it, TRL eager (its default),
 PackingTrainer with its default ``compile_layers="auto"`` (the layers compiled in place on a GPU), ours_flattening with
-its documented lines (``enable_chunked_loss``, ``compile_layers``). ``off``: every side eager, PackingTrainer too
-(``compile_layers=False``).
+its documented lines (``enable_chunked_loss``, ``compile_layers``). ``off`` (names hold ``_eager_both``): every side
+eager, PackingTrainer too (``compile_layers=False``).
 
 Attention: FA4 on both sides (``--attn flash_attention_4``, transformers' own, for TRL's settings and
 ours_flattening; PackingTrainer picks ``packing_fa4``, the same kernel). transformers 5.17 hands FA4 its max
@@ -183,11 +183,11 @@ def _arguments(argv=None) -> argparse.Namespace:
 
 
 def run_name(args, setting: str) -> str:
-    """The JSON's stem: ``<setting>[_loss<impl>][_compiled|_defaults][_cap<GiB>]_<vocab>_gc_<on|off>`` (ours'
-    non-default loss named)."""
+    """The JSON's stem: ``<setting>[_loss<impl>]_<eager_both|compiled_both|defaults>[_cap<GiB>]_<vocab>_gc_<on|off>``
+    (ours' non-default loss named; the like-for-like rows say so: both sides eager, or both compiled)."""
     named = setting.startswith("ours") and args.loss_implementation != "auto"
     loss = f"_loss{args.loss_implementation}" if named else ""
-    compiled = {"on": "_compiled", "defaults": "_defaults"}.get(args.torch_compile, "")
+    compiled = {"on": "_compiled_both", "off": "_eager_both", "defaults": "_defaults"}[args.torch_compile]
     cap = f"_cap{args.memory_cap_gib:g}" if args.memory_cap_gib else ""
     return f"{setting}{loss}{compiled}{cap}_{args.vocab}_gc_{args.grad_checkpointing}"
 
