@@ -20,7 +20,9 @@ imported) runs them on CPU tensors: the tests do.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import warnings
 
 import torch
 
@@ -31,12 +33,39 @@ _WARPS = 8  # 256 threads a program: 8 entries (16 bytes of bf16) per thread and
 
 
 def usable(device: torch.device) -> bool:
-    """Whether the Triton kernels run for tensors on ``device``: CUDA, with Triton installed.
+    """Whether the Triton kernels run for tensors on ``device``: CUDA, with Triton installed, and the kernel built and
+    checked there once (:func:`_works_on`).
 
     >>> usable(torch.device("cpu"))
     False
     """
-    return device.type == "cuda" and _has_triton()
+    return device.type == "cuda" and _has_triton() and _works_on(str(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _works_on(device: str) -> bool:
+    """The kernel run once on ``device`` against torch's softmax (three rows over two vocabulary blocks and a short
+    one, a soft cap): False, with a warning, where it fails to build or differs, so the chunked loss falls back to its
+    compiled or eager chunk instead of failing or training on wrong numbers."""
+    g = torch.Generator().manual_seed(0)
+    z = (torch.randn(3, 2 * _BLOCK + 5, generator=g) * 4).to(device)
+    targets, weights = torch.tensor([0, _BLOCK, 2 * _BLOCK + 4]).to(device), torch.full((3,), 0.5, device=device)
+    capped = torch.tanh(z / 30.0) * 30.0
+    expected = torch.softmax(capped, -1) - torch.nn.functional.one_hot(targets, z.shape[1])
+    expected = expected * 0.5 * (1 - (capped / 30.0) ** 2)
+    try:
+        grad = z.clone()
+        _, lse = chunk(grad, targets, weights, 1.0, 30.0, True)[:2]
+        same = torch.allclose(lse, torch.logsumexp(capped, -1), rtol=1e-5, atol=1e-5)
+        same = same and torch.allclose(grad, expected, rtol=1e-4, atol=1e-6)
+    except Exception as error:  # noqa: BLE001 - any failure to build or run it: the other chunk paths stay
+        warnings.warn(f"packing_collators: the chunked loss's Triton kernel failed on {device} ({type(error).__name__}: "
+                      f"{str(error)[:300]}); the loss runs its torch.compile'd chunk there.", stacklevel=2)  # fmt: skip
+        return False
+    if not same:
+        warnings.warn(f"packing_collators: the chunked loss's Triton kernel computed other numbers than torch's softmax "
+                      f"on {device}; the loss runs its torch.compile'd chunk there.", stacklevel=2)  # fmt: skip
+    return bool(same)
 
 
 def _has_triton() -> bool:
