@@ -117,6 +117,7 @@ FORWARDED = (  # what --all passes on to each setting's process
     "seed",
     "lr",
     "loss_implementation",
+    "fused_norms",
     "memory_fraction",
     "memory_cap_gib",
     "logging_steps",
@@ -167,6 +168,7 @@ def _arguments(argv=None) -> argparse.Namespace:
         "fraction; both auto budgets plan for it): an 80 GB card's figures on a larger one")
     add("--attn", help="attention of TRL's settings and ours_flattening (flash_attention_4; smoke: sdpa)")
     add("--loss-implementation", choices=("auto", "chunked", "full"), default="auto", help="ours' loss (auto)")
+    add("--fused-norms", action="store_true", help="ours: fuse_rms_norms(model) first (torch's fused RMSNorm)")
     add("--optim", help="the same optimizer everywhere (adamw_torch_fused; smoke: adamw_torch)")
     add("--lr", type=float, default=1e-5)
     add("--seed", type=int, default=0)
@@ -183,10 +185,11 @@ def _arguments(argv=None) -> argparse.Namespace:
 
 
 def run_name(args, setting: str) -> str:
-    """The JSON's stem: ``<setting>[_loss<impl>]_<eager_both|compiled_both|defaults>[_cap<GiB>]_<vocab>_gc_<on|off>``
-    (ours' non-default loss named; the like-for-like rows say so: both sides eager, or both compiled)."""
+    """The JSON's stem: ``<setting>[_loss<impl>][_fusednorms]_<eager_both|compiled_both|defaults>[_cap<GiB>]_<vocab>_gc_<on|off>``
+    (ours' non-default loss and fused norms named; the like-for-like rows say so: both sides eager, or both compiled)."""
     named = setting.startswith("ours") and args.loss_implementation != "auto"
     loss = f"_loss{args.loss_implementation}" if named else ""
+    loss += "_fusednorms" if setting.startswith("ours") and args.fused_norms else ""
     compiled = {"on": "_compiled_both", "off": "_eager_both", "defaults": "_defaults"}[args.torch_compile]
     cap = f"_cap{args.memory_cap_gib:g}" if args.memory_cap_gib else ""
     return f"{setting}{loss}{compiled}{cap}_{args.vocab}_gc_{args.grad_checkpointing}"
@@ -240,6 +243,11 @@ def run_setting(args) -> dict:
     dataset = settings.make_dataset(args, settings.examples_needed(args, args.setting))
     recorder = StepRecorder(device)
     recorder.watch_memory()  # from here on: the trainer's construction, its dry runs, the steps
+    if args.fused_norms and args.setting.startswith("ours"):  # one documented line before the trainer
+        from packing_collators import fuse_rms_norms
+
+        if not fuse_rms_norms(model):
+            raise SystemExit("--fused-norms: no RMSNorm of this model computes rms_norm's numbers")
     trainer, about = settings.BUILDERS[args.setting](args, model, dataset)
     built = time.perf_counter()
     recorder.attach(trainer)
@@ -264,7 +272,7 @@ def run_setting(args) -> dict:
         "first_losses": [s["loss"] for s in steps[:5]],
         "model": {"dims": settings.DIMS["smoke" if args.smoke else "1b"], "parameters": model.num_parameters()},
         "data": {"distribution": args.distribution, "examples": len(dataset), "mean_length": mean},
-        "options": {k: getattr(args, k) for k in (*DEFAULTS, "lr", "seed", "loss_implementation", "memory_fraction",
+        "options": {k: getattr(args, k) for k in (*DEFAULTS, "lr", "seed", "loss_implementation", "fused_norms", "memory_fraction",
                                                    "memory_cap_gib")},
         "steps_run": len(steps),
         "steps_planned": args.warmup + timed_steps,
@@ -287,7 +295,9 @@ def _child_command(args, setting: str) -> list[str]:
     command = [sys.executable, str(Path(__file__).resolve()), "--setting", setting]
     for name in FORWARDED:
         value = getattr(args, name)
-        if value is not None:
+        if isinstance(value, bool):  # a switch: its flag where on
+            command += [f"--{name.replace('_', '-')}"] if value else []
+        elif value is not None:
             command += [f"--{name.replace('_', '-')}", str(value)]
     return command + (["--smoke"] if args.smoke else [])
 
