@@ -172,3 +172,22 @@ def test_a_shared_prompt_with_the_routers_aux_loss_is_refused_before_training(tm
     ours, _ = _run(tmp_path, "minimax", packed=True)  # unshared, the aux loss is TRL's
     theirs, _ = _run(tmp_path, "minimax", packed=False)
     assert ours[0]["aux_loss"] == pytest.approx(theirs[0]["aux_loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_the_triton_rows_log_what_trl_logs(tmp_path, monkeypatch, share_prompt):
+    # the chunked head's pass as a GPU runs it (the Triton kernel, by Triton's interpreter here): log-probabilities,
+    # entropy, mean logit and top-1 accuracy from its one read, the gradient from its second
+    pytest.importorskip("triton")  # in the dev extra on x86-64 Linux; not in the oldest venv
+    import packing_collators.loss._chunked as chunked
+    from packing_collators.loss import _triton_rows
+
+    calls = []
+    monkeypatch.setattr(chunked, "_compiled", lambda compiled, device: calls.append(compiled) or (
+        _triton_rows.chunk if compiled else None))  # fmt: skip
+    theirs, _ = _run(tmp_path, "llama", packed=False)
+    ours, _ = _run(tmp_path, "llama", packed=True, share_prompt=share_prompt)
+    assert calls and all(calls)  # every chunk of ours on the kernel
+    for mine, reference in zip(ours, theirs):
+        for name in METRICS:
+            assert mine[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-5), name
