@@ -24,10 +24,11 @@ def _transform(raw, scale, softcap, inv_temperature, SOFTCAP: tl.constexpr):
 
 @triton.jit
 def rows(z_ptr, stride, targets_ptr, weights_ptr, lse_ptr, chosen_ptr, loss_ptr, entropy_ptr, mean_ptr, top_ptr,
-         vocab, scale, softcap, inv_temperature,
+         scale, softcap, inv_temperature, vocab: tl.constexpr,
          SOFTCAP: tl.constexpr, WANT_GRAD: tl.constexpr, STATS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """One program per row of ``z``: pass 1 its lse, chosen logit, weighted loss (and the statistics), pass 2 the
-    gradient over it (``WANT_GRAD``)."""
+    gradient over it (``WANT_GRAD``). ``vocab`` a constant: one compile per vocabulary, its loops' bounds known (and
+    Triton 3.2's interpreter, the oldest venv's, cannot index with a run-time scalar)."""
     row = tl.program_id(0).to(tl.int64)
     base = z_ptr + row * stride
     target = tl.load(targets_ptr + row)

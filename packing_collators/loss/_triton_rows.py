@@ -83,8 +83,8 @@ def _launch(z, targets, weights, scale: float, softcap, temperature: float, want
     if rows_count:  # imported here: Triton is optional, and its jit reads TRITON_INTERPRET when the module loads
         importlib.import_module("packing_collators.loss._triton_kernels").rows[(rows_count,)](
             z, z.stride(0), targets.contiguous(), weights.contiguous(), out[0], out[1], out[2],
-            *(out[3:] if stats else (out[0], out[0], out[0])), vocab, float(scale), float(softcap or 1.0),
-            1.0 / float(temperature), SOFTCAP=bool(softcap), WANT_GRAD=want_grad, STATS=stats, BLOCK=_BLOCK,
+            *(out[3:] if stats else (out[0], out[0], out[0])), float(scale), float(softcap or 1.0),
+            1.0 / float(temperature), vocab=vocab, SOFTCAP=bool(softcap), WANT_GRAD=want_grad, STATS=stats, BLOCK=_BLOCK,
             num_warps=_WARPS,
         )  # fmt: skip
     return out

@@ -27,7 +27,7 @@ def gpu_chunks(monkeypatch):
 def triton_chunks(monkeypatch):
     """The GPU's Triton kernel (one program per row: the loss, the gradient over the logits, the statistics), run by
     Triton's interpreter on the CPU (tests/conftest.py sets TRITON_INTERPRET before Triton is imported)."""
-    pytest.importorskip("triton")  # in the dev extra on x86-64 Linux; not in the oldest venv
+    pytest.importorskip("triton")  # scripts/install.sh adds it (Linux x86-64); in the oldest venv where CUDA torch brought it
     monkeypatch.setattr(chunked, "_compiled", lambda compiled, device: chunked._triton_rows.chunk if compiled else None)
 
 

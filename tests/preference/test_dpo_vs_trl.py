@@ -178,7 +178,7 @@ def test_a_shared_prompt_with_the_routers_aux_loss_is_refused_before_training(tm
 def test_the_triton_rows_log_what_trl_logs(tmp_path, monkeypatch, share_prompt):
     # the chunked head's pass as a GPU runs it (the Triton kernel, by Triton's interpreter here): log-probabilities,
     # entropy, mean logit and top-1 accuracy from its one read, the gradient from its second
-    pytest.importorskip("triton")  # in the dev extra on x86-64 Linux; not in the oldest venv
+    pytest.importorskip("triton")  # scripts/install.sh adds it (Linux x86-64); in the oldest venv where CUDA torch brought it
     import packing_collators.loss._chunked as chunked
     from packing_collators.loss import _triton_rows
 

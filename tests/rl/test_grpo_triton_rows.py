@@ -7,7 +7,7 @@ import pytest
 from _grpo import _compare
 
 trl = pytest.importorskip("trl")
-pytest.importorskip("triton")  # in the dev extra on x86-64 Linux; not in the oldest venv
+pytest.importorskip("triton")  # scripts/install.sh adds it (Linux x86-64); in the oldest venv where CUDA torch brought it
 if tuple(int(x) for x in trl.__version__.split(".")[:2]) < (1, 16):
     pytest.skip("PackingGRPOTrainer builds on TRL >= 1.16's GRPOTrainer", allow_module_level=True)
 
