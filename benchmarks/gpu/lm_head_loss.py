@@ -126,6 +126,21 @@ def _twice_the_chunk(fn):
     return run
 
 
+def median_ms(fn, repeats: int, warmup: int = 3) -> float:
+    """The median time of ``fn()`` on the GPU (CUDA events around each call) after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
 def _gemm_ms(h, w, repeats: int) -> float:
     """The median time of the three bare GEMMs of an exact head at full size (bf16 in, float32 accumulation)."""
     grad = torch.empty(h.shape[0], w.shape[0], dtype=h.dtype, device=h.device).normal_()
@@ -133,19 +148,10 @@ def _gemm_ms(h, w, repeats: int) -> float:
     def three():
         h.detach() @ w.detach().t(), grad @ w.detach(), grad.t() @ h.detach()
 
-    for _ in range(3):
-        three()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        three()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+    ms = median_ms(three, repeats)
     del grad
     torch.cuda.empty_cache()
-    return sorted(times)[len(times) // 2]
+    return ms
 
 
 def _reference(h, w, t):

@@ -8,9 +8,8 @@
       pass 2 (gradient): read z[i] again, write over it  g = weight[i] (e^(x - lse) - onehot) dx/dz
 
 Cost: two reads of the logits and one write, in their dtype, and nothing else: the memory roofline of the pass
-the compiled chunk makes in several. Measured on an H200 (benchmarks/results/lm_head_h200): a 1 GiB chunk at 248k
-in 0.78 ms, 1.04x the card's copy bandwidth (the second read partly from L2), where the compiled pair took 2.97 ms;
-the statistics ride in pass 1, 0.70 ms a chunk against 7.2 ms of eager float32 passes. Exactness: the same
+the compiled chunk makes in several, and the statistics ride in pass 1 (the compiled path computed them in eager
+float32 passes). Measured against both, by bandwidth: benchmarks/results/lm_head_h200 (``lm_head_rows.py``). Exactness: the same
 float32 arithmetic as :func:`~packing_collators.loss._chunked._chunk_eager`, in another summation order
 (float32 rounding, ~1e-6 relative); the tanh of a soft cap is computed from exp (a few float32 ulps).
 

@@ -3,8 +3,8 @@
 transformers' Llama-family ``*RMSNorm`` runs its formula op by op in eager mode (a float32 copy, its square, a mean,
 rsqrt, two products, a cast back: about six passes over (tokens, hidden) forward and more backward, twice per layer).
 ``torch.nn.functional.rms_norm`` is one fused CUDA kernel each way (torch >= 2.8; the norm torchtitan's Llama runs):
-on an eager 8B model it was the whole gap between 0.99x and 1.08x torchtitan's step rate (benchmarks.md, the 8B
-rows). Under ``torch.compile`` Inductor fuses either, so this is for eager training.
+on an eager 8B model it was the whole gap to torchtitan's step rate (docs/benchmarks.md, the 8B rows). Under
+``torch.compile`` Inductor fuses either, so this is for eager training.
 
 Which norms: each module whose class name ends in ``RMSNorm``, with a ``weight`` of its width and ``variance_epsilon``
 or ``eps``, whose own forward gives ``rms_norm``'s numbers on a random float32 input (1e-5): measured on the module,
