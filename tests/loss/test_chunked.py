@@ -12,6 +12,12 @@ TRANSFORMS = [LogitTransform(), LogitTransform(scale=0.3), LogitTransform(scale=
               LogitTransform(temperature=0.7), LogitTransform(scale=2.0, softcap=3.0, temperature=1.5)]  # fmt: skip
 
 
+# Each chunk path with every transform, but Triton's (its interpreter runs a Python program per row: seconds a test)
+# with the plain one and the one that has them all (scale, soft cap, temperature); its kernel meets every transform
+# over several vocabulary blocks in test_the_triton_rows_compute_the_eager_chunks_numbers_over_several_vocabulary_blocks
+PATHS = [(path, t) for path in ("eager", "gpu") for t in TRANSFORMS] + [("triton", TRANSFORMS[0]), ("triton", TRANSFORMS[4])]
+
+
 @pytest.fixture
 def small_chunks(monkeypatch):
     monkeypatch.setattr(chunked, "_CHUNK_BYTES", 128 * 50 * 4)  # chunks of 128 tokens at a vocabulary of 50 (float32)
@@ -56,7 +62,7 @@ def _grads(*tensors):
     return out
 
 
-@pytest.mark.parametrize("transform", TRANSFORMS)
+@pytest.mark.parametrize(("chunk_path", "transform"), PATHS, indirect=["chunk_path"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_weighted_loss_and_its_gradients_are_the_full_logits_ones(small_chunks, chunk_path, transform, bias):
     h, w, b, targets, weights = _inputs(bias)
@@ -72,7 +78,7 @@ def test_the_weighted_loss_and_its_gradients_are_the_full_logits_ones(small_chun
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("transform", TRANSFORMS)
+@pytest.mark.parametrize(("chunk_path", "transform"), PATHS, indirect=["chunk_path"])
 def test_token_log_probs_and_their_gradients_are_the_full_logits_ones(small_chunks, chunk_path, transform):
     h, w, b, targets, upstream = _inputs(True)
     full = torch.log_softmax(transform.apply(h @ w.t() + b), -1).gather(1, targets[:, None])[:, 0]
@@ -200,7 +206,7 @@ def test_token_statistics_are_the_full_logits_ones(small_chunks, chunk_path, tra
     assert 0 < float(stats["is_top1"].sum()) < len(targets)  # some tokens are top-1, some not
 
 
-@pytest.mark.parametrize("transform", TRANSFORMS)
+@pytest.mark.parametrize(("chunk_path", "transform"), PATHS, indirect=["chunk_path"])
 def test_entropies_asked_with_gradients_backpropagate_as_the_full_logits_ones(small_chunks, chunk_path, transform):
     """An entropy bonus (TRL's entropy_coef) differentiates each token's entropy too: the backward of
     ``log p(target) * a + entropy * b`` equals the full logits' through the transform; asked without, the
