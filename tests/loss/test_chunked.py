@@ -38,12 +38,17 @@ def triton_chunks(monkeypatch):
 
 
 @pytest.fixture(params=["eager", "gpu", "triton"])
-def chunk_path(request):
-    """Each way through a chunk: eager (float32 logits), the GPU's without Triton (see ``gpu_chunks``), and with it."""
+def chunk_path(request, small_chunks, monkeypatch):
+    """Each way through a chunk: eager (float32 logits), the GPU's without Triton (see ``gpu_chunks``), and with it.
+    Its value is the rows a test makes: 300 in chunks of 128; Triton's interpreter (a Python program per row) 40 in
+    chunks of 16 (three chunks, the last one short, either way)."""
     if request.param == "gpu":
         request.getfixturevalue("gpu_chunks")
     if request.param == "triton":
         request.getfixturevalue("triton_chunks")
+        monkeypatch.setattr(chunked, "chunk_rows", lambda vocab, max_rows=None, element_size=4: 16)
+        return 40
+    return 300
 
 
 def _inputs(bias: bool, n: int = 300, hidden: int = 16, vocab: int = 50, seed: int = 0):
@@ -65,8 +70,9 @@ def _grads(*tensors):
 @pytest.mark.parametrize(("chunk_path", "transform"), PATHS, indirect=["chunk_path"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_weighted_loss_and_its_gradients_are_the_full_logits_ones(small_chunks, chunk_path, transform, bias):
-    h, w, b, targets, weights = _inputs(bias)
-    assert chunk_rows(50) == 128 and h.shape[0] > 2 * 128  # three chunks, the last one short
+    h, w, b, targets, weights = _inputs(bias, n=chunk_path)
+    rows = chunked.chunk_rows(50)
+    assert 2 * rows < h.shape[0] < 3 * rows  # three chunks, the last one short
     logits = transform.apply(h @ w.t() + (b if bias else 0))
     full = (weights * torch.nn.functional.cross_entropy(logits, targets, reduction="none")).sum()
     full.backward()
@@ -80,7 +86,7 @@ def test_the_weighted_loss_and_its_gradients_are_the_full_logits_ones(small_chun
 
 @pytest.mark.parametrize(("chunk_path", "transform"), PATHS, indirect=["chunk_path"])
 def test_token_log_probs_and_their_gradients_are_the_full_logits_ones(small_chunks, chunk_path, transform):
-    h, w, b, targets, upstream = _inputs(True)
+    h, w, b, targets, upstream = _inputs(True, n=chunk_path)
     full = torch.log_softmax(transform.apply(h @ w.t() + b), -1).gather(1, targets[:, None])[:, 0]
     (full * upstream).sum().backward()
     expected = _grads(h, w, b)
@@ -195,10 +201,11 @@ def test_a_weight_not_in_float32_gets_its_gradient_from_float32_blocks_converted
 
 @pytest.mark.parametrize("transform", [LogitTransform(scale=0.5), LogitTransform(scale=2.0, softcap=3.0, temperature=1.5)])
 def test_token_statistics_are_the_full_logits_ones(small_chunks, chunk_path, transform):
-    h, w, b, targets, _ = _inputs(True)
+    h, w, b, targets, _ = _inputs(True, n=chunk_path)
+    logits = transform.apply(h @ w.t() + b)
+    targets[::4] = logits.argmax(-1)[::4]  # some tokens are top-1 (the rest by chance)
     stats = {}
     token_log_probs(h, w, b, targets, transform, stats=stats)
-    logits = transform.apply(h @ w.t() + b)
     log_p = torch.log_softmax(logits, -1)
     torch.testing.assert_close(stats["entropy"], -(log_p.exp() * log_p).sum(-1).detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(stats["mean_logits"], logits.mean(-1).detach(), rtol=1e-5, atol=1e-6)
@@ -211,7 +218,7 @@ def test_entropies_asked_with_gradients_backpropagate_as_the_full_logits_ones(sm
     """An entropy bonus (TRL's entropy_coef) differentiates each token's entropy too: the backward of
     ``log p(target) * a + entropy * b`` equals the full logits' through the transform; asked without, the
     entropies carry no gradient (what trainers log)."""
-    h, w, b, targets, upstream = _inputs(True)
+    h, w, b, targets, upstream = _inputs(True, n=chunk_path)
     bonus = torch.rand(len(targets), generator=torch.Generator().manual_seed(1))
     log_p = torch.log_softmax(transform.apply(h @ w.t() + b), -1)
     full_entropy = -(log_p.exp() * log_p).sum(-1)
