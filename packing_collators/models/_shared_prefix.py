@@ -20,7 +20,7 @@ Cost: one pass over the keys' index on the host per model call, two launches and
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,6 +35,10 @@ class SharedPrefix:
         prompt_rows, cu_prompts: the shared prompts' tokens, prompt after prompt, and their boundaries.
         rest_rows, cu_rest: every other token, completion after completion (an unshared sequence whole).
         rest_prompt: (R,) the prompt whose final state each of those segments starts from; -1: a zero state.
+
+    They are made on the host; :meth:`on` copies them to a device once per model call: a copy from the host waits for
+    the device, and flash-linear-attention keeps what it derives from a ``cu_seqlens`` (its chunk indices, read back
+    to the host) for the same tensor object only, so every layer of the call hands it the same ones.
     """
 
     prompt_rows: torch.Tensor
@@ -42,6 +46,25 @@ class SharedPrefix:
     rest_rows: torch.Tensor
     cu_rest: torch.Tensor
     rest_prompt: torch.Tensor
+    _copies: dict = field(default_factory=dict, repr=False)
+
+    def on(self, device: torch.device) -> SharedPrefix:
+        """These passes with their tensors on ``device``, copied once (the same tensors at every later call).
+
+        >>> passes = SharedPrefix(*(torch.tensor([0, 1]) for _ in range(5)))
+        >>> moved = passes.on(torch.device("meta"))
+        >>> moved.cu_rest.device.type, moved is passes.on(torch.device("meta")), passes.on(torch.device("cpu")) is passes
+        ('meta', True, True)
+        """
+        device = torch.device(device)
+        if self.prompt_rows.device == device:
+            return self
+        if device not in self._copies:
+            self._copies[device] = SharedPrefix(
+                self.prompt_rows.to(device), self.cu_prompts.to(device), self.rest_rows.to(device),
+                self.cu_rest.to(device), self.rest_prompt.to(device),
+            )  # fmt: skip
+        return self._copies[device]
 
 
 def _cumulative(lengths: list[int]) -> torch.Tensor:
@@ -92,18 +115,18 @@ def shared_prefix(kv_index: torch.Tensor, q_index: torch.Tensor, cu_keys: torch.
 def run_from_prompts(kernel: Callable, passes: SharedPrefix, *inputs: torch.Tensor) -> torch.Tensor:
     """``kernel(*inputs, cu_seqlens, initial_state=, output_final_state=)`` over the row's tokens (dim 1 of each
     input, (1, T, ...)) in the two passes; its output (1, T, ...) in row order."""
-    device = inputs[0].device
+    on = passes.on(inputs[0].device)
 
     def gathered(rows: torch.Tensor) -> list[torch.Tensor]:
-        return [x.index_select(1, rows.to(device)) for x in inputs]
+        return [x.index_select(1, rows) for x in inputs]
 
-    first, states = kernel(*gathered(passes.prompt_rows), passes.cu_prompts.to(device), output_final_state=True)
+    first, states = kernel(*gathered(on.prompt_rows), on.cu_prompts, output_final_state=True)
     zero = torch.zeros_like(states[:1])
-    initial = torch.cat([zero, states]).index_select(0, (passes.rest_prompt + 1).to(device))
-    rest = kernel(*gathered(passes.rest_rows), passes.cu_rest.to(device), initial_state=initial)
+    initial = torch.cat([zero, states]).index_select(0, on.rest_prompt + 1)
+    rest = kernel(*gathered(on.rest_rows), on.cu_rest, initial_state=initial)
     out = first.new_empty((1, inputs[0].shape[1], *first.shape[2:]))
-    out = out.index_copy(1, passes.prompt_rows.to(device), first)
-    return out.index_copy(1, passes.rest_rows.to(device), rest)
+    out = out.index_copy(1, on.prompt_rows, first)
+    return out.index_copy(1, on.rest_rows, rest)
 
 
 def on_keys(scope, mixer: Callable, x: torch.Tensor) -> torch.Tensor:
@@ -116,12 +139,12 @@ def ssd_from_prompts(ssd: Callable, passes: SharedPrefix, x, dt, A, B, C, D, chu
     """``ssd(x, dt, A, B, C, D, chunk_size, cu_seqlens)`` (``_ssd.py``: no initial states) over a shared-prompt row
     (x (1, T, h, p), dt (1, T, h), B and C (1, T, g, n)) in the two passes, each completion's output from its prompt's
     final state: the scan is linear in its state, so the zero-state output gains ``C_t exp(A * sum(dt_1..t)) S``."""
-    device = x.device
-    prompt_rows, rest_rows = passes.prompt_rows.to(device), passes.rest_rows.to(device)
+    on = passes.on(x.device)
+    prompt_rows, rest_rows = on.prompt_rows, on.rest_rows
     xp, dtp, Bp, Cp = (t.index_select(1, prompt_rows) for t in (x, dt, B, C))
-    first = ssd(xp, dtp, A, Bp, Cp, D, chunk_size, passes.cu_prompts.to(device))
+    first = ssd(xp, dtp, A, Bp, Cp, D, chunk_size, on.cu_prompts)
     xr, dtr, Br, Cr = (t.index_select(1, rest_rows) for t in (x, dt, B, C))
-    rest = ssd(xr, dtr, A, Br, Cr, D, chunk_size, passes.cu_rest.to(device))
+    rest = ssd(xr, dtr, A, Br, Cr, D, chunk_size, on.cu_rest)
     states = _ssd_final_states(passes.cu_prompts.tolist(), A, xp[0], dtp[0], Bp[0])
     rest = (rest.float() + _from_states(passes, states, A, dtr[0], Cr[0])[None]).to(first.dtype)
     out = first.new_empty((1, x.shape[1], *first.shape[2:]))
