@@ -66,6 +66,19 @@ class SharedPrefix:
             )  # fmt: skip
         return self._copies[device]
 
+    def rest_tokens(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """For each token of the rest pass, on ``device`` (made on the host and copied once): the rest pass's token
+        before its segment's start (0 for the first segment), whether there is one, and per prompt the rest
+        tokens whose segment starts from that prompt's state."""
+        key = (torch.device(device), "rest_tokens")
+        if key not in self._copies:
+            lengths = self.cu_rest.diff().long()
+            starts = self.cu_rest[:-1].long().repeat_interleave(lengths)
+            token_prompt = self.rest_prompt.repeat_interleave(lengths)
+            per_prompt = [(token_prompt == p).nonzero().squeeze(1).to(device) for p in range(len(self.cu_prompts) - 1)]
+            self._copies[key] = ((starts - 1).clamp(min=0).to(device), (starts > 0).to(device), per_prompt)
+        return self._copies[key]
+
 
 def _cumulative(lengths: list[int]) -> torch.Tensor:
     return torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0).to(torch.int32)
@@ -169,15 +182,12 @@ def _from_states(passes: SharedPrefix, states: list[torch.Tensor], A, dt, C) -> 
     """(R, h, p) float32: ``C_t exp(A * (dt_1 + ... + dt_t)) S`` at each rest token whose segment starts from a
     prompt's state S (t counted from the segment's start), 0 elsewhere."""
     heads, device = dt.shape[1], dt.device
-    lengths = passes.cu_rest.diff().long()  # on the host, as the passes are
-    starts = passes.cu_rest[:-1].long().repeat_interleave(lengths)
-    token_prompt = passes.rest_prompt.repeat_interleave(lengths)
+    previous, has_previous, per_prompt = passes.rest_tokens(device)
     decay = (A.double() * dt.double()).cumsum(0)  # float64: differences of long sums
-    before = decay.index_select(0, (starts - 1).clamp(min=0).to(device)) * (starts > 0).to(device)[:, None]
+    before = decay.index_select(0, previous) * has_previous[:, None]
     since_start = (decay - before).float().exp()  # (R, h): exp(A * (dt_1 + ... + dt_t)) within each segment
     out = torch.zeros((dt.shape[0], heads, states[0].shape[2]), dtype=torch.float32, device=device)
-    for prompt, state in enumerate(states):
-        index = (token_prompt == prompt).nonzero().squeeze(1).to(device)
+    for state, index in zip(states, per_prompt):
         c = C.index_select(0, index).float()  # (t, g, n)
         read = torch.einsum("tgn,gkpn->tgkp", c, state)
         out = out.index_add(0, index, read.reshape(len(index), heads, -1) * since_start.index_select(0, index)[..., None])
