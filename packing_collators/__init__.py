@@ -20,10 +20,11 @@ built only on the ones above it in this map::
     loss/      enable_chunked_loss                       the loss from the last hidden states a chunk of
                                                          tokens at a time: never the T x V logits
     models/    enable_packing, compile_layers,           hybrids (Gated DeltaNet, Mamba, short convs) and
-               fuse_rms_norms                            VLMs keep packed examples apart: stateful layers
+               fuse_rms_norms, fuse_swiglu               VLMs keep packed examples apart: stateful layers
                                                          per example or on varlen kernels, each example's
                                                          multimodal positions; the decoder layers compiled
-                                                         in place (one graph for all); eager norms fused
+                                                         in place (one graph for all); eager norms and
+                                                         SwiGLU fused
     checks/    check_packing_support, probe_packing,     refuse, before training, a model, batch or
                ProbeReport                               collator that would mix examples; the probe
     parallel/  SequenceShardCollator, shard_flat_batch,  sequence parallelism (Ulysses) for packed rows:
@@ -105,6 +106,7 @@ __all__ = [
     "enable_ulysses_attention",
     "fit_attention_weight",
     "fuse_rms_norms",
+    "fuse_swiglu",
     "length_buckets",
     "lengths_from_dataset",
     "measure_token_budget",
@@ -140,6 +142,7 @@ __getattr__ = lazy_names(
         "enable_packing": ".models",
         "compile_layers": ".models",
         "fuse_rms_norms": ".models",
+        "fuse_swiglu": ".models",
         "enable_chunked_loss": ".loss",
         "PackingDPOTrainer": ".preference",
         "PreferenceCollator": ".preference",

@@ -1,0 +1,162 @@
+"""fuse_swiglu(model): each gated MLP's ``silu(gate) * up`` as one Triton kernel each way, where the MLP computes it.
+
+transformers' Llama-family MLP runs ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` op by op in eager mode: silu,
+then the product, five passes over (tokens, intermediate) forward and nine backward (silu's backward and the
+product's two), and it keeps silu's output for the product's backward. One kernel forward reads gate and up and
+writes the product (three passes); one backward reads the gradient, gate and up and writes both gradients (five),
+and only gate and up are kept. Under ``torch.compile`` Inductor fuses the same: this is for eager training, beside
+:func:`~packing_collators.models.fuse_rms_norms`.
+
+Which MLPs: each module with ``gate_proj``, ``up_proj`` and ``down_proj`` (``nn.Linear``) and an ``act_fn`` whose own
+forward gives ``down_proj(silu(gate_proj(x)) * up_proj(x))`` on a random input: measured on the module, so GELU MLPs
+(Gemma's) and anything else keep their own forward. Numerics: silu and the product in float32, rounded once to the
+dtype (transformers rounds silu's output first: one rounding fewer). The kernel runs where the tensors are on CUDA
+and Triton is installed, checked once per device against torch (a warning and torch's ops where it fails); elsewhere
+the fused forward computes ``silu(gate) * up`` with torch, the module's own numbers.
+
+>>> from transformers.models.llama.modeling_llama import LlamaMLP
+>>> from transformers import LlamaConfig
+>>> mlp = LlamaMLP(LlamaConfig(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=2))
+>>> x = torch.randn(3, 8)
+>>> expected = mlp(x)
+>>> fuse_swiglu(mlp)
+1
+>>> torch.equal(mlp(x), expected)  # on the CPU: torch's silu and product, as the module's own
+True
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import types
+import warnings
+
+import torch
+
+__all__ = ["fuse_swiglu", "swiglu"]
+
+_BLOCK = 1024  # elements a program
+
+
+def fuse_swiglu(model: torch.nn.Module) -> int:
+    """Make every gated MLP of ``model`` whose forward computes ``down(silu(gate(x)) * up(x))`` run the product as
+    one kernel each way; returns how many. Idempotent; the projections are called as modules (hooks, FSDP2, PEFT)."""
+    fused = 0
+    for module in model.modules():
+        if getattr(module.forward, "__func__", None) is _fused_forward:
+            fused += 1
+        elif _computes_swiglu(module):
+            module._packing_own_forward = module.forward
+            module.forward = types.MethodType(_fused_forward, module)
+            fused += 1
+    return fused
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``: one Triton kernel each way on CUDA (float32 inside, one rounding), else torch's ops (also
+    inside ``torch.compile``, whose Inductor fuses them: ``compile_layers`` on a fused model compiles as before).
+
+    >>> g, u = torch.randn(2, 5), torch.randn(2, 5)
+    >>> torch.equal(swiglu(g, u), torch.nn.functional.silu(g) * u)
+    True
+    """
+    if gate.shape == up.shape and gate.dtype == up.dtype and not torch.compiler.is_compiling() and usable(gate.device):
+        return _SwiGLU.apply(gate, up)  # (a compiled graph gets torch's ops, which Inductor fuses itself)
+    return torch.nn.functional.silu(gate) * up
+
+
+def usable(device: torch.device) -> bool:
+    """Whether the kernels run for tensors on ``device``: CUDA, Triton installed, checked there once.
+
+    >>> usable(torch.device("cpu"))
+    False
+    """
+    return device.type == "cuda" and importlib.util.find_spec("triton") is not None and _works_on(str(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _works_on(device: str) -> bool:
+    """Both kernels run once on ``device`` against torch's silu and autograd (a short last block): False, with a
+    warning, where they fail to build or differ, so the MLPs keep torch's ops there."""
+    generator = torch.Generator().manual_seed(0)
+    gate, up, grad = (torch.randn(2 * _BLOCK + 3, generator=generator).mul(4).to(device) for _ in range(3))
+    try:
+        g, u = gate.clone().requires_grad_(), up.clone().requires_grad_()
+        ours = _SwiGLU.apply(g, u)
+        ours_grads = torch.autograd.grad(ours, (g, u), grad)
+        g, u = gate.clone().requires_grad_(), up.clone().requires_grad_()
+        torch_out = torch.nn.functional.silu(g) * u
+        torch_grads = torch.autograd.grad(torch_out, (g, u), grad)
+        same = torch.allclose(ours, torch_out, rtol=1e-5, atol=1e-5) and all(
+            torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(ours_grads, torch_grads)
+        )
+    except Exception as error:  # noqa: BLE001 - any failure to build or run them: torch's ops stay
+        warnings.warn(f"packing_collators: fuse_swiglu's Triton kernel failed on {device} ({type(error).__name__}: "
+                      f"{str(error)[:300]}); the MLPs run torch's silu and product there.", stacklevel=2)  # fmt: skip
+        return False
+    if not same:
+        warnings.warn(f"packing_collators: fuse_swiglu's Triton kernel computed other numbers than torch on {device}; "
+                      "the MLPs run torch's silu and product there.", stacklevel=2)  # fmt: skip
+    return bool(same)
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up):
+        from . import _swiglu_kernels
+
+        gate, up = gate.contiguous(), up.contiguous()
+        out = torch.empty_like(gate)
+        n = gate.numel()
+        _swiglu_kernels.forward[(triton_blocks(n),)](gate, up, out, n, BLOCK=_BLOCK)
+        ctx.save_for_backward(gate, up)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        from . import _swiglu_kernels
+
+        gate, up = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_gate, grad_up = torch.empty_like(gate), torch.empty_like(up)
+        n = gate.numel()
+        _swiglu_kernels.backward[(triton_blocks(n),)](grad_out, gate, up, grad_gate, grad_up, n, BLOCK=_BLOCK)
+        return grad_gate, grad_up
+
+
+def triton_blocks(n: int) -> int:
+    """Programs for ``n`` elements, ``_BLOCK`` each (at least one).
+
+    >>> triton_blocks(1), triton_blocks(1024), triton_blocks(1025)
+    (1, 1, 2)
+    """
+    return max(1, -(-n // _BLOCK))
+
+
+def _computes_swiglu(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a gated MLP whose forward is ``down(silu(gate(x)) * up(x))``, run once to see."""
+    projections = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    if not all(isinstance(p, torch.nn.Linear) for p in projections) or not callable(getattr(module, "act_fn", None)):
+        return False
+    weight = projections[0].weight
+    if weight.device.type == "meta":
+        return False
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(4, projections[0].in_features, generator=g) * 2).to(weight.device, weight.dtype)
+    try:
+        with torch.no_grad():
+            own = module(x)
+            expected = module.down_proj(torch.nn.functional.silu(module.gate_proj(x)) * module.up_proj(x))
+    except Exception:  # noqa: BLE001 - an MLP that cannot run on this probe keeps its forward
+        return False
+    if not isinstance(own, torch.Tensor) or own.shape != expected.shape:
+        return False
+    tolerance = 1e-5 if weight.dtype == torch.float32 else 2e-2  # silu against GELU differs by ~0.1 of a unit
+    return torch.allclose(own.float(), expected.float(), rtol=tolerance, atol=tolerance)
+
+
+def _fused_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    if args or kwargs:
+        return self._packing_own_forward(x, *args, **kwargs)
+    return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
