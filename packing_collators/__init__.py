@@ -19,12 +19,13 @@ built only on the ones above it in this map::
                warm_up_attention                         and the fastest packed-correct one here
     loss/      enable_chunked_loss                       the loss from the last hidden states a chunk of
                                                          tokens at a time: never the T x V logits
-    models/    enable_packing, compile_layers,           hybrids (Gated DeltaNet, Mamba, short convs) and
-               fuse_rms_norms, fuse_swiglu               VLMs keep packed examples apart: stateful layers
+    models/    enable_packing, compile_layers            hybrids (Gated DeltaNet, Mamba, short convs) and
+                                                         VLMs keep packed examples apart: stateful layers
                                                          per example or on varlen kernels, each example's
                                                          multimodal positions; the decoder layers compiled
-                                                         in place (one graph for all); eager norms and
-                                                         SwiGLU fused
+                                                         in place (one graph for all)
+    fused/     fuse_rms_norms, fuse_swiglu               eager layers on fused kernels: the RMSNorms on
+                                                         torch's, SwiGLU's product on one Triton kernel
     checks/    check_packing_support, probe_packing,     refuse, before training, a model, batch or
                ProbeReport                               collator that would mix examples; the probe
     parallel/  SequenceShardCollator, shard_flat_batch,  sequence parallelism (Ulysses) for packed rows:
@@ -141,8 +142,8 @@ __getattr__ = lazy_names(
         "MultipackBatchSampler": ".sampler",
         "enable_packing": ".models",
         "compile_layers": ".models",
-        "fuse_rms_norms": ".models",
-        "fuse_swiglu": ".models",
+        "fuse_rms_norms": ".fused",
+        "fuse_swiglu": ".fused",
         "enable_chunked_loss": ".loss",
         "PackingDPOTrainer": ".preference",
         "PreferenceCollator": ".preference",

@@ -19,9 +19,6 @@ _wrappers.py        PEFT prompt and prefix tuning: refused (a prompt per row, no
 _enable.py          enable_packing(model): installs each layer's path and the hooks, where missing
 _compile_layers.py  compile_layers(model): the decoder layers compiled in place, one graph for all of them;
                     bucket_rows(): their row length traced static (rows padded to a bucket)
-_fused_norms.py     fuse_rms_norms(model): the RMSNorms that compute rms_norm on torch's fused kernel (eager)
-_fused_mlp.py       fuse_swiglu(model): the gated MLPs' silu(gate) * up as one Triton kernel each way (eager);
-_swiglu_kernels.py  its kernels (Triton, imported where they run)
 
 Imports nothing of the package's other folders but the packed batch's home (``batch/``: its keys and
 the one rule that reads a batch's examples) and the top-level helpers; ``checks/`` and ``trainer/`` build on it.
@@ -30,8 +27,6 @@ the one rule that reads a batch's examples) and the top-level helpers; ``checks/
 from . import _compile_layers
 from ._compile_layers import *  # noqa: F403 (its __all__ is the folder's, once)
 from ._enable import PackingLayers, enable_packing, packing_layers
-from ._fused_mlp import fuse_swiglu
-from ._fused_norms import fuse_rms_norms
 from ._mixers import find_stateful_layers
 from ._multimodal import multimodal_model
 from ._packed_mask import keys_layout_mask
@@ -46,8 +41,6 @@ __all__ = [  # noqa: RUF022 (compile's names, then the rest)
     "RowSegments",
     "enable_packing",
     "find_stateful_layers",
-    "fuse_rms_norms",
-    "fuse_swiglu",
     "keys_layout_mask",
     "multimodal_model",
     "packing_layers",

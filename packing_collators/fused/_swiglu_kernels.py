@@ -1,4 +1,4 @@
-"""The Triton kernels of :mod:`packing_collators.models._fused_mlp`; imported only where they run, since Triton is
+"""The Triton kernels of :mod:`packing_collators.fused._mlp`; imported only where they run, since Triton is
 optional and ``triton.jit`` reads ``TRITON_INTERPRET`` as this module loads."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ then the product, five passes over (tokens, intermediate) forward and nine backw
 product's two), and it keeps silu's output for the product's backward. One kernel forward reads gate and up and
 writes the product (three passes); one backward reads the gradient, gate and up and writes both gradients (five),
 and only gate and up are kept. Under ``torch.compile`` Inductor fuses the same: this is for eager training, beside
-:func:`~packing_collators.models.fuse_rms_norms`.
+:func:`~packing_collators.fused.fuse_rms_norms`.
 
 Which MLPs: each module with ``gate_proj``, ``up_proj`` and ``down_proj`` (``nn.Linear``) and an ``act_fn`` whose own
 forward gives ``down_proj(silu(gate_proj(x)) * up_proj(x))`` on a random input: measured on the module, so GELU MLPs

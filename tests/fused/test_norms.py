@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from packing_collators import fuse_rms_norms
-from packing_collators.models._fused_norms import _fused_forward
+from packing_collators.fused._norms import _fused_forward
 
 
 def _llama(**overrides) -> LlamaForCausalLM:

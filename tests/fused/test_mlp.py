@@ -10,8 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from packing_collators import fuse_swiglu
-from packing_collators.models import _fused_mlp
-from packing_collators.models._fused_mlp import _fused_forward, swiglu
+from packing_collators.fused import _mlp as _fused_mlp
+from packing_collators.fused._mlp import _fused_forward, swiglu
 
 
 @pytest.fixture

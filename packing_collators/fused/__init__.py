@@ -1,0 +1,15 @@
+"""Eager layers on fused kernels: what transformers runs op by op where the layers are not compiled.
+
+_norms.py           fuse_rms_norms(model): the RMSNorms that compute rms_norm, on torch's fused kernel
+_mlp.py             fuse_swiglu(model): the gated MLPs' silu(gate) * up as one Triton kernel each way
+_swiglu_kernels.py  its kernels (Triton, imported where they run)
+
+Each is measured on the module it replaces (a probe input through the module's own forward) and opt-in: one line
+before the Trainer. Under ``torch.compile`` Inductor fuses the same ops, and these keep torch's there. Imports
+nothing of the package's other folders.
+"""
+
+from ._mlp import fuse_swiglu, swiglu
+from ._norms import fuse_rms_norms
+
+__all__ = ["fuse_rms_norms", "fuse_swiglu", "swiglu"]
