@@ -72,3 +72,32 @@ def test_the_steady_ratio_pairs_the_same_groups_and_leaves_out_the_steps_where_a
     assert grpo_update.steady_ratio(ours, trl[:3])["steady_steps"] == 2  # a run its time limit stopped: the common steps
     with pytest.raises(AssertionError, match="same groups"):
         grpo_update.steady_ratio(ours, steps([1.0] * 4, tokens=(1000, 2000, 3001, 1000)))
+
+
+def test_a_run_its_time_limit_stopped_before_a_timed_step_is_listed_with_its_warm_ups_not_compared(tmp_path, capsys):
+    # the hybrid's first GPU rerun: TRL's process compiled its padded shapes past its limit and left nothing to divide by
+    sys.path.insert(0, str(SCRIPT.parent))
+    import doctest
+
+    import grpo_update
+
+    assert doctest.testmod(grpo_update, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
+    step = {"tokens": 1000, "seconds": 0.5, "grad_norm": 1.0}
+    packed = {"setting": "packed", "attention": "sdpa", "device": "cpu", "prompts": "64,1000,4096", "peak_gib": None,
+              "median_tokens_per_s": 2000.0, "median_update_seconds": 0.5,
+              "steps": [{**step, "warmup": True}, {**step, "warmup": False}]}  # fmt: skip
+    warmed = {"setting": "trl", "steps": [{**step, "seconds": 41.5, "warmup": True}], "median_tokens_per_s": None,
+              "partial": True, "stopped_after_s": 60}  # fmt: skip
+    (tmp_path / "qwen3_packed.json").write_text(json.dumps(packed))
+    (tmp_path / "qwen3_trl.json").write_text(json.dumps(warmed))
+    (tmp_path / "qwen3_5_trl.json").write_text(json.dumps({"setting": "trl", "steps": [], "partial": True}))
+    (tmp_path / "qwen3_5_packed.json").write_text(json.dumps({**packed, "error": "Traceback\nRuntimeError: boom\n"}))
+    assert grpo_update.compare(tmp_path) == []
+    out = capsys.readouterr().out
+    assert "qwen3_trl: no timed step; stopped after 1 warm-up step (41.5 s for 1,000 tokens)" in out
+    assert "qwen3_5_trl: no timed step; stopped before its first step ended" in out
+    assert "qwen3_5_packed: failed: RuntimeError: boom" in out
+    assert "qwen3_packed" not in out  # finished: it waits for a TRL row to be divided by
+    (tmp_path / "qwen3_trl.json").write_text(json.dumps({**packed, "setting": "trl"}))
+    (row,) = grpo_update.compare(tmp_path)
+    assert row["update_tokens_per_s_vs_trl"] == 1.0

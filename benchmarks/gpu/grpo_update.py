@@ -203,7 +203,7 @@ def run_one(args, save=None) -> dict:
                       "warmup": index < args.warmup})
         losses.append(float(loss.detach()))
         steps[-1]["grad_norm"] = grad_norm
-        if save is not None and index >= args.warmup:  # what a step finished is kept if the call's time runs out
+        if save is not None:  # what a step finished is kept if the call's time runs out (warm-ups too: a cold start's cost)
             save({**summary(args, model, attention, fa4, steps, losses, None, cuda), "partial": True})
     generation = time_generation(args, trainer, groups[: args.generate], cuda) if args.generate else None
     return summary(args, model, attention, fa4, steps, losses, generation, cuda)
@@ -222,10 +222,11 @@ def summary(args, model, attention, fa4, steps, losses, generation, cuda) -> dic
     return {
         "setting": args.setting, "trainer": args.trainer, "model": args.model, "attention": attention, "fa4_int_lengths": fa4, "layer_paths": paths,
         "linear_attention_kernels": linear_attention_kernels(model),
-        "generation": generation, "median_update_seconds": statistics.median(s["seconds"] for s in timed), "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "generation": generation, "median_update_seconds": statistics.median(s["seconds"] for s in timed) if timed else None,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "prompts": args.prompts, "steps": steps, "losses": losses,
-        "median_tokens_per_s": statistics.median(s["tokens"] / s["seconds"] for s in timed), "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "median_tokens_per_s": statistics.median(s["tokens"] / s["seconds"] for s in timed) if timed else None, "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
     }  # fmt: skip
 
 
@@ -288,7 +289,7 @@ def compare(out: Path) -> list[dict]:
             trl = runs.get(run_name(model, "trl", trainer))
             for name in ("packed", "shared"):
                 run = runs.get(run_name(model, name, trainer))
-                if run is None or trl is None or "error" in run or "error" in trl:
+                if run is None or trl is None or not (_finished(run) and _finished(trl)):
                     continue
                 rows.append({"trainer": trainer, **compare_row(model, name, run, trl)})
     (out / "results.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
@@ -304,8 +305,31 @@ def compare(out: Path) -> list[dict]:
                      f"{r['update_tokens_per_s']:,.0f} | {r['trl_update_tokens_per_s']:,.0f} | {r['update_tokens_per_s_vs_trl']:.3f} | "
                      f"{_steady(r)} | "
                      f"{peaks[0]} | {peaks[1]} | {memory} | {r['grad_norm_max_rel_diff_vs_trl']:.2e} | {whole} |")  # fmt: skip
+    lines += [_unfinished(name, run) for name, run in runs.items() if not _finished(run)]
     print("\n".join(lines))
     return rows
+
+
+def _finished(run: dict) -> bool:
+    """Whether a setting's run timed a step (not failed, not stopped by its time limit before its warm-up ended)."""
+    return "error" not in run and run.get("median_tokens_per_s") is not None
+
+
+def _unfinished(name: str, run: dict) -> str:
+    """A run with no timed step, in words: its failure, or the warm-up steps it finished before it was stopped.
+
+    >>> _unfinished("qwen3_5_trl", {"steps": [{"seconds": 41.5, "tokens": 9000}], "partial": True})
+    'qwen3_5_trl: no timed step; stopped after 1 warm-up step (41.5 s for 9,000 tokens)'
+    >>> _unfinished("qwen3_5_trl", {"steps": [], "partial": True})
+    'qwen3_5_trl: no timed step; stopped before its first step ended'
+    """
+    if "error" in run:
+        return f"{name}: failed: {run['error'].strip().splitlines()[-1] if run['error'].strip() else '?'}"
+    done = run.get("steps", [])
+    if not done:
+        return f"{name}: no timed step; stopped before its first step ended"
+    each = ", ".join(f"{s['seconds']:.1f} s for {s['tokens']:,} tokens" for s in done)
+    return f"{name}: no timed step; stopped after {len(done)} warm-up step{'s' if len(done) > 1 else ''} ({each})"
 
 
 def _steady(row: dict) -> str:
@@ -380,6 +404,9 @@ def main() -> None:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=args.setting_timeout)
             except subprocess.TimeoutExpired as expired:  # its steps so far are in its JSON ("partial")
                 print(f"{setting}: stopped after {args.setting_timeout} s", (expired.stderr or b"")[-2000:], flush=True)
+                path = out / f"{run_name(args.model, setting, args.trainer)}.json"
+                run = json.loads(path.read_text()) if path.exists() else {"setting": setting, "model": args.model, "steps": []}
+                path.write_text(json.dumps({**run, "partial": True, "stopped_after_s": args.setting_timeout}, indent=1))
                 continue
             print(done.stdout[-2000:], done.stderr[-4000:] if done.returncode else "", flush=True)
             if done.returncode:  # the run's failure is a result: recorded, the driver goes on
