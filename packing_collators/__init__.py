@@ -44,6 +44,7 @@ built only on the ones above it in this map::
     _progress.py      when long work shows a progress bar (one rule, following datasets/transformers)
     _model_unwrap.py  the transformers model inside its wrappers, and its text config
     _lazy.py          names a facade loads on first use (this one, trainer/'s, sampler/'s)
+    _kernel_check.py  a Triton kernel trusted on a device once it ran there with torch's numbers (loss/, fused/)
 
 ``PackingTrainer``, ``PackingCheckCallback``, ``PackingMetricsCallback``, ``MultipackBatchSampler``,
 ``enable_packing`` and ``enable_chunked_loss`` load on first use (they import transformers' Trainer or torch), so

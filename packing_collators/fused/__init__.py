@@ -3,6 +3,7 @@
 _norms.py           fuse_rms_norms(model): the RMSNorms that compute rms_norm, on torch's fused kernel
 _mlp.py             fuse_swiglu(model): the gated MLPs' silu(gate) * up as one Triton kernel each way
 _swiglu_kernels.py  its kernels (Triton, imported where they run)
+_swap.py            swap_forwards: the one way a recognised module gets its fused forward (idempotent)
 
 Each is measured on the module it replaces (a probe input through the module's own forward) and opt-in: one line
 before the Trainer. Under ``torch.compile`` Inductor fuses the same ops, and these keep torch's there. Imports

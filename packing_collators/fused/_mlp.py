@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import types
-import warnings
 
 import torch
+
+from .._kernel_check import checked_on
+
+from ._swap import swap_forwards
 
 __all__ = ["fuse_swiglu", "swiglu"]
 
@@ -42,15 +44,7 @@ _BLOCK = 1024  # elements a program
 def fuse_swiglu(model: torch.nn.Module) -> int:
     """Make every gated MLP of ``model`` whose forward computes ``down(silu(gate(x)) * up(x))`` run the product as
     one kernel each way; returns how many. Idempotent; the projections are called as modules (hooks, FSDP2, PEFT)."""
-    fused = 0
-    for module in model.modules():
-        if getattr(module.forward, "__func__", None) is _fused_forward:
-            fused += 1
-        elif _computes_swiglu(module):
-            module._packing_own_forward = module.forward
-            module.forward = types.MethodType(_fused_forward, module)
-            fused += 1
-    return fused
+    return swap_forwards(model, _computes_swiglu, _fused_forward)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -79,26 +73,21 @@ def usable(device: torch.device) -> bool:
 def _works_on(device: str) -> bool:
     """Both kernels run once on ``device`` against torch's silu and autograd (a short last block): False, with a
     warning, where they fail to build or differ, so the MLPs keep torch's ops there."""
+    return checked_on(device, _check, "fuse_swiglu's Triton kernel", "torch", "the MLPs run torch's silu and product")
+
+
+def _check(device: str) -> bool:
     generator = torch.Generator().manual_seed(0)
     gate, up, grad = (torch.randn(2 * _BLOCK + 3, generator=generator).mul(4).to(device) for _ in range(3))
-    try:
+    results = []
+    for product in (_SwiGLU.apply, lambda g, u: torch.nn.functional.silu(g) * u):
         g, u = gate.clone().requires_grad_(), up.clone().requires_grad_()
-        ours = _SwiGLU.apply(g, u)
-        ours_grads = torch.autograd.grad(ours, (g, u), grad)
-        g, u = gate.clone().requires_grad_(), up.clone().requires_grad_()
-        torch_out = torch.nn.functional.silu(g) * u
-        torch_grads = torch.autograd.grad(torch_out, (g, u), grad)
-        same = torch.allclose(ours, torch_out, rtol=1e-5, atol=1e-5) and all(
-            torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(ours_grads, torch_grads)
-        )
-    except Exception as error:  # noqa: BLE001 - any failure to build or run them: torch's ops stay
-        warnings.warn(f"packing_collators: fuse_swiglu's Triton kernel failed on {device} ({type(error).__name__}: "
-                      f"{str(error)[:300]}); the MLPs run torch's silu and product there.", stacklevel=2)  # fmt: skip
-        return False
-    if not same:
-        warnings.warn(f"packing_collators: fuse_swiglu's Triton kernel computed other numbers than torch on {device}; "
-                      "the MLPs run torch's silu and product there.", stacklevel=2)  # fmt: skip
-    return bool(same)
+        out = product(g, u)
+        results.append((out, *torch.autograd.grad(out, (g, u), grad)))
+    (ours, *ours_grads), (torch_out, *torch_grads) = results
+    return torch.allclose(ours, torch_out, rtol=1e-5, atol=1e-5) and all(
+        torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(ours_grads, torch_grads)
+    )
 
 
 class _SwiGLU(torch.autograd.Function):

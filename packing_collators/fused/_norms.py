@@ -26,9 +26,10 @@ True
 
 from __future__ import annotations
 
-import types
 
 import torch
+
+from ._swap import swap_forwards
 
 __all__ = ["fuse_rms_norms"]
 
@@ -36,15 +37,7 @@ __all__ = ["fuse_rms_norms"]
 def fuse_rms_norms(model: torch.nn.Module) -> int:
     """Make every RMSNorm of ``model`` that computes ``rms_norm``'s numbers call torch's fused kernel; returns how
     many. Idempotent; the weight is read at each call (FSDP2 and PEFT may swap it)."""
-    fused = 0
-    for module in model.modules():
-        if getattr(module.forward, "__func__", None) is _fused_forward:
-            fused += 1
-        elif _computes_rms_norm(module):
-            module._packing_own_forward = module.forward
-            module.forward = types.MethodType(_fused_forward, module)
-            fused += 1
-    return fused
+    return swap_forwards(model, _computes_rms_norm, _fused_forward)
 
 
 def _eps(module) -> float | None:

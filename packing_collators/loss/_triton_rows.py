@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import warnings
 
 import torch
+
+from .._kernel_check import checked_on
 
 __all__ = ["chunk", "row_stats", "usable"]
 
@@ -48,25 +49,21 @@ def _works_on(device: str) -> bool:
     """The kernel run once on ``device`` against torch's softmax (three rows over two vocabulary blocks and a short
     one, a soft cap): False, with a warning, where it fails to build or differs, so the chunked loss falls back to its
     compiled or eager chunk instead of failing or training on wrong numbers."""
+    return checked_on(device, _check, "the chunked loss's Triton kernel", "torch's softmax",
+                      "the loss runs its torch.compile'd chunk")  # fmt: skip
+
+
+def _check(device: str) -> bool:
     g = torch.Generator().manual_seed(0)
     z = (torch.randn(3, 2 * _BLOCK + 5, generator=g) * 4).to(device)
     targets, weights = torch.tensor([0, _BLOCK, 2 * _BLOCK + 4]).to(device), torch.full((3,), 0.5, device=device)
     capped = torch.tanh(z / 30.0) * 30.0
     expected = torch.softmax(capped, -1) - torch.nn.functional.one_hot(targets, z.shape[1])
     expected = expected * 0.5 * (1 - (capped / 30.0) ** 2)
-    try:
-        grad = z.clone()
-        _, lse = chunk(grad, targets, weights, 1.0, 30.0, True)[:2]
-        same = torch.allclose(lse, torch.logsumexp(capped, -1), rtol=1e-5, atol=1e-5)
-        same = same and torch.allclose(grad, expected, rtol=1e-4, atol=1e-6)
-    except Exception as error:  # noqa: BLE001 - any failure to build or run it: the other chunk paths stay
-        warnings.warn(f"packing_collators: the chunked loss's Triton kernel failed on {device} ({type(error).__name__}: "
-                      f"{str(error)[:300]}); the loss runs its torch.compile'd chunk there.", stacklevel=2)  # fmt: skip
-        return False
-    if not same:
-        warnings.warn(f"packing_collators: the chunked loss's Triton kernel computed other numbers than torch's softmax "
-                      f"on {device}; the loss runs its torch.compile'd chunk there.", stacklevel=2)  # fmt: skip
-    return bool(same)
+    grad = z.clone()
+    _, lse = chunk(grad, targets, weights, 1.0, 30.0, True)[:2]
+    same = torch.allclose(lse, torch.logsumexp(capped, -1), rtol=1e-5, atol=1e-5)
+    return same and torch.allclose(grad, expected, rtol=1e-4, atol=1e-6)
 
 
 def _has_triton() -> bool:

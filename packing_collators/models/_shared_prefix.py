@@ -46,7 +46,8 @@ class SharedPrefix:
     rest_rows: torch.Tensor
     cu_rest: torch.Tensor
     rest_prompt: torch.Tensor
-    _copies: dict = field(default_factory=dict, repr=False)
+    _copies: dict = field(default_factory=dict, repr=False)  # device -> these passes there
+    _rest_tokens: dict = field(default_factory=dict, repr=False)  # device -> rest_tokens(device)
 
     def on(self, device: torch.device) -> SharedPrefix:
         """These passes with their tensors on ``device``, copied once (the same tensors at every later call).
@@ -70,14 +71,14 @@ class SharedPrefix:
         """For each token of the rest pass, on ``device`` (made on the host and copied once): the rest pass's token
         before its segment's start (0 for the first segment), whether there is one, and per prompt the rest
         tokens whose segment starts from that prompt's state."""
-        key = (torch.device(device), "rest_tokens")
-        if key not in self._copies:
+        key = torch.device(device)
+        if key not in self._rest_tokens:
             lengths = self.cu_rest.diff().long()
             starts = self.cu_rest[:-1].long().repeat_interleave(lengths)
             token_prompt = self.rest_prompt.repeat_interleave(lengths)
             per_prompt = [(token_prompt == p).nonzero().squeeze(1).to(device) for p in range(len(self.cu_prompts) - 1)]
-            self._copies[key] = ((starts - 1).clamp(min=0).to(device), (starts > 0).to(device), per_prompt)
-        return self._copies[key]
+            self._rest_tokens[key] = ((starts - 1).clamp(min=0).to(device), (starts > 0).to(device), per_prompt)
+        return self._rest_tokens[key]
 
 
 def _cumulative(lengths: list[int]) -> torch.Tensor:

@@ -1,0 +1,39 @@
+"""A kernel trusted on a device only once it has run there: built, run on a small case, compared with torch's numbers.
+
+The library's Triton kernels (the chunked loss's rows, fused/'s SwiGLU) each check themselves once per device with
+:func:`checked_on`; where the check fails to build or run, or gives other numbers, a warning names the kernel, the
+device and what runs instead, and the caller keeps its torch path there.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+__all__ = ["checked_on"]
+
+
+def checked_on(device: str, check: Callable[[str], bool], kernel: str, reference: str, instead: str) -> bool:
+    """``check(device)``: whether ``kernel`` gives ``reference``'s numbers there; False, with a warning saying what
+    runs ``instead``, where it raises or differs.
+
+    >>> checked_on("cpu", lambda device: True, "a kernel", "torch", "torch runs")
+    True
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     checked_on("cpu", lambda device: 1 / 0, "a kernel", "torch", "torch runs")
+    False
+    >>> str(caught[0].message)
+    'packing_collators: a kernel failed on cpu (ZeroDivisionError: division by zero); torch runs there.'
+    """
+    try:
+        same = bool(check(device))
+    except Exception as error:  # noqa: BLE001 - any failure to build or run it: the torch path stays
+        warnings.warn(f"packing_collators: {kernel} failed on {device} ({type(error).__name__}: {str(error)[:300]}); "
+                      f"{instead} there.", stacklevel=3)  # fmt: skip
+        return False
+    if not same:
+        warnings.warn(f"packing_collators: {kernel} computed other numbers than {reference} on {device}; {instead} there.",
+                      stacklevel=3)  # fmt: skip
+    return same
