@@ -8,12 +8,12 @@
 # timings are not used. `warm` then times each setting alone, one process after another, as grpo_update.py --all
 # does, the ~1k row with one group's generation (the whole step). `extra` runs RLOO's row on the warm caches.
 #
-#   PHASE=cold|warm_1k|warm_2k|extra bash benchmarks/gpu/grpo_hybrid_session.sh RESULTS_DIR
+#   PHASE=cold|warm|extra bash benchmarks/gpu/grpo_hybrid_session.sh RESULTS_DIR
 #
 # Needs PYTHONPATH with TRL and fla (benchmarks/results/grpo_hybrid_h100/README.md says how they are carried).
 set -u
 out=${1:?results dir}
-phase=${PHASE:?PHASE=cold, warm_1k, warm_2k or extra}
+phase=${PHASE:?PHASE=cold, warm or extra}
 G="python3 benchmarks/gpu/grpo_update.py --model qwen3_5"
 one_k="--steps 6 --warmup 2"
 gen="--generate 1 --generate-tokens 256"  # the whole step: one group's generation, TRL's own code on every side
@@ -26,11 +26,11 @@ case "$phase" in
     $G --all $one_k $gen --settings packed,shared --setting-timeout 260 --out "$out/cold_ours_1k" > "$out/cold_ours_1k.log" 2>&1 &
     $G --all $two_k --settings packed,shared --setting-timeout 260 --out "$out/cold_ours_2k" > "$out/cold_ours_2k.log" 2>&1 &
     wait ;;
-  warm_1k)
-    $G --all $one_k $gen --settings trl,packed,shared --setting-timeout 170 --out "$out/warm_1k" > "$out/warm_1k.log" 2>&1
-    $G --compare --out "$out/warm_1k" >> "$out/warm_1k.log" 2>&1 ;;
-  warm_2k)
-    $G --all $two_k --settings trl,packed,shared --setting-timeout 170 --out "$out/warm_2k" > "$out/warm_2k.log" 2>&1
+  warm)  # both rows in one call: six processes, each capped (WARM_TIMEOUT, default 90 s) so the call fits 600 s
+    cap=${WARM_TIMEOUT:-90}
+    $G --all $one_k $gen --settings trl,packed,shared --setting-timeout "$cap" --out "$out/warm_1k" > "$out/warm_1k.log" 2>&1
+    $G --compare --out "$out/warm_1k" >> "$out/warm_1k.log" 2>&1
+    $G --all $two_k --settings trl,packed,shared --setting-timeout "$cap" --out "$out/warm_2k" > "$out/warm_2k.log" 2>&1
     $G --compare --out "$out/warm_2k" >> "$out/warm_2k.log" 2>&1 ;;
   extra)
     $G --all $one_k --trainer rloo --settings trl,packed,shared --setting-timeout 150 --out "$out/rloo_1k" > "$out/rloo_1k.log" 2>&1
