@@ -24,8 +24,9 @@ built only on the ones above it in this map::
                                                          per example or on varlen kernels, each example's
                                                          multimodal positions; the decoder layers compiled
                                                          in place (one graph for all)
-    fused/     fuse_rms_norms, fuse_swiglu               eager layers on fused kernels: the RMSNorms on
-                                                         torch's, SwiGLU's product on one Triton kernel
+    fused/     fuse_rms_norms, fuse_swiglu, fuse_rope    eager layers on fused kernels: the RMSNorms on
+                                                         torch's, SwiGLU's product and the rotary
+                                                         embedding on Triton kernels
     checks/    check_packing_support, probe_packing,     refuse, before training, a model, batch or
                ProbeReport                               collator that would mix examples; the probe
     parallel/  SequenceShardCollator, shard_flat_batch,  sequence parallelism (Ulysses) for packed rows:
@@ -108,6 +109,7 @@ __all__ = [
     "enable_ulysses_attention",
     "fit_attention_weight",
     "fuse_rms_norms",
+    "fuse_rope",
     "fuse_swiglu",
     "length_buckets",
     "lengths_from_dataset",
@@ -144,6 +146,7 @@ __getattr__ = lazy_names(
         "enable_packing": ".models",
         "compile_layers": ".models",
         "fuse_rms_norms": ".fused",
+        "fuse_rope": ".fused",
         "fuse_swiglu": ".fused",
         "enable_chunked_loss": ".loss",
         "PackingDPOTrainer": ".preference",

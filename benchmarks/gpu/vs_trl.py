@@ -119,6 +119,7 @@ FORWARDED = (  # what --all passes on to each setting's process
     "loss_implementation",
     "fused_norms",
     "fused_mlp",
+    "fused_rope",
     "memory_fraction",
     "memory_cap_gib",
     "logging_steps",
@@ -171,6 +172,7 @@ def _arguments(argv=None) -> argparse.Namespace:
     add("--loss-implementation", choices=("auto", "chunked", "full"), default="auto", help="ours' loss (auto)")
     add("--fused-norms", action="store_true", help="ours: fuse_rms_norms(model) first (torch's fused RMSNorm)")
     add("--fused-mlp", action="store_true", help="ours: fuse_swiglu(model) first (silu(gate) * up, one Triton kernel)")
+    add("--fused-rope", action="store_true", help="ours: fuse_rope(model) first (the rotary embedding, one Triton kernel)")
     add("--optim", help="the same optimizer everywhere (adamw_torch_fused; smoke: adamw_torch)")
     add("--lr", type=float, default=1e-5)
     add("--seed", type=int, default=0)
@@ -187,12 +189,13 @@ def _arguments(argv=None) -> argparse.Namespace:
 
 
 def run_name(args, setting: str) -> str:
-    """The JSON's stem: ``<setting>[_loss<impl>][_fusednorms][_fusedmlp]_<eager_both|compiled_both|defaults>[_cap<GiB>]_<vocab>_gc_<on|off>``
+    """The JSON's stem: ``<setting>[_loss<impl>][_fusednorms][_fusedmlp][_fusedrope]_<eager_both|compiled_both|defaults>[_cap<GiB>]_<vocab>_gc_<on|off>``
     (ours' non-default loss, fused norms and MLPs named; the like-for-like rows say so: both sides eager, or both compiled)."""
     named = setting.startswith("ours") and args.loss_implementation != "auto"
     loss = f"_loss{args.loss_implementation}" if named else ""
     loss += "_fusednorms" if setting.startswith("ours") and args.fused_norms else ""
     loss += "_fusedmlp" if setting.startswith("ours") and args.fused_mlp else ""
+    loss += "_fusedrope" if setting.startswith("ours") and args.fused_rope else ""
     compiled = {"on": "_compiled_both", "off": "_eager_both", "defaults": "_defaults"}[args.torch_compile]
     cap = f"_cap{args.memory_cap_gib:g}" if args.memory_cap_gib else ""
     return f"{setting}{loss}{compiled}{cap}_{args.vocab}_gc_{args.grad_checkpointing}"
@@ -256,6 +259,11 @@ def run_setting(args) -> dict:
 
         if not fuse_swiglu(model):
             raise SystemExit("--fused-mlp: no MLP of this model computes down(silu(gate(x)) * up(x))")
+    if args.fused_rope and args.setting.startswith("ours"):
+        from packing_collators import fuse_rope
+
+        if not fuse_rope(model):
+            raise SystemExit("--fused-rope: no layer of this model calls the standard apply_rotary_pos_emb")
     trainer, about = settings.BUILDERS[args.setting](args, model, dataset)
     built = time.perf_counter()
     recorder.attach(trainer)
@@ -280,7 +288,7 @@ def run_setting(args) -> dict:
         "first_losses": [s["loss"] for s in steps[:5]],
         "model": {"dims": settings.DIMS["smoke" if args.smoke else "1b"], "parameters": model.num_parameters()},
         "data": {"distribution": args.distribution, "examples": len(dataset), "mean_length": mean},
-        "options": {k: getattr(args, k) for k in (*DEFAULTS, "lr", "seed", "loss_implementation", "fused_norms", "fused_mlp", "memory_fraction",
+        "options": {k: getattr(args, k) for k in (*DEFAULTS, "lr", "seed", "loss_implementation", "fused_norms", "fused_mlp", "fused_rope", "memory_fraction",
                                                    "memory_cap_gib")},
         "steps_run": len(steps),
         "steps_planned": args.warmup + timed_steps,
