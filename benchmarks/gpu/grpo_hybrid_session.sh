@@ -8,7 +8,7 @@
 # timings are not used. `warm` then times each setting alone, one process after another, as grpo_update.py --all
 # does, the ~1k row with one group's generation (the whole step). `extra` runs RLOO's row on the warm caches.
 #
-#   PHASE=cold|warm|extra bash benchmarks/gpu/grpo_hybrid_session.sh RESULTS_DIR
+#   PHASE=cold|warm|extra [LENGTHS="1k 2k"] bash benchmarks/gpu/grpo_hybrid_session.sh RESULTS_DIR
 #
 # Needs PYTHONPATH with TRL and fla (benchmarks/results/grpo_hybrid_h100/README.md says how they are carried).
 set -u
@@ -19,19 +19,20 @@ one_k="--steps 6 --warmup 2"
 gen="--generate 1 --generate-tokens 256"  # the whole step: one group's generation, TRL's own code on every side
 two_k="--steps 4 --warmup 2 --prompts 2048,2800,4096"
 mkdir -p "$out"
+declare -A rows=([1k]="$one_k $gen" [2k]="$two_k")  # the ~1k row also times one group's generation
+lengths=${LENGTHS:-1k 2k}
 case "$phase" in
-  cold)
-    $G --all $one_k $gen --settings trl --setting-timeout 520 --out "$out/cold_trl_1k" > "$out/cold_trl_1k.log" 2>&1 &
-    $G --all $two_k --settings trl --setting-timeout 520 --out "$out/cold_trl_2k" > "$out/cold_trl_2k.log" 2>&1 &
-    $G --all $one_k $gen --settings packed,shared --setting-timeout 260 --out "$out/cold_ours_1k" > "$out/cold_ours_1k.log" 2>&1 &
-    $G --all $two_k --settings packed,shared --setting-timeout 260 --out "$out/cold_ours_2k" > "$out/cold_ours_2k.log" 2>&1 &
+  cold)  # TRL_COLD / OURS_COLD: each process's cap (OURS_COLD for packed and again for shared, one after the other)
+    for n in $lengths; do
+      $G --all ${rows[$n]} --settings trl --setting-timeout "${TRL_COLD:-520}" --out "$out/cold_trl_$n" > "$out/cold_trl_$n.log" 2>&1 &
+      $G --all ${rows[$n]} --settings packed,shared --setting-timeout "${OURS_COLD:-260}" --out "$out/cold_ours_$n" > "$out/cold_ours_$n.log" 2>&1 &
+    done
     wait ;;
-  warm)  # both rows in one call: six processes, each capped (WARM_TIMEOUT, default 90 s) so the call fits 600 s
-    cap=${WARM_TIMEOUT:-90}
-    $G --all $one_k $gen --settings trl,packed,shared --setting-timeout "$cap" --out "$out/warm_1k" > "$out/warm_1k.log" 2>&1
-    $G --compare --out "$out/warm_1k" >> "$out/warm_1k.log" 2>&1
-    $G --all $two_k --settings trl,packed,shared --setting-timeout "$cap" --out "$out/warm_2k" > "$out/warm_2k.log" 2>&1
-    $G --compare --out "$out/warm_2k" >> "$out/warm_2k.log" 2>&1 ;;
+  warm)  # three processes a length, each capped (WARM_TIMEOUT, default 90 s) so both lengths fit a 600 s call
+    for n in $lengths; do
+      $G --all ${rows[$n]} --settings trl,packed,shared --setting-timeout "${WARM_TIMEOUT:-90}" --out "$out/warm_$n" > "$out/warm_$n.log" 2>&1
+      $G --compare --out "$out/warm_$n" >> "$out/warm_$n.log" 2>&1
+    done ;;
   extra)
     $G --all $one_k --trainer rloo --settings trl,packed,shared --setting-timeout 150 --out "$out/rloo_1k" > "$out/rloo_1k.log" 2>&1
     $G --compare --out "$out/rloo_1k" >> "$out/rloo_1k.log" 2>&1 ;;
