@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #64's hybrid GRPO rows on one fresh GPU machine, in device calls of at most 600 s.
+# Issue #64's GRPO rows (the hybrid by default) on one fresh GPU machine, in device calls of at most 600 s.
 #
 # Why phases: on a fresh machine fla's and tilelang's kernels compile at every new sequence length (~20 s each),
 # TRL's padded shapes most of all; a process whose limit runs out inside those compiles leaves no timed step. The
@@ -8,19 +8,23 @@
 # timings are not used. `warm` then times each setting alone, one process after another, as grpo_update.py --all
 # does, the ~1k row with one group's generation (the whole step). `extra` runs RLOO's row on the warm caches.
 #
-#   PHASE=cold|warm|extra [LENGTHS="1k 2k"] bash benchmarks/gpu/grpo_hybrid_session.sh RESULTS_DIR
+#   PHASE=cold|warm|extra [LENGTHS="1k 2k"] bash benchmarks/gpu/grpo_session.sh RESULTS_DIR
+#
+# MODEL=qwen3 (the dense 1.7B shape) runs the same rows; it compiles nothing per length (no fla), so
+# PHASE="warm extra" alone does. PHASE may name several phases, run in that order.
 #
 # Needs PYTHONPATH with TRL and fla (benchmarks/results/grpo_hybrid_h100/README.md says how they are carried).
 set -u
 out=${1:?results dir}
-phase=${PHASE:?PHASE=cold, warm or extra}
-G="python3 benchmarks/gpu/grpo_update.py --model qwen3_5"
+phases=${PHASE:?PHASE=cold, warm or extra, or several in order}
+G="python3 benchmarks/gpu/grpo_update.py --model ${MODEL:-qwen3_5}"
 one_k="--steps 6 --warmup 2"
 gen="--generate 1 --generate-tokens 256"  # the whole step: one group's generation, TRL's own code on every side
 two_k="--steps 4 --warmup 2 --prompts 2048,2800,4096"
 mkdir -p "$out"
 declare -A rows=([1k]="$one_k $gen" [2k]="$two_k")  # the ~1k row also times one group's generation
 lengths=${LENGTHS:-1k 2k}
+for phase in $phases; do
 case "$phase" in
   cold)  # TRL_COLD / OURS_COLD: each process's cap (OURS_COLD for packed and again for shared, one after the other)
     for n in $lengths; do
@@ -34,7 +38,8 @@ case "$phase" in
       $G --compare --out "$out/warm_$n" >> "$out/warm_$n.log" 2>&1
     done ;;
   extra)
-    $G --all $one_k --trainer rloo --settings trl,packed,shared --setting-timeout 150 --out "$out/rloo_1k" > "$out/rloo_1k.log" 2>&1
+    $G --all $one_k --trainer rloo --settings trl,packed,shared --setting-timeout "${RLOO_TIMEOUT:-150}" --out "$out/rloo_1k" > "$out/rloo_1k.log" 2>&1
     $G --compare --out "$out/rloo_1k" >> "$out/rloo_1k.log" 2>&1 ;;
   *) echo "unknown PHASE $phase" >&2; exit 2 ;;
 esac
+done
