@@ -118,9 +118,8 @@ def _calls_rope(module: torch.nn.Module) -> bool:
 def _takes(q, k, cos, sin, args, kwargs) -> bool:
     """Whether the kernel computes this call exactly as the standard function would: (batch, heads, tokens, head dim)
     tensors of one dtype, full-width angles broadcast over the heads (``unsqueeze_dim`` 1), no gradient for them."""
-    options = dict(zip(("unsqueeze_dim",), args), **kwargs)
-    if len(args) > 1 or set(options) - {"unsqueeze_dim"} or options.get("unsqueeze_dim", 1) != 1:
-        return False
+    if (args, kwargs) not in (((), {}), ((1,), {}), ((), {"unsqueeze_dim": 1})):
+        return False  # another unsqueeze_dim (another layout), or arguments the standard function has not
     tensors = (q, k, cos, sin)
     if not all(isinstance(t, torch.Tensor) for t in tensors) or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3:
         return False

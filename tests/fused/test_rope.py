@@ -106,6 +106,14 @@ def test_a_batch_of_angles_per_row_and_the_calls_the_kernel_does_not_take_run_th
     calls = []
     kernel = _rope._Rotate.apply
     _rope._Rotate.apply = lambda *a: calls.append(1) or kernel(*a)
+    try:  # the default unsqueeze_dim spelled out, by position or by name: the kernel's layout, taken
+        fused(q, k, cos, sin, 1), fused(q, k, cos, sin, unsqueeze_dim=1)
+    finally:
+        _rope._Rotate.apply = kernel
+    assert len(calls) == 4
+    calls = []
+    kernel = _rope._Rotate.apply
+    _rope._Rotate.apply = lambda *a: calls.append(1) or kernel(*a)
     try:
         own = modeling_llama.apply_rotary_pos_emb
         half_q = q.transpose(1, 2)  # (batch, tokens, heads, dim) with unsqueeze_dim=2: the family's own function
