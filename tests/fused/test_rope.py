@@ -172,3 +172,21 @@ def test_the_kernel_is_checked_on_its_device_once_and_left_where_it_differs(monk
             assert not _rope._works_on("cpu")
     finally:
         _rope._works_on.cache_clear()
+
+
+def test_a_compiled_fused_model_traces_the_familys_own_function_with_no_graph_break(kernels_here, monkeypatch):
+    # compile_layers (or torch_compile) on a fused model: the graph gets transformers' ops (Inductor fuses them)
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=64))  # fmt: skip
+    ids = torch.randint(0, 64, (1, 9))
+    expected = model(input_ids=ids).logits
+    assert fuse_rope(model) == 2
+    monkeypatch.setattr(_rope._Rotate, "apply", lambda *a: pytest.fail("the kernel ran inside torch.compile"))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="aot_eager")(input_ids=ids).logits
+    assert sum(counters["graph_break"].values()) == 0
+    torch.testing.assert_close(compiled, expected, rtol=1e-5, atol=1e-6)
