@@ -174,19 +174,19 @@ def test_the_kernel_is_checked_on_its_device_once_and_left_where_it_differs(monk
         _rope._works_on.cache_clear()
 
 
-def test_a_compiled_fused_model_traces_the_familys_own_function_with_no_graph_break(kernels_here, monkeypatch):
-    # compile_layers (or torch_compile) on a fused model: the graph gets transformers' ops (Inductor fuses them)
-    from torch._dynamo.utils import counters
-
+def test_a_compiled_fused_function_traces_the_familys_own_ops_in_one_graph(kernels_here, monkeypatch):
+    # compile_layers (or torch_compile) on a fused model: the layers' graphs get transformers' ops (Inductor fuses
+    # them), not the kernel, and no graph break; the layer looks the function up in its module, as here
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=64))  # fmt: skip
-    ids = torch.randint(0, 64, (1, 9))
-    expected = model(input_ids=ids).logits
-    assert fuse_rope(model) == 2
+    assert fuse_rope(LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                  num_attention_heads=2, num_key_value_heads=1, vocab_size=32))) == 1
+    q, k, cos, sin = torch.randn(1, 2, 5, 8), torch.randn(1, 1, 5, 8), torch.randn(1, 5, 8), torch.randn(1, 5, 8)
+    expected = modeling_llama.apply_rotary_pos_emb._packing_own(q, k, cos, sin)
     monkeypatch.setattr(_rope._Rotate, "apply", lambda *a: pytest.fail("the kernel ran inside torch.compile"))
+
+    def rotary(q, k, cos, sin):
+        return modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+
     torch._dynamo.reset()
-    counters.clear()
-    compiled = torch.compile(model, backend="aot_eager")(input_ids=ids).logits
-    assert sum(counters["graph_break"].values()) == 0
-    torch.testing.assert_close(compiled, expected, rtol=1e-5, atol=1e-6)
+    got = torch.compile(rotary, backend="aot_eager", fullgraph=True)(q, k, cos, sin)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
