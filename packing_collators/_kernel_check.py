@@ -1,16 +1,39 @@
 """A kernel trusted on a device only once it has run there: built, run on a small case, compared with torch's numbers.
 
-The library's Triton kernels (the chunked loss's rows, fused/'s SwiGLU) each check themselves once per device with
-:func:`checked_on`; where the check fails to build or run, or gives other numbers, a warning names the kernel, the
-device and what runs instead, and the caller keeps its torch path there.
+The library's Triton kernels (the chunked loss's rows, fused/'s SwiGLU and rotary embedding) each hold a
+:class:`DeviceCheck`: ``usable(device)`` is true on CUDA, with Triton installed, once their check passed there
+(:func:`checked_on`, once per device); where the check fails to build or run, or gives other numbers, a warning names
+the kernel, the device and what runs instead, and the caller keeps its torch path there.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import warnings
 from collections.abc import Callable
 
-__all__ = ["checked_on"]
+import torch
+
+__all__ = ["DeviceCheck", "checked_on"]
+
+
+class DeviceCheck:
+    """Where a Triton kernel runs: ``usable(device)``; ``works_on(device)`` runs ``check`` there once (cached; its
+    ``cache_clear()`` forgets) and warns where it fails (:func:`checked_on`).
+
+    >>> trusted = DeviceCheck(lambda device: True, "a kernel", "torch", "torch runs")
+    >>> trusted.usable(torch.device("cpu")), trusted.works_on("cpu")  # CUDA only; the check itself passes anywhere
+    (False, True)
+    """
+
+    def __init__(self, check: Callable[[str], bool], kernel: str, reference: str, instead: str) -> None:
+        self.works_on = functools.lru_cache(maxsize=None)(
+            lambda device: checked_on(device, check, kernel, reference, instead)
+        )
+
+    def usable(self, device: torch.device) -> bool:
+        return device.type == "cuda" and importlib.util.find_spec("triton") is not None and self.works_on(str(device))
 
 
 def checked_on(device: str, check: Callable[[str], bool], kernel: str, reference: str, instead: str) -> bool:

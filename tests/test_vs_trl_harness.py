@@ -272,15 +272,19 @@ def test_fused_norms_name_ours_and_reach_every_settings_process(tmp_path):
     plain = harness._arguments(["--all", "--settings", "ours_packing,trl_bfd", "--out", str(tmp_path)])
     assert "--fused-norms" not in harness._child_command(plain, "ours_packing")  # a switch off is left out, not "False"
     assert "--fused-mlp" not in harness._child_command(plain, "ours_packing")
+    rope = harness._arguments(["--all", "--settings", "ours_packing", "--fused-rope", "--out", "x"])
+    assert harness.run_name(rope, "ours_packing") == "ours_packing_fusedrope_eager_both_32000_gc_on"
+    assert "--fused-rope" in harness._child_command(rope, "ours_packing")
     assert "False" not in harness._child_command(plain, "ours_packing")
 
 
 def test_a_fused_norms_run_trains_ours_with_every_norm_on_the_fused_kernel(tmp_path):
     harness = _harness()
     output = drive(harness.main, ["--all", "--settings", "ours_packing", *SMOKE, "--fused-norms", "--fused-mlp",
-                                  "--out", str(tmp_path)])  # fmt: skip
+                                  "--fused-rope", "--out", str(tmp_path)])  # fmt: skip
     assert "FAILED" not in output, output[-4000:]
-    (path,) = tmp_path.glob("ours_packing_fusednorms_fusedmlp_eager_both_*_gc_on.json")
+    (path,) = tmp_path.glob("ours_packing_fusednorms_fusedmlp_fusedrope_eager_both_*_gc_on.json")
     run = json.loads(path.read_text())
     assert run["options"]["fused_norms"] is True and run["options"]["fused_mlp"] is True
+    assert run["options"]["fused_rope"] is True
     assert run["steps_run"] == run["steps_planned"]

@@ -109,6 +109,11 @@ DEFAULTS = {  # option: (GPU default, --smoke default)
     "attn": ("flash_attention_4", "sdpa"),
     "auto_tokens_guess": (524288, 2048),
 }
+FUSED = {  # ours' eager layers on fused kernels: option -> (packing_collators' function, what it found nothing of)
+    "fused_norms": ("fuse_rms_norms", "no RMSNorm of this model computes rms_norm's numbers"),
+    "fused_mlp": ("fuse_swiglu", "no MLP of this model computes down(silu(gate(x)) * up(x))"),
+    "fused_rope": ("fuse_rope", "no layer of this model calls the standard apply_rotary_pos_emb"),
+}
 FORWARDED = (  # what --all passes on to each setting's process
     *DEFAULTS,
     "grad_checkpointing",
@@ -117,9 +122,7 @@ FORWARDED = (  # what --all passes on to each setting's process
     "seed",
     "lr",
     "loss_implementation",
-    "fused_norms",
-    "fused_mlp",
-    "fused_rope",
+    *FUSED,
     "memory_fraction",
     "memory_cap_gib",
     "logging_steps",
@@ -170,9 +173,8 @@ def _arguments(argv=None) -> argparse.Namespace:
         "fraction; both auto budgets plan for it): an 80 GB card's figures on a larger one")
     add("--attn", help="attention of TRL's settings and ours_flattening (flash_attention_4; smoke: sdpa)")
     add("--loss-implementation", choices=("auto", "chunked", "full"), default="auto", help="ours' loss (auto)")
-    add("--fused-norms", action="store_true", help="ours: fuse_rms_norms(model) first (torch's fused RMSNorm)")
-    add("--fused-mlp", action="store_true", help="ours: fuse_swiglu(model) first (silu(gate) * up, one Triton kernel)")
-    add("--fused-rope", action="store_true", help="ours: fuse_rope(model) first (the rotary embedding, one Triton kernel)")
+    for option, (function, _) in FUSED.items():
+        add(f"--{option.replace('_', '-')}", action="store_true", help=f"ours: {function}(model) first")
     add("--optim", help="the same optimizer everywhere (adamw_torch_fused; smoke: adamw_torch)")
     add("--lr", type=float, default=1e-5)
     add("--seed", type=int, default=0)
@@ -190,12 +192,11 @@ def _arguments(argv=None) -> argparse.Namespace:
 
 def run_name(args, setting: str) -> str:
     """The JSON's stem: ``<setting>[_loss<impl>][_fusednorms][_fusedmlp][_fusedrope]_<eager_both|compiled_both|defaults>[_cap<GiB>]_<vocab>_gc_<on|off>``
-    (ours' non-default loss, fused norms and MLPs named; the like-for-like rows say so: both sides eager, or both compiled)."""
+    (ours' non-default loss and fused layers named; the like-for-like rows say so: both sides eager, or both compiled)."""
     named = setting.startswith("ours") and args.loss_implementation != "auto"
     loss = f"_loss{args.loss_implementation}" if named else ""
-    loss += "_fusednorms" if setting.startswith("ours") and args.fused_norms else ""
-    loss += "_fusedmlp" if setting.startswith("ours") and args.fused_mlp else ""
-    loss += "_fusedrope" if setting.startswith("ours") and args.fused_rope else ""
+    if setting.startswith("ours"):
+        loss += "".join(f"_{option.replace('_', '')}" for option in FUSED if getattr(args, option))
     compiled = {"on": "_compiled_both", "off": "_eager_both", "defaults": "_defaults"}[args.torch_compile]
     cap = f"_cap{args.memory_cap_gib:g}" if args.memory_cap_gib else ""
     return f"{setting}{loss}{compiled}{cap}_{args.vocab}_gc_{args.grad_checkpointing}"
@@ -242,6 +243,8 @@ def run_setting(args) -> dict:
     import _vs_trl_settings as settings
     from _vs_trl_measure import StepRecorder, device_name, fa4_int_lengths, step_statistics, versions
 
+    import packing_collators
+
     device = _device(smoke=args.smoke, memory_cap_gib=args.memory_cap_gib)
     fa4 = fa4_int_lengths() if device.type == "cuda" else {"installed": False}  # before the model: see its docstring
     began = time.perf_counter()
@@ -249,21 +252,10 @@ def run_setting(args) -> dict:
     dataset = settings.make_dataset(args, settings.examples_needed(args, args.setting))
     recorder = StepRecorder(device)
     recorder.watch_memory()  # from here on: the trainer's construction, its dry runs, the steps
-    if args.fused_norms and args.setting.startswith("ours"):  # one documented line before the trainer
-        from packing_collators import fuse_rms_norms
-
-        if not fuse_rms_norms(model):
-            raise SystemExit("--fused-norms: no RMSNorm of this model computes rms_norm's numbers")
-    if args.fused_mlp and args.setting.startswith("ours"):
-        from packing_collators import fuse_swiglu
-
-        if not fuse_swiglu(model):
-            raise SystemExit("--fused-mlp: no MLP of this model computes down(silu(gate(x)) * up(x))")
-    if args.fused_rope and args.setting.startswith("ours"):
-        from packing_collators import fuse_rope
-
-        if not fuse_rope(model):
-            raise SystemExit("--fused-rope: no layer of this model calls the standard apply_rotary_pos_emb")
+    for option, (function, none) in FUSED.items():  # each one documented line before the trainer
+        fuse = getattr(packing_collators, function)
+        if args.setting.startswith("ours") and getattr(args, option) and not fuse(model):
+            raise SystemExit(f"--{option.replace('_', '-')}: {none}")
     trainer, about = settings.BUILDERS[args.setting](args, model, dataset)
     built = time.perf_counter()
     recorder.attach(trainer)
@@ -288,7 +280,7 @@ def run_setting(args) -> dict:
         "first_losses": [s["loss"] for s in steps[:5]],
         "model": {"dims": settings.DIMS["smoke" if args.smoke else "1b"], "parameters": model.num_parameters()},
         "data": {"distribution": args.distribution, "examples": len(dataset), "mean_length": mean},
-        "options": {k: getattr(args, k) for k in (*DEFAULTS, "lr", "seed", "loss_implementation", "fused_norms", "fused_mlp", "fused_rope", "memory_fraction",
+        "options": {k: getattr(args, k) for k in (*DEFAULTS, "lr", "seed", "loss_implementation", *FUSED, "memory_fraction",
                                                    "memory_cap_gib")},
         "steps_run": len(steps),
         "steps_planned": args.warmup + timed_steps,

@@ -8,8 +8,8 @@ _rope_kernels.py    its kernel
 _swap.py            swap_forwards: the one way a recognised module gets its fused forward (idempotent)
 
 Each is measured on what it replaces (a probe input through the module's own forward, or the family's own function)
-and opt-in: one line before the Trainer. Under ``torch.compile`` Inductor fuses the same ops, and these keep torch's there. Imports
-nothing of the package's other folders.
+and opt-in: one line before the Trainer. Under ``torch.compile`` Inductor fuses the same ops, and these keep torch's
+there. Imports nothing of the package's other folders but the top-level kernel check.
 """
 
 from ._mlp import fuse_swiglu, swiglu

@@ -27,12 +27,9 @@ True
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-
 import torch
 
-from .._kernel_check import checked_on
+from .._kernel_check import DeviceCheck
 
 from ._swap import swap_forwards
 
@@ -61,19 +58,13 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def usable(device: torch.device) -> bool:
-    """Whether the kernels run for tensors on ``device``: CUDA, Triton installed, checked there once.
+    """Whether the kernels run for tensors on ``device``: CUDA, Triton installed, checked there once (both kernels
+    against torch's silu and autograd, a short last block included; a warning and torch's ops where they differ).
 
     >>> usable(torch.device("cpu"))
     False
     """
-    return device.type == "cuda" and importlib.util.find_spec("triton") is not None and _works_on(str(device))
-
-
-@functools.lru_cache(maxsize=None)
-def _works_on(device: str) -> bool:
-    """Both kernels run once on ``device`` against torch's silu and autograd (a short last block): False, with a
-    warning, where they fail to build or differ, so the MLPs keep torch's ops there."""
-    return checked_on(device, _check, "fuse_swiglu's Triton kernel", "torch", "the MLPs run torch's silu and product")
+    return _trusted.usable(device)
 
 
 def _check(device: str) -> bool:
@@ -88,6 +79,10 @@ def _check(device: str) -> bool:
     return torch.allclose(ours, torch_out, rtol=1e-5, atol=1e-5) and all(
         torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(ours_grads, torch_grads)
     )
+
+
+_trusted = DeviceCheck(_check, "fuse_swiglu's Triton kernel", "torch", "the MLPs run torch's silu and product")
+_works_on = _trusted.works_on
 
 
 class _SwiGLU(torch.autograd.Function):

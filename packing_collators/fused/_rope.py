@@ -35,14 +35,13 @@ True
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import sys
 import types
 
 import torch
 
-from .._kernel_check import checked_on
+from .._kernel_check import DeviceCheck
 
 __all__ = ["fuse_rope", "rotate", "unfuse_rope"]
 
@@ -90,12 +89,13 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def usable(device: torch.device) -> bool:
-    """Whether the kernel runs for tensors on ``device``: CUDA, Triton installed, checked there once.
+    """Whether the kernel runs for tensors on ``device``: CUDA, Triton installed, checked there once (against torch's
+    ops and autograd, on transposed queries as the layers pass them; a warning and torch's ops where it differs).
 
     >>> usable(torch.device("cpu"))
     False
     """
-    return device.type == "cuda" and importlib.util.find_spec("triton") is not None and _works_on(str(device))
+    return _trusted.usable(device)
 
 
 def _fused(own):
@@ -154,16 +154,9 @@ def _reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(1) + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin.unsqueeze(1)
 
 
-@functools.lru_cache(maxsize=None)
-def _works_on(device: str) -> bool:
-    """The kernel runs once on ``device`` against torch's ops and autograd (transposed queries, as the layers pass
-    them, and a short last program): False, with a warning, where it fails to build or differs."""
-    return checked_on(device, _check, "fuse_rope's Triton kernel", "torch", "the rotary embedding runs torch's ops")
-
-
 def _check(device: str) -> bool:
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 7, 3, 64, generator=g).to(device).transpose(1, 2)  # (batch, heads, tokens, dim), as q_proj's view
+    x = torch.randn(2, 7, 3, 64, generator=g).to(device).transpose(1, 2)  # (batch, heads, tokens, dim): q_proj's view
     cos, sin, grad = (torch.randn(*shape, generator=g).to(device) for shape in ((1, 7, 64), (1, 7, 64), (2, 3, 7, 64)))
     results = []
     for function in (rotate, _reference):
@@ -171,7 +164,12 @@ def _check(device: str) -> bool:
         out = function(leaf, cos, sin)
         results.append((out, *torch.autograd.grad(out, leaf, grad)))
     (ours, ours_grad), (want, want_grad) = results
-    return torch.allclose(ours, want, rtol=1e-5, atol=1e-5) and torch.allclose(ours_grad, want_grad, rtol=1e-5, atol=1e-5)
+    same = torch.allclose(ours, want, rtol=1e-5, atol=1e-5)
+    return same and torch.allclose(ours_grad, want_grad, rtol=1e-5, atol=1e-5)
+
+
+_trusted = DeviceCheck(_check, "fuse_rope's Triton kernel", "torch", "the rotary embedding runs torch's ops")
+_works_on = _trusted.works_on
 
 
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> torch.Tensor:

@@ -21,12 +21,11 @@ imported) runs them on CPU tensors: the tests do.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 
 import torch
 
-from .._kernel_check import checked_on
+from .._kernel_check import DeviceCheck
 
 __all__ = ["chunk", "row_stats", "usable"]
 
@@ -36,21 +35,14 @@ _WARPS = 8  # 256 threads a program: 8 entries (16 bytes of bf16) per thread and
 
 def usable(device: torch.device) -> bool:
     """Whether the Triton kernels run for tensors on ``device``: CUDA, with Triton installed, and the kernel built and
-    checked there once (:func:`_works_on`).
+    checked there once against torch's softmax (three rows over two vocabulary blocks and a short one, a soft cap),
+    so that where it fails the chunked loss falls back to its compiled or eager chunk (with a warning) instead of
+    failing or training on wrong numbers.
 
     >>> usable(torch.device("cpu"))
     False
     """
-    return device.type == "cuda" and _has_triton() and _works_on(str(device))
-
-
-@functools.lru_cache(maxsize=None)
-def _works_on(device: str) -> bool:
-    """The kernel run once on ``device`` against torch's softmax (three rows over two vocabulary blocks and a short
-    one, a soft cap): False, with a warning, where it fails to build or differs, so the chunked loss falls back to its
-    compiled or eager chunk instead of failing or training on wrong numbers."""
-    return checked_on(device, _check, "the chunked loss's Triton kernel", "torch's softmax",
-                      "the loss runs its torch.compile'd chunk")  # fmt: skip
+    return _trusted.usable(device)
 
 
 def _check(device: str) -> bool:
@@ -66,8 +58,9 @@ def _check(device: str) -> bool:
     return same and torch.allclose(grad, expected, rtol=1e-4, atol=1e-6)
 
 
-def _has_triton() -> bool:
-    return importlib.util.find_spec("triton") is not None
+_trusted = DeviceCheck(_check, "the chunked loss's Triton kernel", "torch's softmax",
+                       "the loss runs its torch.compile'd chunk")
+_works_on = _trusted.works_on
 
 
 def _launch(z, targets, weights, scale: float, softcap, temperature: float, want_grad: bool, stats: bool):
