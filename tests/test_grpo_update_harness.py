@@ -43,7 +43,7 @@ def test_the_harness_times_both_trainers_on_the_same_groups_and_compares_them(tm
 
 @pytest.mark.slow
 def test_the_harness_times_rloo_the_same_way(tmp_path):
-    smoke = ["--smoke", "--trainer", "rloo", "--steps", "1", "--warmup", "1", "--out", str(tmp_path)]
+    smoke = ["--smoke", "--trainer", "rloo", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)]
     for setting in ("trl", "packed"):
         code, out, err = preloaded_run([str(SCRIPT), *smoke, "--setting", setting])
         assert code == 0, (out + err)[-3000:]
@@ -54,7 +54,18 @@ def test_the_harness_times_rloo_the_same_way(tmp_path):
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert (row["trainer"], row["setting"]) == ("rloo", "packed")
     assert row["update_tokens_per_s_vs_trl"] == pytest.approx(packed["median_tokens_per_s"] / trl["median_tokens_per_s"])
-    assert row["grad_norm_max_rel_diff_vs_trl"] < 1e-4  # the first step, before any ratio moves off 1
+    assert row["grad_norm_max_rel_diff_vs_trl"] < 1e-4
+    # old_logps are each side's policy before its step, as TRL's generation computes them: every sequence's ratio is
+    # 1, so RLOO's loss is minus the mean advantage at every step (a guessed old_logps sits far off 1 over a
+    # sequence's tokens, clipped or exp of a sum of bf16 roundings: the GPU's gradients then compared nothing)
+    sys.path.insert(0, str(SCRIPT.parent))
+    import grpo_update
+
+    args = grpo_update.arguments(smoke)
+    for index, (prompt, completions) in enumerate(grpo_update.group_lengths(args, 3)):
+        advantages = grpo_update.group_inputs(prompt, completions, 512, args.seed + index, "cpu")["advantages"]
+        assert trl["losses"][index] == pytest.approx(-float(advantages.mean()), abs=1e-5)
+        assert packed["losses"][index] == pytest.approx(-float(advantages.mean()), abs=1e-5)
 
 
 def test_the_steady_ratio_pairs_the_same_groups_and_leaves_out_the_steps_where_a_side_compiled():

@@ -18,7 +18,8 @@ groups in every setting (seeded): G = 8 completions of one prompt per step (TRL'
 lognormal around 512 clipped to [16, 2048]; ``advantages`` standard normal; ``beta = 0`` and ``loss_type`` TRL's
 default (``dapo``), so the policy's forward is the only one (TRL's defaults: no reference model). ``--trainer rloo``
 times RLOOTrainer against PackingRLOOTrainer the same way (beta 0 there too: RLOO's default 0.05 would load a
-reference model by name; its ``old_logps`` per sequence, about a random completion's), runs named ``rloo_*``.
+reference model by name; its ``old_logps`` per sequence, the policy's own before the step, as TRL's generation
+computes them: ``old_logps``), runs named ``rloo_*``.
 
     trl     TRL 1.16 GRPOTrainer: prompts padded left, completions right, its fused LM head; attention "sdpa"
             (``--trl-attn``; what a GPU without flash-attn packages gives a TRL user)
@@ -100,7 +101,7 @@ def group_lengths(args, count: int) -> list[tuple[int, list[int]]]:
     return groups
 
 
-def group_inputs(prompt: int, completions: list[int], vocab: int, seed: int, device, rloo: bool = False) -> dict:
+def group_inputs(prompt: int, completions: list[int], vocab: int, seed: int, device) -> dict:
     """TRL's inputs to its loss for one group: one prompt (G times), completions padded right, advantages."""
     import torch
 
@@ -115,8 +116,6 @@ def group_inputs(prompt: int, completions: list[int], vocab: int, seed: int, dev
         "completion_mask": completion_mask, "advantages": torch.randn(len(completions), generator=g),
         "old_per_token_logps": None, "num_items_in_batch": completion_mask.sum(),
     }  # fmt: skip
-    if rloo:  # RLOO's ratio is per sequence: the old policy's log-probability of a random completion, about uniform
-        inputs["old_logps"] = -completion_mask.sum(1).float() * float(np.log(vocab))
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}
 
 
@@ -185,7 +184,9 @@ def run_one(args, save=None) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     for index, (prompt, completions) in enumerate(groups):
-        inputs = group_inputs(prompt, completions, model.config.vocab_size, args.seed + index, device, rloo)
+        inputs = group_inputs(prompt, completions, model.config.vocab_size, args.seed + index, device)
+        if rloo:
+            inputs["old_logps"] = old_logps(trainer, model, inputs, args.group)
         if cuda:
             torch.cuda.synchronize()
         started = time.perf_counter()
@@ -207,6 +208,21 @@ def run_one(args, save=None) -> dict:
             save({**summary(args, model, attention, fa4, steps, losses, None, cuda), "partial": True})
     generation = time_generation(args, trainer, groups[: args.generate], cuda) if args.generate else None
     return summary(args, model, attention, fa4, steps, losses, generation, cuda)
+
+
+def old_logps(trainer, model, inputs: dict, group: int):
+    """RLOO's old-policy log-probability of each sequence, as TRL's generation computes it (num_iterations 1: the
+    policy itself, no gradient, the trainer's own forward; untimed). Its ratio is then 1 at the step, as in training:
+    a guessed one would sit far off 1 over a sequence's hundreds of tokens, clipped (no gradient) or exp of a sum of
+    bf16 roundings, and no side's gradient would say anything about the other's."""
+    import torch
+
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    kept = inputs["completion_ids"].size(1)
+    with torch.no_grad():
+        per_token, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, kept, group)
+    return (per_token * inputs["completion_mask"]).sum(1)
 
 
 def summary(args, model, attention, fa4, steps, losses, generation, cuda) -> dict:
