@@ -30,6 +30,7 @@ def test_the_harness_times_both_trainers_on_the_same_groups_and_compares_them(tm
     assert trl["attention"] == shared["attention"] == "sdpa" and trl["device"] == "cpu"
     for run in (trl, shared):  # TRL's generation timed on the first group's prompt, on both sides alike
         assert run["generation"]["prompts"] == [trl["steps"][0]["prompt"]] and run["generation"]["error"] is None
+        assert run["generation"]["attention"] == "sdpa"  # what the first decoding forward ran under
         assert len(run["generation"]["seconds"]) == 1 and run["generation"]["completion_tokens"] == 4
     out = subprocess.run([sys.executable, str(SCRIPT), "--compare", "--out", str(tmp_path)], capture_output=True, text=True)
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]

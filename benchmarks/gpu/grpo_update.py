@@ -266,12 +266,14 @@ def linear_attention_kernels(model) -> dict:
 def time_generation(args, trainer, groups, cuda: bool) -> dict:
     """TRL's ``_generate_and_score_completions`` on each group's prompt (the same code on every side: generation is
     TRL's): G completions of exactly ``--generate-tokens`` (eos held off, so every side generates the same count).
-    Under the model's attention; where that cannot decode, under sdpa, and the JSON says so."""
+    Under the trainer's decoding attention (ours switches a packed-only one to the transformers kernel that decodes);
+    where that fails, under sdpa. The JSON names the attention the first decoding forward ran under."""
     import torch
 
     vocab = trainer.model.config.get_text_config().vocab_size
     trainer.generation_config.max_new_tokens = trainer.generation_config.min_new_tokens = args.generate_tokens
-    attention, error, seconds = trainer.model.config._attn_implementation, None, []
+    error, seconds, decoded = None, [], []
+    hook = trainer.model.register_forward_pre_hook(lambda module, _: decoded.append(module.config._attn_implementation))
     for index, (prompt, _) in enumerate(groups):
         text = " ".join(f"w{(index * 7919 + i) % (vocab - 2)}" for i in range(prompt))
         batch = [{"prompt": text}] * args.group
@@ -283,13 +285,15 @@ def time_generation(args, trainer, groups, cuda: bool) -> dict:
         except Exception as failure:  # noqa: BLE001 - recorded: the row says which attention generated
             if error is not None:
                 raise
-            error, attention = f"{type(failure).__name__}: {failure}"[:600], "sdpa"
+            error = f"{type(failure).__name__}: {failure}"[:600]
             trainer.model.set_attn_implementation("sdpa")
+            decoded.clear()
             trainer._generate_and_score_completions(batch)
         if cuda:
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - started)
-    return {"seconds": seconds, "median_seconds": statistics.median(seconds), "attention": attention,
+    hook.remove()
+    return {"seconds": seconds, "median_seconds": statistics.median(seconds), "attention": decoded[0],
             "error": error, "completion_tokens": args.generate_tokens, "prompts": [p for p, _ in groups]}  # fmt: skip
 
 
