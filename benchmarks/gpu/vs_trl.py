@@ -6,6 +6,7 @@
     python benchmarks/gpu/vs_trl.py --setting ours_packing --loss-implementation full --out DIR   # one process
     python benchmarks/gpu/vs_trl.py --compare --out DIR        # DIR/results.json and DIR/README.md
     python benchmarks/gpu/vs_trl.py --all --smoke --out /tmp/vs_trl    # the CPU check: tiny shapes, seconds each
+    MODE=eager ROWS="152k:on" bash benchmarks/gpu/vs_trl_session.sh DIR  # issue #65's like-for-like pairs, a call
 
 On the device (FA4 staged by ../shared/gpu/fa4-wheels.sh, call 1 as its header says), call 2 carries
 [".fa4b", ".trlwhl"] and starts: ``source .fa4b/install.sh && python3 -m pip install -q --no-index --no-deps
