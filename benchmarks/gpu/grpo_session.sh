@@ -13,11 +13,14 @@
 # MODEL=qwen3 (the dense 1.7B shape) runs the same rows; it compiles nothing per length (no fla), so
 # PHASE="warm extra" alone does. PHASE may name several phases, run in that order.
 #
+# EXTRA goes to every grpo_update.py call: FA4 on both sides is EXTRA="--attn packing_fa4 --trl-attn flash_attention_4"
+# (FA4 installed as ../shared/GPU.md says; a RESULTS_DIR of its own, the run names do not say the attention).
+#
 # Needs PYTHONPATH with TRL and fla (benchmarks/results/grpo_hybrid_h100/README.md says how they are carried).
 set -u
 out=${1:?results dir}
 phases=${PHASE:?PHASE=cold, warm or extra, or several in order}
-G="python3 benchmarks/gpu/grpo_update.py --model ${MODEL:-qwen3_5}"
+G="python3 benchmarks/gpu/grpo_update.py --model ${MODEL:-qwen3_5} ${EXTRA:-}"  # EXTRA: e.g. FA4 on both sides
 one_k="--steps 6 --warmup 2"
 gen="--generate 1 --generate-tokens 256"  # the whole step: one group's generation, TRL's own code on every side
 two_k="--steps 4 --warmup 2 --prompts 2048,2800,4096"
