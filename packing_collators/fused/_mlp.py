@@ -82,7 +82,6 @@ def _check(device: str) -> bool:
 
 
 _trusted = DeviceCheck(_check, "fuse_swiglu's Triton kernel", "torch", "the MLPs run torch's silu and product")
-_works_on = _trusted.works_on
 
 
 class _SwiGLU(torch.autograd.Function):

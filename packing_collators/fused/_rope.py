@@ -169,7 +169,6 @@ def _check(device: str) -> bool:
 
 
 _trusted = DeviceCheck(_check, "fuse_rope's Triton kernel", "torch", "the rotary embedding runs torch's ops")
-_works_on = _trusted.works_on
 
 
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> torch.Tensor:

@@ -14,9 +14,9 @@ float32 arithmetic as :func:`~packing_collators.loss._chunked._chunk_eager`, in 
 (float32 rounding, ~1e-6 relative); the tanh of a soft cap is computed from exp (a few float32 ulps).
 
 Triton is imported when a kernel is first built; where it is missing, the tensors are not on CUDA, or the kernel
-fails its first check on a device (:func:`_works_on`, with a warning), the chunked loss uses its compiled or eager
-chunk instead. Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is
-imported) runs them on CPU tensors: the tests do.
+fails its first check on a device (``_trusted``, a :class:`DeviceCheck`, with a warning), the chunked loss uses its
+compiled or eager chunk instead. Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is imported) runs them
+on CPU tensors: the tests do.
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ def _check(device: str) -> bool:
 
 _trusted = DeviceCheck(_check, "the chunked loss's Triton kernel", "torch's softmax",
                        "the loss runs its torch.compile'd chunk")
-_works_on = _trusted.works_on
 
 
 def _launch(z, targets, weights, scale: float, softcap, temperature: float, want_grad: bool, stats: bool):

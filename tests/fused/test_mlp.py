@@ -124,19 +124,19 @@ def test_without_the_kernels_the_fused_forward_is_the_modules_own_numbers():
 
 def test_the_kernels_are_checked_on_their_device_once_and_left_where_they_fail(monkeypatch):
     pytest.importorskip("triton")
-    _fused_mlp._works_on.cache_clear()
+    _fused_mlp._trusted.works_on.cache_clear()
     try:
-        assert _fused_mlp._works_on("cpu")  # the interpreter's numbers are torch's
+        assert _fused_mlp._trusted.works_on("cpu")  # the interpreter's numbers are torch's
         monkeypatch.setattr(_fused_mlp._SwiGLU, "apply", lambda *a: (_ for _ in ()).throw(RuntimeError("no sm_99 target")))
-        _fused_mlp._works_on.cache_clear()
+        _fused_mlp._trusted.works_on.cache_clear()
         with pytest.warns(UserWarning, match="failed on cpu .*no sm_99 target.*torch's silu and product"):
-            assert not _fused_mlp._works_on("cpu")
+            assert not _fused_mlp._trusted.works_on("cpu")
         monkeypatch.setattr(_fused_mlp._SwiGLU, "apply", lambda g, u: torch.nn.functional.silu(g) * u * 1.01)
-        _fused_mlp._works_on.cache_clear()
+        _fused_mlp._trusted.works_on.cache_clear()
         with pytest.warns(UserWarning, match="other numbers than torch"):
-            assert not _fused_mlp._works_on("cpu")
+            assert not _fused_mlp._trusted.works_on("cpu")
     finally:
-        _fused_mlp._works_on.cache_clear()
+        _fused_mlp._trusted.works_on.cache_clear()
 
 
 def test_a_compiled_fused_mlp_traces_torchs_ops_and_computes_the_same(kernels_here, monkeypatch):

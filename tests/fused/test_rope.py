@@ -163,15 +163,15 @@ def test_off_cuda_without_the_kernel_the_fused_model_runs_the_familys_own_functi
 
 def test_the_kernel_is_checked_on_its_device_once_and_left_where_it_differs(monkeypatch):
     pytest.importorskip("triton")
-    _rope._works_on.cache_clear()
+    _rope._trusted.works_on.cache_clear()
     try:
-        assert _rope._works_on("cpu")  # the interpreter's numbers are torch's, transposed queries included
-        _rope._works_on.cache_clear()
+        assert _rope._trusted.works_on("cpu")  # the interpreter's numbers are torch's, transposed queries included
+        _rope._trusted.works_on.cache_clear()
         monkeypatch.setattr(_rope, "_launch", lambda x, cos, sin, inverse: x * 1.0)  # a kernel that does not rotate
         with pytest.warns(UserWarning, match="other numbers than torch.*the rotary embedding runs torch's ops"):
-            assert not _rope._works_on("cpu")
+            assert not _rope._trusted.works_on("cpu")
     finally:
-        _rope._works_on.cache_clear()
+        _rope._trusted.works_on.cache_clear()
 
 
 def test_a_compiled_fused_function_traces_the_familys_own_ops_in_one_graph(kernels_here, monkeypatch):

@@ -292,19 +292,19 @@ def test_the_triton_kernel_is_checked_on_its_device_once_and_left_for_the_compil
     pytest.importorskip("triton")
     from packing_collators.loss import _triton_rows
 
-    _triton_rows._works_on.cache_clear()
-    assert _triton_rows._works_on("cpu")  # the interpreter's numbers are torch's
+    _triton_rows._trusted.works_on.cache_clear()
+    assert _triton_rows._trusted.works_on("cpu")  # the interpreter's numbers are torch's
     monkeypatch.setattr(_triton_rows, "chunk", lambda *a: (_ for _ in ()).throw(RuntimeError("no sm_99 target")))
-    _triton_rows._works_on.cache_clear()
+    _triton_rows._trusted.works_on.cache_clear()
     with pytest.warns(UserWarning, match="Triton kernel failed on cpu .RuntimeError: no sm_99 target"):
-        assert not _triton_rows._works_on("cpu")
+        assert not _triton_rows._trusted.works_on("cpu")
 
     def wrong(z, *args):  # a kernel that runs and writes other numbers
         z.zero_()
         return torch.zeros(()), torch.zeros(z.shape[0]), torch.zeros(z.shape[0])
 
     monkeypatch.setattr(_triton_rows, "chunk", wrong)
-    _triton_rows._works_on.cache_clear()
+    _triton_rows._trusted.works_on.cache_clear()
     with pytest.warns(UserWarning, match="other numbers than torch's softmax"):
-        assert not _triton_rows._works_on("cpu")
-    _triton_rows._works_on.cache_clear()
+        assert not _triton_rows._trusted.works_on("cpu")
+    _triton_rows._trusted.works_on.cache_clear()
