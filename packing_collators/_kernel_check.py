@@ -2,8 +2,9 @@
 
 The library's Triton kernels (the chunked loss's rows, fused/'s SwiGLU and rotary embedding) each hold a
 :class:`DeviceCheck`: ``usable(device)`` is true on CUDA, with Triton installed, once their check passed there
-(:func:`checked_on`, once per device); where the check fails to build or run, or gives other numbers, a warning names
-the kernel, the device and what runs instead, and the caller keeps its torch path there.
+(:func:`checked_on`, once per device, autograd on whichever context the first call comes from: a no-grad probe's
+forward too); where the check fails to build or run, or gives other numbers, a warning names the kernel, the device
+and what runs instead, and the caller keeps its torch path there.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def checked_on(device: str, check: Callable[[str], bool], kernel: str, reference
     >>> str(caught[0].message)
     'packing_collators: a kernel failed on cpu (ZeroDivisionError: division by zero); torch runs there.'
     """
-    try:
-        same = bool(check(device))
+    try:  # the first call may come from a no-grad forward (a probe, an evaluation, old log-probs)
+        with torch.inference_mode(False), torch.enable_grad():  # the check's backward needs autograd all the same
+            same = bool(check(device))
     except Exception as error:  # noqa: BLE001 - any failure to build or run it: the torch path stays
         warnings.warn(f"packing_collators: {kernel} failed on {device} ({type(error).__name__}: {str(error)[:300]}); "
                       f"{instead} there.", stacklevel=3)  # fmt: skip
