@@ -244,11 +244,13 @@ def layer_compile_blocker(model, *, mode: str | None = None) -> str:
     named = set(getattr(model, "_no_split_modules", None) or ())
     if named and type(blocks[0]).__name__ not in named:
         return f"its repeated {type(blocks[0]).__name__} blocks are not the layers it names ({', '.join(sorted(named))})"
+    from ..fused import swapped_here  # the library's fused forwards run torch's ops under torch.compile
+
     replaced = [
         type(module).__name__
         for block in blocks
         for module in block.modules()
-        if "forward" in vars(module) and not _marked(module)
+        if "forward" in vars(module) and not _marked(module) and not swapped_here(module)
     ]
     if replaced:
         return f"the forward of {replaced[0]} inside a layer was replaced"

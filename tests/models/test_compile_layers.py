@@ -64,6 +64,42 @@ def test_one_graph_serves_every_layer_and_shape_and_trains_as_eager(fa4_referenc
         torch.testing.assert_close(a.float(), b.float(), rtol=0.05, atol=0.05)
 
 
+@pytest.mark.slow
+def test_layers_on_the_librarys_fused_kernels_compile_by_layer_and_keep_the_chunked_loss(tmp_path):
+    # fused/'s forwards run torch's ops under torch.compile: the layers holding them compile one by one, one graph
+    # for all, and train as the model's own layers; a forward replaced elsewhere (Liger's, a user's) still blocks
+    import types
+
+    from torch._dynamo.utils import counters
+
+    from packing_collators import fuse_rms_norms, fuse_rope, fuse_swiglu
+    from packing_collators.fused import unfuse_rope
+    from packing_collators.trainer._head_loss import why_full_logits
+
+    counters.clear()
+    compiled = tiny_model("llama", num_hidden_layers=3)
+    try:
+        assert fuse_rms_norms(compiled) == 7 and fuse_swiglu(compiled) == 3 and fuse_rope(compiled)
+        assert layer_compile_blocker(compiled) == ""
+        assert compile_layers(compiled, backend=BACKEND) == 3
+        mine = _losses_and_grads(compiled, None)
+        assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["graph_break"])
+        trainer = _trainer(tmp_path, tiny_model("llama"))
+        fuse_swiglu(trainer.model)
+        trainer._compile.compile_layers(trainer.model)
+        assert trainer._compile.whole_model == "" and why_full_logits(trainer) == ""
+    finally:
+        unfuse_rope()
+    theirs = _losses_and_grads(tiny_model("llama", num_hidden_layers=3), None)
+    torch.testing.assert_close(mine[0], theirs[0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(mine[1], theirs[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    foreign = tiny_model("llama")
+    mlp = foreign.model.layers[1].mlp
+    mlp.forward = types.MethodType(lambda self, x: type(self).forward(self, x), mlp)
+    assert layer_compile_blocker(foreign) == "the forward of LlamaMLP inside a layer was replaced"
+
+
 def test_a_deep_copy_runs_its_own_layers():
     model = tiny_model("llama")
     compile_layers(model, backend="eager")
