@@ -9,7 +9,9 @@
 # trl_padding_free. MODE picks vs_trl.py's --torch-compile (eager: off, both sides eager; compiled: on, both sides
 # compiled; defaults: each side as its user gets it). FUSED adds our eager layers' fused kernels (vs_trl.py's
 # --fused-norms --fused-mlp --fused-rope; for MODE=eager: inside torch.compile the MLP's and the rotary's run the
-# model's own functions, and Inductor fuses the norm either way). EXTRA goes to every vs_trl.py call (--smoke here).
+# model's own functions, and Inductor fuses the norm either way; before e9e4d14 they made the compiled model compile
+# whole, on the full logits). EXTRA goes to every vs_trl.py call (--smoke here). Without FA4 or TRL importable it
+# stops at once (a call that cannot run costs no device time).
 # Every JSON records first_step_s (process start to the end of step 1) for both sides; --compare then writes
 # results.json and README.md over every JSON in RESULTS_DIR, so several calls may fill one folder.
 #
@@ -23,6 +25,10 @@ declare -A vocab=([32k]=32000 [152k]=151936 [248k]=248320)
 declare -A pair=([packing]=ours_packing,trl_bfd [flattening]=ours_flattening,trl_padding_free)
 declare -A compile=([eager]=off [compiled]=on [defaults]=defaults)
 [ -n "${compile[$mode]:-}" ] || { echo "unknown MODE $mode" >&2; exit 2; }
+case " ${EXTRA:-} " in
+  *" --smoke "*) ;;  # the CPU check: sdpa, no FA4
+  *) python3 -c "import flash_attn.cute, trl" || { echo "FA4 or TRL is not importable: see the header" >&2; exit 2; } ;;
+esac
 mkdir -p "$out"
 for row in $rows; do
   v=${row%%:*} gc=${row##*:}
