@@ -11,7 +11,7 @@
 # --fused-norms --fused-mlp --fused-rope; for MODE=eager: inside torch.compile the MLP's and the rotary's run the
 # model's own functions, and Inductor fuses the norm either way; before e9e4d14 they made the compiled model compile
 # whole, on the full logits). EXTRA goes to every vs_trl.py call (--smoke here). Without FA4 or TRL importable it
-# stops at once (a call that cannot run costs no device time).
+# stops at once, before any setting runs.
 # Every JSON records first_step_s (process start to the end of step 1) for both sides; --compare then writes
 # results.json and README.md over every JSON in RESULTS_DIR, so several calls may fill one folder.
 #
