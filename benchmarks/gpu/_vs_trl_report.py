@@ -68,6 +68,8 @@ def pair_row(ours: dict, theirs: dict) -> dict:
         "first_step_s": ours.get("first_step_s"),
         "trl_first_step_s": theirs.get("first_step_s"),
         "first_step_vs_trl": _ratio(ours.get("first_step_s"), theirs.get("first_step_s")),
+        "first_step_phases_s": ours.get("first_step_phases_s"),
+        "trl_first_step_phases_s": theirs.get("first_step_phases_s"),
         "mean_tokens_per_step": a["mean_tokens_per_step"],
         "trl_mean_tokens_per_step": b["mean_tokens_per_step"],
         "trl_stalls": len(b["stalls"]),

@@ -242,13 +242,20 @@ def _commit() -> str | None:
 def run_setting(args) -> dict:
     """Build, train and measure ``args.setting``; write ``<out>/<name>.json`` and return it."""
     import _vs_trl_settings as settings
-    from _vs_trl_measure import StepRecorder, device_name, fa4_int_lengths, step_statistics, versions
+    from _vs_trl_measure import (
+        StepRecorder,
+        device_name,
+        fa4_int_lengths,
+        seconds_since_process_start,
+        step_statistics,
+        versions,
+    )
 
     import packing_collators
 
     device = _device(smoke=args.smoke, memory_cap_gib=args.memory_cap_gib)
     fa4 = fa4_int_lengths() if device.type == "cuda" else {"installed": False}  # before the model: see its docstring
-    began = time.perf_counter()
+    began, imported_s = time.perf_counter(), seconds_since_process_start()
     model = settings.build_model(args, device)
     dataset = settings.make_dataset(args, settings.examples_needed(args, args.setting))
     recorder = StepRecorder(device)
@@ -288,6 +295,13 @@ def run_setting(args) -> dict:
         "setup_seconds": built - began,
         "train_call_seconds": trained - built,
         "first_step_s": recorder.first_step_s,
+        "first_step_phases_s": {  # where first_step_s went (the warm-up: PackingTrainer's FA4 warm-up alone)
+            "imports": imported_s,
+            "setup": built - began,
+            "train_call_to_step_1": recorder.first_begin - built if recorder.first_begin else None,
+            "step_1": steps[0]["seconds"] if steps else None,
+            "fa4_warm_up": getattr(getattr(trainer, "_warm_up", None), "seconds", None),
+        },
         "versions": {**versions(), "commit": _commit()},
         "command": _command(),
         "steps": steps,

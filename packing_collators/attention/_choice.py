@@ -29,7 +29,7 @@ from ._fa4 import FA4_ATTENTION, register_fa4_attention
 from ._kind import check_backend_limits
 from ._varlen import VARLEN_ATTENTION, register_varlen_attention
 
-__all__ = ["AUTO_ATTENTION", "choose_attention", "packed_attention_candidates", "warm_up_attention"]
+__all__ = ["AUTO_ATTENTION", "choose_attention", "packed_attention_candidates"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,110 +129,3 @@ def choose_attention(model, requested: str | None = AUTO_ATTENTION) -> str:
         )
         return candidate
     return current
-
-
-FA4_MANY = 256
-"""FA4 schedules a batch of more than this many sequences with a batch-lookup aid, a kernel variant of its own
-(flash_attn.cute's ``BIN_BATCH_SEARCH_THRESH``)."""
-
-MANY_SEQUENCES = 300
-"""Sequences in a warm-up batch that must count as "many" (more than ``FA4_MANY``)."""
-
-
-def warm_up_lengths(max_length: int, shortest: int = 1) -> list[int]:
-    """The longest-example lengths a warm-up runs: both ends of every octave from 16 up to ``max_length``,
-    but for the octaves below ``shortest`` (the shortest example: no batch's longest sequence is shorter).
-
-    A JIT kernel's variant follows thresholds on the batch's longest example (FA4's backward
-    specializes on whether the queries or keys fit one tile of 64 or 128; its forward on whether
-    the grouped-query-packed queries fit one block): lengths ``2**j`` and ``2**j + 1`` fall on both
-    sides of every power-of-two threshold, and each octave holds both ends, so a threshold inside
-    one (a tile over 3 query heads) also has a length on each side.
-
-    >>> warm_up_lengths(300)
-    [16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 300]
-    >>> warm_up_lengths(300, shortest=100)  # (64, 128] holds 100: its two ends, and the octaves above
-    [65, 128, 129, 256, 257, 300]
-    >>> warm_up_lengths(10)
-    [10]
-    """
-    lengths, power = [min(16, max_length)], 16
-    while power < max_length:
-        lengths += [n for n in (power + 1, 2 * power) if n <= max_length]
-        power *= 2
-
-    def octave_top(n: int) -> int:  # the longest length whose variants n stands for
-        return min(max_length, max(16, 1 << (n - 1).bit_length()))
-
-    return [n for n in sorted(set(lengths) | {max_length}) if octave_top(n) >= min(shortest, max_length)]
-
-
-def _backward_through_layers(model, batch: dict, autocast=None) -> None:
-    """A forward (under ``autocast``) and backward through every layer without the ``T x V`` logits: only the
-    last position's logits where the model takes ``logits_to_keep`` (every layer's backward kernels still run
-    over all ``T`` tokens), else the model's own loss."""
-    import contextlib
-    import inspect
-
-    with autocast or contextlib.nullcontext():
-        if "logits_to_keep" in inspect.signature(type(unwrap_model(model)).forward).parameters:
-            inputs = {k: v for k, v in batch.items() if k != "labels"}
-            loss = model(**inputs, logits_to_keep=1).logits.float().sum()
-        else:
-            loss = model(**batch).loss
-    loss.backward()
-
-
-def warm_up_attention(
-    model, *, max_length: int, tokens: int = 4096, autocast=None, shortest: int = 1, most_sequences: int | None = None
-) -> float:
-    """Run forward and backward on flat batches whose longest example grows from 16 to ``max_length`` tokens.
-
-    JIT-compiled kernels (FlashAttention-4) compile one variant per configuration, and the
-    configuration follows the batch: its ``max_length_q`` (FA4 packs grouped-query heads for
-    short sequences; its backward has a variant for queries or keys that fit one tile) and its
-    number of sequences (more than 256 get another scheduler): left alone, a run compiles
-    kernels whenever a batch of a new kind arrives, seconds at a time in the middle of training. So each
-    length of :func:`warm_up_lengths` is run twice: as ``tokens`` tokens of examples of that
-    length, and as one example of that length among ``MANY_SEQUENCES`` 8-token ones. The backward
-    starts from the last position's logits (not a loss over ``T x V`` logits: a 16,384-token row at a
-    152k vocabulary would hold 25 GB more than training does). The forwards run under ``autocast`` (the
-    Trainer's: float32 weights with ``bf16=True`` give the kernel the half activations training does; a
-    kernel refuses float32). Gradients are cleared after; no weight changes. Returns the seconds it took.
-
-    What training can reach, where the caller knows it: ``shortest``, the shortest example (the octaves
-    below it are left out); ``most_sequences``, the most sequences a batch can hold (at most ``FA4_MANY``:
-    the many-sequence batches are left out). Each leaves out kernels no training batch would select.
-
-    >>> from transformers import LlamaConfig, LlamaForCausalLM
-    >>> from packing_collators import choose_attention
-    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1,
-    ...                                      num_attention_heads=2, intermediate_size=8, use_cache=False))
-    >>> warm_up_attention(model, max_length=64, tokens=128) >= 0
-    True
-    """
-    import time
-
-    import torch
-
-    from ..collate import FlatteningCollator
-
-    started = time.perf_counter()
-    parameter = next(model.parameters())
-    vocab = int(text_config(model).vocab_size)
-    generator = torch.Generator().manual_seed(0)
-
-    def run(lengths: list[int]) -> None:
-        examples = [{"input_ids": torch.randint(0, vocab, (n,), generator=generator)} for n in lengths]
-        batch = {
-            k: v.to(parameter.device) if hasattr(v, "to") else v for k, v in FlatteningCollator()(examples).items()
-        }
-        _backward_through_layers(model, batch, autocast)
-
-    many = most_sequences is None or most_sequences > FA4_MANY
-    for length in warm_up_lengths(max_length, shortest):
-        run([length] * max(1, min(tokens, max_length * 4, FA4_MANY * length) // length))
-        if many:
-            run([length] + [min(8, length)] * MANY_SEQUENCES)
-    model.zero_grad(set_to_none=True)
-    return time.perf_counter() - started

@@ -31,9 +31,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ._fa4_replay import record_fa4_call
 from ._inputs import PackedInputs, packed_inputs
 
-__all__ = ["FA4_ATTENTION", "fa4_attention_forward", "register_fa4_attention"]
+__all__ = ["FA4_ATTENTION", "fa4_attention_forward", "kernel_call", "register_fa4_attention"]
 
 FA4_ATTENTION = "packing_fa4"
 """The ``attn_implementation`` name :func:`register_fa4_attention` registers."""
@@ -144,18 +145,29 @@ def fa4_attention_forward(module: Any, query, key, value, attention_mask, dropou
     x = packed_inputs(module, query, key, value, kwargs, name=FA4_ATTENTION)
     batch, heads, length, _ = x.query.shape
     sink, deterministic = kwargs.get("s_aux"), _deterministic(kwargs.get("deterministic"))
+    softcap = kwargs.get("softcap") or 0.0
     if torch.compiler.is_compiling():  # traced: FA4 as one custom-op node of the graph (_fa4_ops)
-        out = _compiled_call(x, scaling, kwargs.get("softcap") or 0.0, sink, deterministic)
+        out = _compiled_call(x, scaling, softcap, sink, deterministic)
     else:
-        left, right = x.window
-        kernel = _kernel(x.query)
-        out = kernel(
-            *x.flat(), cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k, max_seqlen_q=x.max_q, max_seqlen_k=x.max_k,
-            softmax_scale=scaling, causal=x.causal, window_size=(None, None) if left < 0 else (left, right),
-            learnable_sink=sink, softcap=kwargs.get("softcap") or 0.0, deterministic=deterministic,
-        )  # fmt: skip  (no window: (None, None), as transformers passes it)
-        out = out[0] if isinstance(out, tuple) else out
+        record_fa4_call(x, scale=scaling, sliding_window=kwargs.get("sliding_window"), softcap=softcap, sink=sink,
+                        deterministic=deterministic)  # fmt: skip  (only while a warm-up records: _fa4_replay)
+        out = kernel_call(*x.flat(), x.cu_q, x.cu_k, x.max_q, x.max_k, scale=scaling, causal=x.causal,
+                          window=x.window, sink=sink, softcap=softcap, deterministic=deterministic)  # fmt: skip
     return out.view(batch, length, heads, out.shape[-1]), None
+
+
+def kernel_call(q, k, v, cu_q, cu_k, max_q: int, max_k: int, *, scale, causal: bool, window: tuple[int, int], sink,
+                softcap: float, deterministic: bool):  # fmt: skip
+    """FA4's varlen function on flat q (T, heads, d), k/v (T, kv_heads, d): out (T, heads, d_v). The one eager
+    call, which the forward and the warm-up's replays (``_fa4_replay``) both make: the same arguments, so the
+    same kernel variants. ``window`` (left, right), -1 for an unbounded side."""
+    left, right = window
+    out = _kernel(q)(
+        q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+        softmax_scale=scale, causal=causal, window_size=(None, None) if left < 0 else (left, right),
+        learnable_sink=sink, softcap=softcap, deterministic=deterministic,
+    )  # fmt: skip  (no window: (None, None), as transformers passes it)
+    return out[0] if isinstance(out, tuple) else out
 
 
 def _compiled_call(x: PackedInputs, scaling, softcap: float, sink, deterministic: bool):

@@ -15,11 +15,21 @@ Built on torch, the batch's home and the top-level helpers; ``trainer/`` builds 
 from ._chunked import MAX_CHUNK_ROWS, LogitTransform, chunk_rows, token_log_probs, weighted_cross_entropy
 from ._enable import enable_chunked_loss
 from ._forward import add_aux_loss, chunked_forward, log_prob_forward, training_loss
-from ._head import CheckedHeads, LossImplementation, OutputHead, check_output_head, checked_head, head_call, output_head
+from ._head import (
+    HEAD_CHECK_TOKENS,
+    CheckedHeads,
+    LossImplementation,
+    OutputHead,
+    check_output_head,
+    checked_head,
+    head_call,
+    output_head,
+)
 from ._sequences import SequenceLogProbs, sequence_log_probs
 
 __all__ = [
     "CheckedHeads",
+    "HEAD_CHECK_TOKENS",
     "MAX_CHUNK_ROWS",
     "LogitTransform",
     "LossImplementation",

@@ -27,7 +27,19 @@ import torch
 from .._model_unwrap import text_config, unwrap_model
 from ._chunked import LogitTransform, _project
 
-__all__ = ["CheckedHeads", "LossImplementation", "OutputHead", "check_output_head", "checked_head", "head_call", "output_head"]
+__all__ = [
+    "HEAD_CHECK_TOKENS",
+    "CheckedHeads",
+    "LossImplementation",
+    "OutputHead",
+    "check_output_head",
+    "checked_head",
+    "head_call",
+    "output_head",
+]
+
+HEAD_CHECK_TOKENS = 16
+"""The tokens of the one row :func:`check_output_head` runs the model on (a trainer's FA4 warm-up meets its layout)."""
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +111,7 @@ def head_call(head: OutputHead, compute):
             del module.forward
 
 
-def _check_tokens(config, device, count: int = 16) -> torch.Tensor:
+def _check_tokens(config, device, count: int = HEAD_CHECK_TOKENS) -> torch.Tensor:
     """(1, count) token ids that no config field names as special (pad, eos, an image placeholder, ...):
     the same on every rank, so every rank of a sharded model runs the same check."""
     special: set[int] = set()
@@ -113,7 +125,7 @@ def _check_tokens(config, device, count: int = 16) -> torch.Tensor:
 
 
 def check_output_head(model, head: OutputHead) -> str:
-    """Run ``model`` once on 16 tokens; "" if its logits and loss are what ``head`` computes from the hidden
+    """Run ``model`` once on ``HEAD_CHECK_TOKENS`` tokens; "" if its logits and loss are what ``head`` computes from the hidden
     states its head received, else what differs.
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM

@@ -2,7 +2,8 @@
 
     on_train_begin   PackingCheckCallback   first 4 examples (those that fit a bucket, under compile)
                                             -> collator -> check_packing_support + probe
-                     _AttentionWarmUp       FlashAttention-4 kernels compiled up to the longest example
+                     _AttentionWarmUp       FlashAttention-4 kernels compiled for the layouts the plan reaches
+    each new epoch   _AttentionWarmUp       the octaves that epoch's plan reaches first (PackingTrainer._packing_epoch)
 
 Both read the train dataloader's own dataset and collator (no sampler is touched, so the
 data order is unchanged) and run on every rank before the first step.
@@ -12,12 +13,13 @@ Cost: one collated batch of 4 examples and the probe's few forwards (``checks/_p
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
 from .._compat import attn_implementation
 from .._model_unwrap import probe_module, text_config, unwrap_model
-from ..attention import FA4_ATTENTION, FA4_MANY, attention_kind, warm_up_attention
+from ..attention import FA4_ATTENTION, FA4_MANY, attention_kind, run_warm_up, warm_up_layouts
 from ..checks import (
     check_collated_features,
     check_packing_support,
@@ -26,6 +28,7 @@ from ..checks import (
     refuse_failed_probe,
     refuse_no_batches,
 )
+from ..loss import HEAD_CHECK_TOKENS
 from ._autocast import training_autocast
 from ._launch import refuse_data_parallel
 from ._neftune import refuse_row_scaled_neftune
@@ -126,14 +129,20 @@ class _AttentionWarmUp(TrainerCallback):
 
     FA4 compiles a kernel per configuration, and the configuration follows the batch (its
     longest sequence, more than 256 sequences): left alone, a run stalls seconds at the
-    first batch of a new kind. The warm-up runs :func:`warm_up_attention` up to the longest example
-    the sampler can batch, from the octave of its shortest, the many-sequence variant only where a
-    micro-batch can hold that many, on every rank, before the first step. Other implementations need none.
+    first batch of a new kind. The warm-up runs :func:`warm_up_attention`'s layouts up to the longest example
+    the sampler can batch, in the octaves the epoch's planned micro-batches reach (where the plan is known; else
+    from the octave of the shortest example, the many-sequence variant only where a micro-batch can hold that
+    many), on every rank, before the first step; each later epoch, the octaves its plan reaches that none before
+    did (:meth:`new_epoch`). The model runs once; the other layouts replay its FA4 calls alone. Other
+    implementations need none.
     """
 
     def __init__(self, trainer) -> None:
         self.trainer = trainer
         self.seconds = None
+        self._warmed: set[tuple[int, ...]] = set()  # the layouts run so far
+        self._recording = None  # the model's FA4 calls, replayed in later epochs
+        self._model = self._args = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is None:
@@ -141,9 +150,29 @@ class _AttentionWarmUp(TrainerCallback):
         if getattr(self.trainer, "is_deepspeed_enabled", False) and _runs_fa4(model):  # a backward outside the engine
             logger.info("PackingTrainer: under DeepSpeed FlashAttention-4 compiles its kernels in the first steps")
             return
+        self._model, self._args = model, args
+        self.seconds = self._warm_up()
+
+    def new_epoch(self) -> None:
+        """A new epoch's plan: warm up the octaves it reaches that earlier epochs did not (none: nothing runs)."""
+        if self._model is not None:
+            self._warm_up()
+
+    def _warm_up(self) -> float | None:
         loader = self.trainer._train_loader
-        reach = {"shortest": loader.shortest_example, "most_sequences": loader.most_sequences} if loader else {}
-        self.seconds = warm_up_packed_attention(model, self.trainer.longest_train_sequence, args, **reach)
+        reach = {}
+        if loader is not None:
+            reached = loader.batch_layouts()
+            head = getattr(self.trainer, "_head_loss", None)
+            if reached is not None and head is not None and head.implementation != "full":
+                reached.append((HEAD_CHECK_TOKENS, 1))  # the loss head's check: one row, in the first step
+            reach = {"shortest": loader.shortest_example, "most_sequences": loader.most_sequences, "reached": reached}
+        seconds, self._recording, layouts = warm_up_packed_attention(
+            self._model, self.trainer.longest_train_sequence, self._args, skip=self._warmed,
+            recording=self._recording, **reach,
+        )  # fmt: skip
+        self._warmed |= {tuple(layout) for layout in layouts}
+        return seconds
 
 
 def _runs_fa4(model) -> bool:
@@ -151,27 +180,39 @@ def _runs_fa4(model) -> bool:
 
 
 def warm_up_packed_attention(
-    model, longest: int, args, *, shortest: int = 1, most_sequences: int | None = None
-) -> float | None:
+    model, longest: int, args, *, shortest: int = 1, most_sequences: int | None = None, reached=None, skip=(),
+    recording=None,
+):  # fmt: skip
     """Compile FlashAttention-4's kernel variants for rows up to ``longest`` tokens on ``model`` (under the
-    autocast ``args`` train with), before the first step; the seconds it took, None where the model's attention
-    compiles nothing (not FA4) or there is nothing to warm. Every trainer on packed rows calls it when training
-    begins (PackingTrainer, PackingDPOTrainer). ``shortest`` (the shortest example) and ``most_sequences`` (the
-    most a micro-batch holds), where the trainer knows them, leave out the variants no batch reaches."""
+    autocast ``args`` train with), before the first step. Every trainer on packed rows calls it when training
+    begins (PackingTrainer, PackingDPOTrainer, the RL trainers). ``shortest`` (the shortest example),
+    ``most_sequences`` (the most a micro-batch holds) and ``reached`` (each planned micro-batch's longest sequence
+    and sequences), where the trainer knows them, leave out the variants no batch reaches; ``skip``, layouts
+    already run; ``recording``, an earlier warm-up's FA4 calls (the model need not run again).
+
+    Returns (the seconds it took, the recording, the layouts run); (None, recording, []) where the model's
+    attention compiles nothing (not FA4) or there is nothing to warm.
+    """
     if not longest or not _runs_fa4(model):
-        return None
-    seconds = warm_up_attention(probe_module(model), max_length=longest, autocast=training_autocast(args, model),
-                                shortest=shortest, most_sequences=most_sequences)  # fmt: skip
-    few = most_sequences is not None and most_sequences <= FA4_MANY
-    logger.info("%s: FlashAttention-4 kernels compiled for batches whose longest sequence is %d to %d tokens%s, in "
-                "%.1f s", type(unwrap_model(model)).__name__, min(shortest, longest), longest,
-                f" (at most {most_sequences} sequences a batch: not the variant of over {FA4_MANY})" if few else "",
-                seconds)  # fmt: skip
-    return seconds
+        return None, recording, []
+    started = time.perf_counter()
+    layouts = [layout for layout in warm_up_layouts(longest, shortest=shortest, most_sequences=most_sequences,
+                                                    reached=reached) if tuple(layout) not in skip]  # fmt: skip
+    if not layouts:
+        return None, recording, []
+    recording = run_warm_up(probe_module(model), layouts, autocast=training_autocast(args, model), recording=recording)
+    seconds = time.perf_counter() - started
+    reach = "the octaves the planned micro-batches reach" if reached is not None else f"from {min(shortest, longest)}"
+    logger.info("%s: FlashAttention-4 kernels compiled for %d batch layouts (%s, up to %d tokens)%s, in %.1f s",
+                type(unwrap_model(model)).__name__, len(layouts), reach, longest,
+                f" (at most {most_sequences} sequences a batch: not the variant of over {FA4_MANY})"
+                if most_sequences is not None and most_sequences <= FA4_MANY else "", seconds)  # fmt: skip
+    return seconds, recording, layouts
 
 
-def add_packing_callbacks(trainer, *, probe: bool, warm_up: bool, metrics: bool) -> None:
-    """PackingTrainer's callbacks: the checks (or sequence parallelism's), compile, FA4 warm-up, metrics."""
+def add_packing_callbacks(trainer, *, probe: bool, warm_up: bool, metrics: bool):
+    """PackingTrainer's callbacks: the checks (or sequence parallelism's), compile, FA4 warm-up, metrics. Returns
+    the warm-up (its ``new_epoch`` runs at each epoch's start), or None."""
     from ._compile import compiled_model
     from ._metrics import PackingMetricsCallback
 
@@ -185,7 +226,10 @@ def add_packing_callbacks(trainer, *, probe: bool, warm_up: bool, metrics: bool)
                                                   collator_for_probe=trainer._compile.probe_collator))  # fmt: skip
     if trainer._compile.enabled:
         trainer.add_callback(trainer._compile)
-    if warm_up and mesh is None:  # under Ulysses, FA4 compiles at first use
-        trainer.add_callback(_AttentionWarmUp(trainer))
+    # under Ulysses, FA4 compiles at first use
+    warming = _AttentionWarmUp(trainer) if warm_up and mesh is None else None
+    if warming is not None:
+        trainer.add_callback(warming)
     if metrics:
         PackingMetricsCallback().attach(trainer)
+    return warming

@@ -39,12 +39,14 @@ class PackedLoader:
         sampler: this rank's batch sampler (``trainer.make_batch_sampler``'s).
         budget: the micro-batch token budget and the longest example a micro-batch holds.
         compile_plan: training compiled (``trainer._compile.enabled``): the bucketed collator and its report.
+        rows_are_examples: each dataset row is one sequence (not a pre-packed row of several).
     """
 
     loader: Any
     sampler: Any
     budget: PlannedBudget
     compile_plan: Any = None
+    rows_are_examples: bool = True  # False: pre-packed rows (``seq_lengths``), several sequences each
 
     @property
     def warm_up_length(self) -> int | None:
@@ -56,11 +58,21 @@ class PackedLoader:
 
     @property
     def shortest_example(self) -> int:
-        """The shortest example with tokens the sampler batches (1 where its lengths are unknown): no micro-batch's
-        longest sequence is shorter."""
+        """The shortest example with tokens the sampler batches (1 where its lengths are unknown, or its rows are
+        pre-packed: a row's sequences are shorter than it): no micro-batch's longest sequence is shorter."""
         lengths = np.asarray(getattr(self.sampler, "lengths", []))
         lengths = lengths[lengths > 0]
-        return int(lengths.min()) if lengths.size else 1
+        return int(lengths.min()) if lengths.size and self.rows_are_examples else 1
+
+    def batch_layouts(self) -> list[tuple[int, int]] | None:
+        """(longest sequence, sequences) of each micro-batch of the sampler's current epoch on this rank, from its
+        plan: what FA4's warm-up must meet. None where that is not known from the lengths: the sampler has no plan
+        (``trainer.make_batch_sampler`` returned another), rows are padded to a compile bucket, or pre-packed."""
+        plan, lengths = getattr(self.sampler, "plan", None), getattr(self.sampler, "lengths", None)
+        if not callable(plan) or lengths is None or self.compile_plan is not None or not self.rows_are_examples:
+            return None
+        lengths = np.asarray(lengths)
+        return [(int(lengths[b].max()), len(b)) for b in plan().batches(self.sampler.rank) if len(b)]
 
     @property
     def most_sequences(self) -> int:
@@ -188,4 +200,12 @@ def multipack_dataloader(trainer, dataset, description: str, batch_size: int, *,
         plan = compile_plan(collator, sampler, budget.tokens)
         collator = plan.collator if plan is not None else collator
     loader = prepared_loader(trainer, dataset, sampler, _rank_collator(trainer, collator, dataset, description))
-    return PackedLoader(loader, sampler, budget, plan)
+    return PackedLoader(loader, sampler, budget, plan, rows_are_examples=not _prepacked(dataset))
+
+
+def _prepacked(dataset) -> bool:
+    """Rows of several sequences each (``pack_dataset``'s, with a ``seq_lengths`` column)."""
+    if _is_arrow(dataset):
+        return "seq_lengths" in dataset.column_names
+    first = dataset[0] if len(dataset) else None
+    return isinstance(first, dict) and first.get("seq_lengths") is not None

@@ -196,7 +196,8 @@ class PackingTrainer(Trainer):
 
             self._sequence_parallel = setup_sequence_parallel(self, self.sequence_parallel_size)
         self._compile = CompileWarmUp(self, compile_layers)  # the layers, buckets, warm-up, recompiles (_compile.py)
-        add_packing_callbacks(self, probe=packing_probe, warm_up=attention_warm_up, metrics=packing_metrics)
+        self._warm_up = add_packing_callbacks(self, probe=packing_probe, warm_up=attention_warm_up,
+                                              metrics=packing_metrics)  # fmt: skip
 
     @property
     def sequence_parallel_mesh(self):
@@ -357,6 +358,8 @@ class PackingTrainer(Trainer):
         # set_epoch no longer reaches the sampler; set it here so the skipped plan is this epoch's.
         if self._train_batch_sampler is not None and epoch is not None:
             self._train_batch_sampler.set_epoch(int(epoch))
+            if getattr(self, "_warm_up", None) is not None:  # the octaves this epoch's plan reaches first
+                self._warm_up.new_epoch()
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """The stock step, plus the token-weighted loss sums, and flat rows split back into examples."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from packing_collators.attention._choice import warm_up_lengths
+from packing_collators.attention._warm_up import warm_up_lengths
 
 
 def variant(length: int, thresholds: tuple[float, ...]) -> tuple[bool, ...]:
@@ -49,15 +49,15 @@ def test_from_the_shortest_example_the_warm_up_meets_every_variant_training_can_
 def test_the_many_sequence_batches_run_only_where_a_batch_can_hold_that_many(monkeypatch, most_sequences):
     from _tiny_models import tiny_model
 
-    from packing_collators.attention import FA4_MANY, _choice
+    from packing_collators.attention import FA4_MANY, _warm_up
 
     seen = []  # (sequences, longest) of each warm-up batch
     monkeypatch.setattr(
-        _choice,
+        _warm_up,
         "_backward_through_layers",
         lambda model, batch, autocast=None: seen.append((len(batch["cu_seq_lens_q"]) - 1, int(batch["max_length_q"]))),
     )
-    _choice.warm_up_attention(tiny_model("llama"), max_length=300, shortest=100, most_sequences=most_sequences)
+    _warm_up.warm_up_attention(tiny_model("llama"), max_length=300, shortest=100, most_sequences=most_sequences)
     many = most_sequences is None or most_sequences > FA4_MANY
     assert any(count > FA4_MANY for count, _ in seen) == many
     assert sorted({longest for _, longest in seen}) == warm_up_lengths(300, 100)

@@ -73,7 +73,7 @@ def test_the_flash_attention_4_warm_up_is_skipped_under_deepspeed(monkeypatch, t
     from packing_collators.trainer._check_callback import _AttentionWarmUp
 
     calls = []
-    monkeypatch.setattr(_check_callback, "warm_up_attention", lambda model, max_length, **reach: calls.append(max_length) or 0.5)
+    monkeypatch.setattr(_check_callback, "run_warm_up", lambda model, layouts, **k: calls.append(max(map(max, layouts))))
     trainer = PackingTrainer(
         model=tiny_model("llama"), args=training_args(tmp_path), train_dataset=random_examples([5, 20, 9, 3]),
         max_tokens_per_batch=32, attn_implementation=None,

@@ -499,9 +499,9 @@ def test_flash_attention_4_is_warmed_up_to_the_longest_batchable_example_before_
     from packing_collators.trainer import _check_callback
     from packing_collators.trainer._check_callback import _AttentionWarmUp
 
-    calls = []  # (longest, shortest example, most sequences a micro-batch holds) of each warm-up
-    monkeypatch.setattr(_check_callback, "warm_up_attention", lambda model, max_length, autocast=None, shortest=1,
-                        most_sequences=None: calls.append((max_length, shortest, most_sequences)) or 0.5)  # fmt: skip
+    calls = []  # each warm-up's batches: (longest sequence, sequences)
+    monkeypatch.setattr(_check_callback, "run_warm_up", lambda model, layouts, autocast=None, recording=None:
+                        calls.append([(max(b), len(b)) for b in layouts]))  # fmt: skip
     trainer = PackingTrainer(
         model=tiny_model("llama"),
         args=training_args(tmp_path),
@@ -516,13 +516,17 @@ def test_flash_attention_4_is_warmed_up_to_the_longest_batchable_example_before_
     model.config._attn_implementation = "flash_attention_4"
     callback = _AttentionWarmUp(trainer)
     callback.on_train_begin(None, None, None, model=model)
-    # from the shortest example with tokens (3); 32 tokens hold at most 10 of them: FA4's many-sequence variant
-    # (over 256) is never reached, and the warm-up leaves it out
-    assert calls == [(20, 3, 10)] and callback.seconds == 0.5
+    # the plan's micro-batches' longest sequences (20, and 5 with the loss head's 16-token check) fall in the octaves
+    # up to 16 and (16, 20]: both ends of each; 32 tokens hold at most 10 sequences, so never FA4's many-sequence
+    # variant (over 256)
+    assert [longest for longest, _ in calls[0]] == [16, 17, 20] and max(n for _, n in calls[0]) <= 10
+    assert callback.seconds is not None
+    callback.new_epoch()  # the same plan: nothing new to warm
+    assert len(calls) == 1
     trainer.max_tokens_per_batch, trainer.overflow = 16, "drop"
     trainer.get_train_dataloader()
     _AttentionWarmUp(trainer).on_train_begin(None, None, None, model=model)
-    assert calls[-1][0] == 16  # never longer than the token budget
+    assert max(longest for longest, _ in calls[-1]) == 16  # never longer than the token budget
 
 
 # --- the training data itself: nothing to train on, ids past the embedding ----------------------

@@ -1,0 +1,144 @@
+"""FA4's kernel calls, recorded in one forward and replayed alone on other batch layouts: the warm-up, cheaply.
+
+FlashAttention-4 compiles a kernel variant per configuration, and the configuration is what the call passes (dtype,
+heads, head dims, causal, window, softcap, attention sinks, determinism) and the batch's layout (its longest
+sequence, how many sequences). One forward and backward of the model, recorded, gives every distinct call its
+layers make; each further layout then needs only those calls, on random q, k, v of that layout::
+
+    model forward + backward on the first layout, recording  ->  {FA4Call(bf16, 16 heads, 8 kv heads, d 128, causal)}
+    every further layout: for each FA4Call, q, k, v ~ N(0, 1) laid out as it says, FA4 forward and backward
+
+A replay makes the forward's own call (``_fa4.kernel_call``), so it meets the variants the model would; the window is
+worked out again for the layout (a sliding window binds only where a sequence is longer than it).
+Cost: one model pass, then per layout and distinct call one attention forward and backward on a few thousand tokens
+(milliseconds), plus what FA4 spends on a new variant (a compile, or a load from its disk cache). Running the whole
+model per layout, as the warm-up did, cost a forward and backward of every layer each time: seconds on a 1B model.
+
+Only the eager path records. A compiled layer calls FA4 through the custom op (``_fa4_ops``), whose calls are counted
+as ``traced``: a recording that saw one is not replayable, and the warm-up runs the whole model instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FA4Call", "Recording", "note_traced_call", "record_fa4_call", "recording_fa4_calls", "replay"]
+
+
+@dataclass(frozen=True)
+class FA4Call:
+    """What decides an FA4 call's kernel variant, but for the layout: a layer's call as the warm-up replays it."""
+
+    dtype: Any
+    device: Any
+    heads: int
+    kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    scale: float | None
+    causal: bool
+    sliding_window: int | None
+    softcap: float
+    deterministic: bool
+    sink: tuple | None  # (shape, dtype, requires_grad) of the attention sinks, None without
+
+
+@dataclass
+class Recording:
+    """The distinct calls one forward made, and how many went through the custom op instead (not recorded)."""
+
+    calls: set = field(default_factory=set)
+    traced: int = 0
+
+    @property
+    def replayable(self) -> bool:
+        """Every FA4 call of the forward was recorded (none traced), and there was one."""
+        return bool(self.calls) and not self.traced
+
+
+_RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar("fa4_recording", default=None)
+
+
+@contextlib.contextmanager
+def recording_fa4_calls():
+    """Record, within the block, every eager FA4 call the forwards make (yields the :class:`Recording`).
+
+    >>> with recording_fa4_calls() as recording:
+    ...     pass
+    >>> recording.calls, recording.replayable
+    (set(), False)
+    """
+    recording = Recording()
+    token = _RECORDING.set(recording)
+    try:
+        yield recording
+    finally:
+        _RECORDING.reset(token)
+
+
+def record_fa4_call(x, *, scale, sliding_window, softcap: float, sink, deterministic: bool) -> None:
+    """Within :func:`recording_fa4_calls`, add the call ``fa4_attention_forward`` makes on ``x`` (its PackedInputs)."""
+    recording = _RECORDING.get()
+    if recording is None:
+        return
+    _, heads, _, head_dim = x.query.shape
+    recording.calls.add(
+        FA4Call(
+            dtype=x.query.dtype, device=x.query.device, heads=heads, kv_heads=x.key.shape[1], head_dim=head_dim,
+            head_dim_v=x.value.shape[-1], scale=scale, causal=x.causal,
+            sliding_window=None if sliding_window is None else int(sliding_window), softcap=float(softcap),
+            deterministic=deterministic,
+            sink=None if sink is None else (tuple(sink.shape), sink.dtype, bool(sink.requires_grad)),
+        )  # fmt: skip
+    )
+
+
+def note_traced_call() -> None:
+    """Within :func:`recording_fa4_calls`, count a call the custom op made (a compiled layer's): not replayable."""
+    recording = _RECORDING.get()
+    if recording is not None:
+        recording.traced += 1
+
+
+def replay(call: FA4Call, lengths: list[int], generator=None) -> None:
+    """``call`` alone, forward and backward, on random q, k, v of sequences of ``lengths`` tokens laid end to end.
+
+    >>> import torch
+    >>> from packing_collators.attention import _fa4
+    >>> seen = []
+    >>> def kernel(q, k, v, **kwargs):  # FA4's signature; here it notes the layout and returns q
+    ...     cu, window = kwargs["cu_seqlens_q"].tolist(), kwargs["window_size"]
+    ...     seen.append((tuple(q.shape), cu, kwargs["max_seqlen_q"], window))
+    ...     return q * 1.0, None
+    >>> _kernel, _fa4._kernel = _fa4._kernel, lambda query: kernel
+    >>> call = FA4Call(torch.bfloat16, torch.device("cpu"), 4, 2, 8, 8, None, True, 16, 0.0, False, None)
+    >>> replay(call, [20, 3]); replay(call, [5, 3])
+    >>> _fa4._kernel = _kernel
+    >>> seen  # a window only where a sequence is longer than it
+    [((23, 4, 8), [0, 20, 23], 20, (15, 0)), ((8, 4, 8), [0, 5, 8], 5, (None, None))]
+    """
+    import torch
+
+    from ._fa4 import kernel_call
+    from ._inputs import window
+
+    tokens, longest = sum(lengths), max(lengths)
+
+    def random(heads: int, dim: int):
+        values = torch.randn(tokens, heads, dim, generator=generator, dtype=torch.float32)
+        return values.to(device=call.device, dtype=call.dtype).requires_grad_(True)
+
+    q, k = random(call.heads, call.head_dim), random(call.kv_heads, call.head_dim)
+    v = random(call.kv_heads, call.head_dim_v)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=call.device)
+    sink = None
+    if call.sink is not None:
+        shape, dtype, grad = call.sink
+        sink = torch.zeros(shape, dtype=dtype, device=call.device, requires_grad=grad)
+    out = kernel_call(q, k, v, cu, cu, longest, longest, scale=call.scale, causal=call.causal,
+                      window=window(call.causal, call.sliding_window, longest), sink=sink, softcap=call.softcap,
+                      deterministic=call.deterministic)  # fmt: skip
+    out.backward(torch.randn(out.shape, generator=generator, dtype=torch.float32).to(out))
