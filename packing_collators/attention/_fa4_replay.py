@@ -1,4 +1,4 @@
-"""FA4's kernel calls, recorded in one forward and replayed alone on other batch layouts: the warm-up, cheaply.
+"""FA4's kernel calls, recorded in one forward to be replayed alone on other batch layouts (``_warm_up.replay``).
 
 FlashAttention-4 compiles a kernel variant per configuration, and the configuration is what the call passes (dtype,
 heads, head dims, causal, window, softcap, attention sinks, determinism) and the batch's layout (its longest
@@ -8,7 +8,7 @@ layers make; each further layout then needs only those calls, on random q, k, v 
     model forward + backward on the first layout, recording  ->  {FA4Call(bf16, 16 heads, 8 kv heads, d 128, causal)}
     every further layout: for each FA4Call, q, k, v ~ N(0, 1) laid out as it says, FA4 forward and backward
 
-A replay makes the forward's own call (``_fa4.kernel_call``), so it meets the variants the model would; the window is
+A replay (``_warm_up.replay``) makes the forward's own call (``_fa4.kernel_call``), so it meets the variants the model would; the window is
 worked out again for the layout (a sliding window binds only where a sequence is longer than it).
 Cost: one model pass, then per layout and distinct call one attention forward and backward on a few thousand tokens
 (milliseconds), plus what FA4 spends on a new variant (a compile, or a load from its disk cache). Running the whole
@@ -25,7 +25,7 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FA4Call", "Recording", "note_traced_call", "record_fa4_call", "recording_fa4_calls", "replay"]
+__all__ = ["FA4Call", "Recording", "note_traced_call", "record_fa4_call", "recording_fa4_calls"]
 
 
 @dataclass(frozen=True)
@@ -101,44 +101,3 @@ def note_traced_call() -> None:
     recording = _RECORDING.get()
     if recording is not None:
         recording.traced += 1
-
-
-def replay(call: FA4Call, lengths: list[int], generator=None) -> None:
-    """``call`` alone, forward and backward, on random q, k, v of sequences of ``lengths`` tokens laid end to end.
-
-    >>> import torch
-    >>> from packing_collators.attention import _fa4
-    >>> seen = []
-    >>> def kernel(q, k, v, **kwargs):  # FA4's signature; here it notes the layout and returns q
-    ...     cu, window = kwargs["cu_seqlens_q"].tolist(), kwargs["window_size"]
-    ...     seen.append((tuple(q.shape), cu, kwargs["max_seqlen_q"], window))
-    ...     return q * 1.0, None
-    >>> _kernel, _fa4._kernel = _fa4._kernel, lambda query: kernel
-    >>> call = FA4Call(torch.bfloat16, torch.device("cpu"), 4, 2, 8, 8, None, True, 16, 0.0, False, None)
-    >>> replay(call, [20, 3]); replay(call, [5, 3])
-    >>> _fa4._kernel = _kernel
-    >>> seen  # a window only where a sequence is longer than it
-    [((23, 4, 8), [0, 20, 23], 20, (15, 0)), ((8, 4, 8), [0, 5, 8], 5, (None, None))]
-    """
-    import torch
-
-    from ._fa4 import kernel_call
-    from ._inputs import window
-
-    tokens, longest = sum(lengths), max(lengths)
-
-    def random(heads: int, dim: int):
-        values = torch.randn(tokens, heads, dim, generator=generator, dtype=torch.float32)
-        return values.to(device=call.device, dtype=call.dtype).requires_grad_(True)
-
-    q, k = random(call.heads, call.head_dim), random(call.kv_heads, call.head_dim)
-    v = random(call.kv_heads, call.head_dim_v)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=call.device)
-    sink = None
-    if call.sink is not None:
-        shape, dtype, grad = call.sink
-        sink = torch.zeros(shape, dtype=dtype, device=call.device, requires_grad=grad)
-    out = kernel_call(q, k, v, cu, cu, longest, longest, scale=call.scale, causal=call.causal,
-                      window=window(call.causal, call.sliding_window, longest), sink=sink, softcap=call.softcap,
-                      deterministic=call.deterministic)  # fmt: skip
-    out.backward(torch.randn(out.shape, generator=generator, dtype=torch.float32).to(out))

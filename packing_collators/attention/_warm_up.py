@@ -24,9 +24,19 @@ import logging
 from collections.abc import Iterable
 
 from .._model_unwrap import text_config, unwrap_model
-from ._fa4_replay import Recording, recording_fa4_calls, replay
+from ._fa4 import kernel_call
+from ._fa4_replay import FA4Call, Recording, recording_fa4_calls
+from ._inputs import window
 
-__all__ = ["FA4_MANY", "MANY_SEQUENCES", "run_warm_up", "warm_up_attention", "warm_up_layouts", "warm_up_lengths"]
+__all__ = [
+    "FA4_MANY",
+    "MANY_SEQUENCES",
+    "replay",
+    "run_warm_up",
+    "warm_up_attention",
+    "warm_up_layouts",
+    "warm_up_lengths",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +129,45 @@ def _backward_through_layers(model, batch: dict, autocast=None) -> None:
         else:
             loss = model(**batch).loss
     loss.backward()
+
+
+def replay(call: FA4Call, lengths: list[int], generator=None) -> None:
+    """``call`` alone, forward and backward, on random q, k, v of sequences of ``lengths`` tokens laid end to end.
+
+    >>> import torch
+    >>> from packing_collators.attention import _fa4
+    >>> from packing_collators.attention._fa4_replay import FA4Call
+    >>> seen = []
+    >>> def kernel(q, k, v, **kwargs):  # FA4's signature; here it notes the layout and returns q
+    ...     cu, window = kwargs["cu_seqlens_q"].tolist(), kwargs["window_size"]
+    ...     seen.append((tuple(q.shape), cu, kwargs["max_seqlen_q"], window))
+    ...     return q * 1.0, None
+    >>> _kernel, _fa4._kernel = _fa4._kernel, lambda query: kernel
+    >>> call = FA4Call(torch.bfloat16, torch.device("cpu"), 4, 2, 8, 8, None, True, 16, 0.0, False, None)
+    >>> replay(call, [20, 3]); replay(call, [5, 3])
+    >>> _fa4._kernel = _kernel
+    >>> seen  # a window only where a sequence is longer than it
+    [((23, 4, 8), [0, 20, 23], 20, (15, 0)), ((8, 4, 8), [0, 5, 8], 5, (None, None))]
+    """
+    import torch
+
+    tokens, longest = sum(lengths), max(lengths)
+
+    def random(heads: int, dim: int):
+        values = torch.randn(tokens, heads, dim, generator=generator, dtype=torch.float32)
+        return values.to(device=call.device, dtype=call.dtype).requires_grad_(True)
+
+    q, k = random(call.heads, call.head_dim), random(call.kv_heads, call.head_dim)
+    v = random(call.kv_heads, call.head_dim_v)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=call.device)
+    sink = None
+    if call.sink is not None:
+        shape, dtype, grad = call.sink
+        sink = torch.zeros(shape, dtype=dtype, device=call.device, requires_grad=grad)
+    out = kernel_call(q, k, v, cu, cu, longest, longest, scale=call.scale, causal=call.causal,
+                      window=window(call.causal, call.sliding_window, longest), sink=sink, softcap=call.softcap,
+                      deterministic=call.deterministic)  # fmt: skip
+    out.backward(torch.randn(out.shape, generator=generator, dtype=torch.float32).to(out))
 
 
 def run_warm_up(model, layouts: list[list[int]], *, autocast=None, recording: Recording | None = None) -> Recording:
