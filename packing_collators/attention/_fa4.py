@@ -149,7 +149,7 @@ def fa4_attention_forward(module: Any, query, key, value, attention_mask, dropou
     if torch.compiler.is_compiling():  # traced: FA4 as one custom-op node of the graph (_fa4_ops)
         out = _compiled_call(x, scaling, softcap, sink, deterministic)
     else:
-        record_fa4_call(x, scale=scaling, sliding_window=kwargs.get("sliding_window"), softcap=softcap, sink=sink,
+        record_fa4_call(module, x, scale=scaling, sliding_window=kwargs.get("sliding_window"), softcap=softcap, sink=sink,
                         deterministic=deterministic)  # fmt: skip  (only while a warm-up records: _fa4_replay)
         out = kernel_call(*x.flat(), x.cu_q, x.cu_k, x.max_q, x.max_k, scale=scaling, causal=x.causal,
                           window=x.window, sink=sink, softcap=softcap, deterministic=deterministic)  # fmt: skip

@@ -15,7 +15,9 @@ Cost: one model pass, then per layout and distinct call one attention forward an
 model per layout, as the warm-up did, cost a forward and backward of every layer each time: seconds on a 1B model.
 
 Only the eager path records. A compiled layer calls FA4 through the custom op (``_fa4_ops``), whose calls are counted
-as ``traced``: a recording that saw one is not replayable, and the warm-up runs the whole model instead.
+as ``traced``: a recording that saw one is not replayable, and the warm-up runs the whole model instead. The warm-up
+also runs the whole model where fewer layers called FA4 than the model has (a hybrid's linear-attention layers run
+kernels of their own, which the model's passes warm as they did before).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Recording:
 
     calls: set = field(default_factory=set)
     traced: int = 0
+    layers: set = field(default_factory=set)  # ids of the attention modules that called FA4
 
     @property
     def replayable(self) -> bool:
@@ -79,11 +82,13 @@ def recording_fa4_calls():
         _RECORDING.reset(token)
 
 
-def record_fa4_call(x, *, scale, sliding_window, softcap: float, sink, deterministic: bool) -> None:
-    """Within :func:`recording_fa4_calls`, add the call ``fa4_attention_forward`` makes on ``x`` (its PackedInputs)."""
+def record_fa4_call(module, x, *, scale, sliding_window, softcap: float, sink, deterministic: bool) -> None:
+    """Within :func:`recording_fa4_calls`, add the call ``fa4_attention_forward`` makes for ``module`` on ``x``
+    (its PackedInputs)."""
     recording = _RECORDING.get()
     if recording is None:
         return
+    recording.layers.add(id(module))
     _, heads, _, head_dim = x.query.shape
     recording.calls.add(
         FA4Call(

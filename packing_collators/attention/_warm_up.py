@@ -170,11 +170,20 @@ def replay(call: FA4Call, lengths: list[int], generator=None) -> None:
     out.backward(torch.randn(out.shape, generator=generator, dtype=torch.float32).to(out))
 
 
+def replays_the_model(recording: Recording | None, model) -> bool:
+    """``recording`` stands for the whole of ``model``'s forward: every FA4 call recorded (none traced), and at least
+    as many layers called FA4 as the model has decoder layers (not a hybrid, whose other layers' kernels the model's
+    own passes warm)."""
+    layers = int(getattr(text_config(model), "num_hidden_layers", 0) or 0)
+    return recording is not None and recording.replayable and len(recording.layers) >= layers
+
+
 def run_warm_up(model, layouts: list[list[int]], *, autocast=None, recording: Recording | None = None) -> Recording:
     """Run ``layouts`` (batches as sequence lengths): the first through ``model`` (forward under ``autocast``, then
     backward), recording its FA4 calls, the others as replays of them; every one through the model where the
-    recording cannot be replayed. A replayable ``recording`` from an earlier warm-up of the same model skips the
-    model pass. Gradients are cleared after; no weight changes. Returns the recording."""
+    recording does not stand for the model (:func:`replays_the_model`). A ``recording`` that does, from an earlier
+    warm-up of the same model, skips the model pass. Gradients are cleared after; no weight changes. Returns the
+    recording."""
     import torch
 
     from ..collate import FlatteningCollator
@@ -192,11 +201,12 @@ def run_warm_up(model, layouts: list[list[int]], *, autocast=None, recording: Re
 
     rest = list(layouts)
     with torch.enable_grad():
-        if rest and (recording is None or not recording.replayable):
+        if rest and not replays_the_model(recording, model):
             with recording_fa4_calls() as recording:
                 through_model(rest.pop(0))
+        replaying = replays_the_model(recording, model)
         for lengths in rest:
-            if recording.replayable:
+            if replaying:
                 for call in recording.calls:
                     replay(call, lengths, generator)
             else:
@@ -205,7 +215,7 @@ def run_warm_up(model, layouts: list[list[int]], *, autocast=None, recording: Re
     if layouts:
         logger.info("FA4 warm-up: %d batch layouts, %s", len(layouts),
                     f"{len(layouts) - 1} as {len(recording.calls)} recorded attention call(s) alone"
-                    if recording.replayable else "every one through the model")  # fmt: skip
+                    if replaying else "every one through the model")  # fmt: skip
     return recording if recording is not None else Recording()
 
 

@@ -95,3 +95,23 @@ def test_a_replayable_recording_skips_the_model_pass(kernel, monkeypatch):
     kernel.clear()
     _warm_up.run_warm_up(model, [[70], [33, 10]], autocast=autocast, recording=recording)
     assert sorted(c[6] for c in kernel) == [(0, 33, 43), (0, 70)]
+
+
+def test_a_hybrid_runs_every_layout_through_the_model_its_other_layers_kernels_warm_as_before(kernel, monkeypatch):
+    # Gated DeltaNet layers between the attention ones run kernels of their own (fla's, on a GPU): the recording
+    # stands for the attention layers only, so the warm-up keeps running the whole model for every layout
+    from _hybrids import HYBRIDS, tiny_hybrid
+
+    if "qwen3_5_text" not in HYBRIDS:
+        pytest.skip("this transformers has no Qwen3.5")  # the installed transformers (5.25) has it
+    from packing_collators import enable_packing
+
+    model = enable_packing(tiny_hybrid("qwen3_5_text", attn="packing_fa4").train())  # the linear layers, packed
+    passes = []
+    through = _warm_up._backward_through_layers
+    monkeypatch.setattr(_warm_up, "_backward_through_layers", lambda *a, **k: passes.append(1) or through(*a, **k))
+    layouts = _warm_up.warm_up_layouts(40, tokens=80, most_sequences=10)
+    recording = _warm_up.run_warm_up(model, layouts, autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+    attention_layers = sum(t == "full_attention" for t in model.config.layer_types)
+    assert 0 < len(recording.layers) == attention_layers < model.config.num_hidden_layers
+    assert len(passes) == len(layouts) > 1
