@@ -65,14 +65,18 @@ class PackedLoader:
         return int(lengths.min()) if lengths.size and self.rows_are_examples else 1
 
     def batch_layouts(self) -> list[tuple[int, int]] | None:
-        """(longest sequence, sequences) of each micro-batch of the sampler's current epoch on this rank, from its
-        plan: what FA4's warm-up must meet. None where that is not known from the lengths: the sampler has no plan
-        (``trainer.make_batch_sampler`` returned another), rows are padded to a compile bucket, or pre-packed."""
+        """(longest sequence, sequences) of each micro-batch of the sampler's current epoch, every rank's, from its
+        plan: what FA4's warm-up must meet. Every rank's, so that every rank warms the same layouts (where the
+        warm-up runs the model, a sharded model's passes are collectives). None where that is not known from the
+        lengths: the sampler has no plan (``trainer.make_batch_sampler`` returned another), rows are padded to a
+        compile bucket, or pre-packed."""
         plan, lengths = getattr(self.sampler, "plan", None), getattr(self.sampler, "lengths", None)
+        options = getattr(self.sampler, "options", None)
         if not callable(plan) or lengths is None or self.compile_plan is not None or not self.rows_are_examples:
             return None
-        lengths = np.asarray(lengths)
-        return [(int(lengths[b].max()), len(b)) for b in plan().batches(self.sampler.rank) if len(b)]
+        lengths, epoch = np.asarray(lengths), plan()
+        ranks = range(options.num_replicas) if options is not None else [self.sampler.rank]
+        return [(int(lengths[b].max()), len(b)) for rank in ranks for b in epoch.batches(rank) if len(b)]
 
     @property
     def most_sequences(self) -> int:

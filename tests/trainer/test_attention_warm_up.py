@@ -101,3 +101,17 @@ def test_every_variant_a_step_meets_was_warmed_before_it_with_the_model_run_once
     layers = trainer.model.config.num_hidden_layers
     assert warm_calls - layers < len(every_octave) - 1  # the model's pass calls every layer; each replay one call
     assert torch.isfinite(torch.tensor(trainer.state.log_history[-1]["train_loss"]))
+
+
+def test_every_rank_warms_the_same_layouts_every_ranks_batches():
+    # where the warm-up runs the model (a hybrid, a compiled layer), a sharded model's passes are collectives: ranks
+    # that warmed different layouts would wait on each other forever
+    from packing_collators.budget import PlannedBudget
+    from packing_collators.trainer._dataloader import PackedLoader
+
+    lengths = np.random.default_rng(1).integers(3, 300, 80)
+    samplers = [MultipackBatchSampler(lengths, 600, num_replicas=2, rank=r, group_size=10) for r in (0, 1)]
+    mine = [{(int(lengths[b].max()), len(b)) for b in s} for s in samplers]
+    assert mine[0] != mine[1]  # each rank's own batches differ
+    layouts = [PackedLoader(None, s, PlannedBudget(600, 299)).batch_layouts() for s in samplers]
+    assert layouts[0] == layouts[1] and set(layouts[0]) == mine[0] | mine[1]
