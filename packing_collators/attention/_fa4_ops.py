@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from .._compat import fa4_kernels
-from ._fa4_replay import note_traced_call
+from ._fa4_replay import record_fa4_op_call
 
 __all__ = ["ATTENTION_OPS", "fa4_varlen"]
 
@@ -63,7 +63,8 @@ _KERNEL_ARGS = (
 )
 def _fa4_fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window_left, window_right, softcap, sink, deterministic):
     forward, _ = _interface()  # (deterministic is the backward's: kept here for its setup)
-    note_traced_call()  # a warm-up recording this forward cannot replay it (_fa4_replay)
+    record_fa4_op_call(q, k, v, scale=scale, causal=causal, window=(window_left, window_right), softcap=softcap,
+                       sink=sink, deterministic=deterministic)  # fmt: skip  (only while a warm-up records)
     out, lse, *_ = forward(
         q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
         softmax_scale=scale, causal=causal, softcap=softcap, learnable_sink=sink, return_lse=True,

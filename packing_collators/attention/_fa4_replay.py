@@ -14,10 +14,13 @@ Cost: one model pass, then per layout and distinct call one attention forward an
 (milliseconds), plus what FA4 spends on a new variant (a compile, or a load from its disk cache). Running the whole
 model per layout, as the warm-up did, cost a forward and backward of every layer each time: seconds on a 1B model.
 
-Only the eager path records. A compiled layer calls FA4 through the custom op (``_fa4_ops``), whose calls are counted
-as ``traced``: a recording that saw one is not replayable, and the warm-up runs the whole model instead. The warm-up
-also runs the whole model where fewer layers called FA4 than the model has (a hybrid's linear-attention layers run
-kernels of their own, which the model's passes warm as they did before).
+Both routes record: the eager forward's call (``route="eager"``, through ``flash_attn_varlen_func``) and a compiled
+layer's (``route="op"``, FA4's varlen functions inside the custom op ``_fa4_ops``), each replayed through its own
+route. The custom op sees the window the layer worked out, not the layer's ``sliding_window``: a window that did not
+bind (every sequence within it) looks like none, so such a call is marked ``window_unknown`` and the warm-up replays it
+only on a model whose config names no sliding window. The warm-up also runs the whole model where fewer layers called
+FA4 than the model has (a hybrid's linear-attention layers run kernels of their own, which the model's passes warm
+as they did before). Only the forward records (a checkpointed layer's recomputation makes the same calls).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FA4Call", "Recording", "note_traced_call", "record_fa4_call", "recording_fa4_calls"]
+__all__ = ["FA4Call", "Recording", "record_fa4_call", "record_fa4_op_call", "recording_fa4_calls"]
 
 
 @dataclass(frozen=True)
@@ -46,40 +49,52 @@ class FA4Call:
     softcap: float
     deterministic: bool
     sink: tuple | None  # (shape, dtype, requires_grad) of the attention sinks, None without
+    route: str = "eager"  # "eager": _fa4.kernel_call; "op": the custom op a compiled layer calls
+    window_unknown: bool = False  # "op" without a bound window: the layer may have one that did not bind
 
 
 @dataclass
 class Recording:
-    """The distinct calls one forward made, and how many went through the custom op instead (not recorded)."""
+    """The distinct FA4 calls one forward made, and how many layers made them."""
 
     calls: set = field(default_factory=set)
-    traced: int = 0
-    layers: set = field(default_factory=set)  # ids of the attention modules that called FA4
+    layers: set = field(default_factory=set)  # ids of the attention modules that called FA4 (the eager route)
+    op_calls: int = 0  # calls through the custom op (a compiled layer's; one per layer in a forward)
 
     @property
     def replayable(self) -> bool:
-        """Every FA4 call of the forward was recorded (none traced), and there was one."""
-        return bool(self.calls) and not self.traced
+        """There was a call to replay."""
+        return bool(self.calls)
+
+    @property
+    def layer_count(self) -> int:
+        """The layers that called FA4 in the recorded forward."""
+        return len(self.layers) + self.op_calls
 
 
 _RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar("fa4_recording", default=None)
 
 
 @contextlib.contextmanager
-def recording_fa4_calls():
-    """Record, within the block, every eager FA4 call the forwards make (yields the :class:`Recording`).
+def recording_fa4_calls(recording: Recording | None = None):
+    """Record, within the block, every FA4 call the forwards make into ``recording`` (a new one by default), and
+    yield it.
 
     >>> with recording_fa4_calls() as recording:
     ...     pass
     >>> recording.calls, recording.replayable
     (set(), False)
     """
-    recording = Recording()
+    recording = Recording() if recording is None else recording
     token = _RECORDING.set(recording)
     try:
         yield recording
     finally:
         _RECORDING.reset(token)
+
+
+def _sink(sink) -> tuple | None:
+    return None if sink is None else (tuple(sink.shape), sink.dtype, bool(sink.requires_grad))
 
 
 def record_fa4_call(module, x, *, scale, sliding_window, softcap: float, sink, deterministic: bool) -> None:
@@ -95,14 +110,25 @@ def record_fa4_call(module, x, *, scale, sliding_window, softcap: float, sink, d
             dtype=x.query.dtype, device=x.query.device, heads=heads, kv_heads=x.key.shape[1], head_dim=head_dim,
             head_dim_v=x.value.shape[-1], scale=scale, causal=x.causal,
             sliding_window=None if sliding_window is None else int(sliding_window), softcap=float(softcap),
-            deterministic=deterministic,
-            sink=None if sink is None else (tuple(sink.shape), sink.dtype, bool(sink.requires_grad)),
+            deterministic=deterministic, sink=_sink(sink),
         )  # fmt: skip
     )
 
 
-def note_traced_call() -> None:
-    """Within :func:`recording_fa4_calls`, count a call the custom op made (a compiled layer's): not replayable."""
+def record_fa4_op_call(q, k, v, *, scale, causal: bool, window: tuple[int, int], softcap: float, sink,
+                       deterministic: bool) -> None:  # fmt: skip
+    """Within :func:`recording_fa4_calls`, add the call the custom op ``fa4_varlen_fwd`` makes on flat q (T, heads,
+    d), k, v (T, kv_heads, d): a compiled layer's. ``window`` is the layer's (left, right), -1 unbounded."""
     recording = _RECORDING.get()
-    if recording is not None:
-        recording.traced += 1
+    if recording is None:
+        return
+    recording.op_calls += 1
+    left = window[0]
+    recording.calls.add(
+        FA4Call(
+            dtype=q.dtype, device=q.device, heads=q.shape[1], kv_heads=k.shape[1], head_dim=q.shape[-1],
+            head_dim_v=v.shape[-1], scale=scale, causal=causal, sliding_window=left + 1 if left >= 0 else None,
+            softcap=float(softcap), deterministic=deterministic, sink=_sink(sink), route="op",
+            window_unknown=left < 0,
+        )  # fmt: skip
+    )

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 
 from .._model_unwrap import text_config, unwrap_model
 from ._fa4 import kernel_call
+from ._fa4_ops import fa4_varlen
 from ._fa4_replay import FA4Call, Recording, recording_fa4_calls
 from ._inputs import window
 
@@ -115,14 +116,14 @@ def warm_up_layouts(
     return layouts
 
 
-def _backward_through_layers(model, batch: dict, autocast=None) -> None:
-    """A forward (under ``autocast``) and backward through every layer without the ``T x V`` logits: only the
-    last position's logits where the model takes ``logits_to_keep`` (every layer's backward kernels still run
-    over all ``T`` tokens), else the model's own loss."""
+def _backward_through_layers(model, batch: dict, autocast=None, forward_context=None) -> None:
+    """A forward (under ``autocast``, and ``forward_context`` where given) and backward through every layer without
+    the ``T x V`` logits: only the last position's logits where the model takes ``logits_to_keep`` (every layer's
+    backward kernels still run over all ``T`` tokens), else the model's own loss."""
     import contextlib
     import inspect
 
-    with autocast or contextlib.nullcontext():
+    with autocast or contextlib.nullcontext(), forward_context or contextlib.nullcontext():
         if "logits_to_keep" in inspect.signature(type(unwrap_model(model)).forward).parameters:
             inputs = {k: v for k, v in batch.items() if k != "labels"}
             loss = model(**inputs, logits_to_keep=1).logits.float().sum()
@@ -164,18 +165,26 @@ def replay(call: FA4Call, lengths: list[int], generator=None) -> None:
     if call.sink is not None:
         shape, dtype, grad = call.sink
         sink = torch.zeros(shape, dtype=dtype, device=call.device, requires_grad=grad)
-    out = kernel_call(q, k, v, cu, cu, longest, longest, scale=call.scale, causal=call.causal,
-                      window=window(call.causal, call.sliding_window, longest), sink=sink, softcap=call.softcap,
-                      deterministic=call.deterministic)  # fmt: skip
+    bound = window(call.causal, call.sliding_window, longest)
+    options = {"scale": call.scale, "causal": call.causal, "window": bound, "sink": sink, "softcap": call.softcap,
+               "deterministic": call.deterministic}  # fmt: skip
+    if call.route == "op":  # a compiled layer's call: the custom op, as its graph calls it (forward and backward)
+        options["window"] = bound if bound[0] >= 0 else (-1, -1)  # as _fa4._compiled_call passes no window
+        out = fa4_varlen(q, k, v, cu, cu, longest, longest, **options)
+    else:
+        out = kernel_call(q, k, v, cu, cu, longest, longest, **options)
     out.backward(torch.randn(out.shape, generator=generator, dtype=torch.float32).to(out))
 
 
 def replays_the_model(recording: Recording | None, model) -> bool:
-    """``recording`` stands for the whole of ``model``'s forward: every FA4 call recorded (none traced), and at least
-    as many layers called FA4 as the model has decoder layers (not a hybrid, whose other layers' kernels the model's
-    own passes warm)."""
-    layers = int(getattr(text_config(model), "num_hidden_layers", 0) or 0)
-    return recording is not None and recording.replayable and len(recording.layers) >= layers
+    """``recording`` stands for the whole of ``model``'s forward: at least as many layers called FA4 as the model has
+    decoder layers (not a hybrid, whose other layers' kernels the model's own passes warm), and no compiled layer's
+    call whose window is unknown on a model whose config names a sliding window."""
+    config = text_config(model)
+    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    if recording is None or not recording.replayable or recording.layer_count < layers:
+        return False
+    return not (getattr(config, "sliding_window", None) and any(call.window_unknown for call in recording.calls))
 
 
 def run_warm_up(model, layouts: list[list[int]], *, autocast=None, recording: Recording | None = None) -> Recording:
@@ -192,18 +201,18 @@ def run_warm_up(model, layouts: list[list[int]], *, autocast=None, recording: Re
     vocab = int(text_config(model).vocab_size)
     generator = torch.Generator().manual_seed(0)
 
-    def through_model(lengths: list[int]) -> None:
+    def through_model(lengths: list[int], forward_context=None) -> None:
         examples = [{"input_ids": torch.randint(0, vocab, (n,), generator=generator)} for n in lengths]
         batch = {
             k: v.to(parameter.device) if hasattr(v, "to") else v for k, v in FlatteningCollator()(examples).items()
         }
-        _backward_through_layers(model, batch, autocast)
+        _backward_through_layers(model, batch, autocast, forward_context=forward_context)
 
     rest = list(layouts)
     with torch.enable_grad():
         if rest and not replays_the_model(recording, model):
-            with recording_fa4_calls() as recording:
-                through_model(rest.pop(0))
+            recording = Recording()  # the forward's calls (a recomputation in the backward makes the same)
+            through_model(rest.pop(0), forward_context=recording_fa4_calls(recording))
         replaying = replays_the_model(recording, model)
         for lengths in rest:
             if replaying:

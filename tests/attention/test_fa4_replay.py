@@ -14,7 +14,7 @@ import torch
 from _tiny_models import tiny_model
 
 from packing_collators import register_fa4_attention
-from packing_collators.attention import _fa4, _fa4_replay, _warm_up
+from packing_collators.attention import _fa4, _warm_up
 
 
 def configuration(q, k, v, **kwargs) -> tuple:
@@ -61,7 +61,7 @@ def test_replaying_the_recorded_calls_meets_every_configuration_running_the_mode
     recording = _warm_up.run_warm_up(model, layouts, autocast=autocast)
     replayed, model_passes = set(kernel), len(passes)
     kernel.clear(), passes.clear()
-    monkeypatch.setattr(_fa4_replay.Recording, "replayable", property(lambda self: False))
+    monkeypatch.setattr(_warm_up, "replays_the_model", lambda recording, model: False)
     _warm_up.run_warm_up(model, layouts, autocast=autocast)
 
     assert replayed == set(kernel) and len({c[6] for c in replayed}) == len(layouts)  # every layout, as the model
@@ -76,15 +76,54 @@ def test_replaying_the_recorded_calls_meets_every_configuration_running_the_mode
     assert {c[0] for c in replayed} == {torch.bfloat16}  # the Trainer's autocast, float32 weights
 
 
-def test_a_compiled_layers_call_is_not_replayed_the_model_runs_each_layout(monkeypatch):
-    from _tiny_models import tiny_model
+def test_compiled_layers_calls_through_the_custom_op_replay_as_the_model_would_make_them(monkeypatch):
+    # compile_layers: each layer calls FA4 through the custom op, which records the call with the window the layer
+    # worked out; the replays go through the same op, forward and backward
+    from _tiny_models import reference_fa4_interface
 
+    from packing_collators.attention import _fa4_ops
+    from packing_collators.models import compile_layers
+
+    forward, backward = reference_fa4_interface()
+    seen = []
+
+    def noting(q, k, v, **kwargs):
+        options = {k: v for k, v in kwargs.items() if k not in ("cu_seqlens_q", "cu_seqlens_k", "learnable_sink")}
+        seen.append((q.dtype, q.shape, k.shape, tuple(kwargs["cu_seqlens_q"].tolist()), *sorted(options.items())))
+        return forward(q, k, v, **kwargs)
+
+    register_fa4_attention()
+    monkeypatch.setattr(_fa4_ops, "_interface", lambda: (noting, backward))
+    monkeypatch.setattr(_fa4, "_kernel", lambda query: pytest.fail("a compiled layer calls the custom op"))
+    model = tiny_model("llama", attn="packing_fa4", num_hidden_layers=2).bfloat16()
+    assert compile_layers(model, backend="aot_eager") == 2
+    layouts = _warm_up.warm_up_layouts(40, tokens=80, most_sequences=10)
     passes = []
-    monkeypatch.setattr(_warm_up, "_backward_through_layers", lambda model, batch, autocast=None: passes.append(1)
-                        or _fa4_replay.note_traced_call())  # fmt: skip  (what the custom op does under compile)
-    layouts = _warm_up.warm_up_layouts(64, tokens=128)
-    recording = _warm_up.run_warm_up(tiny_model("llama"), layouts)
-    assert not recording.replayable and len(passes) == len(layouts)
+    through = _warm_up._backward_through_layers
+    monkeypatch.setattr(_warm_up, "_backward_through_layers", lambda *a, **k: passes.append(1) or through(*a, **k))
+
+    recording = _warm_up.run_warm_up(model, layouts)
+    replayed, model_passes = set(seen), len(passes)
+    seen.clear(), passes.clear()
+    monkeypatch.setattr(_warm_up, "replays_the_model", lambda recording, model: False)
+    _warm_up.run_warm_up(model, layouts)
+
+    assert {c.route for c in recording.calls} == {"op"} and recording.layer_count == 2
+    assert replayed == set(seen) and model_passes == 1 and len(passes) == len(layouts) > 3
+
+
+def test_a_compiled_calls_unknown_window_is_replayed_only_where_the_model_has_no_sliding_window():
+    from packing_collators.attention._fa4_replay import FA4Call, Recording
+
+    unbound = FA4Call(torch.bfloat16, torch.device("cpu"), 4, 2, 8, 8, None, True, None, 0.0, False, None, "op", True)
+    recording = Recording(calls={unbound}, op_calls=2)
+    llama, mistral = tiny_model("llama"), tiny_model("mistral", sliding_window=64)
+    assert _warm_up.replays_the_model(recording, llama)  # no window anywhere: none it is
+    assert not _warm_up.replays_the_model(recording, mistral)  # a window of 64 not bound by the recorded layout
+    bound = FA4Call(*[getattr(unbound, f) for f in ("dtype", "device", "heads", "kv_heads", "head_dim", "head_dim_v",
+                                                    "scale", "causal")], 64, 0.0, False, None, "op")  # fmt: skip
+    assert _warm_up.replays_the_model(Recording(calls={bound}, op_calls=2), mistral)
+    assert not _warm_up.replays_the_model(Recording(calls={bound}, op_calls=1), mistral)  # one layer of two
 
 
 def test_a_replayable_recording_skips_the_model_pass(kernel, monkeypatch):

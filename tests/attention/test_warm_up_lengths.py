@@ -55,7 +55,7 @@ def test_the_many_sequence_batches_run_only_where_a_batch_can_hold_that_many(mon
     monkeypatch.setattr(
         _warm_up,
         "_backward_through_layers",
-        lambda model, batch, autocast=None: seen.append((len(batch["cu_seq_lens_q"]) - 1, int(batch["max_length_q"]))),
+        lambda model, batch, autocast=None, forward_context=None: seen.append((len(batch["cu_seq_lens_q"]) - 1, int(batch["max_length_q"]))),
     )
     _warm_up.warm_up_attention(tiny_model("llama"), max_length=300, shortest=100, most_sequences=most_sequences)
     many = most_sequences is None or most_sequences > FA4_MANY
