@@ -25,7 +25,6 @@ from collections.abc import Iterable
 
 from .._model_unwrap import text_config, unwrap_model
 from ._fa4 import kernel_call
-from ._fa4_ops import fa4_varlen
 from ._fa4_replay import FA4Call, Recording, recording_fa4_calls
 from ._inputs import window
 
@@ -169,6 +168,8 @@ def replay(call: FA4Call, lengths: list[int], generator=None) -> None:
     options = {"scale": call.scale, "causal": call.causal, "window": bound, "sink": sink, "softcap": call.softcap,
                "deterministic": call.deterministic}  # fmt: skip
     if call.route == "op":  # a compiled layer's call: the custom op, as its graph calls it (forward and backward)
+        from ._fa4_ops import fa4_varlen  # imports torch: not with the package
+
         options["window"] = bound if bound[0] >= 0 else (-1, -1)  # as _fa4._compiled_call passes no window
         out = fa4_varlen(q, k, v, cu, cu, longest, longest, **options)
     else:
