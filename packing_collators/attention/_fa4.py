@@ -32,9 +32,9 @@ import os
 from typing import Any
 
 from ._fa4_replay import record_fa4_call
-from ._inputs import PackedInputs, packed_inputs
+from ._inputs import packed_inputs
 
-__all__ = ["FA4_ATTENTION", "fa4_attention_forward", "kernel_call", "register_fa4_attention"]
+__all__ = ["FA4_ATTENTION", "fa4_attention_forward", "kernel_call", "op_call", "register_fa4_attention"]
 
 FA4_ATTENTION = "packing_fa4"
 """The ``attn_implementation`` name :func:`register_fa4_attention` registers."""
@@ -146,20 +146,22 @@ def fa4_attention_forward(module: Any, query, key, value, attention_mask, dropou
     batch, heads, length, _ = x.query.shape
     sink, deterministic = kwargs.get("s_aux"), _deterministic(kwargs.get("deterministic"))
     softcap = kwargs.get("softcap") or 0.0
+    options = {"scale": scaling, "causal": x.causal, "window": x.window, "sink": sink, "softcap": softcap,
+               "deterministic": deterministic}  # fmt: skip
     if torch.compiler.is_compiling():  # traced: FA4 as one custom-op node of the graph (_fa4_ops)
-        out = _compiled_call(x, scaling, softcap, sink, deterministic)
+        _check_dtype(x.query)  # the eager path's refusal, at trace time
+        out = op_call(*x.flat(), x.cu_q, x.cu_k, x.max_q, x.max_k, **options)
     else:
-        record_fa4_call(module, x, scale=scaling, sliding_window=kwargs.get("sliding_window"), softcap=softcap, sink=sink,
-                        deterministic=deterministic)  # fmt: skip  (only while a warm-up records: _fa4_replay)
-        out = kernel_call(*x.flat(), x.cu_q, x.cu_k, x.max_q, x.max_k, scale=scaling, causal=x.causal,
-                          window=x.window, sink=sink, softcap=softcap, deterministic=deterministic)  # fmt: skip
+        record_fa4_call(module, x, scale=scaling, sliding_window=kwargs.get("sliding_window"), softcap=softcap,
+                        sink=sink, deterministic=deterministic)  # fmt: skip  (only while a warm-up records)
+        out = kernel_call(*x.flat(), x.cu_q, x.cu_k, x.max_q, x.max_k, **options)
     return out.view(batch, length, heads, out.shape[-1]), None
 
 
 def kernel_call(q, k, v, cu_q, cu_k, max_q: int, max_k: int, *, scale, causal: bool, window: tuple[int, int], sink,
                 softcap: float, deterministic: bool):  # fmt: skip
     """FA4's varlen function on flat q (T, heads, d), k/v (T, kv_heads, d): out (T, heads, d_v). The one eager
-    call, which the forward and the warm-up's replays (``_fa4_replay``) both make: the same arguments, so the
+    call, which the forward and the warm-up's replays (``_warm_up.replay``) both make: the same arguments, so the
     same kernel variants. ``window`` (left, right), -1 for an unbounded side."""
     left, right = window
     out = _kernel(q)(
@@ -170,14 +172,13 @@ def kernel_call(q, k, v, cu_q, cu_k, max_q: int, max_k: int, *, scale, causal: b
     return out[0] if isinstance(out, tuple) else out
 
 
-def _compiled_call(x: PackedInputs, scaling, softcap: float, sink, deterministic: bool):
-    """The same call as the eager path's, through :func:`fa4_varlen` (what Dynamo traces)."""
+def op_call(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal: bool, window: tuple[int, int], sink, softcap: float,
+            deterministic: bool):  # fmt: skip
+    """:func:`kernel_call`'s call through the custom op :func:`fa4_varlen` (what Dynamo traces, and what a compiled
+    layer's recorded call replays through); no window is ``(-1, -1)`` there."""
     from ._fa4_ops import fa4_varlen
 
-    _check_dtype(x.query)  # the eager path's refusal, at trace time
-    left, right = x.window
-    window = (left, right) if left >= 0 else (-1, -1)
-    return fa4_varlen(
-        *x.flat(), x.cu_q, x.cu_k, x.max_q, x.max_k, scale=scaling, causal=x.causal, window=window,
-        softcap=softcap, sink=sink, deterministic=deterministic,
-    )  # fmt: skip
+    left, right = window
+    return fa4_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, causal=causal,
+                      window=(left, right) if left >= 0 else (-1, -1), softcap=softcap, sink=sink,
+                      deterministic=deterministic)  # fmt: skip

@@ -11,16 +11,16 @@ layers make; each further layout then needs only those calls, on random q, k, v 
 A replay (``_warm_up.replay``) makes the forward's own call (``_fa4.kernel_call``), so it meets the variants the model would; the window is
 worked out again for the layout (a sliding window binds only where a sequence is longer than it).
 Cost: one model pass, then per layout and distinct call one attention forward and backward on a few thousand tokens
-(milliseconds), plus what FA4 spends on a new variant (a compile, or a load from its disk cache). Running the whole
-model per layout, as the warm-up did, cost a forward and backward of every layer each time: seconds on a 1B model.
+(milliseconds), plus what FA4 spends on a new variant (a compile, or a load from its disk cache), where running the
+whole model per layout costs a forward and backward of every layer each time: seconds on a 1B model.
 
 Both routes record: the eager forward's call (``route="eager"``, through ``flash_attn_varlen_func``) and a compiled
 layer's (``route="op"``, FA4's varlen functions inside the custom op ``_fa4_ops``), each replayed through its own
 route. The custom op sees the window the layer worked out, not the layer's ``sliding_window``: a window that did not
 bind (every sequence within it) looks like none, so such a call is marked ``window_unknown`` and the warm-up replays it
 only on a model whose config names no sliding window. The warm-up also runs the whole model where fewer layers called
-FA4 than the model has (a hybrid's linear-attention layers run kernels of their own, which the model's passes warm
-as they did before). Only the forward records (a checkpointed layer's recomputation makes the same calls).
+FA4 than the model has (a hybrid's linear-attention layers run kernels of their own, which the model's passes
+warm). Only the forward records (a checkpointed layer's recomputation makes the same calls).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _sink(sink) -> tuple | None:
 
 def record_fa4_call(module, x, *, scale, sliding_window, softcap: float, sink, deterministic: bool) -> None:
     """Within :func:`recording_fa4_calls`, add the call ``fa4_attention_forward`` makes for ``module`` on ``x``
-    (its PackedInputs)."""
+    (its PackedInputs; ``sliding_window`` the layer's, which the replays bind or not at their own lengths)."""
     recording = _RECORDING.get()
     if recording is None:
         return

@@ -10,12 +10,13 @@ Left alone, a run compiles whenever a batch of a new kind arrives, in the middle
                    over 256 sequences, as one among 300 short ones; where the sampler's plan is known (``reached``),
                    only the octaves its batches reach
     the first      through the whole model, forward and backward, recording the FA4 calls its layers make
-    the others     those calls alone, on random q, k, v of each layout (_fa4_replay); where the recording cannot be
-                   replayed (another attention, a compiled layer), through the whole model again
+    the others     those calls alone, on random q, k, v of each layout (:func:`replay`); through the whole model
+                   again where the recording does not stand for the model (:func:`replays_the_model`: another
+                   attention, a hybrid, a compiled call whose window is unknown on a windowed model)
 
 Cost: one forward and backward of the model on a few thousand tokens, then milliseconds per layout, plus FA4's own
-compile of each new variant. (Running the model for every layout cost a forward and backward of every layer each
-time, 20 to 40 of them on a 1.6B model, before a first step TRL's SFTTrainer starts at once.)
+compile (or disk-cache load) of each new variant; where the model runs every layout, a forward and backward of every
+layer per layout (20 to 40 layouts).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import logging
 from collections.abc import Iterable
 
 from .._model_unwrap import text_config, unwrap_model
-from ._fa4 import kernel_call
+from ._fa4 import kernel_call, op_call
 from ._fa4_replay import FA4Call, Recording, recording_fa4_calls
 from ._inputs import window
 
@@ -164,16 +165,10 @@ def replay(call: FA4Call, lengths: list[int], generator=None) -> None:
     if call.sink is not None:
         shape, dtype, grad = call.sink
         sink = torch.zeros(shape, dtype=dtype, device=call.device, requires_grad=grad)
-    bound = window(call.causal, call.sliding_window, longest)
-    options = {"scale": call.scale, "causal": call.causal, "window": bound, "sink": sink, "softcap": call.softcap,
-               "deterministic": call.deterministic}  # fmt: skip
-    if call.route == "op":  # a compiled layer's call: the custom op, as its graph calls it (forward and backward)
-        from ._fa4_ops import fa4_varlen  # imports torch: not with the package
-
-        options["window"] = bound if bound[0] >= 0 else (-1, -1)  # as _fa4._compiled_call passes no window
-        out = fa4_varlen(q, k, v, cu, cu, longest, longest, **options)
-    else:
-        out = kernel_call(q, k, v, cu, cu, longest, longest, **options)
+    call_fa4 = op_call if call.route == "op" else kernel_call  # a compiled layer's call goes through the custom op
+    out = call_fa4(q, k, v, cu, cu, longest, longest, scale=call.scale, causal=call.causal,
+                   window=window(call.causal, call.sliding_window, longest), sink=sink, softcap=call.softcap,
+                   deterministic=call.deterministic)  # fmt: skip
     out.backward(torch.randn(out.shape, generator=generator, dtype=torch.float32).to(out))
 
 

@@ -167,7 +167,7 @@ class _AttentionWarmUp(TrainerCallback):
             if reached is not None and head is not None and head.implementation != "full":
                 reached.append((HEAD_CHECK_TOKENS, 1))  # the loss head's check: one row, in the first step
             reach = {"shortest": loader.shortest_example, "most_sequences": loader.most_sequences, "reached": reached}
-        seconds, self._recording, layouts = warm_up_packed_attention(
+        seconds, self._recording, layouts = _warm_up_packed(
             self._model, self.trainer.longest_train_sequence, self._args, skip=self._warmed,
             recording=self._recording, **reach,
         )  # fmt: skip
@@ -180,19 +180,22 @@ def _runs_fa4(model) -> bool:
 
 
 def warm_up_packed_attention(
-    model, longest: int, args, *, shortest: int = 1, most_sequences: int | None = None, reached=None, skip=(),
-    recording=None,
-):  # fmt: skip
+    model, longest: int, args, *, shortest: int = 1, most_sequences: int | None = None, reached=None
+) -> float | None:
     """Compile FlashAttention-4's kernel variants for rows up to ``longest`` tokens on ``model`` (under the
-    autocast ``args`` train with), before the first step. Every trainer on packed rows calls it when training
+    autocast ``args`` train with), before the first step; the seconds it took, None where the model's attention
+    compiles nothing (not FA4) or there is nothing to warm. Every trainer on packed rows calls it when training
     begins (PackingTrainer, PackingDPOTrainer, the RL trainers). ``shortest`` (the shortest example),
     ``most_sequences`` (the most a micro-batch holds) and ``reached`` (each planned micro-batch's longest sequence
-    and sequences), where the trainer knows them, leave out the variants no batch reaches; ``skip``, layouts
-    already run; ``recording``, an earlier warm-up's FA4 calls (the model need not run again).
+    and sequences), where the trainer knows them, leave out the variants no batch reaches."""
+    seconds, _, _ = _warm_up_packed(model, longest, args, shortest=shortest, most_sequences=most_sequences,
+                                    reached=reached)  # fmt: skip
+    return seconds
 
-    Returns (the seconds it took, the recording, the layouts run); (None, recording, []) where the model's
-    attention compiles nothing (not FA4) or there is nothing to warm.
-    """
+
+def _warm_up_packed(model, longest: int, args, *, shortest=1, most_sequences=None, reached=None, skip=(), recording=None):
+    """:func:`warm_up_packed_attention`, but for the layouts in ``skip`` (already run), with ``recording`` (an earlier
+    warm-up's FA4 calls: the model need not run again). Returns (seconds or None, the recording, the layouts run)."""
     if not longest or not _runs_fa4(model):
         return None, recording, []
     started = time.perf_counter()

@@ -3,7 +3,7 @@
 FA4 compiles a variant per configuration: everything its varlen function is passed but the tensors' values. Here a
 stand-in kernel notes that configuration at every call (dtypes, head shapes, the layout's lengths, causal, window,
 softcap, sinks, determinism, scale). Measured: the configurations a replayed warm-up passes equal those of running the
-whole model for every layout (the warm-up before), on a grouped-query Llama under the Trainer's bf16 autocast and on
+whole model for every layout, on a grouped-query Llama under the Trainer's bf16 autocast and on
 Gemma-2 (softcapped attention, sliding-window layers between full ones, windows that bind only past their length).
 """
 
