@@ -1,40 +1,79 @@
 """A kernel trusted on a device only once it has run there: built, run on a small case, compared with torch's numbers.
 
 The library's Triton kernels (the chunked loss's rows, fused/'s SwiGLU and rotary embedding) each hold a
-:class:`DeviceCheck`: ``usable(device)`` is true on CUDA, with Triton installed, once their check passed there
-(:func:`checked_on`, once per device, autograd on whichever context the first call comes from: a no-grad probe's
-forward too); where the check fails to build or run, or gives other numbers, a warning names the kernel, the device
-and what runs instead, and the caller keeps its torch path there.
+:class:`DeviceCheck`: ``usable(device, variant)`` is true on CUDA, with Triton installed, once their check passed
+there (:func:`checked_on`, once per device and variant of the kernel: the dtype and constants the caller's tensors
+build it for, so the check compiles the kernel training then runs; autograd on whichever context the first call
+comes from: a no-grad probe's forward too); where the check fails to build or run, or gives other numbers, a warning
+names the kernel, the device and what runs instead, and the caller keeps its torch path there.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import time
 import warnings
 from collections.abc import Callable
 
 import torch
 
-__all__ = ["DeviceCheck", "checked_on"]
+__all__ = ["DeviceCheck", "check_seconds", "checked_on", "tolerance"]
+
+_seconds = [0.0]  # the checks' wall time in this process (the first step's startup report reads it)
+
+
+def check_seconds() -> float:
+    """Seconds the kernels' device checks took in this process so far (building the kernels included)."""
+    return _seconds[0]
 
 
 class DeviceCheck:
-    """Where a Triton kernel runs: ``usable(device)``; ``works_on(device)`` runs ``check`` there once (cached; its
-    ``cache_clear()`` forgets) and warns where it fails (:func:`checked_on`).
+    """Where a Triton kernel runs: ``usable(device, variant)``; ``works_on(device, variant)`` runs
+    ``check(device, variant)`` there once per variant (cached; its ``cache_clear()`` forgets) and warns where it fails
+    (:func:`checked_on`).
 
-    >>> trusted = DeviceCheck(lambda device: True, "a kernel", "torch", "torch runs")
+    A variant is what the kernel is built for (the dtype, a block width, a compile-time constant: a hashable
+    tuple), so the check builds the very kernel the caller's tensors run, not another one: Triton compiles one per
+    such variant (a second or more each, on a fresh machine), and a check on a variant training never runs would
+    add its compile before the first step. ``None``: the check's own default variant.
+
+    >>> trusted = DeviceCheck(lambda device, variant: True, "a kernel", "torch", "torch runs")
     >>> trusted.usable(torch.device("cpu")), trusted.works_on("cpu")  # CUDA only; the check itself passes anywhere
     (False, True)
     """
 
-    def __init__(self, check: Callable[[str], bool], kernel: str, reference: str, instead: str) -> None:
-        self.works_on = functools.lru_cache(maxsize=None)(
-            lambda device: checked_on(device, check, kernel, reference, instead)
-        )
+    def __init__(self, check: Callable[[str, tuple | None], bool], kernel: str, reference: str, instead: str) -> None:
+        def works_on(device: str, variant: tuple | None = None) -> bool:
+            named = kernel if variant is None else f"{kernel} ({', '.join(_text(v) for v in variant)})"
+            return checked_on(device, lambda where: check(where, variant), named, reference, instead)
 
-    def usable(self, device: torch.device) -> bool:
-        return device.type == "cuda" and importlib.util.find_spec("triton") is not None and self.works_on(str(device))
+        self.works_on = functools.lru_cache(maxsize=None)(works_on)
+
+    def usable(self, device: torch.device, variant: tuple | None = None) -> bool:
+        return (
+            device.type == "cuda" and importlib.util.find_spec("triton") is not None
+            and self.works_on(str(device), variant)
+        )  # fmt: skip
+
+
+def _text(value) -> str:
+    """A variant's part as the warning names it: ``bfloat16``, not ``torch.bfloat16``.
+
+    >>> _text(torch.bfloat16), _text(128)
+    ('bfloat16', '128')
+    """
+    return str(value).removeprefix("torch.")
+
+
+def tolerance(dtype: torch.dtype, floor: float) -> float:
+    """The relative tolerance of a check in ``dtype`` against float32 numbers of the same inputs: ``floor``, or the
+    dtype's epsilon where larger (one rounding to bfloat16 is within half of it).
+
+    >>> tolerance(torch.float32, 1e-5), tolerance(torch.bfloat16, 1e-5)
+    (1e-05, 0.0078125)
+    """
+    return max(floor, torch.finfo(dtype).eps)
 
 
 def checked_on(device: str, check: Callable[[str], bool], kernel: str, reference: str, instead: str) -> bool:
@@ -51,6 +90,7 @@ def checked_on(device: str, check: Callable[[str], bool], kernel: str, reference
     >>> str(caught[0].message)
     'packing_collators: a kernel failed on cpu (ZeroDivisionError: division by zero); torch runs there.'
     """
+    started = time.perf_counter()
     try:  # the first call may come from a no-grad forward (a probe, an evaluation, old log-probs)
         with torch.inference_mode(False), torch.enable_grad():  # the check's backward needs autograd all the same
             same = bool(check(device))
@@ -58,6 +98,8 @@ def checked_on(device: str, check: Callable[[str], bool], kernel: str, reference
         warnings.warn(f"packing_collators: {kernel} failed on {device} ({type(error).__name__}: {str(error)[:300]}); "
                       f"{instead} there.", stacklevel=3)  # fmt: skip
         return False
+    finally:
+        _seconds[0] += time.perf_counter() - started
     if not same:
         warnings.warn(f"packing_collators: {kernel} computed other numbers than {reference} on {device}; {instead} there.",
                       stacklevel=3)  # fmt: skip

@@ -79,6 +79,10 @@ def test_every_setting_writes_its_figures(runs):
         assert abs(run["first_losses"][0] - math.log(VOCAB)) < 0.1
     assert runs["trl_bfd"]["loss"] == "TRL fused LM head" and runs["ours_packing"]["loss"] == "PackingTrainer chunked"
     assert runs["ours_flattening"]["loss"] == "enable_chunked_loss"
+    # PackingTrainer's parts before step 1 (the CPU: the budget planned, no dry run; no FA4 warm-up); TRL's trainer has none
+    assert set(runs["ours_packing"]["startup_parts_s"]) == {"token_budget", "checks_and_probe"}
+    assert runs["trl_bfd"]["startup_parts_s"] is None
+    assert runs["ours_packing"]["triton_variants"] == {}  # the CPU runs torch's ops: no kernel built
 
 
 def test_flattening_trains_the_same_batches_as_trl_padding_free(runs):

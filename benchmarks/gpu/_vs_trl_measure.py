@@ -239,6 +239,29 @@ def seconds_since_process_start() -> float:
 _IMPORTED = time.perf_counter()
 
 
+TRITON_KERNEL_MODULES = (
+    "packing_collators.fused._swiglu_kernels",
+    "packing_collators.fused._rope_kernels",
+    "packing_collators.loss._triton_kernels",
+)
+
+
+def triton_variants() -> dict:
+    """How many variants of each of the library's Triton kernels this process built (its checks' included): each is a
+    compile, seconds on a fresh machine. Kernels never imported are left out; {} where Triton's cache is not readable
+    (its ``device_caches``: Triton >= 3.2)."""
+    import sys
+
+    counts = {}
+    for module_name in TRITON_KERNEL_MODULES:
+        module = sys.modules.get(module_name)
+        for name, kernel in vars(module).items() if module is not None else ():
+            caches = getattr(kernel, "device_caches", None)
+            if isinstance(caches, dict):
+                counts[f"{module_name.rsplit('.', 1)[1]}.{name}"] = sum(len(cache[0]) for cache in caches.values())
+    return counts
+
+
 def versions() -> dict:
     """The versions of the packages a row depends on (None where one is not installed)."""
     found = {}

@@ -248,6 +248,7 @@ def run_setting(args) -> dict:
         fa4_int_lengths,
         seconds_since_process_start,
         step_statistics,
+        triton_variants,
         versions,
     )
 
@@ -302,6 +303,8 @@ def run_setting(args) -> dict:
             "step_1": steps[0]["seconds"] if steps else None,
             "fa4_warm_up": getattr(getattr(trainer, "_warm_up", None), "seconds", None),
         },
+        "startup_parts_s": getattr(trainer, "startup_seconds", None),  # PackingTrainer's parts before step 1
+        "triton_variants": triton_variants(),
         "versions": {**versions(), "commit": _commit()},
         "command": _command(),
         "steps": steps,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .._kernel_check import DeviceCheck
+from .._kernel_check import DeviceCheck, tolerance
 
 from ._swap import swap_forwards
 
@@ -52,32 +52,50 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     >>> torch.equal(swiglu(g, u), torch.nn.functional.silu(g) * u)
     True
     """
-    if gate.shape == up.shape and gate.dtype == up.dtype and not torch.compiler.is_compiling() and usable(gate.device):
+    if (
+        gate.shape == up.shape and gate.dtype == up.dtype and not torch.compiler.is_compiling()
+        and usable(gate.device, _variant(gate))
+    ):  # fmt: skip
         return _SwiGLU.apply(gate, up)  # (a compiled graph gets torch's ops, which Inductor fuses itself)
     return torch.nn.functional.silu(gate) * up
 
 
-def usable(device: torch.device) -> bool:
-    """Whether the kernels run for tensors on ``device``: CUDA, Triton installed, checked there once (both kernels
-    against torch's silu and autograd, a short last block included; a warning and torch's ops where they differ).
+def usable(device: torch.device, variant: tuple | None = None) -> bool:
+    """Whether the kernels run for tensors on ``device``: CUDA, Triton installed, checked there once per variant
+    (:func:`_variant`: both kernels against float32 silu and autograd on the same inputs, a short last block
+    included; a warning and torch's ops where they differ).
 
     >>> usable(torch.device("cpu"))
     False
     """
-    return _trusted.usable(device)
+    return _trusted.usable(device, variant)
 
 
-def _check(device: str) -> bool:
+def _variant(gate: torch.Tensor) -> tuple:
+    """What Triton builds the kernels for, on ``gate``'s tensors: their dtype, and whether the element count is a
+    multiple of 16 (Triton specializes an integer argument on it). The check runs that variant, which training then
+    reuses.
+
+    >>> _variant(torch.zeros(2, 8, dtype=torch.bfloat16)), _variant(torch.zeros(3))
+    ((torch.bfloat16, True), (torch.float32, False))
+    """
+    return gate.dtype, gate.numel() % 16 == 0
+
+
+def _check(device: str, variant: tuple | None) -> bool:
+    dtype, aligned = variant or (torch.float32, False)
     generator = torch.Generator().manual_seed(0)
-    gate, up, grad = (torch.randn(2 * _BLOCK + 3, generator=generator).mul(4).to(device) for _ in range(3))
+    n = 2 * _BLOCK + (16 if aligned else 3)  # a short last block either way
+    gate, up, grad = (torch.randn(n, generator=generator).mul(4).to(device, dtype) for _ in range(3))
     results = []
-    for product in (_SwiGLU.apply, lambda g, u: torch.nn.functional.silu(g) * u):
-        g, u = gate.clone().requires_grad_(), up.clone().requires_grad_()
+    torch_product = lambda g, u: torch.nn.functional.silu(g) * u  # noqa: E731 - in float32 on the same inputs
+    for product, cast in ((_SwiGLU.apply, lambda t: t), (torch_product, torch.Tensor.float)):
+        g, u = cast(gate).clone().requires_grad_(), cast(up).clone().requires_grad_()
         out = product(g, u)
-        results.append((out, *torch.autograd.grad(out, (g, u), grad)))
-    (ours, *ours_grads), (torch_out, *torch_grads) = results
-    return torch.allclose(ours, torch_out, rtol=1e-5, atol=1e-5) and all(
-        torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(ours_grads, torch_grads)
+        results.append([t.float() for t in (out, *torch.autograd.grad(out, (g, u), cast(grad)))])
+    (ours, *ours_grads), (want, *want_grads) = results
+    return torch.allclose(ours, want, rtol=tolerance(dtype, 1e-5), atol=1e-5) and all(
+        torch.allclose(a, b, rtol=tolerance(dtype, 1e-4), atol=1e-5) for a, b in zip(ours_grads, want_grads)
     )
 
 

@@ -41,7 +41,7 @@ import types
 
 import torch
 
-from .._kernel_check import DeviceCheck
+from .._kernel_check import DeviceCheck, tolerance
 
 __all__ = ["fuse_rope", "rotate", "unfuse_rope"]
 
@@ -88,14 +88,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return _Rotate.apply(x, cos, sin)
 
 
-def usable(device: torch.device) -> bool:
-    """Whether the kernel runs for tensors on ``device``: CUDA, Triton installed, checked there once (against torch's
-    ops and autograd, on transposed queries as the layers pass them; a warning and torch's ops where it differs).
+def usable(device: torch.device, variant: tuple | None = None) -> bool:
+    """Whether the kernel runs for tensors on ``device``: CUDA, Triton installed, checked there once per variant
+    (the dtype and head dimension: what Triton builds it for; against float32 torch ops and autograd on the same
+    inputs, transposed queries as the layers pass them; a warning and torch's ops where it differs).
 
     >>> usable(torch.device("cpu"))
     False
     """
-    return _trusted.usable(device)
+    return _trusted.usable(device, variant)
 
 
 def _fused(own):
@@ -129,7 +130,7 @@ def _takes(q, k, cos, sin, args, kwargs) -> bool:
         and cos.shape == sin.shape and cos.shape[1:] == (tokens, width) and cos.shape[0] in (1, batch)
         and len({t.dtype for t in tensors}) == 1 and len({t.device for t in tensors}) == 1
         and not cos.requires_grad and not sin.requires_grad
-        and not torch.compiler.is_compiling() and usable(q.device)
+        and not torch.compiler.is_compiling() and usable(q.device, (q.dtype, width))
     )  # fmt: skip
 
 
@@ -154,18 +155,21 @@ def _reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(1) + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin.unsqueeze(1)
 
 
-def _check(device: str) -> bool:
+def _check(device: str, variant: tuple | None) -> bool:
+    dtype, width = variant or (torch.float32, 64)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 7, 3, 64, generator=g).to(device).transpose(1, 2)  # (batch, heads, tokens, dim): q_proj's view
-    cos, sin, grad = (torch.randn(*shape, generator=g).to(device) for shape in ((1, 7, 64), (1, 7, 64), (2, 3, 7, 64)))
+    x = torch.randn(2, 7, 3, width, generator=g).to(device, dtype).transpose(1, 2)  # (batch, heads, tokens, dim)
+    cos, sin, grad = (torch.randn(*shape, generator=g).to(device, dtype)
+                      for shape in ((1, 7, width), (1, 7, width), (2, 3, 7, width)))  # fmt: skip
     results = []
-    for function in (rotate, _reference):
-        leaf = x.detach().requires_grad_()
-        out = function(leaf, cos, sin)
-        results.append((out, *torch.autograd.grad(out, leaf, grad)))
+    for function, cast in ((rotate, lambda t: t), (_reference, torch.Tensor.float)):  # torch's in float32
+        leaf = cast(x).detach().requires_grad_()
+        out = function(leaf, cast(cos), cast(sin))
+        results.append([t.float() for t in (out, *torch.autograd.grad(out, leaf, cast(grad)))])
     (ours, ours_grad), (want, want_grad) = results
-    same = torch.allclose(ours, want, rtol=1e-5, atol=1e-5)
-    return same and torch.allclose(ours_grad, want_grad, rtol=1e-5, atol=1e-5)
+    rtol = tolerance(dtype, 1e-5)
+    same = torch.allclose(ours, want, rtol=rtol, atol=1e-5)
+    return same and torch.allclose(ours_grad, want_grad, rtol=rtol, atol=1e-5)
 
 
 _trusted = DeviceCheck(_check, "fuse_rope's Triton kernel", "torch", "the rotary embedding runs torch's ops")

@@ -9,7 +9,9 @@ import triton.language as tl
 __all__ = ["rotate"]
 
 
-@triton.jit
+# rows, heads and tokens change with every batch; specialized (on being a multiple of 16), each new kind of batch
+# would build the kernel again in the first steps. They only index rows, so the built kernel is the same.
+@triton.jit(do_not_specialize=["rows", "heads", "seq"])
 def rotate(x_ptr, cos_ptr, sin_ptr, y_ptr, rows, heads, seq, x_b, x_h, x_t, y_b, y_h, y_t, c_b, c_t,
            HALF: tl.constexpr, HALF_P2: tl.constexpr, ROWS: tl.constexpr, INVERSE: tl.constexpr):  # fmt: skip
     """``ROWS`` (batch, head, position) rows of ``x`` a program, each rotated by its position's angles in float32 and

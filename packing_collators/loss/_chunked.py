@@ -193,10 +193,12 @@ def _compiled_chunk():
         return None
 
 
-def _compiled(compiled: bool, device: torch.device):
-    """The fused chunk where asked for: Triton's kernel (one program per row, at its memory roofline) where it runs,
-    else the compiled chunk on CUDA, else None (the eager chunk)."""
-    if compiled and _triton_rows.usable(device):
+def _compiled(compiled: bool, h: torch.Tensor, weight: torch.Tensor, transform):
+    """The fused chunk where asked for: Triton's kernel (one program per row, at its memory roofline) where it runs
+    for logits of ``h``'s dtype over ``weight``'s vocabulary under ``transform``, else the compiled chunk on CUDA,
+    else None (the eager chunk)."""
+    device = h.device
+    if compiled and _triton_rows.usable(device, _triton_rows.variant(h.dtype, weight.shape[0], transform.softcap)):
         return _triton_rows.chunk
     return _compiled_chunk() if compiled and device.type == "cuda" else None
 
@@ -265,7 +267,7 @@ class _WeightedCrossEntropy(torch.autograd.Function):
             h, w = hidden.to(dtype), weight.to(dtype)
             loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
             grads = _Chunks(hidden, weight, bias) if needs_grad else None
-            fn = _compiled(compiled, h.device)
+            fn = _compiled(compiled, h, weight, transform)
             step = _rows(weight, h, fn)
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
@@ -327,7 +329,7 @@ class _TokenLogProbs(torch.autograd.Function):
             out = torch.empty(h.shape[0], dtype=torch.float32, device=hidden.device)
             lse = torch.empty_like(out)
             none = torch.zeros(h.shape[0], dtype=torch.float32, device=hidden.device)
-            fn = _compiled(compiled, h.device)
+            fn = _compiled(compiled, h, weight, transform)
             step = _rows(weight, h, fn)
             for start in range(0, h.shape[0], step):
                 rows = slice(start, min(start + step, h.shape[0]))
@@ -360,7 +362,7 @@ class _TokenLogProbs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)
             grads = _Chunks(hidden, weight, bias)
-            fn = _compiled(ctx.compiled, h.device)
+            fn = _compiled(ctx.compiled, h, weight, ctx.transform)
             step = _rows(weight, h, fn)
             if grad_entropy is not None:  # the autograd of a chunk's float32 logits: a few chunk-sized buffers
                 step = chunk_rows(weight.shape[0], element_size=4 * _ENTROPY_BUFFERS)

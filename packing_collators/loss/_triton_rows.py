@@ -25,37 +25,53 @@ import importlib.util
 
 import torch
 
-from .._kernel_check import DeviceCheck
+from .._kernel_check import DeviceCheck, tolerance
 
-__all__ = ["chunk", "row_stats", "usable"]
+__all__ = ["chunk", "row_stats", "usable", "variant"]
 
 _BLOCK = 2048  # vocabulary entries a program reads at a time
 _WARPS = 8  # 256 threads a program: 8 entries (16 bytes of bf16) per thread and read
 
 
-def usable(device: torch.device) -> bool:
+def usable(device: torch.device, variant: tuple | None = None) -> bool:
     """Whether the Triton kernels run for tensors on ``device``: CUDA, with Triton installed, and the kernel built and
-    checked there once against torch's softmax (three rows over two vocabulary blocks and a short one, a soft cap),
-    so that where it fails the chunked loss falls back to its compiled or eager chunk (with a warning) instead of
-    failing or training on wrong numbers.
+    checked there once per variant (:func:`variant`: the logits' dtype, the vocabulary and a soft cap, which Triton
+    builds it for) against torch's softmax in float32 on the same logits (three rows over two vocabulary blocks and
+    a short one), so that where it fails the chunked loss falls back to its compiled or eager chunk (with a warning)
+    instead of failing or training on wrong numbers.
 
     >>> usable(torch.device("cpu"))
     False
     """
-    return _trusted.usable(device)
+    return _trusted.usable(device, variant)
 
 
-def _check(device: str) -> bool:
+def variant(dtype: torch.dtype, vocab: int, softcap) -> tuple:
+    """The kernel's variant for logits of ``dtype`` over ``vocab`` entries, with or without a soft cap: the check
+    builds the kernel that training then runs.
+
+    >>> variant(torch.bfloat16, 151_936, None)
+    (torch.bfloat16, 151936, False)
+    """
+    return dtype, int(vocab), bool(softcap)
+
+
+def _check(device: str, variant: tuple | None) -> bool:
+    dtype, vocab, capped = variant or (torch.float32, 2 * _BLOCK + 5, True)
     g = torch.Generator().manual_seed(0)
-    z = (torch.randn(3, 2 * _BLOCK + 5, generator=g) * 4).to(device)
-    targets, weights = torch.tensor([0, _BLOCK, 2 * _BLOCK + 4]).to(device), torch.full((3,), 0.5, device=device)
-    capped = torch.tanh(z / 30.0) * 30.0
-    expected = torch.softmax(capped, -1) - torch.nn.functional.one_hot(targets, z.shape[1])
-    expected = expected * 0.5 * (1 - (capped / 30.0) ** 2)
+    z = (torch.randn(3, vocab, generator=g) * 4).to(device, dtype)
+    targets = torch.tensor([0, min(_BLOCK, vocab - 1), vocab - 1]).to(device)
+    weights = torch.full((3,), 0.5, device=device)
+    softcap = 30.0 if capped else None
+    logits = z.float()  # torch's numbers in float32 on the same logits
+    capped_logits = torch.tanh(logits / 30.0) * 30.0 if capped else logits
+    expected = (torch.softmax(capped_logits, -1) - torch.nn.functional.one_hot(targets, vocab)) * 0.5
+    if capped:
+        expected = expected * (1 - (capped_logits / 30.0) ** 2)
     grad = z.clone()
-    _, lse = chunk(grad, targets, weights, 1.0, 30.0, True)[:2]
-    same = torch.allclose(lse, torch.logsumexp(capped, -1), rtol=1e-5, atol=1e-5)
-    return same and torch.allclose(grad, expected, rtol=1e-4, atol=1e-6)
+    _, lse = chunk(grad, targets, weights, 1.0, softcap, True)[:2]
+    same = torch.allclose(lse, torch.logsumexp(capped_logits, -1), rtol=1e-5, atol=1e-5)
+    return same and torch.allclose(grad.float(), expected, rtol=tolerance(dtype, 1e-4), atol=1e-6)
 
 
 _trusted = DeviceCheck(_check, "the chunked loss's Triton kernel", "torch's softmax",

@@ -88,6 +88,7 @@ class PackingCheckCallback(TrainerCallback):
     def __init__(self, *, probe: bool = True, model_for_probe=None, collator_for_probe=None) -> None:
         self.probe = probe
         self.last_report = None
+        self.seconds = None  # what on_train_begin took (the checks and the probe)
         self.model_for_probe = model_for_probe  # () -> the compiled model to probe, or None (PackingTrainer's)
         self.collator_for_probe = collator_for_probe  # () -> the probe's collator, or None: the dataloader's
 
@@ -95,6 +96,13 @@ class PackingCheckCallback(TrainerCallback):
         return f"PackingCheckCallback(probe={self.probe})"
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+        started = time.perf_counter()
+        try:
+            self._check(args, model, train_dataloader)
+        finally:
+            self.seconds = time.perf_counter() - started
+
+    def _check(self, args, model, train_dataloader) -> None:
         refuse_data_parallel(args, "PackingCheckCallback")  # python train.py on several GPUs: DataParallel
         if model is None or train_dataloader is None:
             return
@@ -214,19 +222,22 @@ def _warm_up_packed(model, longest: int, args, *, shortest=1, most_sequences=Non
 
 
 def add_packing_callbacks(trainer, *, probe: bool, warm_up: bool, metrics: bool):
-    """PackingTrainer's callbacks: the checks (or sequence parallelism's), compile, FA4 warm-up, metrics. Returns
-    the warm-up (its ``new_epoch`` runs at each epoch's start), or None."""
+    """PackingTrainer's callbacks: the checks (or sequence parallelism's), compile, FA4 warm-up, metrics, and the
+    clock of what they took before the first step. Returns (the warm-up, whose ``new_epoch`` runs at each epoch's
+    start, or None; the :class:`StartupClock`)."""
     from ._compile import compiled_model
     from ._metrics import PackingMetricsCallback
+    from ._startup import StartupClock
 
     mesh = trainer.sequence_parallel_mesh
     if mesh is not None:
         from ._sequence_parallel import SequenceParallelCheckCallback
 
-        trainer.add_callback(SequenceParallelCheckCallback(mesh, probe=probe))
+        checks = SequenceParallelCheckCallback(mesh, probe=probe)
     else:
-        trainer.add_callback(PackingCheckCallback(probe=probe, model_for_probe=lambda: compiled_model(trainer),
-                                                  collator_for_probe=trainer._compile.probe_collator))  # fmt: skip
+        checks = PackingCheckCallback(probe=probe, model_for_probe=lambda: compiled_model(trainer),
+                                      collator_for_probe=trainer._compile.probe_collator)  # fmt: skip
+    trainer.add_callback(checks)
     if trainer._compile.enabled:
         trainer.add_callback(trainer._compile)
     # under Ulysses, FA4 compiles at first use
@@ -235,4 +246,10 @@ def add_packing_callbacks(trainer, *, probe: bool, warm_up: bool, metrics: bool)
         trainer.add_callback(warming)
     if metrics:
         PackingMetricsCallback().attach(trainer)
-    return warming
+    clock = StartupClock(
+        checks_and_probe=lambda: getattr(checks, "seconds", None),
+        compile=lambda: trainer._compile.report.seconds if trainer._compile.report is not None else None,
+        fa4_warm_up=lambda: warming.seconds if warming is not None else None,
+    )
+    trainer.add_callback(clock)
+    return warming, clock

@@ -196,8 +196,8 @@ class PackingTrainer(Trainer):
 
             self._sequence_parallel = setup_sequence_parallel(self, self.sequence_parallel_size)
         self._compile = CompileWarmUp(self, compile_layers)  # the layers, buckets, warm-up, recompiles (_compile.py)
-        self._warm_up = add_packing_callbacks(self, probe=packing_probe, warm_up=attention_warm_up,
-                                              metrics=packing_metrics)  # fmt: skip
+        self._warm_up, self._startup = add_packing_callbacks(self, probe=packing_probe, warm_up=attention_warm_up,
+                                                             metrics=packing_metrics)  # fmt: skip
 
     @property
     def sequence_parallel_mesh(self):
@@ -214,6 +214,12 @@ class PackingTrainer(Trainer):
     def _train_batch_sampler(self):
         """The train dataloader's batch sampler (set_epoch on resume; the metrics' budget); None before."""
         return self._train_loader.sampler if self._train_loader is not None else None
+
+    @property
+    def startup_seconds(self) -> dict[str, float]:
+        """Seconds of each part the library runs before the first step (``token_budget``, ``checks_and_probe``,
+        ``compile``, ``fa4_warm_up``, ``kernel_checks``: see ``trainer/_startup.py``), logged as it begins."""
+        return dict(self._startup.collect())
 
     @property
     def compile_report(self):
@@ -242,7 +248,10 @@ class PackingTrainer(Trainer):
         the batch size as for one GPU (``per_device_train_batch_size`` examples per micro-batch).
         Each dataloader plans it once and hands the value to :meth:`make_batch_sampler`.
         """
-        return self._budget.plan(lengths, batch_size, gpu_run(self), training=training)
+        if not training:
+            return self._budget.plan(lengths, batch_size, gpu_run(self))
+        with self._startup.part("token_budget"):  # "auto" measured, or the memory check: dry runs on the GPU
+            return self._budget.plan(lengths, batch_size, gpu_run(self), training=True)
 
     def make_batch_sampler(self, lengths: np.ndarray, max_tokens_per_batch: int, *, shuffle: bool):
         """The batch sampler of a train (``shuffle=True``) or eval dataloader: this rank's index lists.

@@ -18,7 +18,7 @@ from packing_collators.fused._mlp import _fused_forward, swiglu
 def kernels_here(monkeypatch):
     """The Triton kernels for CPU tensors (the interpreter), where the library runs them on CUDA only."""
     pytest.importorskip("triton")  # scripts/install.sh adds it (Linux x86-64); the oldest venv where CUDA torch brought it
-    monkeypatch.setattr(_fused_mlp, "usable", lambda device: True)
+    monkeypatch.setattr(_fused_mlp, "usable", lambda device, variant=None: True)
 
 
 def _llama(**overrides) -> LlamaForCausalLM:

@@ -20,7 +20,7 @@ from packing_collators.fused._rope import _reference, rotate, unfuse_rope
 def kernels_here(monkeypatch):
     """The Triton kernel for CPU tensors (the interpreter), where the library runs it on CUDA only."""
     pytest.importorskip("triton")  # scripts/install.sh adds it (Linux x86-64); the oldest venv where CUDA torch brought it
-    monkeypatch.setattr(_rope, "usable", lambda device: True)
+    monkeypatch.setattr(_rope, "usable", lambda device, variant=None: True)
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ def small_chunks(monkeypatch):
 @pytest.fixture
 def gpu_chunks(monkeypatch):
     """The GPU's way through a chunk (logits in the projection's dtype, the gradient over them), uncompiled."""
-    monkeypatch.setattr(chunked, "_compiled", lambda compiled, device: chunked._chunk_in_place if compiled else None)
+    monkeypatch.setattr(chunked, "_compiled", lambda compiled, *where: chunked._chunk_in_place if compiled else None)
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def triton_chunks(monkeypatch):
     """The GPU's Triton kernel (one program per row: the loss, the gradient over the logits, the statistics), run by
     Triton's interpreter on the CPU (tests/conftest.py sets TRITON_INTERPRET before Triton is imported)."""
     pytest.importorskip("triton")  # scripts/install.sh adds it (Linux x86-64); in the oldest venv where CUDA torch brought it
-    monkeypatch.setattr(chunked, "_compiled", lambda compiled, device: chunked._triton_rows.chunk if compiled else None)
+    monkeypatch.setattr(chunked, "_compiled", lambda compiled, *where: chunked._triton_rows.chunk if compiled else None)
 
 
 @pytest.fixture(params=["eager", "gpu", "triton"])

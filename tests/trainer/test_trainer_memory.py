@@ -6,6 +6,8 @@ GPU and its measured peaks are faked, and what the trainer does with them is che
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from _tiny_models import random_examples, tiny_model, training_args
@@ -247,3 +249,17 @@ def test_the_dry_run_computes_the_loss_training_computes(tmp_path, fake_gpu):
     heads.clear()
     value = loss(FlatteningCollator()(random_examples([9, 6])))
     assert heads == [(1, 15, 0)] and value.requires_grad
+
+
+def test_what_runs_before_the_first_step_is_timed_part_by_part_and_logged(tmp_path, fake_gpu, monkeypatch, caplog):
+    # the memory check's dry runs take 0.05 s here: the clock puts them in the budget's part, not elsewhere
+    dry_run = _memory_budget._peak_bytes
+    monkeypatch.setattr(_memory_budget, "_peak_bytes", lambda *a, **k: (time.sleep(0.05), dry_run(*a, **k))[1])
+    run = trainer(tmp_path, max_tokens_per_batch=64)
+    with caplog.at_level("INFO", logger="packing_collators"):
+        run.train()
+    parts = run.startup_seconds
+    assert parts["token_budget"] >= 0.05 and parts["checks_and_probe"] > 0
+    assert "fa4_warm_up" not in parts and "compile" not in parts  # sdpa and eager: neither runs
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Before the first step")]
+    assert len(logged) == 1 and "token_budget 0." in logged[0]  # once, at the first step

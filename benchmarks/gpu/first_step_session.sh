@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue #65's first step (process start to the end of step 1), each process on cold caches as on a fresh machine.
+#
+#   RUNS="new:ours_packing old:ours_packing trl:trl_bfd" [OLD_TREE=dir] [VOCAB=151936] [GC=on] [COMPILE=off]
+#       [FUSED="--fused-norms --fused-mlp --fused-rope"] [STEPS=4] [TIMEOUT=150] bash benchmarks/gpu/first_step_session.sh DIR
+#
+# Each RUNS entry is <tree>:<vs_trl.py setting>, run in its own process, one after another, into DIR/<n>_<tree>/:
+# tree "new" (or "trl") imports this checkout's packing_collators, "old" the one under OLD_TREE (another commit's
+# package, `git archive <commit> packing_collators | tar -x -C OLD_TREE`), so a change to what runs before step 1 is
+# timed against the code before it on one machine, in one call. Every process gets empty Triton, Inductor and FA4
+# caches of its own (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, FLASH_ATTENTION_CUTE_DSL_CACHE_DIR): each compiles
+# what it needs, as the first run on a fresh machine does, and no process loads what an earlier one built.
+# Each JSON keeps first_step_s, first_step_phases_s, startup_parts_s (PackingTrainer's parts before step 1) and
+# triton_variants (the kernels each built). Needs FA4 and TRL on PYTHONPATH (vs_trl.py's header).
+set -u
+out=${1:?results dir}
+runs=${RUNS:?RUNS, e.g. "new:ours_packing trl:trl_bfd"}
+mkdir -p "$out"
+n=0
+for run in $runs; do
+  tree=${run%%:*} setting=${run##*:} n=$((n + 1))
+  path=$PYTHONPATH
+  if [ "$tree" = old ]; then
+    [ -d "${OLD_TREE:-}/packing_collators" ] || { echo "OLD_TREE must hold another commit's packing_collators" >&2; exit 2; }
+    path=$OLD_TREE:$PYTHONPATH
+  fi
+  caches=$(mktemp -d)
+  # shellcheck disable=SC2086  # FUSED is a list of options
+  PYTHONPATH=$path TRITON_CACHE_DIR=$caches/triton TORCHINDUCTOR_CACHE_DIR=$caches/inductor \
+    FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$caches/fa4 timeout "${TIMEOUT:-150}" \
+    python3 benchmarks/gpu/vs_trl.py --setting "$setting" --vocab "${VOCAB:-151936}" --grad-checkpointing "${GC:-on}" \
+    --torch-compile "${COMPILE:-off}" --steps "${STEPS:-4}" --warmup 1 --batch-size 55 ${FUSED:-} ${EXTRA:-} \
+    --out "$out/${n}_${tree}" > "$out/${n}_${tree}_${setting}.log" 2>&1
+  echo "$n $tree $setting: rc $?"
+  rm -rf "$caches"
+done
+python3 - "$out" <<'EOF'
+import json, sys
+from pathlib import Path
+
+for path in sorted(Path(sys.argv[1]).glob("*/*.json")):
+    run = json.loads(path.read_text())
+    parts = {k: round(v, 2) for k, v in (run.get("startup_parts_s") or {}).items()}
+    phases = {k: round(v, 2) for k, v in run["first_step_phases_s"].items() if v is not None}
+    print(path.parent.name, run["setting"], "first_step_s", round(run["first_step_s"], 2), phases, parts,
+          run.get("triton_variants"))
+EOF
