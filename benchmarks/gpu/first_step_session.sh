@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue #65's first step (process start to the end of step 1), each process on cold caches as on a fresh machine.
 #
-#   RUNS="new:ours_packing old:ours_packing trl:trl_bfd" [OLD_TREE=dir] [VOCAB=151936] [GC=on] [COMPILE=off]
+#   RUNS="new:ours_packing old:ours_packing trl:trl_bfd" [OLD_TREE=dir OLD_COMMIT=hash] [VOCAB=151936] [GC=on] [COMPILE=off]
 #       [FUSED="--fused-norms --fused-mlp --fused-rope"] [STEPS=4] [TIMEOUT=150] bash benchmarks/gpu/first_step_session.sh DIR
 #
 # Each RUNS entry is <tree>:<vs_trl.py setting>, run in its own process, one after another, into DIR/<n>_<tree>/:
@@ -19,14 +19,14 @@ mkdir -p "$out"
 n=0
 for run in $runs; do
   tree=${run%%:*} setting=${run##*:} n=$((n + 1))
-  path=$PYTHONPATH
+  path=$PYTHONPATH commit=${PACKING_COLLATORS_COMMIT:-}
   if [ "$tree" = old ]; then
     [ -d "${OLD_TREE:-}/packing_collators" ] || { echo "OLD_TREE must hold another commit's packing_collators" >&2; exit 2; }
-    path=$OLD_TREE:$PYTHONPATH
+    path=$OLD_TREE:$PYTHONPATH commit=${OLD_COMMIT:-old}  # the JSON's commit: OLD_TREE's
   fi
   caches=$(mktemp -d)
   # shellcheck disable=SC2086  # FUSED is a list of options
-  PYTHONPATH=$path TRITON_CACHE_DIR=$caches/triton TORCHINDUCTOR_CACHE_DIR=$caches/inductor \
+  PYTHONPATH=$path PACKING_COLLATORS_COMMIT=$commit TRITON_CACHE_DIR=$caches/triton TORCHINDUCTOR_CACHE_DIR=$caches/inductor \
     FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$caches/fa4 timeout "${TIMEOUT:-150}" \
     python3 benchmarks/gpu/vs_trl.py --setting "$setting" --vocab "${VOCAB:-151936}" --grad-checkpointing "${GC:-on}" \
     --torch-compile "${COMPILE:-off}" --steps "${STEPS:-4}" --warmup 1 --batch-size 55 ${FUSED:-} ${EXTRA:-} \
