@@ -183,7 +183,7 @@ def test_the_triton_rows_log_what_trl_logs(tmp_path, monkeypatch, share_prompt):
     from packing_collators.loss import _triton_rows
 
     calls = []
-    monkeypatch.setattr(chunked, "_compiled", lambda compiled, device: calls.append(compiled) or (
+    monkeypatch.setattr(chunked, "_compiled", lambda compiled, *where: calls.append(compiled) or (
         _triton_rows.chunk if compiled else None))  # fmt: skip
     theirs, _ = _run(tmp_path, "llama", packed=False)
     ours, _ = _run(tmp_path, "llama", packed=True, share_prompt=share_prompt)

@@ -42,7 +42,7 @@ def triton_rows(monkeypatch):
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(_triton_rows, name, counted)
-    monkeypatch.setattr(chunked, "_compiled", lambda compiled, device: _triton_rows.chunk if compiled else None)
+    monkeypatch.setattr(chunked, "_compiled", lambda compiled, *where: _triton_rows.chunk if compiled else None)
     return calls
 
 
