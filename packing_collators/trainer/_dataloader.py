@@ -67,22 +67,46 @@ class PackedLoader:
     def batch_layouts(self) -> list[tuple[int, int]] | None:
         """(longest sequence, sequences) of each micro-batch of the sampler's current epoch, every rank's, from its
         plan: what FA4's warm-up must meet. Every rank's, so that every rank warms the same layouts (where the
-        warm-up runs the model, a sharded model's passes are collectives). None where that is not known from the
-        lengths: the sampler has no plan (``trainer.make_batch_sampler`` returned another), rows are padded to a
-        compile bucket, or pre-packed."""
+        warm-up runs the model, a sharded model's passes are collectives). Under a compile plan each row is padded
+        to its bucket with a padding segment of its own: a sequence of the layout too. None where that is not known
+        from the lengths: the sampler has no plan (``trainer.make_batch_sampler`` returned another), the compile
+        plan's collator does not say how it pads, or the rows are pre-packed."""
         plan, lengths = getattr(self.sampler, "plan", None), getattr(self.sampler, "lengths", None)
         options = getattr(self.sampler, "options", None)
-        if not callable(plan) or lengths is None or self.compile_plan is not None or not self.rows_are_examples:
+        padded = self._padded_length()
+        if not callable(plan) or lengths is None or padded is None or not self.rows_are_examples:
             return None
         lengths, epoch = np.asarray(lengths), plan()
         ranks = range(options.num_replicas) if options is not None else [self.sampler.rank]
-        return [(int(lengths[b].max()), len(b)) for rank in ranks for b in epoch.batches(rank) if len(b)]
+        return [_layout(lengths[b], padded) for rank in ranks for b in epoch.batches(rank) if len(b)]
+
+    def _padded_length(self):
+        """tokens -> the row length the collator pads them to: the tokens themselves without a compile plan, the
+        bucket under one (None where its collator does not say)."""
+        if self.compile_plan is None:
+            return lambda tokens: tokens
+        return getattr(getattr(self.compile_plan.collator, "options", None), "padded_length", None)
 
     @property
     def most_sequences(self) -> int:
         """The most sequences a micro-batch can hold: the budget over the shortest example, and a compile bucket's
         padding segment."""
         return self.budget.tokens // self.shortest_example + (self.compile_plan is not None)
+
+
+def _layout(lengths: np.ndarray, padded_length) -> tuple[int, int]:
+    """(longest sequence, sequences) of a row of these examples, padded to ``padded_length(tokens)`` by a segment of
+    its own.
+
+    >>> _layout(np.array([300, 40]), lambda tokens: 512), _layout(np.array([300, 40]), lambda tokens: tokens)
+    ((300, 3), (300, 2))
+    >>> _layout(np.array([30, 40]), lambda tokens: 512)  # the padding segment is the longest sequence
+    (442, 3)
+    """
+    tokens = int(lengths.sum())
+    padding = int(padded_length(tokens)) - tokens
+    longest = max(int(lengths.max()), padding)
+    return longest, len(lengths) + (padding > 0)
 
 
 def report_dropped(sampler) -> None:

@@ -115,3 +115,25 @@ def test_every_rank_warms_the_same_layouts_every_ranks_batches():
     assert mine[0] != mine[1]  # each rank's own batches differ
     layouts = [PackedLoader(None, s, PlannedBudget(600, 299)).batch_layouts() for s in samplers]
     assert layouts[0] == layouts[1] and set(layouts[0]) == mine[0] | mine[1]
+
+
+@pytest.mark.parametrize("budget", [600, 1000])
+def test_under_compile_buckets_the_planned_layouts_are_those_the_padded_rows_have(budget):
+    # a compiled run pads each row to a bucket with a padding segment of its own; the warm-up reads each planned
+    # batch's layout from the plan, so it must be the layout the bucketed collator gives the kernel (the padding
+    # segment counted: it can be the longest sequence)
+    from packing_collators import FlatteningCollator
+    from packing_collators.budget import PlannedBudget
+    from packing_collators.trainer._compile import compile_plan
+    from packing_collators.trainer._dataloader import PackedLoader
+
+    lengths = np.random.default_rng(2).integers(3, 300, 80)
+    sampler = MultipackBatchSampler(lengths, budget, group_size=10)
+    plan = compile_plan(FlatteningCollator(), sampler, budget)
+    layouts = PackedLoader(None, sampler, PlannedBudget(budget, 299), compile_plan=plan).batch_layouts()
+    rows = [plan.collator([{"input_ids": list(range(1, int(n) + 1))} for n in lengths[b]]) for b in sampler]
+    collated = [(int(row["max_length_q"]), len(row["cu_seq_lens_q"]) - 1) for row in rows]
+    assert layouts == collated
+    assert any(count > len(b) for (_, count), b in zip(layouts, sampler))  # padding segments are in it
+    eager = PackedLoader(None, sampler, PlannedBudget(budget, 299)).batch_layouts()
+    assert eager == [(int(lengths[b].max()), len(b)) for b in sampler] != layouts
