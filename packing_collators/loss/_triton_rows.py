@@ -81,7 +81,7 @@ _trusted = DeviceCheck(_check, "the chunked loss's Triton kernel", "torch's soft
 def _launch(z, targets, weights, scale: float, softcap, temperature: float, want_grad: bool, stats: bool):
     rows_count, vocab = z.shape
     assert z.stride(1) == 1 and targets.shape == (rows_count,), "the chunk's rows must be contiguous"
-    out = torch.empty((6 if stats else 3, rows_count), dtype=torch.float32, device=z.device)
+    out = _outputs(6 if stats else 3, rows_count, z.device)
     if weights is None:
         weights = out[2]  # any float32 (r,): the loss it weights is not read
     if rows_count:  # imported here: Triton is optional, and its jit reads TRITON_INTERPRET when the module loads
@@ -92,6 +92,18 @@ def _launch(z, targets, weights, scale: float, softcap, temperature: float, want
             num_warps=_WARPS,
         )  # fmt: skip
     return out
+
+
+def _outputs(count: int, rows: int, device) -> torch.Tensor:
+    """``count`` float32 rows of ``rows`` outputs, each starting 16 bytes aligned whatever ``rows`` is: Triton builds
+    a kernel variant per alignment of each pointer it is passed, so unaligned rows (a chunk of an odd row count, the
+    check's three rows) would build another kernel.
+
+    >>> out = _outputs(3, 5, "cpu")
+    >>> out.shape, [row.data_ptr() % 16 for row in out]
+    (torch.Size([3, 5]), [0, 0, 0])
+    """
+    return torch.empty((count, -(-rows // 4) * 4), dtype=torch.float32, device=device)[:, :rows]
 
 
 def chunk(z, targets, weights, scale: float, softcap, want_grad: bool, temperature: float = 1.0):
