@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["DeviceCheck", "check_seconds", "checked_on", "tolerance"]
+__all__ = ["DeviceCheck", "check_seconds", "checked_on", "same_as_float32", "tolerance"]
 
 _seconds = [0.0]  # the checks' wall time in this process (the first step's startup report reads it)
 
@@ -74,6 +74,30 @@ def tolerance(dtype: torch.dtype, floor: float) -> float:
     (1e-05, 0.0078125)
     """
     return max(floor, torch.finfo(dtype).eps)
+
+
+def same_as_float32(ours, reference, inputs, grad, *, differentiate, rtol: float, grad_rtol: float) -> bool:
+    """Whether ``ours(*inputs)`` and its gradients (to the inputs at the indices ``differentiate``, from ``grad``)
+    are ``reference``'s on the same inputs in float32: within ``rtol`` and ``grad_rtol`` (each raised to the inputs'
+    epsilon, one rounding of theirs) and an absolute 1e-5. The inputs keep their layout (a transposed view stays
+    one).
+
+    >>> x = torch.randn(5, dtype=torch.bfloat16)
+    >>> same_as_float32(lambda t: t * 2, lambda t: t + t, [x], torch.ones(5), differentiate=[0], rtol=1e-5,
+    ...                 grad_rtol=1e-5)
+    True
+    """
+    results = []
+    for function, cast in ((ours, lambda t: t), (reference, torch.Tensor.float)):
+        args = [cast(t).detach().requires_grad_(i in differentiate) for i, t in enumerate(inputs)]
+        out = function(*args)
+        grads = torch.autograd.grad(out, [args[i] for i in differentiate], cast(grad.to(inputs[0].dtype)))
+        results.append([t.float() for t in (out, *grads)])
+    (got, *got_grads), (want, *want_grads) = results
+    dtype = inputs[0].dtype
+    return torch.allclose(got, want, rtol=tolerance(dtype, rtol), atol=1e-5) and all(
+        torch.allclose(a, b, rtol=tolerance(dtype, grad_rtol), atol=1e-5) for a, b in zip(got_grads, want_grads)
+    )
 
 
 def checked_on(device: str, check: Callable[[str], bool], kernel: str, reference: str, instead: str) -> bool:

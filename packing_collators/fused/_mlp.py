@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .._kernel_check import DeviceCheck, tolerance
+from .._kernel_check import DeviceCheck, same_as_float32
 
 from ._swap import swap_forwards
 
@@ -87,16 +87,8 @@ def _check(device: str, variant: tuple | None) -> bool:
     generator = torch.Generator().manual_seed(0)
     n = 2 * _BLOCK + (16 if aligned else 3)  # a short last block either way
     gate, up, grad = (torch.randn(n, generator=generator).mul(4).to(device, dtype) for _ in range(3))
-    results = []
-    torch_product = lambda g, u: torch.nn.functional.silu(g) * u  # noqa: E731 - in float32 on the same inputs
-    for product, cast in ((_SwiGLU.apply, lambda t: t), (torch_product, torch.Tensor.float)):
-        g, u = cast(gate).clone().requires_grad_(), cast(up).clone().requires_grad_()
-        out = product(g, u)
-        results.append([t.float() for t in (out, *torch.autograd.grad(out, (g, u), cast(grad)))])
-    (ours, *ours_grads), (want, *want_grads) = results
-    return torch.allclose(ours, want, rtol=tolerance(dtype, 1e-5), atol=1e-5) and all(
-        torch.allclose(a, b, rtol=tolerance(dtype, 1e-4), atol=1e-5) for a, b in zip(ours_grads, want_grads)
-    )
+    return same_as_float32(_SwiGLU.apply, lambda g, u: torch.nn.functional.silu(g) * u, [gate, up], grad,
+                           differentiate=[0, 1], rtol=1e-5, grad_rtol=1e-4)  # fmt: skip
 
 
 _trusted = DeviceCheck(_check, "fuse_swiglu's Triton kernel", "torch", "the MLPs run torch's silu and product")

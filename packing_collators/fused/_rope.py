@@ -41,7 +41,7 @@ import types
 
 import torch
 
-from .._kernel_check import DeviceCheck, tolerance
+from .._kernel_check import DeviceCheck, same_as_float32
 
 __all__ = ["fuse_rope", "rotate", "unfuse_rope"]
 
@@ -161,15 +161,7 @@ def _check(device: str, variant: tuple | None) -> bool:
     x = torch.randn(2, 7, 3, width, generator=g).to(device, dtype).transpose(1, 2)  # (batch, heads, tokens, dim)
     cos, sin, grad = (torch.randn(*shape, generator=g).to(device, dtype)
                       for shape in ((1, 7, width), (1, 7, width), (2, 3, 7, width)))  # fmt: skip
-    results = []
-    for function, cast in ((rotate, lambda t: t), (_reference, torch.Tensor.float)):  # torch's in float32
-        leaf = cast(x).detach().requires_grad_()
-        out = function(leaf, cast(cos), cast(sin))
-        results.append([t.float() for t in (out, *torch.autograd.grad(out, leaf, cast(grad)))])
-    (ours, ours_grad), (want, want_grad) = results
-    rtol = tolerance(dtype, 1e-5)
-    same = torch.allclose(ours, want, rtol=rtol, atol=1e-5)
-    return same and torch.allclose(ours_grad, want_grad, rtol=rtol, atol=1e-5)
+    return same_as_float32(rotate, _reference, [x, cos, sin], grad, differentiate=[0], rtol=1e-5, grad_rtol=1e-5)
 
 
 _trusted = DeviceCheck(_check, "fuse_rope's Triton kernel", "torch", "the rotary embedding runs torch's ops")
