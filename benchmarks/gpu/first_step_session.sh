@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# Issue #65's first step (process start to the end of step 1), each process on cold caches as on a fresh machine.
+# Issue #65's first step (process start to the end of step 1), on cold caches as on a fresh machine, or on caches kept
+# from an earlier run on the same machine.
 #
 #   RUNS="new:ours_packing old:ours_packing trl:trl_bfd" [OLD_TREE=dir OLD_COMMIT=hash] [VOCAB=151936] [GC=on] [COMPILE=off]
 #       [FUSED="--fused-norms --fused-mlp --fused-rope"] [STEPS=4] [TIMEOUT=150] bash benchmarks/gpu/first_step_session.sh DIR
 #
-# Each RUNS entry is <tree>:<vs_trl.py setting>, run in its own process, one after another, into DIR/<n>_<tree>/:
+# Each RUNS entry is <tree>:<vs_trl.py setting>[:<caches>], run in its own process, one after another, into
+# DIR/<n>_<tree>/:
 # tree "new" (or "trl") imports this checkout's packing_collators, "old" the one under OLD_TREE (another commit's
 # package, `git archive <commit> packing_collators | tar -x -C OLD_TREE`), so a change to what runs before step 1 is
-# timed against the code before it on one machine, in one call. Every process gets empty Triton, Inductor and FA4
-# caches of its own (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, FLASH_ATTENTION_CUTE_DSL_CACHE_DIR): each compiles
-# what it needs, as the first run on a fresh machine does, and no process loads what an earlier one built.
+# timed against the code before it on one machine, in one call. An entry without <caches> gets empty Triton, Inductor
+# and FA4 caches of its own (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, FLASH_ATTENTION_CUTE_DSL_CACHE_DIR): it
+# compiles what it needs, as the first run on a fresh machine does. Entries that name the same <caches> share one set,
+# kept through the call: the first compiles, the later ones are a user's later runs on the same machine.
+# A TRL process runs with FA4's disk cache off (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0, FA4's own default, which
+# transformers and TRL leave alone; vs_trl.py imports this library, which would turn it on): TRL as its users run it
+# compiles FA4's kernels in every process. TRL_FA4_DISK_CACHE=1 turns it on for TRL too.
 # Each JSON keeps first_step_s, first_step_phases_s, startup_parts_s (PackingTrainer's parts before step 1) and
 # triton_variants (the kernels each built). Needs FA4 and TRL on PYTHONPATH (vs_trl.py's header).
 set -u
@@ -17,23 +23,28 @@ out=${1:?results dir}
 runs=${RUNS:?RUNS, e.g. "new:ours_packing trl:trl_bfd"}
 mkdir -p "$out"
 n=0
+kept=$(mktemp -d)  # the named cache sets
 for run in $runs; do
-  tree=${run%%:*} setting=${run##*:} n=$((n + 1))
+  IFS=: read -r tree setting cache_set <<< "$run"
+  n=$((n + 1))
   path=$PYTHONPATH commit=${PACKING_COLLATORS_COMMIT:-}
   if [ "$tree" = old ]; then
     [ -d "${OLD_TREE:-}/packing_collators" ] || { echo "OLD_TREE must hold another commit's packing_collators" >&2; exit 2; }
     path=$OLD_TREE:$PYTHONPATH commit=${OLD_COMMIT:-old}  # the JSON's commit: OLD_TREE's
   fi
-  caches=$(mktemp -d)
+  caches=$(mktemp -d) fa4_disk=1
+  [ -n "$cache_set" ] && caches=$kept/$cache_set
+  [ "$tree" = trl ] && fa4_disk=${TRL_FA4_DISK_CACHE:-0}
   # shellcheck disable=SC2086  # FUSED is a list of options
   PYTHONPATH=$path PACKING_COLLATORS_COMMIT=$commit TRITON_CACHE_DIR=$caches/triton TORCHINDUCTOR_CACHE_DIR=$caches/inductor \
-    FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$caches/fa4 timeout "${TIMEOUT:-150}" \
+    FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$caches/fa4 FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=$fa4_disk timeout "${TIMEOUT:-150}" \
     python3 benchmarks/gpu/vs_trl.py --setting "$setting" --vocab "${VOCAB:-151936}" --grad-checkpointing "${GC:-on}" \
     --torch-compile "${COMPILE:-off}" --steps "${STEPS:-4}" --warmup 1 --batch-size 55 ${FUSED:-} ${EXTRA:-} \
     --out "$out/${n}_${tree}" > "$out/${n}_${tree}_${setting}.log" 2>&1
-  echo "$n $tree $setting: rc $?"
-  rm -rf "$caches"
+  echo "$n $tree $setting ${cache_set:-fresh caches} (FA4 disk cache $fa4_disk): rc $?"
+  [ -z "$cache_set" ] && rm -rf "$caches"
 done
+rm -rf "$kept"
 python3 - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
