@@ -2,7 +2,7 @@
 # Issue #65's first step (process start to the end of step 1), on cold caches as on a fresh machine, or on caches kept
 # from an earlier run on the same machine.
 #
-#   RUNS="new:ours_packing old:ours_packing trl:trl_bfd" [OLD_TREE=dir OLD_COMMIT=hash] [VOCAB=151936] [GC=on] [COMPILE=off]
+#   RUNS="new:ours_packing old:ours_packing trl:trl_bfd" [OLD_TREE=dir OLD_COMMIT=hash] [CACHES_DIR=dir] [VOCAB=151936] [GC=on] [COMPILE=off]
 #       [FUSED="--fused-norms --fused-mlp --fused-rope"] [STEPS=4] [TIMEOUT=150] bash benchmarks/gpu/first_step_session.sh DIR
 #
 # Each RUNS entry is <tree>:<vs_trl.py setting>[:<caches>], run in its own process, one after another, into
@@ -12,7 +12,8 @@
 # timed against the code before it on one machine, in one call. An entry without <caches> gets empty Triton, Inductor
 # and FA4 caches of its own (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, FLASH_ATTENTION_CUTE_DSL_CACHE_DIR): it
 # compiles what it needs, as the first run on a fresh machine does. Entries that name the same <caches> share one set,
-# kept through the call: the first compiles, the later ones are a user's later runs on the same machine.
+# kept through the call (or under CACHES_DIR, kept after it for a later call): the first compiles, the later ones are a
+# user's later runs on the same machine.
 # A TRL process runs with FA4's disk cache off (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0, FA4's own default, which
 # transformers and TRL leave alone; vs_trl.py imports this library, which would turn it on): TRL as its users run it
 # compiles FA4's kernels in every process. TRL_FA4_DISK_CACHE=1 turns it on for TRL too.
@@ -23,7 +24,7 @@ out=${1:?results dir}
 runs=${RUNS:?RUNS, e.g. "new:ours_packing trl:trl_bfd"}
 mkdir -p "$out"
 n=0
-kept=$(mktemp -d)  # the named cache sets
+kept=${CACHES_DIR:-$(mktemp -d)}  # the named cache sets
 for run in $runs; do
   IFS=: read -r tree setting cache_set <<< "$run"
   n=$((n + 1))
@@ -44,7 +45,7 @@ for run in $runs; do
   echo "$n $tree $setting ${cache_set:-fresh caches} (FA4 disk cache $fa4_disk): rc $?"
   [ -z "$cache_set" ] && rm -rf "$caches"
 done
-rm -rf "$kept"
+[ -z "${CACHES_DIR:-}" ] && rm -rf "$kept"
 python3 - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
