@@ -25,6 +25,7 @@ runs=${RUNS:?RUNS, e.g. "new:ours_packing trl:trl_bfd"}
 mkdir -p "$out"
 n=0
 kept=${CACHES_DIR:-$(mktemp -d)}  # the named cache sets
+mkdir -p "$kept"
 for run in $runs; do
   IFS=: read -r tree setting cache_set <<< "$run"
   n=$((n + 1))
