@@ -1,9 +1,13 @@
 """Whether FlashAttention-4's compiles overlap in threads (issue #65: the first step on a fresh machine).
 
 Compiles the forward and backward of ``--variants`` FA4 kernel variants (head widths 64, 128, 96, ...: each its own
-compile) on empty caches, one after another or each in a thread of its own, and prints the wall time as JSON. If
-threads overlap the compiles (CuTe DSL's MLIR and ptxas passes free the GIL), a warm-up could compile while the
-memory check runs; if not, only other processes can.
+compile) on empty caches, one after another or each in a thread of its own, and prints the wall time as JSON, with
+the error of each variant that failed (``failed``). If threads overlap the compiles (CuTe DSL's MLIR and ptxas passes
+free the GIL), a warm-up could compile while the memory check runs; if not, only other processes can.
+
+Measured (benchmarks/results/first_step_later_runs_h200): CuTe DSL 4.8.1 does not compile in threads at all (its AST
+preprocessor keeps one session per process: "Please start a session before accessing session data"); one after
+another each variant's forward and backward takes 8.4-9.0 s on an H200.
 
     python3 benchmarks/gpu/fa4_compile_threads.py --mode serial  --variants 3   # a process each: nothing shared
     python3 benchmarks/gpu/fa4_compile_threads.py --mode threads --variants 3
@@ -49,14 +53,18 @@ def main() -> None:
 
     torch.zeros(1, device="cuda")
     widths = WIDTHS[: args.variants]
-    started, each = time.perf_counter(), {}
+    started, each, failed = time.perf_counter(), {}, {}
+
+    def run(width: int) -> None:
+        try:
+            each[width] = compile_variant(width)
+        except Exception as error:  # noqa: BLE001  (what failed is the measurement)
+            failed[width] = f"{type(error).__name__}: {error}"[:300]
+
     if args.mode == "serial":
         for width in widths:
-            each[width] = compile_variant(width)
+            run(width)
     else:
-        def run(width: int) -> None:
-            each[width] = compile_variant(width)
-
         threads = [threading.Thread(target=run, args=(width,)) for width in widths]
         for thread in threads:
             thread.start()
@@ -64,6 +72,7 @@ def main() -> None:
             thread.join()
     print(json.dumps({"mode": args.mode, "variants": len(widths), "wall_s": round(time.perf_counter() - started, 2),
                       "each_s": {str(k): round(v, 2) for k, v in each.items()},
+                      "failed": {str(k): v for k, v in failed.items()},
                       "device": torch.cuda.get_device_name()}))  # fmt: skip
 
 
