@@ -5,9 +5,7 @@ compile) on empty caches, one after another or each in a thread of its own, and 
 the error of each variant that failed (``failed``). If threads overlap the compiles (CuTe DSL's MLIR and ptxas passes
 free the GIL), a warm-up could compile while the memory check runs; if not, only other processes can.
 
-Measured (benchmarks/results/first_step_later_runs_h200): CuTe DSL 4.8.1 does not compile in threads at all (its AST
-preprocessor keeps one session per process: "Please start a session before accessing session data"); one after
-another each variant's forward and backward takes 8.4-9.0 s on an H200.
+What it found: benchmarks/results/first_step_later_runs_h200/README.md.
 
     python3 benchmarks/gpu/fa4_compile_threads.py --mode serial  --variants 3   # a process each: nothing shared
     python3 benchmarks/gpu/fa4_compile_threads.py --mode threads --variants 3
