@@ -44,13 +44,19 @@ def test_the_harness_times_both_trainers_on_the_same_groups_and_compares_them(tm
 
 @pytest.mark.slow
 def test_the_harness_times_rloo_the_same_way(tmp_path):
-    smoke = ["--smoke", "--trainer", "rloo", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)]
+    # --same-group: every step the first group's lengths; --profile-step: that step's tables, its kernels' time
+    smoke = ["--smoke", "--trainer", "rloo", "--steps", "2", "--warmup", "1", "--same-group", "--profile-step", "1",
+             "--out", str(tmp_path)]  # fmt: skip
     for setting in ("trl", "packed"):
         code, out, err = preloaded_run([str(SCRIPT), *smoke, "--setting", setting])
         assert code == 0, (out + err)[-3000:]
     trl, packed = (json.loads((tmp_path / f"rloo_qwen3_{s}.json").read_text()) for s in ("trl", "packed"))
     assert trl["trainer"] == packed["trainer"] == "rloo"
     assert [s["tokens"] for s in trl["steps"]] == [s["tokens"] for s in packed["steps"]]
+    assert len({(s["prompt"], s["tokens"]) for s in packed["steps"]}) == 1 and len(packed["steps"]) == 3
+    profiles = [s.get("profile") for s in packed["steps"]]
+    assert profiles[0] is None is profiles[2] and profiles[1]["kernels_ms"] == 0  # the CPU: no kernels
+    assert "aten::mm" in (tmp_path / profiles[1]["tables"]).read_text()  # the host's ops, the step's matmuls among them
     subprocess.run([sys.executable, str(SCRIPT), "--compare", "--out", str(tmp_path)], check=True, capture_output=True)
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert (row["trainer"], row["setting"]) == ("rloo", "packed")
@@ -63,7 +69,7 @@ def test_the_harness_times_rloo_the_same_way(tmp_path):
     import grpo_update
 
     args = grpo_update.arguments(smoke)
-    for index, (prompt, completions) in enumerate(grpo_update.group_lengths(args, 3)):
+    for index, (prompt, completions) in enumerate(grpo_update.step_groups(args)):
         advantages = grpo_update.group_inputs(prompt, completions, 512, args.seed + index, "cpu")["advantages"]
         assert trl["losses"][index] == pytest.approx(-float(advantages.mean()), abs=1e-5)
         assert packed["losses"][index] == pytest.approx(-float(advantages.mean()), abs=1e-5)

@@ -37,6 +37,10 @@ kernel as one op; share_prompt needs it), ``--trl-attn`` TRL's (``flash_attentio
 ``--generate N`` also times TRL's generation (``_generate_and_score_completions``, the same code on every side) for
 the first N groups' prompts, G completions of exactly ``--generate-tokens`` each; ``--compare`` then adds the whole
 step (median generation + median update, ``whole_step_vs_trl``: TRL's step time over ours).
+``--profile-step K`` profiles step K (warm-ups counted from 0) with torch.profiler: ``RUN_profile.txt`` holds its
+tables, the JSON its kernels' summed device time and launches (``profile``), to set against the step's wall time.
+``--same-group`` runs the first group's lengths at every step, so kernels that compile per shape (fla's, tilelang's)
+compile once and a fresh machine's profile is not of compiles.
 Per setting (JSON): the median step's real tokens/s (sum over the group of prompt + completion), the peak
 allocated memory, each step's loss and gradient norm; ``--compare`` writes ``update_tokens_per_s_vs_trl`` and
 ``peak_memory_vs_trl`` per row, and the largest relative gradient-norm difference to TRL over the steps (the loss
@@ -47,6 +51,7 @@ this is agreement, not exactness, which tests/rl checks in float32).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -85,6 +90,10 @@ def arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--settings", default=",".join(SETTINGS), help="with --all: which settings, in this order")
     parser.add_argument("--prompts", default="64,1000,4096",
                         help="prompt lengths: shortest, median, longest (lognormal around the median, clipped)")
+    parser.add_argument("--same-group", action="store_true",
+                        help="every step the first group's lengths (kernels that compile per shape compile once)")
+    parser.add_argument("--profile-step", type=int, default=None,
+                        help="profile this step (0-based, warm-ups counted): RUN_profile.txt, the kernels' time in JSON")
     return parser.parse_args(argv)
 
 
@@ -99,6 +108,12 @@ def group_lengths(args, count: int) -> list[tuple[int, list[int]]]:
         completions = np.clip(rng.lognormal(np.log(512) - 0.32, 0.8, args.group), 16, 2048).astype(int) // scale
         groups.append((max(prompt, 2), [max(int(c), 1) for c in completions]))
     return groups
+
+
+def step_groups(args) -> list[tuple[int, list[int]]]:
+    """Each step's group (warm-ups first): :func:`group_lengths`, or its first group every step (``--same-group``)."""
+    groups = group_lengths(args, args.warmup + args.steps)
+    return groups[:1] * len(groups) if args.same_group else groups
 
 
 def group_inputs(prompt: int, completions: list[int], vocab: int, seed: int, device) -> dict:
@@ -179,7 +194,7 @@ def run_one(args, save=None) -> dict:
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1  # what the Trainer's loop sets: one micro-batch per step
     model.train()
-    groups = group_lengths(args, args.warmup + args.steps)
+    groups = step_groups(args)
     steps, losses = [], []
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -189,14 +204,16 @@ def run_one(args, save=None) -> dict:
             inputs["old_logps"] = old_logps(trainer, model, inputs, args.group)
         if cuda:
             torch.cuda.synchronize()
+        profiler = step_profiler(cuda) if index == args.profile_step else contextlib.nullcontext()
         started = time.perf_counter()
-        loss = trainer.compute_loss(model, inputs)
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
-        trainer.optimizer.step()
-        trainer.optimizer.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
+        with profiler:
+            loss = trainer.compute_loss(model, inputs)
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
+            trainer.optimizer.step()
+            trainer.optimizer.zero_grad(set_to_none=True)
+            if cuda:
+                torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         tokens = sum(prompt + c for c in completions)
         padded = len(completions) * (prompt + max(completions))
@@ -204,6 +221,8 @@ def run_one(args, save=None) -> dict:
                       "warmup": index < args.warmup})
         losses.append(float(loss.detach()))
         steps[-1]["grad_norm"] = grad_norm
+        if index == args.profile_step:
+            steps[-1]["profile"] = write_profile(profiler, Path(args.out) / f"{run_name(args.model, args.setting, args.trainer)}_profile.txt")
         if save is not None:  # what a step finished is kept if the call's time runs out (warm-ups too: a cold start's cost)
             save({**summary(args, model, attention, fa4, steps, losses, None, cuda), "partial": True})
     generation = time_generation(args, trainer, groups[: args.generate], cuda) if args.generate else None
@@ -223,6 +242,25 @@ def old_logps(trainer, model, inputs: dict, group: int):
     with torch.no_grad():
         per_token, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, kept, group)
     return (per_token * inputs["completion_mask"]).sum(1)
+
+
+def step_profiler(cuda: bool):
+    """torch.profiler over one step: the host's ops and, on a GPU, the kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
+
+
+def write_profile(profiler, path: Path) -> dict:
+    """The profiled step's tables (by device time, by host self time) to ``path``; what its JSON keeps: the kernels'
+    summed device time and launches (a step whose wall time is far above its kernels' waits on the host)."""
+    events = profiler.key_averages()
+    device = [e for e in events if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA")]
+    kernels_us = sum(e.self_device_time_total for e in device)
+    launches = sum(e.count for e in device)
+    by_device = events.table(sort_by="self_device_time_total", row_limit=45) if device else ""
+    path.write_text(by_device + "\n\n" + events.table(sort_by="self_cpu_time_total", row_limit=45))
+    return {"kernels_ms": kernels_us / 1e3, "kernel_launches": launches, "tables": path.name}
 
 
 def summary(args, model, attention, fa4, steps, losses, generation, cuda) -> dict:
