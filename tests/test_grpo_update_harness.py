@@ -57,6 +57,9 @@ def test_the_harness_times_rloo_the_same_way(tmp_path):
     profiles = [s.get("profile") for s in packed["steps"]]
     assert profiles[0] is None is profiles[2] and profiles[1]["kernels_ms"] == 0  # the CPU: no kernels
     assert "aten::mm" in (tmp_path / profiles[1]["tables"]).read_text()  # the host's ops, the step's matmuls among them
+    assert [s["warmup"] for s in packed["steps"]] == [True, True, False]  # the profiled step is not timed
+    code, out, err = preloaded_run([str(SCRIPT), *smoke, "--setting", "packed", "--profile-step", "3"])
+    assert code == 2 and "--profile-step 3: the run has steps 0 to 2" in err
     subprocess.run([sys.executable, str(SCRIPT), "--compare", "--out", str(tmp_path)], check=True, capture_output=True)
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert (row["trainer"], row["setting"]) == ("rloo", "packed")

@@ -39,6 +39,7 @@ the first N groups' prompts, G completions of exactly ``--generate-tokens`` each
 step (median generation + median update, ``whole_step_vs_trl``: TRL's step time over ours).
 ``--profile-step K`` profiles step K (warm-ups counted from 0) with torch.profiler: ``RUN_profile.txt`` holds its
 tables, the JSON its kernels' summed device time and launches (``profile``), to set against the step's wall time.
+The profiled step counts with the warm-ups: the profiler's own cost stays out of the medians.
 ``--same-group`` runs the first group's lengths at every step, so kernels that compile per shape (fla's, tilelang's)
 compile once and a fresh machine's profile is not of compiles.
 Per setting (JSON): the median step's real tokens/s (sum over the group of prompt + completion), the peak
@@ -94,7 +95,11 @@ def arguments(argv=None) -> argparse.Namespace:
                         help="every step the first group's lengths (kernels that compile per shape compile once)")
     parser.add_argument("--profile-step", type=int, default=None,
                         help="profile this step (0-based, warm-ups counted): RUN_profile.txt, the kernels' time in JSON")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.profile_step is not None and not 0 <= args.profile_step < args.warmup + args.steps:
+        parser.error(f"--profile-step {args.profile_step}: the run has steps 0 to {args.warmup + args.steps - 1} "
+                     f"({args.warmup} warm-ups, then {args.steps}); pass one of those")  # fmt: skip
+    return args
 
 
 def group_lengths(args, count: int) -> list[tuple[int, list[int]]]:
@@ -218,7 +223,7 @@ def run_one(args, save=None) -> dict:
         tokens = sum(prompt + c for c in completions)
         padded = len(completions) * (prompt + max(completions))
         steps.append({"seconds": seconds, "prompt": prompt, "tokens": tokens, "padded_positions": padded,
-                      "warmup": index < args.warmup})
+                      "warmup": index < args.warmup or index == args.profile_step})  # profiled: not timed
         losses.append(float(loss.detach()))
         steps[-1]["grad_norm"] = grad_norm
         if index == args.profile_step:
