@@ -29,7 +29,8 @@ computes them: ``old_logps``), runs named ``rloo_*``.
 
 Model (``--model``): ``qwen3``, Qwen3-1.7B's shape (hidden 2048, 28 layers, 16 query / 8 kv heads of 128, MLP 6144,
 vocabulary 151,936, tied embeddings); ``qwen3_5``, the hybrid Qwen3.5-0.8B text model of ``_hybrid_models.py`` (18 Gated
-DeltaNet and 6 attention layers, fla's kernels where installed, on both sides). Seeded random weights in bf16,
+DeltaNet and 6 attention layers, fla's kernels where installed, on both sides). Seeded random weights in bf16
+(``--weights float32``: float32 weights under bf16 autocast on both sides, what TRL's configs train by default),
 gradient checkpointing (non-reentrant) on every side, AdamW (the Trainer's default, lr 1e-6). ``--smoke``: 2 to 4
 layers of hidden 64 and vocabulary 512, on the CPU. Attention: ``--attn`` ours (``packing_fa4`` for FA4: the same
 kernel as one op; share_prompt needs it), ``--trl-attn`` TRL's (``flash_attention_4``, through ``fa4_int_lengths``).
@@ -93,6 +94,8 @@ def arguments(argv=None) -> argparse.Namespace:
                         help="prompt lengths: shortest, median, longest (lognormal around the median, clipped)")
     parser.add_argument("--same-group", action="store_true",
                         help="every step the first group's lengths (kernels that compile per shape compile once)")
+    parser.add_argument("--weights", choices=("bf16", "float32"), default="bf16",
+                        help="the model's weights on the GPU: bf16, or float32 under bf16 autocast (TRL's defaults)")
     parser.add_argument("--profile-step", type=int, default=None,
                         help="profile this step (0-based, warm-ups counted): RUN_profile.txt, the kernels' time in JSON")
     args = parser.parse_args(argv)
@@ -151,7 +154,7 @@ def build_model(args, device):
         torch.manual_seed(args.seed)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config)
-        return model.to(torch.float32 if args.smoke else torch.bfloat16)
+        return model.to(weight_dtype(args))
     shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, vocab_size=512) if args.smoke else dict(
                  hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
@@ -160,7 +163,19 @@ def build_model(args, device):
     torch.manual_seed(args.seed)
     with torch.device(device):
         model = Qwen3ForCausalLM(config)
-    return model.to(torch.float32 if args.smoke else torch.bfloat16)
+    return model.to(weight_dtype(args))
+
+
+def weight_dtype(args):
+    """The weights' dtype: float32 on the CPU (smoke) and under ``--weights float32`` (TRL's defaults: its configs'
+    ``bf16=True`` then trains float32 weights under bf16 autocast, on both sides), else bf16.
+
+    >>> weight_dtype(arguments(["--out", "x"])), weight_dtype(arguments(["--out", "x", "--weights", "float32"]))
+    (torch.bfloat16, torch.float32)
+    """
+    import torch
+
+    return torch.float32 if args.smoke or args.weights == "float32" else torch.bfloat16
 
 
 def run_one(args, save=None) -> dict:
@@ -279,7 +294,7 @@ def summary(args, model, attention, fa4, steps, losses, generation, cuda) -> dic
     timed = [s for s in steps if not s["warmup"]]
     paths = sorted(set(packing_layers(model).paths.values())) if args.setting != "trl" else None  # which kernels ran
     return {
-        "setting": args.setting, "trainer": args.trainer, "model": args.model, "attention": attention, "fa4_int_lengths": fa4, "layer_paths": paths,
+        "setting": args.setting, "trainer": args.trainer, "model": args.model, "weights": str(weight_dtype(args)), "attention": attention, "fa4_int_lengths": fa4, "layer_paths": paths,
         "linear_attention_kernels": linear_attention_kernels(model),
         "generation": generation, "median_update_seconds": statistics.median(s["seconds"] for s in timed) if timed else None,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
@@ -356,16 +371,16 @@ def compare(out: Path) -> list[dict]:
                     continue
                 rows.append({"trainer": trainer, **compare_row(model, name, run, trl)})
     (out / "results.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
-    lines = ["| trainer | model | setting | prompts (shortest, median, longest) | attention (ours / TRL) | update tokens/s | TRL | x TRL | "
+    lines = ["| trainer | model | setting | prompts (shortest, median, longest) | attention (ours / TRL) | weights | update tokens/s | TRL | x TRL | "
              "steady x TRL (steps; TRL stalls) | peak GiB | TRL GiB | memory x TRL | grad_norm rel diff | whole step s (TRL) | whole step x TRL |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         memory = f"{r['peak_memory_vs_trl']:.3f}" if r["peak_memory_vs_trl"] else "-"
         peaks = [f"{v:.1f}" if v else "-" for v in (r["peak_gib"], r["trl_peak_gib"])]
         whole = (f"{r['whole_step_s']:.2f} ({r['trl_whole_step_s']:.2f}) | {r['whole_step_vs_trl']:.3f}"
                  if r["whole_step_vs_trl"] else "- | -")  # fmt: skip
         lines.append(f"| {r['trainer']} | {r['model']} | {r['setting']} | {r['prompts']} | {r['attention']} / {r['trl_attention']} | "
-                     f"{r['update_tokens_per_s']:,.0f} | {r['trl_update_tokens_per_s']:,.0f} | {r['update_tokens_per_s_vs_trl']:.3f} | "
+                     f"{_weights(r)} | {r['update_tokens_per_s']:,.0f} | {r['trl_update_tokens_per_s']:,.0f} | {r['update_tokens_per_s_vs_trl']:.3f} | "
                      f"{_steady(r)} | "
                      f"{peaks[0]} | {peaks[1]} | {memory} | {r['grad_norm_max_rel_diff_vs_trl']:.2e} | {whole} |")  # fmt: skip
     lines += [_unfinished(name, run) for name, run in runs.items() if not _finished(run)]
@@ -395,6 +410,16 @@ def _unfinished(name: str, run: dict) -> str:
     return f"{name}: no timed step; stopped after {len(done)} warm-up step{'s' if len(done) > 1 else ''} ({each})"
 
 
+def _weights(row: dict) -> str:
+    """The weights' dtype of both sides, one word where they agree (they do in every run of this harness).
+
+    >>> _weights({"weights": "torch.float32", "trl_weights": "torch.float32"})
+    'float32'
+    """
+    ours, theirs = (row[k].removeprefix("torch.") for k in ("weights", "trl_weights"))
+    return ours if ours == theirs else f"{ours} / {theirs}"
+
+
 def _steady(row: dict) -> str:
     value = row.get("steady_update_vs_trl")
     return f"{value:.3f} ({row['steady_steps']}; {row['trl_stalled_steps']})" if value else "-"
@@ -413,6 +438,7 @@ def compare_row(model: str, name: str, run: dict, trl: dict) -> dict:
         "model": model, "setting": name, "prompts": run.get("prompts"), "device": run["device"],
         **steady,
         "attention": run["attention"], "trl_attention": trl["attention"],
+        "weights": run.get("weights", "torch.bfloat16"), "trl_weights": trl.get("weights", "torch.bfloat16"),
         "update_tokens_per_s": run["median_tokens_per_s"], "trl_update_tokens_per_s": trl["median_tokens_per_s"],
         "update_tokens_per_s_vs_trl": run["median_tokens_per_s"] / trl["median_tokens_per_s"],
         "peak_gib": run["peak_gib"], "trl_peak_gib": trl["peak_gib"],
