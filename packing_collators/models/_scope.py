@@ -65,6 +65,7 @@ class ForwardScope:
     kv_index: torch.Tensor | None = None
     q_index: torch.Tensor | None = None
     _prefix: tuple | None = field(default=None, repr=False)
+    _windows: dict = field(default_factory=dict, repr=False)  # (width, device) -> KeyWindow
 
     def shared_prefix(self):
         """The two passes a recurrence takes over a shared-prompt row (``_shared_prefix.py``), made once per call;
@@ -74,6 +75,16 @@ class ForwardScope:
 
             self._prefix = (shared_prefix(self.kv_index, self.q_index, self.segments.cu_seq_lens),)
         return self._prefix[0]
+
+    def key_window(self, width: int, device):
+        """The keys' layout cut to a causal window of ``width`` (``_shared_prefix.key_window``), made once per call
+        on the host and copied to ``device`` once."""
+        key = (int(width), torch.device(device))
+        if key not in self._windows:
+            from ._shared_prefix import key_window
+
+            self._windows[key] = key_window(self.kv_index, self.q_index, self.segments.cu_seq_lens, width).to(device)
+        return self._windows[key]
 
     def to_keys(self, value):
         """``value`` laid out as the keys (``kv_index``): a (B, T, ...) tensor gathered along T, a tuple's tensors too

@@ -10,7 +10,7 @@ keys' layout ``[ P C1 | P C2 | P C3 ]`` computes, with the prompt run once inste
 shared copies of a prompt are the keys whose row token is another key's), :func:`run_from_prompts` runs a
 kernel that takes initial states and returns final states (flash-linear-attention's
 ``chunk_gated_delta_rule``, ``chunk_kda``) over them; a layer's short conv runs on the keys' layout instead
-(:func:`on_keys`). The SSD scan (Mamba2, lightning attention) takes no states, but its decay is one scalar per head
+(:func:`on_keys`, cut to the conv's window: a copied prompt's last few tokens). The SSD scan (Mamba2, lightning attention) takes no states, but its decay is one scalar per head
 and token, so a completion's output from the prompt's state S is the zero-state output plus
 ``C_t exp(A (dt_1 + ... + dt_t)) S``: :func:`ssd_from_prompts` adds that term, S computed from the prompt's tokens.
 Cost: one pass over the keys' index on the host per model call, two launches and a gather and scatter per layer
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["SharedPrefix", "on_keys", "run_from_prompts", "shared_prefix", "ssd_from_prompts"]
+__all__ = ["KeyWindow", "SharedPrefix", "key_window", "on_keys", "run_from_prompts", "shared_prefix", "ssd_from_prompts"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,10 +143,53 @@ def run_from_prompts(kernel: Callable, passes: SharedPrefix, *inputs: torch.Tens
     return out.index_copy(1, on.rest_rows, rest)
 
 
-def on_keys(scope, mixer: Callable, x: torch.Tensor) -> torch.Tensor:
-    """``mixer(x laid out as the keys, the keys' boundaries)`` read back at the row's tokens: a short window (a
-    layer's conv) that must see each completion's prompt before it, cheap enough to run on every copy."""
-    return scope.to_queries(mixer(scope.to_keys(x), scope.segments.cu_seq_lens))
+@dataclass(frozen=True)
+class KeyWindow:
+    """The keys' layout cut to what a causal window of ``width`` tokens reads: every sequence whole but a copied
+    prompt's (a completion after the group's first), of which only its last ``width - 1`` tokens are kept.
+
+    Attributes:
+        rows: int64 (W,) the row position of each kept key;  cu: int32 (S + 1,) the kept keys' segments;
+        out: int64 (T,) each row token's position among the kept keys (its own key: never a copy, always kept).
+    """
+
+    rows: torch.Tensor
+    cu: torch.Tensor
+    out: torch.Tensor
+
+    def to(self, device) -> KeyWindow:
+        return KeyWindow(self.rows.to(device), self.cu.to(device), self.out.to(device))
+
+
+def key_window(kv_index: torch.Tensor, q_index: torch.Tensor, cu_keys: torch.Tensor, width: int) -> KeyWindow:
+    """The keys' layout of a shared-prompt row cut to a window of ``width`` (a conv's kernel size), on the host.
+
+    >>> from packing_collators.collate import shared_prompt_batch
+    >>> group = [{"input_ids": [1, 2, 3, 4], "labels": [-100, -100, -100, 4]},
+    ...          {"input_ids": [1, 2, 3, 5, 6], "labels": [-100, -100, -100, 5, 6]}]
+    >>> batch = shared_prompt_batch([group])        # row [1 2 3 4 | 5 6], keys [1 2 3 4 | 1 2 3 5 6]
+    >>> w = key_window(batch["kv_index"], batch["q_index"], batch["cu_seq_lens_k"], width=3)
+    >>> w.rows.tolist(), w.cu.tolist(), w.out.tolist()  # the copy keeps its prompt's last 2 tokens: [2 3 5 6]
+    ([0, 1, 2, 3, 1, 2, 4, 5], [0, 4, 8], [0, 1, 2, 3, 6, 7])
+    """
+    kv, q = kv_index.reshape(-1).cpu().long(), q_index.reshape(-1).cpu().long()
+    cu = cu_keys.reshape(-1).cpu().long()
+    lengths = cu.diff()
+    positions = torch.arange(kv.numel())
+    segment = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    copied = torch.zeros(lengths.numel(), dtype=torch.int64).index_add_(0, segment, (q[kv] != positions).long())
+    dropped = (copied - (width - 1)).clamp(min=0)  # a segment's copied keys lead it (``shared_prefix``)
+    keep = positions - cu[:-1][segment] >= dropped[segment]
+    at = keep.long().cumsum(0) - 1
+    return KeyWindow(kv[keep], _cumulative((lengths - dropped).tolist()), at[q])
+
+
+def on_keys(scope, mixer: Callable, x: torch.Tensor, width: int) -> torch.Tensor:
+    """``mixer(x laid out as the keys, the keys' boundaries)`` read back at the row's tokens, for a causal window of
+    ``width`` tokens (a layer's conv) that must see each completion's prompt before it: the keys' layout cut to
+    that window (:func:`key_window`), so a copied prompt costs ``width - 1`` tokens, not its length."""
+    window = scope.key_window(width, x.device)
+    return mixer(x.index_select(1, window.rows), window.cu).index_select(1, window.out)
 
 
 def ssd_from_prompts(ssd: Callable, passes: SharedPrefix, x, dt, A, B, C, D, chunk_size: int) -> torch.Tensor:

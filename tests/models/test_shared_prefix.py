@@ -11,6 +11,8 @@ float32; each stateful layer's projection reads the row's tokens (each prompt on
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from _hybrids import HYBRIDS, alone_logits, tiny_hybrid
@@ -56,6 +58,10 @@ def _once_layers(model) -> list:
     """The stateful layers whose family runs a shared prompt once (the rest keep the keys' layout)."""
     found = [(layer, varlen_layer(layer)) for _, layer in find_stateful_layers(model)]
     return [(layer, v) for layer, v in found if v is not None and v.family.shared is not None]
+
+
+def _convs(layer) -> list:
+    return [m for m in layer.modules() if isinstance(m, torch.nn.Conv1d)]
 
 
 def _families(model_type: str) -> set:
@@ -116,6 +122,30 @@ def test_each_prompt_runs_once_and_every_sequence_gets_what_it_gets_alone(model_
     assert grads.keys() == keys_grads.keys()
     for name, grad in keys_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5 * float(grad.abs().max()) + 1e-7, msg=name)
+
+
+@pytest.mark.parametrize("model_type", [m for m in ONCE if any(_convs(layer) for layer, _ in _once_layers(tiny_hybrid(m)))])
+def test_a_layers_conv_reads_only_the_window_of_each_copied_prompt(model_type):
+    # the conv of a completion after its group's first needs its prompt's last width - 1 tokens, not all of it
+    groups = _groups(_tiny(model_type).config.vocab_size)
+    lengths = []
+
+    def conv(x, *args, **kwargs):
+        lengths.append(x.shape[1])
+        return VARLEN_PREFIX_REFERENCE.conv(x, *args, **kwargs)
+
+    kernels = dataclasses.replace(VARLEN_PREFIX_REFERENCE, conv=conv)
+    model = enable_packing_with(_tiny(model_type), lambda: (kernels, ""))
+    logits, grads, _ = _run(model, groups)
+    keys_logits, keys_grads, _ = _run(_keys_model(model_type), groups)
+    torch.testing.assert_close(logits, keys_logits, rtol=1e-5, atol=1e-5)
+    for name, grad in keys_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5 * float(grad.abs().max()) + 1e-7, msg=name)
+    batch = shared_prompt_batch(groups)
+    row, copies = batch["input_ids"].shape[1], [9, 9, 6]  # the prompts of the sequences after each group's first
+    widths = {conv.weight.shape[-1] for layer, _ in _once_layers(model) for conv in _convs(layer)}
+    expected = {row + sum(min(p, w - 1) for p in copies) for w in widths}
+    assert lengths and set(lengths) <= expected and max(lengths) < batch["kv_index"].numel()
 
 
 @pytest.mark.parametrize("model_type", [m for m in ONCE if any(f.shared_needs_states for f in _families(m))])
