@@ -46,6 +46,7 @@ class SharedPrefix:
     rest_rows: torch.Tensor
     cu_rest: torch.Tensor
     rest_prompt: torch.Tensor
+    split: int | None = None  # the row is [prompts | the rest], in that order (one group): the passes are slices
     _copies: dict = field(default_factory=dict, repr=False)  # device -> these passes there
     _rest_tokens: dict = field(default_factory=dict, repr=False)  # device -> rest_tokens(device)
 
@@ -63,7 +64,7 @@ class SharedPrefix:
         if device not in self._copies:
             self._copies[device] = SharedPrefix(
                 self.prompt_rows.to(device), self.cu_prompts.to(device), self.rest_rows.to(device),
-                self.cu_rest.to(device), self.rest_prompt.to(device),
+                self.cu_rest.to(device), self.rest_prompt.to(device), self.split,
             )  # fmt: skip
         return self._copies[device]
 
@@ -96,6 +97,9 @@ def shared_prefix(kv_index: torch.Tensor, q_index: torch.Tensor, cu_keys: torch.
     >>> passes = shared_prefix(batch["kv_index"], batch["q_index"], batch["cu_seq_lens_k"])
     >>> passes.prompt_rows.tolist(), passes.rest_rows.tolist(), passes.cu_rest.tolist(), passes.rest_prompt.tolist()
     ([0, 1], [2, 3, 4, 5, 6], [0, 1, 3, 5], [0, 0, -1])
+    >>> passes.split  # the prompts lead the row, the rest follows: the passes are its two slices
+    2
+    >>> shared_prefix(*(shared_prompt_batch([[alone], group])[k] for k in ("kv_index", "q_index", "cu_seq_lens_k"))).split
     """
     kv, q, cu = kv_index.reshape(-1).tolist(), q_index.reshape(-1).tolist(), cu_keys.reshape(-1).tolist()
     segments = []  # (start, end, copied): a keys segment and how many of its first keys copy another's token
@@ -117,12 +121,15 @@ def shared_prefix(kv_index: torch.Tensor, q_index: torch.Tensor, cu_keys: torch.
         rest_rows += kv[start + length : end]
         rest_lengths.append(end - start - length)
         rest_prompt.append(index)
+    flat = [r for rows in prompt_rows for r in rows]
+    in_order = flat == list(range(len(flat))) and rest_rows == list(range(len(flat), len(flat) + len(rest_rows)))
     return SharedPrefix(
-        prompt_rows=torch.tensor([r for rows in prompt_rows for r in rows], dtype=torch.int64),
+        prompt_rows=torch.tensor(flat, dtype=torch.int64),
         cu_prompts=_cumulative([len(rows) for rows in prompt_rows]),
         rest_rows=torch.tensor(rest_rows, dtype=torch.int64),
         cu_rest=_cumulative(rest_lengths),
         rest_prompt=torch.tensor(rest_prompt, dtype=torch.int64),
+        split=len(flat) if in_order else None,
     )
 
 
@@ -130,14 +137,16 @@ def run_from_prompts(kernel: Callable, passes: SharedPrefix, *inputs: torch.Tens
     """``kernel(*inputs, cu_seqlens, initial_state=, output_final_state=)`` over the row's tokens (dim 1 of each
     input, (1, T, ...)) in the two passes; its output (1, T, ...) in row order."""
     on = passes.on(inputs[0].device)
-
-    def gathered(rows: torch.Tensor) -> list[torch.Tensor]:
-        return [x.index_select(1, rows) for x in inputs]
-
-    first, states = kernel(*gathered(on.prompt_rows), on.cu_prompts, output_final_state=True)
+    if on.split is not None:  # one group: the passes are the row's two slices, no gathers (nor their scatters)
+        prompts, others = zip(*(x.split([on.split, x.shape[1] - on.split], dim=1) for x in inputs))
+    else:
+        prompts, others = ([x.index_select(1, rows) for x in inputs] for rows in (on.prompt_rows, on.rest_rows))
+    first, states = kernel(*prompts, on.cu_prompts, output_final_state=True)
     zero = torch.zeros_like(states[:1])
     initial = torch.cat([zero, states]).index_select(0, on.rest_prompt + 1)
-    rest = kernel(*gathered(on.rest_rows), on.cu_rest, initial_state=initial)
+    rest = kernel(*others, on.cu_rest, initial_state=initial)
+    if on.split is not None:
+        return torch.cat([first, rest], dim=1)
     out = first.new_empty((1, inputs[0].shape[1], *first.shape[2:]))
     out = out.index_copy(1, on.prompt_rows, first)
     return out.index_copy(1, on.rest_rows, rest)
@@ -197,15 +206,19 @@ def ssd_from_prompts(ssd: Callable, passes: SharedPrefix, x, dt, A, B, C, D, chu
     (x (1, T, h, p), dt (1, T, h), B and C (1, T, g, n)) in the two passes, each completion's output from its prompt's
     final state: the scan is linear in its state, so the zero-state output gains ``C_t exp(A * sum(dt_1..t)) S``."""
     on = passes.on(x.device)
-    prompt_rows, rest_rows = on.prompt_rows, on.rest_rows
-    xp, dtp, Bp, Cp = (t.index_select(1, prompt_rows) for t in (x, dt, B, C))
+    if on.split is not None:  # one group: the row's two slices
+        (xp, xr), (dtp, dtr), (Bp, Br), (Cp, Cr) = (t.split([on.split, t.shape[1] - on.split], dim=1) for t in (x, dt, B, C))
+    else:
+        xp, dtp, Bp, Cp = (t.index_select(1, on.prompt_rows) for t in (x, dt, B, C))
+        xr, dtr, Br, Cr = (t.index_select(1, on.rest_rows) for t in (x, dt, B, C))
     first = ssd(xp, dtp, A, Bp, Cp, D, chunk_size, on.cu_prompts)
-    xr, dtr, Br, Cr = (t.index_select(1, rest_rows) for t in (x, dt, B, C))
     rest = ssd(xr, dtr, A, Br, Cr, D, chunk_size, on.cu_rest)
     states = _ssd_final_states(passes.cu_prompts.tolist(), A, xp[0], dtp[0], Bp[0])
     rest = (rest.float() + _from_states(passes, states, A, dtr[0], Cr[0])[None]).to(first.dtype)
+    if on.split is not None:
+        return torch.cat([first, rest], dim=1)
     out = first.new_empty((1, x.shape[1], *first.shape[2:]))
-    return out.index_copy(1, prompt_rows, first).index_copy(1, rest_rows, rest)
+    return out.index_copy(1, on.prompt_rows, first).index_copy(1, on.rest_rows, rest)
 
 
 def _ssd_final_states(cu: list[int], A, x, dt, B) -> list[torch.Tensor]:

@@ -124,6 +124,21 @@ def test_each_prompt_runs_once_and_every_sequence_gets_what_it_gets_alone(model_
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5 * float(grad.abs().max()) + 1e-7, msg=name)
 
 
+@pytest.mark.parametrize("model_type", ONCE)
+def test_one_group_runs_its_passes_as_the_rows_two_slices(model_type):
+    # a micro-batch of one prompt's completions (TRL's G = batch size): [prompt | completions], no gathers
+    from packing_collators.models._shared_prefix import shared_prefix
+
+    groups = _groups(_tiny(model_type).config.vocab_size)[:1]
+    batch = shared_prompt_batch(groups)
+    assert shared_prefix(batch["kv_index"], batch["q_index"], batch["cu_seq_lens_k"]).split == 9
+    logits, grads, _ = _run(enable_packing_with(_tiny(model_type), lambda: (VARLEN_PREFIX_REFERENCE, "")), groups)
+    keys_logits, keys_grads, _ = _run(_keys_model(model_type), groups)
+    torch.testing.assert_close(logits, keys_logits, rtol=1e-5, atol=1e-5)
+    for name, grad in keys_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5 * float(grad.abs().max()) + 1e-7, msg=name)
+
+
 @pytest.mark.parametrize("model_type", [m for m in ONCE if any(_convs(layer) for layer, _ in _once_layers(tiny_hybrid(m)))])
 def test_a_layers_conv_reads_only_the_window_of_each_copied_prompt(model_type):
     # the conv of a completion after its group's first needs its prompt's last width - 1 tokens, not all of it
