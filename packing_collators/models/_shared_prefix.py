@@ -159,15 +159,18 @@ class KeyWindow:
 
     Attributes:
         rows: int64 (W,) the row position of each kept key;  cu: int32 (S + 1,) the kept keys' segments;
-        out: int64 (T,) each row token's position among the kept keys (its own key: never a copy, always kept).
+        out: int64 (T,) each row token's position among the kept keys (its own key: never a copy, always kept);
+        copies: int64 (C,) the kept keys that copy a prompt's token, and copied: (C,) that token's row position.
     """
 
     rows: torch.Tensor
     cu: torch.Tensor
     out: torch.Tensor
+    copies: torch.Tensor
+    copied: torch.Tensor
 
     def to(self, device) -> KeyWindow:
-        return KeyWindow(self.rows.to(device), self.cu.to(device), self.out.to(device))
+        return KeyWindow(*(t.to(device) for t in (self.rows, self.cu, self.out, self.copies, self.copied)))
 
 
 def key_window(kv_index: torch.Tensor, q_index: torch.Tensor, cu_keys: torch.Tensor, width: int) -> KeyWindow:
@@ -180,6 +183,8 @@ def key_window(kv_index: torch.Tensor, q_index: torch.Tensor, cu_keys: torch.Ten
     >>> w = key_window(batch["kv_index"], batch["q_index"], batch["cu_seq_lens_k"], width=3)
     >>> w.rows.tolist(), w.cu.tolist(), w.out.tolist()  # the copy keeps its prompt's last 2 tokens: [2 3 5 6]
     ([0, 1, 2, 3, 1, 2, 4, 5], [0, 4, 8], [0, 1, 2, 3, 6, 7])
+    >>> w.copies.tolist(), w.copied.tolist()  # kept keys 4 and 5 copy row tokens 1 and 2
+    ([4, 5], [1, 2])
     """
     kv, q = kv_index.reshape(-1).cpu().long(), q_index.reshape(-1).cpu().long()
     cu = cu_keys.reshape(-1).cpu().long()
@@ -190,7 +195,43 @@ def key_window(kv_index: torch.Tensor, q_index: torch.Tensor, cu_keys: torch.Ten
     dropped = (copied - (width - 1)).clamp(min=0)  # a segment's copied keys lead it (``shared_prefix``)
     keep = positions - cu[:-1][segment] >= dropped[segment]
     at = keep.long().cumsum(0) - 1
-    return KeyWindow(kv[keep], _cumulative((lengths - dropped).tolist()), at[q])
+    copy = keep & (q[kv] != positions)
+    return KeyWindow(kv[keep], _cumulative((lengths - dropped).tolist()), at[q], at[copy], kv[copy])
+
+
+class _ToWindow(torch.autograd.Function):
+    """``x.index_select(1, window.rows)`` whose backward gathers each token's own key's gradient and adds only the few
+    copies' (``index_select``'s own backward adds every key with atomics: bf16 atomics over the whole row, not
+    deterministic)."""
+
+    @staticmethod
+    def forward(ctx, x, window: KeyWindow):
+        ctx.window = window
+        return x.index_select(1, window.rows)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        window = ctx.window
+        out = grad.index_select(1, window.out)
+        if window.copies.numel():
+            out.index_add_(1, window.copied, grad.index_select(1, window.copies))
+        return out, None
+
+
+class _FromWindow(torch.autograd.Function):
+    """``y.index_select(1, window.out)`` (each row token's own key: no index twice), its backward a plain scatter."""
+
+    @staticmethod
+    def forward(ctx, y, window: KeyWindow):
+        ctx.window, ctx.length = window, y.shape[1]
+        return y.index_select(1, window.out)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        shape = (grad.shape[0], ctx.length, *grad.shape[2:])
+        return grad.new_zeros(shape).index_copy_(1, ctx.window.out, grad), None
 
 
 def on_keys(scope, mixer: Callable, x: torch.Tensor, width: int) -> torch.Tensor:
@@ -198,7 +239,7 @@ def on_keys(scope, mixer: Callable, x: torch.Tensor, width: int) -> torch.Tensor
     ``width`` tokens (a layer's conv) that must see each completion's prompt before it: the keys' layout cut to
     that window (:func:`key_window`), so a copied prompt costs ``width - 1`` tokens, not its length."""
     window = scope.key_window(width, x.device)
-    return mixer(x.index_select(1, window.rows), window.cu).index_select(1, window.out)
+    return _FromWindow.apply(mixer(_ToWindow.apply(x, window), window.cu), window)
 
 
 def ssd_from_prompts(ssd: Callable, passes: SharedPrefix, x, dt, A, B, C, D, chunk_size: int) -> torch.Tensor:
