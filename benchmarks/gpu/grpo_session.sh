@@ -8,7 +8,9 @@
 # timings are not used. `warm` then times each setting alone, one process after another, as grpo_update.py --all
 # does, the ~1k row with one group's generation (the whole step). `extra` runs RLOO's row on the warm caches.
 #
-#   PHASE=cold|warm|extra [LENGTHS="1k 2k"] bash benchmarks/gpu/grpo_session.sh RESULTS_DIR
+#   PHASE=cold|warm|extra|profile [LENGTHS="1k 2k"] bash benchmarks/gpu/grpo_session.sh RESULTS_DIR
+#
+# `profile` times and profiles one group per length instead (benchmarks/results/grpo_hybrid_profile_h100).
 #
 # MODEL=qwen3 (the dense 1.7B shape) runs the same rows; it compiles nothing per length (no fla), so
 # PHASE="warm extra" alone does. PHASE may name several phases, run in that order.
@@ -39,6 +41,15 @@ case "$phase" in
     for n in $lengths; do
       $G --all ${rows[$n]} --settings trl,packed,shared --setting-timeout "${WARM_TIMEOUT:-90}" --out "$out/warm_$n" > "$out/warm_$n.log" 2>&1
       $G --compare --out "$out/warm_$n" >> "$out/warm_$n.log" 2>&1
+    done ;;
+  profile)  # one group at every step (--same-group), so fla's kernels compile once: step 2 profiled (torch.profiler
+            # tables, the kernels' time and launches), step 3 timed; SETTINGS (default shared,packed,trl), each alone.
+            # On a fresh machine the first call's processes spend ~100 s each compiling: run the phase twice.
+    declare -A draw=([1k]="" [2k]="--prompts 2048,2800,4096")
+    for n in $lengths; do
+      $G --all ${draw[$n]} --same-group --steps 2 --warmup 2 --profile-step 2 --settings "${SETTINGS:-shared,packed,trl}" \
+        --setting-timeout "${PROFILE_TIMEOUT:-150}" --out "$out/profile_$n" > "$out/profile_$n.log" 2>&1
+      $G --compare --out "$out/profile_$n" >> "$out/profile_$n.log" 2>&1
     done ;;
   extra)
     $G --all $one_k --trainer rloo --settings trl,packed,shared --setting-timeout "${RLOO_TIMEOUT:-150}" --out "$out/rloo_1k" > "$out/rloo_1k.log" 2>&1
