@@ -10,10 +10,12 @@ keys' layout ``[ P C1 | P C2 | P C3 ]`` computes, with the prompt run once inste
 shared copies of a prompt are the keys whose row token is another key's), :func:`run_from_prompts` runs a
 kernel that takes initial states and returns final states (flash-linear-attention's
 ``chunk_gated_delta_rule``, ``chunk_kda``) over them; a layer's short conv runs on the keys' layout instead
-(:func:`on_keys`, cut to the conv's window: a copied prompt's last few tokens). The SSD scan (Mamba2, lightning attention) takes no states, but its decay is one scalar per head
-and token, so a completion's output from the prompt's state S is the zero-state output plus
-``C_t exp(A (dt_1 + ... + dt_t)) S``: :func:`ssd_from_prompts` adds that term, S computed from the prompt's tokens.
-Cost: one pass over the keys' index on the host per model call, two launches and a gather and scatter per layer
+(:func:`on_keys`, cut to the conv's window: a copied prompt's last few tokens). The SSD scan (Mamba2, lightning
+attention) takes no states, but its decay is one scalar per head and token, so a completion's output from the
+prompt's state S is the zero-state output plus ``C_t exp(A (dt_1 + ... + dt_t)) S``: :func:`ssd_from_prompts` adds
+that term, S computed from the prompt's tokens.
+Cost: one pass over the keys' index on the host per model call; per layer two kernel calls on the row's two slices
+(one group) or on gathers and a scatter (several), the conv on the row plus ``width - 1`` tokens per copied prompt
 (and for the SSD two einsums per prompt).
 """
 
@@ -24,7 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["KeyWindow", "SharedPrefix", "key_window", "on_keys", "run_from_prompts", "shared_prefix", "ssd_from_prompts"]
+__all__ = [
+    "KeyWindow", "SharedPrefix", "key_window", "on_keys", "run_from_prompts", "shared_prefix", "ssd_from_prompts",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +72,28 @@ class SharedPrefix:
             )  # fmt: skip
         return self._copies[device]
 
+    def split_row(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each (1, T, ...) tensor's prompt-pass tokens and rest-pass tokens (this object on their device): the
+        row's two slices where it is one group (``split``), else gathers.
+
+        >>> passes = SharedPrefix(*(torch.tensor(v) for v in ([0, 1], [0, 2], [2, 3, 4], [0, 3], [0])), split=2)
+        >>> prompts, rest = passes.split_row(torch.arange(5.0)[None])
+        >>> prompts[0].tolist(), rest[0].tolist()
+        ([[0.0, 1.0]], [[2.0, 3.0, 4.0]])
+        """
+        if self.split is not None:  # one group: views, no gathers (nor their backward's scatters)
+            parts = [t.split([self.split, t.shape[1] - self.split], dim=1) for t in tensors]
+            return [p for p, _ in parts], [r for _, r in parts]
+        prompts = [t.index_select(1, self.prompt_rows) for t in tensors]
+        return prompts, [t.index_select(1, self.rest_rows) for t in tensors]
+
+    def join(self, first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+        """The two passes' outputs (1, P, ...) and (1, R, ...) back in row order, (1, P + R, ...)."""
+        if self.split is not None:
+            return torch.cat([first, rest], dim=1)
+        out = first.new_empty((1, first.shape[1] + rest.shape[1], *first.shape[2:]))
+        return out.index_copy(1, self.prompt_rows, first).index_copy(1, self.rest_rows, rest)
+
     def rest_tokens(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """For each token of the rest pass, on ``device`` (made on the host and copied once): the rest pass's token
         before its segment's start (0 for the first segment), whether there is one, and per prompt the rest
@@ -99,7 +125,8 @@ def shared_prefix(kv_index: torch.Tensor, q_index: torch.Tensor, cu_keys: torch.
     ([0, 1], [2, 3, 4, 5, 6], [0, 1, 3, 5], [0, 0, -1])
     >>> passes.split  # the prompts lead the row, the rest follows: the passes are its two slices
     2
-    >>> shared_prefix(*(shared_prompt_batch([[alone], group])[k] for k in ("kv_index", "q_index", "cu_seq_lens_k"))).split
+    >>> other = shared_prompt_batch([[alone], group])   # row: [7 8 | 1 2 3 | 4 5]: the prompt does not lead it
+    >>> shared_prefix(other["kv_index"], other["q_index"], other["cu_seq_lens_k"]).split
     """
     kv, q, cu = kv_index.reshape(-1).tolist(), q_index.reshape(-1).tolist(), cu_keys.reshape(-1).tolist()
     segments = []  # (start, end, copied): a keys segment and how many of its first keys copy another's token
@@ -137,19 +164,11 @@ def run_from_prompts(kernel: Callable, passes: SharedPrefix, *inputs: torch.Tens
     """``kernel(*inputs, cu_seqlens, initial_state=, output_final_state=)`` over the row's tokens (dim 1 of each
     input, (1, T, ...)) in the two passes; its output (1, T, ...) in row order."""
     on = passes.on(inputs[0].device)
-    if on.split is not None:  # one group: the passes are the row's two slices, no gathers (nor their scatters)
-        prompts, others = zip(*(x.split([on.split, x.shape[1] - on.split], dim=1) for x in inputs))
-    else:
-        prompts, others = ([x.index_select(1, rows) for x in inputs] for rows in (on.prompt_rows, on.rest_rows))
+    prompts, others = on.split_row(*inputs)
     first, states = kernel(*prompts, on.cu_prompts, output_final_state=True)
     zero = torch.zeros_like(states[:1])
     initial = torch.cat([zero, states]).index_select(0, on.rest_prompt + 1)
-    rest = kernel(*others, on.cu_rest, initial_state=initial)
-    if on.split is not None:
-        return torch.cat([first, rest], dim=1)
-    out = first.new_empty((1, inputs[0].shape[1], *first.shape[2:]))
-    out = out.index_copy(1, on.prompt_rows, first)
-    return out.index_copy(1, on.rest_rows, rest)
+    return on.join(first, kernel(*others, on.cu_rest, initial_state=initial))
 
 
 @dataclass(frozen=True)
@@ -247,19 +266,12 @@ def ssd_from_prompts(ssd: Callable, passes: SharedPrefix, x, dt, A, B, C, D, chu
     (x (1, T, h, p), dt (1, T, h), B and C (1, T, g, n)) in the two passes, each completion's output from its prompt's
     final state: the scan is linear in its state, so the zero-state output gains ``C_t exp(A * sum(dt_1..t)) S``."""
     on = passes.on(x.device)
-    if on.split is not None:  # one group: the row's two slices
-        (xp, xr), (dtp, dtr), (Bp, Br), (Cp, Cr) = (t.split([on.split, t.shape[1] - on.split], dim=1) for t in (x, dt, B, C))
-    else:
-        xp, dtp, Bp, Cp = (t.index_select(1, on.prompt_rows) for t in (x, dt, B, C))
-        xr, dtr, Br, Cr = (t.index_select(1, on.rest_rows) for t in (x, dt, B, C))
+    (xp, dtp, Bp, Cp), (xr, dtr, Br, Cr) = on.split_row(x, dt, B, C)
     first = ssd(xp, dtp, A, Bp, Cp, D, chunk_size, on.cu_prompts)
     rest = ssd(xr, dtr, A, Br, Cr, D, chunk_size, on.cu_rest)
     states = _ssd_final_states(passes.cu_prompts.tolist(), A, xp[0], dtp[0], Bp[0])
     rest = (rest.float() + _from_states(passes, states, A, dtr[0], Cr[0])[None]).to(first.dtype)
-    if on.split is not None:
-        return torch.cat([first, rest], dim=1)
-    out = first.new_empty((1, x.shape[1], *first.shape[2:]))
-    return out.index_copy(1, on.prompt_rows, first).index_copy(1, on.rest_rows, rest)
+    return on.join(first, rest)
 
 
 def _ssd_final_states(cu: list[int], A, x, dt, B) -> list[torch.Tensor]:

@@ -139,7 +139,10 @@ def test_one_group_runs_its_passes_as_the_rows_two_slices(model_type):
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5 * float(grad.abs().max()) + 1e-7, msg=name)
 
 
-@pytest.mark.parametrize("model_type", [m for m in ONCE if any(_convs(layer) for layer, _ in _once_layers(tiny_hybrid(m)))])
+WITH_CONVS = [m for m in ONCE if any(_convs(layer) for layer, _ in _once_layers(tiny_hybrid(m)))]
+
+
+@pytest.mark.parametrize("model_type", WITH_CONVS)
 def test_a_layers_conv_reads_only_the_window_of_each_copied_prompt(model_type):
     # the conv of a completion after its group's first needs its prompt's last width - 1 tokens, not all of it
     groups = _groups(_tiny(model_type).config.vocab_size)
