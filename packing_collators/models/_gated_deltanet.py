@@ -67,11 +67,6 @@ def _conv(module, kernels: VarlenKernels):
     return lambda x, cu_seqlens: kernels.conv(x, weight, module.conv1d.bias, module.activation, cu_seqlens)
 
 
-def _width(module) -> int:
-    """The layer's conv window (its kernel size)."""
-    return module.conv1d.weight.shape[-1]
-
-
 def gated_deltanet_varlen_forward(
     module, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor, kernels: VarlenKernels, layout: str
 ) -> torch.Tensor:
@@ -89,7 +84,7 @@ def gated_deltanet_shared_forward(module, hidden_states: torch.Tensor, scope, ke
     from ._shared_prefix import on_keys, run_from_prompts
 
     conv, passes = _conv(module, kernels), scope.shared_prefix()
-    return _forward(module, hidden_states, layout, lambda x: on_keys(scope, conv, x, _width(module)),
+    return _forward(module, hidden_states, layout, lambda x: on_keys(scope, conv, x, module.conv1d),
                     lambda *qkvgb: run_from_prompts(kernels.delta_rule, passes, *qkvgb))  # fmt: skip
 
 

@@ -61,8 +61,8 @@ def kda_shared_forward(module, hidden_states: torch.Tensor, scope, kernels: Varl
     from ._shared_prefix import on_keys, run_from_prompts
 
     def conv(mixed):
-        width = module.conv1d.weight.shape[-1]
-        return on_keys(scope, lambda x, cu: causal_conv(kernels, module.conv1d, x, module.activation, cu), mixed, width)
+        conv1d = module.conv1d
+        return on_keys(scope, lambda x, cu: causal_conv(kernels, conv1d, x, module.activation, cu), mixed, conv1d)
 
     def from_states(query, key, value, g, beta, cu_seqlens, initial_state=None, output_final_state=False):
         o, final = kernels.kda(query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens,

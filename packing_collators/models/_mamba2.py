@@ -78,8 +78,7 @@ def mamba2_shared_forward(module, hidden_states: torch.Tensor, scope, kernels: V
 
     passes = scope.shared_prefix()
     conv = lambda x, cu_seqlens: causal_conv(kernels, module.conv1d, x, module.activation, cu_seqlens)  # noqa: E731
-    width = module.conv1d.weight.shape[-1]
-    return _forward(module, hidden_states, layout, lambda xBC: on_keys(scope, conv, xBC, width),
+    return _forward(module, hidden_states, layout, lambda xBC: on_keys(scope, conv, xBC, module.conv1d),
                     lambda *scan: ssd_from_prompts(kernels.ssd, passes, *scan))  # fmt: skip
 
 

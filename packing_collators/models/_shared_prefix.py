@@ -210,11 +210,12 @@ def key_window(kv_index: torch.Tensor, q_index: torch.Tensor, cu_keys: torch.Ten
     lengths = cu.diff()
     positions = torch.arange(kv.numel())
     segment = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-    copied = torch.zeros(lengths.numel(), dtype=torch.int64).index_add_(0, segment, (q[kv] != positions).long())
+    is_copy = q[kv] != positions  # a key whose row token has its own key elsewhere: a prompt's copy
+    copied = torch.zeros(lengths.numel(), dtype=torch.int64).index_add_(0, segment, is_copy.long())
     dropped = (copied - (width - 1)).clamp(min=0)  # a segment's copied keys lead it (``shared_prefix``)
     keep = positions - cu[:-1][segment] >= dropped[segment]
     at = keep.long().cumsum(0) - 1
-    copy = keep & (q[kv] != positions)
+    copy = keep & is_copy
     return KeyWindow(kv[keep], _cumulative((lengths - dropped).tolist()), at[q], at[copy], kv[copy])
 
 
@@ -253,11 +254,11 @@ class _FromWindow(torch.autograd.Function):
         return grad.new_zeros(shape).index_copy_(1, ctx.window.out, grad), None
 
 
-def on_keys(scope, mixer: Callable, x: torch.Tensor, width: int) -> torch.Tensor:
-    """``mixer(x laid out as the keys, the keys' boundaries)`` read back at the row's tokens, for a causal window of
-    ``width`` tokens (a layer's conv) that must see each completion's prompt before it: the keys' layout cut to
+def on_keys(scope, mixer: Callable, x: torch.Tensor, conv: torch.nn.Module) -> torch.Tensor:
+    """``mixer(x laid out as the keys, the keys' boundaries)`` read back at the row's tokens, for a layer's causal
+    ``conv`` (its window: the kernel size) that must see each completion's prompt before it: the keys' layout cut to
     that window (:func:`key_window`), so a copied prompt costs ``width - 1`` tokens, not its length."""
-    window = scope.key_window(width, x.device)
+    window = scope.key_window(conv.weight.shape[-1], x.device)
     return _FromWindow.apply(mixer(_ToWindow.apply(x, window), window.cu), window)
 
 

@@ -47,6 +47,5 @@ def short_conv_shared_forward(module, hidden_states: torch.Tensor, scope, kernel
     from ._shared_prefix import on_keys
 
     B, C, x = module.in_proj(hidden_states).chunk(3, dim=-1)
-    width = module.conv.weight.shape[-1]
-    conv = on_keys(scope, lambda bx, cu: causal_conv(kernels, module.conv, bx, None, cu), B * x, width)
+    conv = on_keys(scope, lambda bx, cu: causal_conv(kernels, module.conv, bx, None, cu), B * x, module.conv)
     return module.out_proj(C * conv)
