@@ -28,6 +28,7 @@ def test_the_harness_times_both_trainers_on_the_same_groups_and_compares_them(tm
     assert all(s["padded_positions"] >= s["tokens"] for s in trl["steps"])
     assert all(1024 // 16 <= s["prompt"] <= 2048 // 16 for s in trl["steps"])  # --prompts, scaled down by --smoke
     assert trl["attention"] == shared["attention"] == "sdpa" and trl["device"] == "cpu"
+    assert trl["forward_autocast"] == shared["forward_autocast"] == ["none"]  # float32 throughout: no bf16 asked for
     for run in (trl, shared):  # TRL's generation timed on the first group's prompt, on both sides alike
         assert run["generation"]["prompts"] == [trl["steps"][0]["prompt"]] and run["generation"]["error"] is None
         assert run["generation"]["attention"] == "sdpa"  # what the first decoding forward ran under
@@ -123,3 +124,17 @@ def test_a_run_its_time_limit_stopped_before_a_timed_step_is_listed_with_its_war
     (tmp_path / "qwen3_trl.json").write_text(json.dumps({**packed, "setting": "trl"}))
     (row,) = grpo_update.compare(tmp_path)
     assert row["update_tokens_per_s_vs_trl"] == 1.0
+
+
+@pytest.mark.slow
+def test_float32_weights_run_under_the_trainers_bf16_autocast_on_both_sides(tmp_path):
+    # TRL's defaults: bf16=True over float32 weights, which Trainer.train() turns into accelerate's autocast around
+    # the model's forward. The harness calls compute_loss itself, so it must prepare the model as train() does; a run
+    # that skipped it would time float32 layers (and FA4 would refuse them) while its table said "TRL's defaults".
+    smoke = ["--smoke", "--weights", "float32", "--steps", "1", "--warmup", "0", "--out", str(tmp_path)]
+    for setting in ("trl", "packed"):
+        code, out, err = preloaded_run([str(SCRIPT), *smoke, "--setting", setting])
+        assert code == 0, (out + err)[-3000:]
+    for setting in ("trl", "packed"):
+        run = json.loads((tmp_path / f"qwen3_{setting}.json").read_text())
+        assert run["weights"] == "torch.float32" and run["forward_autocast"] == ["torch.bfloat16"], run

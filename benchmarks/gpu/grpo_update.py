@@ -30,7 +30,9 @@ computes them: ``old_logps``), runs named ``rloo_*``.
 Model (``--model``): ``qwen3``, Qwen3-1.7B's shape (hidden 2048, 28 layers, 16 query / 8 kv heads of 128, MLP 6144,
 vocabulary 151,936, tied embeddings); ``qwen3_5``, the hybrid Qwen3.5-0.8B text model of ``_hybrid_models.py`` (18 Gated
 DeltaNet and 6 attention layers, fla's kernels where installed, on both sides). Seeded random weights in bf16
-(``--weights float32``: float32 weights under bf16 autocast on both sides, what TRL's configs train by default),
+(``--weights float32``: float32 weights under bf16 autocast on both sides, what TRL's configs train by default:
+the model prepared by accelerate as ``Trainer.train()`` prepares it, so its forward runs under the autocast; each
+JSON's ``forward_autocast`` says what the layers ran under),
 gradient checkpointing (non-reentrant) on every side, AdamW (the Trainer's default, lr 1e-6). ``--smoke``: 2 to 4
 layers of hidden 64 and vocabulary 512, on the CPU. Attention: ``--attn`` ours (``packing_fa4`` for FA4: the same
 kernel as one op; share_prompt needs it), ``--trl-attn`` TRL's (``flash_attention_4``, through ``fa4_int_lengths``).
@@ -200,8 +202,9 @@ def run_one(args, save=None) -> dict:
     choose_attention(model, attention)  # packing_varlen / packing_fa4 registered first
     enable_activation_checkpointing(model, {"use_reentrant": False})
     rloo = args.trainer == "rloo"
+    autocast = args.weights == "float32"  # TRL's defaults: bf16=True over float32 weights (on the CPU too, --smoke)
     config = (RLOOConfig if rloo else GRPOConfig)(output_dir=str(Path(args.out) / "trainer"), per_device_train_batch_size=args.group,
-                        num_generations=args.group, max_completion_length=2048, bf16=cuda, use_cpu=not cuda,
+                        num_generations=args.group, max_completion_length=2048, bf16=cuda or autocast, use_cpu=not cuda,
                         learning_rate=1e-6, beta=0.0, report_to="none", save_strategy="no", disable_tqdm=True)  # fmt: skip
     prompts = datasets.Dataset.from_list([{"prompt": "w1 w2"}] * args.group)
     common = dict(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=config,
@@ -211,6 +214,9 @@ def run_one(args, save=None) -> dict:
     else:
         packing = PackingRLOOTrainer if rloo else PackingGRPOTrainer
         trainer = packing(**common, share_prompt=args.setting == "shared", packing_probe=False)
+    if autocast:  # what Trainer.train() does first: accelerate wraps the model's forward in its bf16 autocast
+        model = trainer.accelerator.prepare_model(model)
+    forwards = forward_autocast(model, device.type)
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1  # what the Trainer's loop sets: one micro-batch per step
     model.train()
@@ -244,9 +250,25 @@ def run_one(args, save=None) -> dict:
         if index == args.profile_step:
             steps[-1]["profile"] = write_profile(profiler, Path(args.out) / f"{run_name(args.model, args.setting, args.trainer)}_profile.txt")
         if save is not None:  # what a step finished is kept if the call's time runs out (warm-ups too: a cold start's cost)
-            save({**summary(args, model, attention, fa4, steps, losses, None, cuda), "partial": True})
+            save({**summary(args, model, attention, fa4, steps, losses, None, cuda), "partial": True,
+                  "forward_autocast": sorted(forwards)})
     generation = time_generation(args, trainer, groups[: args.generate], cuda) if args.generate else None
-    return summary(args, model, attention, fa4, steps, losses, generation, cuda)
+    return {**summary(args, model, attention, fa4, steps, losses, generation, cuda), "forward_autocast": sorted(forwards)}
+
+
+def forward_autocast(model, device_type: str) -> set:
+    """The autocast dtypes the model's layers ran under (\"none\" without), filled as the model runs: a float32 row whose
+    set says \"none\" ran float32 throughout, not TRL's defaults."""
+    import torch
+
+    seen: set = set()
+
+    def record(module, _):
+        on = torch.is_autocast_enabled(device_type)
+        seen.add(str(torch.get_autocast_dtype(device_type)) if on else "none")
+
+    model.get_input_embeddings().register_forward_pre_hook(record)  # inside forward, where accelerate's autocast is on
+    return seen
 
 
 def old_logps(trainer, model, inputs: dict, group: int):
