@@ -258,8 +258,8 @@ def run_one(args, save=None) -> dict:
 
 
 def forward_autocast(model, device_type: str) -> set:
-    """The autocast dtypes the model's layers ran under (\"none\" without), filled as the model runs: a float32 row whose
-    set says \"none\" ran float32 throughout, not TRL's defaults."""
+    """The autocast dtypes the model's layers ran under ("none" without), filled as the model runs: a float32 row whose
+    set says "none" ran float32 throughout, not TRL's defaults."""
     import torch
 
     seen: set = set()
@@ -273,8 +273,8 @@ def forward_autocast(model, device_type: str) -> set:
 
 
 class GcPauses:
-    """Python's garbage collections while the block runs: ``found`` maps each generation that ran (\"gen0\" to
-    \"gen2\") to [collections, milliseconds]. A GPU-bound step hides them behind the queued kernels; a host-paced one
+    """Python's garbage collections while the block runs: ``found`` maps each generation that ran ("gen0" to
+    "gen2") to [collections, milliseconds]. A GPU-bound step hides them behind the queued kernels; a host-paced one
     (the hybrid's shared step) waits for them, and a full collection over a loaded model's objects takes tens of ms.
 
     >>> import gc
