@@ -8,7 +8,7 @@
 # timings are not used. `warm` then times each setting alone, one process after another, as grpo_update.py --all
 # does, the ~1k row with one group's generation (the whole step). `extra` runs RLOO's row on the warm caches.
 #
-#   PHASE=cold|warm|extra|profile [LENGTHS="1k 2k"] bash benchmarks/gpu/grpo_session.sh RESULTS_DIR
+#   PHASE=cold|warm|extra|profile|exactness [LENGTHS="1k 2k"] bash benchmarks/gpu/grpo_session.sh RESULTS_DIR
 #
 # `profile` times and profiles one group per length instead (benchmarks/results/grpo_hybrid_profile_h100).
 #
@@ -51,6 +51,9 @@ case "$phase" in
         --setting-timeout "${PROFILE_TIMEOUT:-150}" --out "$out/profile_$n" > "$out/profile_$n.log" 2>&1
       $G --compare --out "$out/profile_$n" >> "$out/profile_$n.log" 2>&1
     done ;;
+  exactness)  # every hybrid family's shared and packed log-probabilities and gradients against TRL's padded forward
+              # (float32 and bf16; shared_prefix_exactness.py), on the kernels installed; EXACTNESS_ARGS: e.g. --smoke
+    python3 benchmarks/gpu/shared_prefix_exactness.py ${EXACTNESS_ARGS:-} --out "$out/exactness" > "$out/exactness.log" 2>&1 ;;
   extra)
     $G --all $one_k --trainer rloo --settings trl,packed,shared --setting-timeout "${RLOO_TIMEOUT:-150}" --out "$out/rloo_1k" > "$out/rloo_1k.log" 2>&1
     $G --compare --out "$out/rloo_1k" >> "$out/rloo_1k.log" 2>&1 ;;
