@@ -469,13 +469,24 @@ def _unfinished(name: str, run: dict) -> str:
 
 
 def _weights(row: dict) -> str:
-    """The weights' dtype of both sides, one word where they agree (they do in every run of this harness).
+    """The weights' dtype of both sides, one word where they agree (they do in every run of this harness), and the
+    autocast their layers ran under where a run recorded one (runs before ``forward_autocast`` did not).
 
     >>> _weights({"weights": "torch.float32", "trl_weights": "torch.float32"})
     'float32'
+    >>> both = ["torch.bfloat16"]
+    >>> _weights({"weights": "torch.float32", "trl_weights": "torch.float32", "forward_autocast": both, "trl_forward_autocast": both})
+    'float32 (autocast bfloat16)'
+    >>> _weights({"weights": "torch.float32", "trl_weights": "torch.float32", "forward_autocast": ["none"], "trl_forward_autocast": ["none"]})
+    'float32 (no autocast)'
     """
     ours, theirs = (row[k].removeprefix("torch.") for k in ("weights", "trl_weights"))
-    return ours if ours == theirs else f"{ours} / {theirs}"
+    words = ours if ours == theirs else f"{ours} / {theirs}"
+    casts = {", ".join(c.removeprefix("torch.") for c in row[k]) for k in ("forward_autocast", "trl_forward_autocast") if row.get(k)}
+    if not casts or ours != "float32":
+        return words
+    cast = casts.pop() if len(casts) == 1 else "differs"
+    return f"{words} ({'no autocast' if cast == 'none' else 'autocast ' + cast})"
 
 
 def _steady(row: dict) -> str:
@@ -497,6 +508,7 @@ def compare_row(model: str, name: str, run: dict, trl: dict) -> dict:
         **steady,
         "attention": run["attention"], "trl_attention": trl["attention"],
         "weights": run.get("weights", "torch.bfloat16"), "trl_weights": trl.get("weights", "torch.bfloat16"),
+        "forward_autocast": run.get("forward_autocast"), "trl_forward_autocast": trl.get("forward_autocast"),
         "update_tokens_per_s": run["median_tokens_per_s"], "trl_update_tokens_per_s": trl["median_tokens_per_s"],
         "update_tokens_per_s_vs_trl": run["median_tokens_per_s"] / trl["median_tokens_per_s"],
         "peak_gib": run["peak_gib"], "trl_peak_gib": trl["peak_gib"],
