@@ -35,7 +35,7 @@ def test_the_harness_times_both_trainers_on_the_same_groups_and_compares_them(tm
         assert len(run["generation"]["seconds"]) == 1 and run["generation"]["completion_tokens"] == 4
     out = subprocess.run([sys.executable, str(SCRIPT), "--compare", "--out", str(tmp_path)], capture_output=True, text=True)
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert row["setting"] == "shared" and "| qwen3 | shared | 1024,2000,2048 | sdpa / sdpa | float32 |" in out.stdout
+    assert row["setting"] == "shared" and "| qwen3 | shared | 1024,2000,2048 | sdpa / sdpa | float32 (no autocast) |" in out.stdout
     assert row["weights"] == row["trl_weights"] == "torch.float32"  # the smoke's CPU model, float32 on both sides
     assert row["update_tokens_per_s_vs_trl"] == pytest.approx(shared["median_tokens_per_s"] / trl["median_tokens_per_s"])
     assert row["grad_norm_max_rel_diff_vs_trl"] < 1e-4  # float32: the same gradients, packed and padded
@@ -138,3 +138,5 @@ def test_float32_weights_run_under_the_trainers_bf16_autocast_on_both_sides(tmp_
     for setting in ("trl", "packed"):
         run = json.loads((tmp_path / f"qwen3_{setting}.json").read_text())
         assert run["weights"] == "torch.float32" and run["forward_autocast"] == ["torch.bfloat16"], run
+    out = subprocess.run([sys.executable, str(SCRIPT), "--compare", "--out", str(tmp_path)], capture_output=True, text=True)
+    assert "| sdpa / sdpa | float32 (autocast bfloat16) |" in out.stdout  # the table names TRL's defaults as run
