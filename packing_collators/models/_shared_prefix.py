@@ -53,6 +53,21 @@ class SharedPrefix:
     split: int | None = None  # the row is [prompts | the rest], in that order (one group): the passes are slices
     _copies: dict = field(default_factory=dict, repr=False)  # device -> these passes there
     _rest_tokens: dict = field(default_factory=dict, repr=False)  # device -> rest_tokens(device)
+    # rest_prompt + 1: each rest segment's row of [zero state, prompts' final states], made once, not per layer
+    initial_rows: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "initial_rows", self.rest_prompt + 1)
+
+    def initial_states(self, final: torch.Tensor) -> torch.Tensor:
+        """Each rest segment's initial state from the prompts' ``final`` states (P, ...): its prompt's, or zeros.
+
+        >>> passes = SharedPrefix(*(torch.tensor(v) for v in ([0], [0, 1], [1, 2], [0, 1, 2], [0, -1])))
+        >>> passes.initial_states(torch.full((1, 2), 5.0)).tolist()
+        [[5.0, 5.0], [0.0, 0.0]]
+        """
+        zero_first = torch.nn.functional.pad(final, (0, 0) * (final.dim() - 1) + (1, 0))  # row 0: a zero state
+        return zero_first.index_select(0, self.initial_rows)
 
     def on(self, device: torch.device) -> SharedPrefix:
         """These passes with their tensors on ``device``, copied once (the same tensors at every later call).
@@ -166,9 +181,7 @@ def run_from_prompts(kernel: Callable, passes: SharedPrefix, *inputs: torch.Tens
     on = passes.on(inputs[0].device)
     prompts, others = on.split_row(*inputs)
     first, states = kernel(*prompts, on.cu_prompts, output_final_state=True)
-    zero = torch.zeros_like(states[:1])
-    initial = torch.cat([zero, states]).index_select(0, on.rest_prompt + 1)
-    return on.join(first, kernel(*others, on.cu_rest, initial_state=initial))
+    return on.join(first, kernel(*others, on.cu_rest, initial_state=on.initial_states(states)))
 
 
 @dataclass(frozen=True)
