@@ -124,8 +124,11 @@ def scored(model, batch: dict, how: str, weights: torch.Tensor) -> tuple[torch.T
     model.zero_grad(set_to_none=True)
     logps = padded_logps(model, batch) if how == "padded" else packed_logps(model, batch, how == "shared")
     (logps * weights * batch["completion_mask"]).sum().backward()
-    grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return logps.detach(), grads
+    return logps.detach(), _grads(model)
+
+
+def _grads(model) -> dict:
+    return {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def gaps(logps: torch.Tensor, grads: dict, ref_logps: torch.Tensor, ref_grads: dict, mask: torch.Tensor) -> dict:
@@ -165,7 +168,7 @@ def alone(model, batch: dict, weights: torch.Tensor) -> tuple[torch.Tensor, dict
         row = logits.log_softmax(-1).gather(-1, ids[0, -n:, None])[:, 0]
         (row * weights[i, :n]).sum().backward()
         logps[i, :n] = row.detach()
-    return logps, {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logps, _grads(model)
 
 
 def run_model(name: str, args, device) -> list[dict]:
