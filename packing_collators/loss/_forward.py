@@ -17,6 +17,7 @@ An MoE model's ``aux_loss`` is added as its own loss adds it. Cost: the chunked 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 
@@ -44,6 +45,17 @@ def _selected(hidden: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | Non
             f"{tuple(mask.shape)}: the chunked loss needs one hidden state per token. Use loss_implementation='full'."
         )
     return hidden.reshape(-1, hidden.shape[-1])[mask.reshape(-1).to(hidden.device)]
+
+
+@contextlib.contextmanager
+def _projection(head: OutputHead):
+    """While open, the head's chunks project as ``head`` asks: yields the cast of the hidden states (float32 with
+    autocast off for a ``float32`` head, as TRL's ``cast_lm_head_to_fp32`` projects; else as they come)."""
+    if not head.float32:
+        yield lambda hidden: hidden
+        return
+    with torch.autocast(head.module.weight.device.type, enabled=False):
+        yield lambda hidden: hidden.float()
 
 
 def _run(model, inputs: Mapping, head: OutputHead, compute):
@@ -76,10 +88,11 @@ def chunked_forward(model, inputs: Mapping, head: OutputHead, targets: torch.Ten
 
     def compute(hidden):
         selected = _selected(hidden, mask)
-        return weighted_cross_entropy(
-            selected, layer.weight, layer.bias, targets[mask].to(selected.device), weights[mask].to(selected.device),
-            head.transform,
-        )
+        with _projection(head) as cast:
+            return weighted_cross_entropy(
+                cast(selected), layer.weight, layer.bias, targets[mask].to(selected.device),
+                weights[mask].to(selected.device), head.transform,
+            )
 
     return _run(model, inputs, head, compute)
 
@@ -109,10 +122,11 @@ def log_prob_forward(
     def compute(hidden):
         selected = _selected(hidden, mask, rows)
         found: dict | None = {} if stats is not None else None
-        per_token = token_log_probs(
-            selected, layer.weight, layer.bias, targets[mask].to(selected.device), head.transform, stats=found,
-            entropy_grad=entropy_grad,
-        )
+        with _projection(head) as cast:
+            per_token = token_log_probs(
+                cast(selected), layer.weight, layer.bias, targets[mask].to(selected.device), head.transform,
+                stats=found, entropy_grad=entropy_grad,
+            )
         where = mask.to(per_token.device)
         for name, values in (found or {}).items():
             stats[name] = torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(where, values)

@@ -18,6 +18,7 @@ Cost: one forward over a few tokens, once per model.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Literal
@@ -49,11 +50,14 @@ LossImplementation = Literal["auto", "chunked", "full"]
 
 @dataclass(frozen=True)
 class OutputHead:
-    """The output embedding (``nn.Linear``) of a causal LM, what the model does after it, its MoE loss weight."""
+    """The output embedding (``nn.Linear``) of a causal LM, what the model does after it, its MoE loss weight, and
+    whether its projection runs in float32 outside autocast (``float32``: TRL's ``cast_lm_head_to_fp32``, which
+    casts the head's weight to float32 and projects ``hidden.float()`` with autocast off)."""
 
     module: torch.nn.Module
     transform: LogitTransform
     aux_coef: float
+    float32: bool = False
 
 
 def _logit_transform(config) -> LogitTransform:
@@ -213,10 +217,11 @@ class CheckedHeads:
     """Each model's head, checked once (:func:`checked_head`) and kept by model: what a trainer scoring several models
     (a policy, its reference) computes log-probabilities with. None where the chunked path cannot compute the
     head (a PEFT ``modules_to_save`` copy of ``lm_head``): the model's own full logits then, the same numbers,
-    said once in the log by ``who``."""
+    said once in the log by ``who``. ``float32``: every head projects in float32 outside autocast
+    (:class:`OutputHead`), as a trainer that cast its models' heads to float32 computes them."""
 
-    def __init__(self, who: str) -> None:
-        self.who, self._heads = who, {}
+    def __init__(self, who: str, float32: bool = False) -> None:
+        self.who, self.float32, self._heads = who, float32, {}
 
     def __call__(self, model) -> OutputHead | None:
         inner = unwrap_model(model)
@@ -224,4 +229,5 @@ class CheckedHeads:
             self._heads[id(inner)], why = checked_head(inner)
             if self._heads[id(inner)] is None:
                 logger.warning("%s: %s: log-probabilities from the full logits (%s)", self.who, type(inner).__name__, why)
-        return self._heads[id(inner)]
+        head = self._heads[id(inner)]
+        return dataclasses.replace(head, float32=True) if head is not None and self.float32 else head

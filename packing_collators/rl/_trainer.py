@@ -35,11 +35,8 @@ def _packing_setup(trainer, packing_probe: bool) -> None:
     from ._checks import RLCheckCallback
 
     name = type(trainer).__name__
-    if getattr(trainer.args, "cast_lm_head_to_fp32", False):
-        raise ValueError(
-            f"{name} does not implement cast_lm_head_to_fp32=True (the packed head runs under the training "
-            "autocast); set cast_lm_head_to_fp32=False, or train with TRL's own trainer."
-        )
+    # TRL cast the heads' weights to float32 (cast_lm_head_to_fp32): the packed head projects as TRL's does
+    trainer._heads.float32 = bool(getattr(trainer.args, "cast_lm_head_to_fp32", False))
     if getattr(trainer.args, "use_liger_kernel", False):
         raise ValueError(f"{name} scores completions with its own chunked head: set use_liger_kernel=False.")
     for model in (trainer.model, trainer.ref_model):
@@ -94,7 +91,8 @@ class PackingGRPOTrainer(_PackingRL, GRPOTrainer):
         packing_probe: run the live equivalence probe on the policy (and the reference) before the first step.
 
     These options mean what they mean for PackingTrainer and PackingDPOTrainer. Generation is TRL's own (the same
-    seed gives the same completions); vision-language batches, ``cast_lm_head_to_fp32`` and Liger are refused.
+    seed gives the same completions); with ``cast_lm_head_to_fp32`` the packed head projects in float32 outside
+    autocast, as TRL's does. Vision-language batches and Liger are refused.
     """
 
 
