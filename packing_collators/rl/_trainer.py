@@ -34,11 +34,8 @@ def _packing_setup(trainer, packing_probe: bool) -> None:
     from ..models import SHARED_ATTENTION, enable_packing
     from ._checks import RLCheckCallback
 
-    name = type(trainer).__name__
     # TRL cast the heads' weights to float32 (cast_lm_head_to_fp32): the packed head projects as TRL's does
     trainer._heads.float32 = bool(getattr(trainer.args, "cast_lm_head_to_fp32", False))
-    if getattr(trainer.args, "use_liger_kernel", False):
-        raise ValueError(f"{name} scores completions with its own chunked head: set use_liger_kernel=False.")
     for model in (trainer.model, trainer.ref_model):
         if model is not None:
             enable_packing(unwrap_model(model))
@@ -92,7 +89,8 @@ class PackingGRPOTrainer(_PackingRL, GRPOTrainer):
 
     These options mean what they mean for PackingTrainer and PackingDPOTrainer. Generation is TRL's own (the same
     seed gives the same completions); with ``cast_lm_head_to_fp32`` the packed head projects in float32 outside
-    autocast, as TRL's does. Vision-language batches and Liger are refused.
+    autocast, as TRL's does; ``use_liger_kernel`` (TRL keeps Liger's layer kernels, not its fused loss) is probed with
+    them in place. Vision-language batches are refused.
     """
 
 

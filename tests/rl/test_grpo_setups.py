@@ -106,6 +106,61 @@ def test_a_head_cast_to_float32_projects_as_trls(tmp_path, checkpoints, checkpoi
              model_init_kwargs={"dtype": weights}, grad_norm_rel=bound)  # fmt: skip
 
 
+def _liger_stand_in(monkeypatch, norm):
+    """Liger Kernel as transformers applies it at train() (Triton does not run here): ``liger_kernel`` importable, and
+    its ``_apply_liger_kernel_to_instance`` putting ``norm`` (hidden, weight, eps) in every RMSNorm's forward; the
+    configs it was applied with, returned."""
+    import sys
+    from types import ModuleType
+
+    import transformers.integrations.liger as integration
+
+    applied: list = []
+
+    def apply(model, **config):
+        applied.append(config)
+        for module in model.modules():
+            if type(module).__name__.endswith("RMSNorm"):
+                module.forward = lambda hidden, module=module: norm(hidden, module.weight, module.variance_epsilon)
+
+    package, submodule = ModuleType("liger_kernel"), ModuleType("liger_kernel.transformers")
+    submodule._apply_liger_kernel_to_instance = apply
+    package.transformers = submodule
+    monkeypatch.setitem(sys.modules, "liger_kernel", package)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", submodule)
+    monkeypatch.setattr(integration, "is_liger_kernel_available", lambda: True)
+    return applied
+
+
+def _rms_norm(hidden, weight, eps):  # each token on its own, as Liger's RMSNorm kernel
+    import torch
+
+    variance = hidden.float().pow(2).mean(-1, keepdim=True)
+    return weight * (hidden.float() * torch.rsqrt(variance + eps)).to(hidden.dtype)
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_liger_layer_kernels_are_probed_in_place_and_train_as_trl(tmp_path, checkpoints, monkeypatch, share_prompt):
+    """use_liger_kernel=True: TRL 1.16 keeps Liger's layer kernels (its fused loss is turned off, the head is TRL's),
+    which the Trainer puts in at train(), before the probe. Per-token kernels train as TRL's with them; a kernel that
+    mixes a row's tokens is refused by the probe before the first step."""
+    from packing_collators import PackingGRPOTrainer
+
+    applied = _liger_stand_in(monkeypatch, _rms_norm)
+    _compare(tmp_path, checkpoints["llama"], share_prompt, use_liger_kernel=True)
+    assert applied and all(config.get("fused_linear_cross_entropy") is False for config in applied)
+
+    def row_norm(hidden, weight, eps):  # normalized over the whole row: packed sequences see each other
+        return weight * hidden * torch.rsqrt(hidden.pow(2).mean((-2, -1), keepdim=True) + eps)
+
+    import torch
+
+    _liger_stand_in(monkeypatch, row_norm)
+    with pytest.raises(ValueError, match="packing probe FAILED.*input_layernorm"):
+        _run(tmp_path / "mixing", checkpoints["llama"], PackingGRPOTrainer,
+             trainer_options={"share_prompt": share_prompt}, use_liger_kernel=True)  # fmt: skip
+
+
 def test_dropout_left_on_trains_and_says_it_draws_its_own_masks(tmp_path, checkpoints, caplog):
     """GPT-2's checkpoints drop 10% and TRL's disable_dropout is False: the packed and padded forwards draw different
     masks (equal in distribution, not number for number), which the run says before its first step."""
