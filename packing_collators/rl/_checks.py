@@ -80,12 +80,14 @@ class RLCheckCallback(TrainerCallback):
             module.train(was_training)
 
     def _logps(self, module, ids, mask, keep, share: bool) -> torch.Tensor:
+        """The rows' log-probabilities, laid in the order given: a changed completion would otherwise move its group's
+        others to new offsets in training's order, which rounds them anew without leaking."""
         trainer = self.trainer
-        was, trainer.share_prompt = trainer.share_prompt, share
+        was, trainer.share_prompt, trainer.rows_as_given = trainer.share_prompt, share, True
         try:
             return trainer._get_per_token_logps_and_entropies(module, ids, mask, keep)[0].float()
         finally:
-            trainer.share_prompt = was
+            trainer.share_prompt, trainer.rows_as_given = was, False
 
     def _judge(self, found, leaked, module, args) -> None:
         difference = float((found[0] - found[1]).abs().max())

@@ -1,7 +1,9 @@
 """The per-token log-probabilities TRL's RL losses read, from one packed row per micro-batch.
 
     TRL: _get_per_token_logps_and_entropies(model, input_ids (B, P + C), attention_mask, C, batch_size, ...)
-      each chunk of ``batch_size`` rows (TRL's own chunks)  -> padded_rows: its sequences
+      each chunk of ``batch_size`` rows (TRL's own chunks)  -> in one order for its rows, a prompt's together
+                                                               (row_order: TRL shuffles them between passes)
+        -> padded_rows: its sequences
         -> flat_sequences_batch (each whole) or shared_prompt_batch (each prompt once for its group)
         -> loss.log_prob_forward: the chunked head at TRL's temperature, entropies, no logits
         -> scatter: (B, C) log-probabilities and entropies where TRL's fused head puts them (0 on padding)
@@ -25,7 +27,7 @@ from ..batch import KEYS_LABELS, KV_INDEX, SEQUENCE_KEYS, shifted_targets
 from ..collate import flat_sequences_batch, shared_prompt_batch
 from ..loss import log_prob_forward
 from ..models import with_shared_mask
-from ._rows import first_same_context, padded_rows
+from ._rows import first_same_context, padded_rows, row_order
 
 __all__ = ["MULTIMODAL_INPUTS", "PackedLogProbs"]
 
@@ -39,6 +41,7 @@ class PackedLogProbs:
     The trainer sets ``share_prompt`` and ``temperature`` (TRL's), and keeps ``_heads`` (``loss.CheckedHeads``)."""
 
     share_prompt: bool = False
+    rows_as_given: bool = False  # lay the rows in the order they come (the shared layout's check, which changes one)
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
@@ -61,6 +64,12 @@ class PackedLogProbs:
         return logps, entropies, aux
 
     def _packed_chunk(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy, compute_aux_loss):
+        order = None if self.rows_as_given else row_order(input_ids, attention_mask, logits_to_keep)
+        if order is not None:  # the rows as TRL's shuffle left them: in one order, the values put back in TRL's
+            inverse = torch.argsort(order)
+            logps, entropies, aux = self._packed_chunk(model, input_ids[order], attention_mask[order], logits_to_keep,
+                                                       compute_entropy, compute_aux_loss)  # fmt: skip
+            return logps[inverse], entropies[inverse] if entropies is not None else None, aux
         rows = padded_rows(input_ids, attention_mask, logits_to_keep)
         groups = rows.groups(self.share_prompt)
         shared = any(len(group) > 1 for group in groups)

@@ -28,7 +28,7 @@ import torch
 
 from ..batch import IGNORE_INDEX, shared_prefix_length
 
-__all__ = ["PaddedRows", "first_same_context", "padded_rows"]
+__all__ = ["PaddedRows", "first_same_context", "padded_rows", "row_order"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,3 +119,31 @@ def first_same_context(input_ids: torch.Tensor, attention_mask: torch.Tensor, lo
             out[i, j] = first.setdefault(int(context[i]), i) if mask[i, prompt + j] else i
         _, context = np.unique(np.stack([context.reshape(-1), real[:, prompt + j]], 1), axis=0, return_inverse=True)
     return torch.as_tensor(out, device=input_ids.device)
+
+
+
+def row_order(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> torch.Tensor | None:
+    """int64 (B,): the rows in one order for a set of rows, whatever order they came in (by prompt, then completion,
+    compared as their tokens' bytes), None where they already are in it. TRL shuffles a generation's rows before its
+    loss scores them a micro-batch at a time, so the rows arrive in another order than the old policy's (and the
+    reference's) pass scored them in, and a group's completions apart. In this order a prompt's rows lie together
+    (each prompt computed once per micro-batch with ``share_prompt``), and the same rows make the same packed row:
+    each sequence meets the same neighbours and offsets in both passes, so its numbers are the same to the bit where
+    TRL's padded rows are (RLOO's sequence-level ratio is then exactly 1, as TRL's).
+
+    >>> ids = torch.tensor([[0, 5, 1], [6, 7, 2], [0, 5, 3], [6, 7, 4]])  # prompts [5], [6, 7], [5], [6, 7]
+    >>> order = row_order(ids, (ids > 0).long(), 1)
+    >>> ids[order].tolist()  # each prompt's rows together
+    [[0, 5, 1], [0, 5, 3], [6, 7, 2], [6, 7, 4]]
+    >>> shuffled = ids[[3, 0, 2, 1]]
+    >>> bool((shuffled[row_order(shuffled, (shuffled > 0).long(), 1)] == ids[order]).all())  # the same rows, one order
+    True
+    """
+    ids, mask = input_ids.cpu().numpy(), attention_mask.cpu().numpy().astype(bool)
+    prompt = ids.shape[1] - logits_to_keep
+    keys = [(ids[i, :prompt][mask[i, :prompt]].tobytes(), ids[i, prompt:][mask[i, prompt:]].tobytes())
+            for i in range(ids.shape[0])]  # fmt: skip
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    if order == list(range(len(keys))):
+        return None
+    return torch.as_tensor(order, dtype=torch.int64, device=input_ids.device)

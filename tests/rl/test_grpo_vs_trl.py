@@ -83,11 +83,48 @@ def test_rloo_trains_as_trl(tmp_path, checkpoints, share_prompt):
     _compare(tmp_path, checkpoints["llama"], share_prompt, rloo=True)
 
 
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_rloos_sequence_ratio_is_one_as_trls_after_trls_shuffle(tmp_path, checkpoints, share_prompt):
+    """RLOO scores the old policy's log-probabilities in generation order and its loss's after TRL's shuffle; its
+    ratio is a sum over each sequence, times advantages it does not scale. The same rows make the same packed row in
+    both passes, so the ratio is exactly 1, as TRL's: the loss within 1e-6 of TRL's."""
+    _compare(tmp_path, checkpoints["llama"], share_prompt, rloo=True, loss_abs=1e-6, num_generations=2,
+             per_device_train_batch_size=8, max_completion_length=64)  # fmt: skip
+
+
 def test_a_shared_prompt_computes_each_prompt_once_for_its_group(tmp_path, checkpoints):
     """The same completions, scored unshared and shared: the shared rows hold each group's prompt once."""
     flat, _ = _compare(tmp_path / "flat", checkpoints["llama"], False)
     shared, _ = _compare(tmp_path / "shared", checkpoints["llama"], True)
     assert sum(width for _, width in shared) < sum(width for _, width in flat)
+
+
+def test_a_prompt_is_computed_once_per_micro_batch_after_trls_shuffle(tmp_path, checkpoints, monkeypatch):
+    """TRL shuffles a generation's rows before its loss scores them a micro-batch at a time (steps_per_generation=2:
+    four prompts' pairs over two micro-batches), so a prompt's completions arrive apart: each training forward's row
+    holds each of its micro-batch's prompts once, and the numbers are TRL's."""
+    import torch
+
+    from packing_collators.rl import _logps
+    from packing_collators.rl._rows import row_order
+
+    seen, original = [], _logps.PackedLogProbs._get_per_token_logps_and_entropies
+
+    def record(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        if torch.is_grad_enabled():
+            seen.append((input_ids, attention_mask, logits_to_keep))
+        return original(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+
+    monkeypatch.setattr(_logps.PackedLogProbs, "_get_per_token_logps_and_entropies", record)
+    shapes, _ = _compare(tmp_path, checkpoints["llama"], True, num_generations=2, steps_per_generation=2)
+    assert any(row_order(*batch) is not None for batch in seen), "the shuffle left every prompt's rows together"
+    expected = []
+    for ids, mask, keep in seen:
+        real = [ids[i][mask[i].bool()].tolist() for i in range(len(ids))]
+        prompts = {tuple(r[: int(mask[i, : ids.shape[1] - keep].sum())]) for i, r in enumerate(real)}
+        completions = int(mask[:, -keep:].sum())
+        expected.append(sum(len(p) for p in prompts) + completions)
+    assert [width for _, width in shapes] == expected
 
 
 @pytest.mark.parametrize("share_prompt", [False, True])
