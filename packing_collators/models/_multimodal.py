@@ -15,7 +15,8 @@ Images and videos are assigned to examples in order: as many as the collator cou
 (``images_per_example`` / ``videos_per_example``, which this pre-hook takes out of the call), else by
 the placeholder tokens each example holds (``mm_token_type_ids``: 1 image, 2 video; or the config's
 ``image_token_id`` / ``video_token_id``). An example whose placeholders do not match its own images'
-grids is refused by index, so two examples whose errors would cancel over the row are refused too. The vision tower
+grids is refused by index, so two examples whose errors would cancel over the row are refused too. A batch
+with no image or video at all is text, placeholder tokens included, as the model numbers it unpacked. The vision tower
 already attends within each image (its ``cu_seqlens`` come from the grids). A batch of one example
 (the sampler gives an example that fills its budget a micro-batch of its own) has nothing to keep
 apart, but its collated ``position_ids`` (0..T-1) would stand in for the image's 3-D positions: it is
@@ -59,6 +60,12 @@ class MultimodalPositions:
         if input_ids is None or self.state.generating:
             return args, kwargs  # generate(): the model numbers its own positions and keeps their offsets
         media = any(kwargs.get(key) is not None for key, _, _ in _GRIDS)
+        text = kwargs.get("position_ids")
+        if not media and segments is not None and isinstance(text, torch.Tensor) and text.shape == (1, input_ids.shape[1]):
+            # text only: every rotary axis is the row's own text position (a shared prompt's layout numbers each
+            # completion on from its prompt, where the segments are the keys' layout, longer than the row)
+            kwargs["position_ids"] = text[None].expand(4, 1, -1)
+            return args, kwargs
         if segments is None:  # not packed; but a collated single example still carries text positions
             if not (media and _counts_from_zero(kwargs.get("position_ids"), input_ids)):
                 return args, kwargs
@@ -140,8 +147,11 @@ def _spans(tokens: list[int], placeholders: list[int], given, key: str) -> list[
 
 def _assign_grids(kwargs: dict, kinds: torch.Tensor, cu: list[int], merge: int, given: dict) -> list[dict]:
     """Each example's grid rows (and video ``second_per_grid_ts``): the collator's count of them per example
-    (``given``), else taken in order by its placeholder count; refused where they do not match its placeholders."""
+    (``given``), else taken in order by its placeholder count; refused where they do not match its placeholders.
+    A batch without images or videos has none to match: its placeholder tokens (a policy may sample one) are text."""
     per_example: list[dict] = [{} for _ in range(len(cu) - 1)]
+    if all(kwargs.get(key) is None for key, _, _ in _GRIDS):
+        return per_example  # no image or video: placeholders are text, as the model reads them in a batch of its own
     for key, kind, word in _GRIDS:
         grid = kwargs.get(key)
         counts = torch.stack([(kinds[0, s:e] == kind).sum() for s, e in zip(cu[:-1], cu[1:])]).tolist()

@@ -132,15 +132,21 @@ def test_pixels_without_a_grid_and_a_grid_without_pixels_are_refused_by_the_coll
         FlatteningCollator()(examples)
 
 
-def test_placeholders_without_any_image_are_refused():
-    model = enable_packing(tiny_vlm(VLMS[0]))
+@pytest.mark.parametrize("model_type", VLMS)
+@pytest.mark.parametrize("kinds", [True, False])
+def test_placeholders_in_a_batch_without_images_are_text_as_the_model_reads_them(model_type, kinds):
+    """A policy can sample its image placeholder (an RL completion; TRL passes no mm_token_type_ids): with no image in
+    the batch the model reads it as text, alone as packed; this refused it, mid-run, before."""
+    model = tiny_vlm(model_type)
     examples = [image_example(model.config, 6, [(1, 2, 2)], seed=1), image_example(model.config, 4, [], seed=2)]
-    for key in ("pixel_values", "image_grid_thw"):
-        del examples[0][key]
-    with pytest.raises(
-        ValueError, match=r"Example 0 has 1 image placeholder tokens but the batch has no image_grid_thw"
-    ):
-        model(**_packed(examples))
+    for key in ("pixel_values", "image_grid_thw") + (() if kinds else ("mm_token_type_ids",)):
+        examples[0].pop(key)
+    if not kinds:
+        examples[1].pop("mm_token_type_ids")
+    with torch.no_grad():
+        alone = alone_logits(model, examples)
+        packed = enable_packing(model)(**_packed(examples)).logits[0]
+    assert _relative(packed, alone) < 1e-5
 
 
 def test_offline_packing_refuses_images_and_points_to_the_online_path():
