@@ -39,9 +39,10 @@ def shared_mask(batch: dict) -> torch.Tensor:
 
 def sliding_windows(config) -> tuple[dict[str, int | None] | None, int | None]:
     """(layer type -> window, the window of every layer): how ``config``'s attention layers limit how far back a
-    token sees. With ``layer_types``, a mask per type: the window on ``sliding_attention`` layers (Gemma 2/3), or,
-    where no layer is called sliding and ``sliding_window`` is set, on the ``full_attention`` ones (MiniMax, whose
-    window is model-wide); else ``sliding_window`` for every layer (Mistral, Mixtral), or (None, None). A
+    token sees. With ``layer_types``, a mask per type: the window on ``sliding_attention`` layers (Gemma 2/3; Qwen2
+    and Qwen3, whose code names such layers, slide none where every layer is full), or, where the modeling code
+    names no sliding layer and ``sliding_window`` is set, on the ``full_attention`` ones (MiniMax, whose window is
+    model-wide); else ``sliding_window`` for every layer (Mistral, Mixtral), or (None, None). A
     trainer's check before training measures the result on its longest sequences. A model whose modeling code never
     reads ``sliding_window`` (Nemotron-H's config has the field, its attention ignores it) slides nothing.
 
@@ -54,12 +55,19 @@ def sliding_windows(config) -> tuple[dict[str, int | None] | None, int | None]:
     ((None, 8), (None, None))
     >>> sliding_windows(NemotronHConfig(sliding_window=8))
     (None, None)
+    >>> sliding_windows(Qwen2Config(use_sliding_window=True, sliding_window=8, num_hidden_layers=2))  # both full
+    (None, None)
+    >>> sliding_windows(Qwen2Config(use_sliding_window=True, sliding_window=8, num_hidden_layers=2, max_window_layers=1))
+    ({'full_attention': None, 'sliding_attention': 8}, None)
     """
     window = getattr(config, "sliding_window", None)
-    if not window or not _modeling_reads_window(getattr(config, "model_type", "")):
+    source = _modeling_source(getattr(config, "model_type", ""))
+    if not window or (source is not None and "sliding_window" not in source):
         return None, None
     kinds = list(dict.fromkeys(getattr(config, "layer_types", None) or []))
-    windowed = "sliding_attention" if "sliding_attention" in kinds else "full_attention"
+    # a model whose code names its sliding layers slides only those (Qwen2 with every layer full slides none)
+    names_sliding = "sliding_attention" in kinds or (source is not None and '"sliding_attention"' in source)
+    windowed = "sliding_attention" if names_sliding else "full_attention"
     per_type = {kind: int(window) if kind == windowed else None for kind in kinds}
     if len(kinds) <= 1:
         return None, (int(window) if not kinds or per_type[kinds[0]] else None)
@@ -67,14 +75,13 @@ def sliding_windows(config) -> tuple[dict[str, int | None] | None, int | None]:
 
 
 @functools.lru_cache(maxsize=None)
-def _modeling_reads_window(model_type: str) -> bool:
-    """Whether transformers' modeling module of ``model_type`` mentions ``sliding_window`` (True where it cannot be
-    read: the window is applied, and the trainers' checks measure the outcome)."""
+def _modeling_source(model_type: str) -> str | None:
+    """The source of transformers' modeling module of ``model_type`` (None where it cannot be read: the window is
+    then applied as the config gives it, and the trainers' checks measure the outcome)."""
     try:
-        module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-        return "sliding_window" in inspect.getsource(module)
+        return inspect.getsource(importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}"))
     except (ImportError, OSError, TypeError):
-        return True
+        return None
 
 
 def _windowed(mask: torch.Tensor, batch: dict, window: int | None) -> torch.Tensor:
