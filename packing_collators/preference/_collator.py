@@ -11,6 +11,7 @@ Two pairs ``(P1, C1, R1)`` and ``(P2, C2, R2)`` (prompt, chosen, rejected token 
     pair_completion_tokens  [ |C1|, |R1|, |C2|, |R2| ] (as cut)     int64 (2B,)    TRL's completion_mask.sum(), which
                                                                                   counts a completion token that
                                                                                   starts its sequence (no target)
+    pair_chosen_targets     the chosen completions' targets         int            what "sft" averages over
     ref_chosen_logps, ref_rejected_logps                           float32 (B,)   when the dataset has them
 
 With ``share_prompt=True`` each pair's prompt is laid out once, and the rejected completion attends to it
@@ -46,11 +47,13 @@ import torch
 from ..batch import SEQUENCE_KEYS
 from ..collate import FlatteningCollator, flat_sequences_batch, shared_prompt_batch
 
-__all__ = ["PAIR_COUNT", "PAIR_KEYS", "PreferenceCollator"]
+__all__ = ["PAIR_CHOSEN_TARGETS", "PAIR_COUNT", "PAIR_KEYS", "PreferenceCollator"]
 
 PAIR_COUNT, PAIR_TOKENS, PAIR_COMPLETION_TOKENS = "pair_count", "pair_tokens", "pair_completion_tokens"
+PAIR_CHOSEN_TARGETS = "pair_chosen_targets"
 REFERENCE_KEYS = ("ref_chosen_logps", "ref_rejected_logps")  # precomputed, when the dataset has them
-PAIR_KEYS = (*SEQUENCE_KEYS, PAIR_COUNT, PAIR_TOKENS, PAIR_COMPLETION_TOKENS, *REFERENCE_KEYS)  # never the model's input
+PAIR_KEYS = (*SEQUENCE_KEYS, PAIR_COUNT, PAIR_TOKENS, PAIR_COMPLETION_TOKENS, PAIR_CHOSEN_TARGETS,
+             *REFERENCE_KEYS)  # never the model's input  # fmt: skip
 Truncation = Literal["keep_start", "keep_end"]
 
 
@@ -123,6 +126,8 @@ class PreferenceCollator:
         batch[PAIR_TOKENS] = torch.from_numpy(lengths.reshape(-1, 2).sum(1))
         completion = [sum(label != -100 for label in s["labels"]) for s in sequences]  # a first token's included
         batch[PAIR_COMPLETION_TOKENS] = torch.tensor(completion, dtype=torch.int64)
+        # the chosen completions' tokens with a target (a sequence's first token is none): what "sft" averages over
+        batch[PAIR_CHOSEN_TARGETS] = sum(sum(label != -100 for label in s["labels"][1:]) for s in sequences[0::2])
         for key in REFERENCE_KEYS:
             if key in features[0]:
                 batch[key] = torch.tensor([float(f[key]) for f in features], dtype=torch.float32)

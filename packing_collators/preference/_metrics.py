@@ -5,7 +5,10 @@
     num_tokens                                                      the tokens a padded batch would hold (p+c + p+r)
 
 Each is gathered over ranks as TRL gathers it and appended to ``trainer._metrics[mode]``, which TRL's
-``log`` averages. Cost: a few reductions and host reads per micro-batch, as TRL's.
+``log`` averages; under a token budget (micro-batches of unequal pair counts) the per-pair ones pair by pair, so
+that their logged mean is the pairs' mean, as TRL's equal batches give it. The per-token ones stay each
+micro-batch's token mean: a budget's grouping moves them, as TRL's own batch size does. Cost: a few reductions
+and host reads per micro-batch, as TRL's.
 """
 
 from __future__ import annotations
@@ -40,9 +43,15 @@ def log_pair_metrics(trainer, mode: str, inputs: dict, policy: PairLogProbs, val
     metrics["mean_token_accuracy"].append(_token_mean(trainer, stats["is_top1"], chosen))
     chosen_rewards = trainer.beta * (values.chosen - values.ref_chosen).detach()
     rejected_rewards = trainer.beta * (values.rejected - values.ref_rejected).detach()
-    metrics["rewards/chosen"].append(gather(chosen_rewards).mean().item())
-    metrics["rewards/rejected"].append(gather(rejected_rewards).mean().item())
-    metrics["rewards/accuracies"].append(gather((chosen_rewards > rejected_rewards).float()).mean().item())
-    metrics["rewards/margins"].append(gather(chosen_rewards - rejected_rewards).mean().item())
-    metrics["logps/chosen"].append(gather(values.chosen.detach()).mean().item())
-    metrics["logps/rejected"].append(gather(values.rejected.detach()).mean().item())
+    # TRL's log averages the entries: one mean per micro-batch of its fixed pair count. Micro-batches of a token
+    # budget hold unequal counts, so there each pair is an entry: the same per-pair mean over the logged pairs
+    per_pair = getattr(trainer, "max_tokens_per_batch", None) is not None
+    for name, value in (("rewards/chosen", chosen_rewards), ("rewards/rejected", rejected_rewards),
+                        ("rewards/accuracies", (chosen_rewards > rejected_rewards).float()),
+                        ("rewards/margins", chosen_rewards - rejected_rewards),
+                        ("logps/chosen", values.chosen.detach()), ("logps/rejected", values.rejected.detach())):  # fmt: skip
+        gathered = gather(value)
+        if per_pair:
+            metrics[name].extend(gathered.tolist())
+        else:
+            metrics[name].append(gathered.mean().item())

@@ -26,7 +26,7 @@ from .._model_unwrap import unwrap_model
 from .._validation import validate_flag
 from ..budget import TrainerBudget
 from ..loss import CheckedHeads
-from ._collator import PreferenceCollator
+from ._collator import PAIR_CHOSEN_TARGETS, PAIR_COUNT, PreferenceCollator
 from ._logps import PairLogProbs, pair_log_probs
 from ._losses import F_DIVERGENCE_LOSSES, PairValues, PreferenceLoss
 
@@ -42,7 +42,19 @@ __all__ = ["PackingDPOTrainer"]
 logger = logging.getLogger(__name__)
 
 
-def _refuse_options(args) -> None:
+BATCH_SORTED_LOSSES = ("aot", "aot_unpaired")  # sort the micro-batch's pairs: the loss depends on which pairs meet
+
+
+def _refuse_options(args, max_tokens_per_batch=None) -> None:
+    if max_tokens_per_batch is not None:
+        sorted_types = sorted(set(PreferenceLoss.from_config(args).loss_types) & set(BATCH_SORTED_LOSSES))
+        if sorted_types:
+            raise ValueError(
+                f"loss_type {sorted_types} sorts each micro-batch's pairs against each other, so its loss depends on "
+                f"which pairs a micro-batch holds, and max_tokens_per_batch={max_tokens_per_batch!r} groups them "
+                "other than TRL's batches would: the loss would not be TRL's. Use max_tokens_per_batch=None "
+                "(per_device_train_batch_size pairs per micro-batch, as TRL's), or another loss type."
+            )
     if getattr(args, "use_weighting", False):
         raise ValueError(
             "PackingDPOTrainer does not implement use_weighting=True (WPO's weights need each token's sum of squared "
@@ -104,7 +116,7 @@ class PackingDPOTrainer(DPOTrainer):
         self.share_prompt = validate_flag("share_prompt", share_prompt)
         packing_probe = validate_flag("packing_probe", packing_probe)
         args = args if args is not None else DPOConfig(output_dir="packing-dpo")
-        _refuse_options(args)
+        _refuse_options(args, max_tokens_per_batch)
         if ref_model is None and not isinstance(model, str) and not _loadable(model) and not _adapter_reference(model, kw, args):
             ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         if data_collator is None:
@@ -146,9 +158,19 @@ class PackingDPOTrainer(DPOTrainer):
         step and every rank, so that each pair weighs the same however the budget grouped them (``_compute_loss``)."""
         batch_samples, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
         if self.max_tokens_per_batch is not None and batch_samples:
-            pairs = torch.tensor(sum(int(b["pair_count"]) for b in batch_samples), device=self.accelerator.device)
-            self._step_pairs = int(self.accelerator.gather(pairs[None]).sum())
+            counts = torch.tensor([sum(int(b[key]) for b in batch_samples) for key in (PAIR_COUNT, PAIR_CHOSEN_TARGETS)],
+                                  device=self.accelerator.device)  # fmt: skip
+            self._step_pairs, self._step_chosen_targets = (int(n) for n in self.accelerator.gather(counts[None]).sum(0))
         return batch_samples, num_items
+
+    def _sft_scale(self, inputs) -> float | None:
+        """Under a token budget, what turns "sft"'s sum over the micro-batch's chosen targets into its share of the
+        step's token mean (TRL's "sft" with the step's pairs in one batch), once ``_pair_weight`` has scaled it;
+        None: the micro-batch's own mean, as TRL's."""
+        targets = getattr(self, "_step_chosen_targets", None)
+        if self.max_tokens_per_batch is None or not self.model.training or not targets:
+            return None
+        return self._step_pairs / (int(inputs["pair_count"]) * targets)
 
     def _pair_weight(self, inputs) -> float:
         """What the micro-batch's mean loss is scaled by so that, after the Trainer divides it by the accumulation
@@ -161,10 +183,16 @@ class PackingDPOTrainer(DPOTrainer):
         return int(inputs["pair_count"]) * steps / total
 
     def compute_ref_log_probs(self, model, inputs):
-        """(chosen, rejected) reference log-probabilities of a packed batch (``precompute_ref_log_probs``)."""
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            ref = _reference(self, self._with_mask(inputs))
-        return ref.chosen, ref.rejected
+        """(chosen, rejected) reference log-probabilities of a packed batch (``precompute_ref_log_probs``), as TRL's:
+        from the model TRL gives (its reference, else the policy before its first step), under the training autocast
+        (the policy is not prepared yet, so its forward has none of its own), LD-DPO's weighting applied."""
+        with (
+            torch.no_grad(),
+            disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
+            self.accelerator.autocast(),
+        ):
+            ref = _reference(self, self._with_mask(inputs), model)
+        return _with_ld_alpha(ref, self.ld_alpha)
 
     def _compute_loss(self, model, inputs, return_outputs):
         mode = "train" if self.model.training else "eval"
@@ -180,7 +208,8 @@ class PackingDPOTrainer(DPOTrainer):
         chosen, rejected = _with_ld_alpha(policy, self.ld_alpha)
         if not self.precompute_ref_logps and self.ld_alpha is not None:
             ref_chosen, ref_rejected = _with_ld_alpha(ref, self.ld_alpha)
-        values = _pair_values(policy, inputs["pair_completion_tokens"], chosen, rejected, ref_chosen, ref_rejected)
+        values = _pair_values(policy, inputs["pair_completion_tokens"], chosen, rejected, ref_chosen, ref_rejected,
+                              self._sft_scale(inputs))  # fmt: skip
         loss = self._loss(values) * self._pair_weight(inputs)
         aux = _aux_loss(self, policy)
         if aux is not None:
@@ -262,18 +291,20 @@ def _prepare(trainer) -> None:
             reference.set_attn_implementation(implementation)
 
 
-def _reference(trainer, inputs) -> PairLogProbs:
+def _reference(trainer, inputs, model=None) -> PairLogProbs:
     """The reference model's log-probabilities (a PEFT policy with its adapter off, or the "ref" adapter; with
-    ``precompute_ref_log_probs`` and no reference model, the policy itself before its first step, as TRL's)."""
+    ``precompute_ref_log_probs`` and no reference model, the policy itself before its first step, as TRL's).
+    ``model``: the one to run where the caller has it (TRL's precompute: a DeepSpeed engine under ZeRO-3)."""
+    if model is None:
+        model = trainer.model if trainer.ref_model is None else trainer.ref_model
     if trainer.ref_model is None:
         from accelerate.utils import is_peft_model
 
-        inner = trainer.accelerator.unwrap_model(trainer.model)
-        if not is_peft_model(inner):
-            return pair_log_probs(trainer.model, inputs, trainer._head(trainer.model))
-        with use_adapter(inner, adapter_name="ref" if "ref" in inner.peft_config else None):
-            return pair_log_probs(trainer.model, inputs, trainer._head(trainer.model))
-    return pair_log_probs(trainer.ref_model, inputs, trainer._head(trainer.ref_model))
+        inner = trainer.accelerator.unwrap_model(model)
+        if is_peft_model(inner):
+            with use_adapter(inner, adapter_name="ref" if "ref" in inner.peft_config else None):
+                return pair_log_probs(model, inputs, trainer._head(model))
+    return pair_log_probs(model, inputs, trainer._head(model))
 
 
 def _with_ld_alpha(logps: PairLogProbs, ld_alpha) -> tuple[torch.Tensor, torch.Tensor]:
@@ -289,12 +320,15 @@ def _with_ld_alpha(logps: PairLogProbs, ld_alpha) -> tuple[torch.Tensor, torch.T
     return sums[0::2], sums[1::2]
 
 
-def _pair_values(policy: PairLogProbs, completion_tokens, chosen, rejected, ref_chosen, ref_rejected) -> PairValues:
+def _pair_values(policy: PairLogProbs, completion_tokens, chosen, rejected, ref_chosen, ref_rejected,
+                 sft_scale: float | None = None) -> PairValues:  # fmt: skip
     """What the losses read; the completion lengths ``ipo`` and ``sigmoid_norm`` divide by are TRL's
-    ``completion_mask.sum()``: every completion token, a first token of its sequence too (never a target)."""
+    ``completion_mask.sum()``: every completion token, a first token of its sequence too (never a target).
+    ``sft_scale``: "sft" as the sum over the chosen targets times it (a token budget's share of the step's mean)."""
     lengths = torch.as_tensor(completion_tokens, device=chosen.device)
     chosen_targets = (policy.sequence >= 0) & (policy.sequence % 2 == 0)
-    sft = -policy.per_token[chosen_targets].mean()
+    picked = policy.per_token[chosen_targets]
+    sft = -picked.mean() if sft_scale is None else -picked.sum() * sft_scale
     ref_chosen, ref_rejected = (torch.as_tensor(r, device=chosen.device).to(chosen.dtype) for r in (ref_chosen, ref_rejected))
     return PairValues(chosen, rejected, ref_chosen, ref_rejected, lengths[0::2], lengths[1::2], sft)
 

@@ -55,6 +55,7 @@ def test_a_token_budget_packs_whole_pairs_and_never_goes_over(tmp_path):
     {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]},
     {"f_divergence_type": "js_divergence"},
     {"ld_alpha": 0.5},
+    {"precompute_ref_log_probs": True, "ld_alpha": 0.5},  # the reference weighted as the policy (15% off before)
 ])  # fmt: skip
 def test_options_log_what_trl_logs(tmp_path, options):
     theirs = _logs(_trainer(tmp_path, packed=False, **options))
@@ -72,6 +73,30 @@ def test_a_precomputed_reference_without_a_reference_model_is_the_policy_before_
     for mine, reference in zip(ours, theirs):
         for name in ("loss", "rewards/margins", "logps/chosen", "logps/rejected"):
             assert mine[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-6), name
+
+
+def test_a_reference_precomputed_from_the_policy_runs_under_trls_default_bf16(tmp_path, monkeypatch):
+    """bf16=True (float32 weights under autocast) and no reference model: TRL precomputes the reference with the
+    policy under the training autocast, before accelerate has wrapped the policy's forward in it; so does this
+    trainer (it ran in float32: step-1 margins 6e-5 where policy = reference). Each precomputing call is seen under
+    autocast, and the logs equal TRL's to bf16 rounding."""
+    from packing_collators.preference import _trainer as module
+
+    seen, original = [], module.pair_log_probs
+
+    def record(model, *args, **kwargs):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return original(model, *args, **kwargs)
+
+    theirs = _logs(_trainer(tmp_path, packed=False, reference=None, precompute_ref_log_probs=True, bf16=True))
+    monkeypatch.setattr(module, "pair_log_probs", record)
+    trainer = _trainer(tmp_path, reference=None, precompute_ref_log_probs=True, bf16=True)  # precomputes them all
+    monkeypatch.undo()
+    assert seen and all(seen)
+    ours = _logs(trainer)
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert abs(mine["rewards/margins"] - reference["rewards/margins"]) < 5e-4
+        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-3)
 
 
 def test_an_iterable_dataset_of_pairs_trains_as_trl(tmp_path):
@@ -121,29 +146,52 @@ def test_a_pair_over_the_budget_is_named_with_the_fixes_this_trainer_takes(tmp_p
     assert "overflow" not in str(error.value)  # PackingDPOTrainer takes no overflow option
 
 
-def test_under_a_token_budget_every_pair_of_a_step_weighs_the_same(tmp_path):
+PER_PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
+                    "logps/rejected")  # fmt: skip
+
+
+@pytest.mark.parametrize("loss", [
+    {"loss_type": ["sigmoid"]},
+    {"loss_type": ["sft"]},  # TRL's token mean over the batch: the step's, however the budget grouped the pairs
+    {"loss_type": ["sigmoid", "bco_pair", "sft"], "loss_weights": [0.8, 0.2, 1.0]},
+])  # fmt: skip
+def test_under_a_token_budget_every_pair_of_a_step_weighs_the_same(tmp_path, loss):
     # one long pair and three short ones: the budget puts the long one alone and the short ones together, two
     # micro-batches accumulated into one step; each pair once weighed 1 / (pairs in its micro-batch), the long one 3x
-    # a short one (1.79 vs TRL's 1.03 in the issue's run). TRL's batch of the same four pairs is the reference.
+    # a short one (1.79 vs TRL's 1.03 in the issue's run), "sft" each micro-batch's token mean (grad_norm 3.26 vs
+    # 2.69) and the logged pair metrics each micro-batch's mean (accuracies 0.5 vs 0.25). TRL's batch of the same
+    # four pairs is the reference; a reference model unlike the policy, so the rewards are not all 0.
     from trl import DPOTrainer
 
     pairs = text_pairs(3, seed=1, prompt=(3, 5), completion=(1, 4)) + text_pairs(1, seed=2, prompt=(30, 31), completion=(8, 9))
     runs = {}
     for packed in (False, True):
         model = tiny_model("llama", vocab_size=64, initializer_range=0.05)
-        common = dict(model=model, ref_model=copy.deepcopy(model).eval(), train_dataset=datasets.Dataset.from_list(pairs),
+        reference = copy.deepcopy(model).eval()
+        with torch.no_grad():
+            for parameter in reference.parameters():
+                parameter.add_(0.02 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)))
+        common = dict(model=model, ref_model=reference, train_dataset=datasets.Dataset.from_list(pairs),
                       processing_class=word_tokenizer())  # fmt: skip
         if packed:
-            args = _config(tmp_path / "ours", max_steps=1, per_device_train_batch_size=1, gradient_accumulation_steps=2)
+            args = _config(tmp_path / "ours", max_steps=1, per_device_train_batch_size=1, gradient_accumulation_steps=2,
+                           **loss)  # fmt: skip
             trainer = PackingDPOTrainer(**common, args=args, max_tokens_per_batch=80)  # pairs of 10, 11, 12, 76 tokens
         else:
-            trainer = DPOTrainer(**common, args=_config(tmp_path / "trl", max_steps=1, per_device_train_batch_size=4))
+            trainer = DPOTrainer(**common, args=_config(tmp_path / "trl", max_steps=1, per_device_train_batch_size=4,
+                                                        **loss))  # fmt: skip
         runs[packed] = _logs(trainer)
         if packed:
             assert sorted(len(b) for b in trainer._pair_sampler) == [1, 3]  # the budget's two micro-batches
     (ours,), (theirs,) = runs[True], runs[False]
-    for name in ("loss", "grad_norm"):
+    assert theirs["rewards/accuracies"] not in (0.0, 1.0)
+    for name in ("loss", "grad_norm", *PER_PAIR_METRICS):
         assert ours[name] == pytest.approx(theirs[name], rel=1e-4, abs=1e-6), name
+
+
+def test_a_loss_that_sorts_its_micro_batch_is_refused_under_a_token_budget(tmp_path):
+    with pytest.raises(ValueError, match=r"loss_type \['aot'\] sorts each micro-batch's pairs .* max_tokens_per_batch=None"):
+        _trainer(tmp_path, max_tokens_per_batch=96, loss_type=["sigmoid", "aot"], loss_weights=[1.0, 1.0])
 
 
 @pytest.mark.parametrize("option, value, message", [
