@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..batch import KV_INDEX, varlen_values
+from ..batch import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, KV_INDEX, check_boundary_count, varlen_values
 
 __all__ = ["PackedInputs", "autocast_inputs", "flat", "flat_lengths", "is_causal", "packed_inputs", "window"]
 
@@ -75,6 +75,8 @@ def flat_lengths(query, key, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_len
             f"{tuple(cu_seq_lens_k.shape)}; a DataLoader batch_size above 1 around a collator that already "
             "returns one flat row stacks them. Let the collator see the whole minibatch."
         )
+    check_boundary_count(cu_seq_lens_q, CU_SEQ_LENS_Q)
+    check_boundary_count(cu_seq_lens_k, CU_SEQ_LENS_K)
     lengths = []
     for value in (max_length_q, max_length_k):
         if isinstance(value, torch.Tensor):

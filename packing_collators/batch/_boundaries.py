@@ -25,7 +25,8 @@ import numpy as np
 from ._keys import CU_SEQ_LENS_Q, IGNORE_INDEX
 from ._layout import SegmentLayout
 
-__all__ = ["batch_shape", "padding_tail", "read_layout", "segment_count", "segment_ids", "segment_starts"]
+__all__ = ["batch_shape", "check_boundary_count", "padding_tail", "read_layout", "segment_count", "segment_ids",
+           "segment_starts"]  # fmt: skip
 
 
 def _tensor(value):
@@ -51,11 +52,33 @@ def _device(batch: Mapping[str, Any]):
     return None
 
 
+def check_boundary_count(cu_seq_lens, name: str = CU_SEQ_LENS_Q) -> None:
+    """Refuse boundaries of no sequence (fewer than 2 entries), naming what cuts them: a data loader that slices
+    every tensor of a batch along its first dimension (accelerate's ``dispatch_batches``, on by default for an
+    ``IterableDataset``, gives each rank ``cu_seq_lens[:1]``). Shapes only: no device sync.
+
+    >>> import torch
+    >>> check_boundary_count(torch.tensor([0, 3, 5]))
+    >>> check_boundary_count(torch.tensor([0]))
+    Traceback (most recent call last):
+    ...
+    ValueError: cu_seq_lens_q=[0] holds no sequence: something between the collator and the model cut it, as accelerate's dispatch_batches does for an IterableDataset (it slices every tensor of the batch, and a packed row's boundaries are not one per row). Pass TrainingArguments(accelerator_config={"dispatch_batches": False}), or a map-style dataset.
+    """
+    if cu_seq_lens.numel() < 2:
+        raise ValueError(
+            f"{name}={cu_seq_lens.reshape(-1).tolist()} holds no sequence: something between the collator and the model cut it, as accelerate's "
+            "dispatch_batches does for an IterableDataset (it slices every tensor of the batch, and a packed row's "
+            'boundaries are not one per row). Pass TrainingArguments(accelerator_config={"dispatch_batches": False}), '
+            "or a map-style dataset."
+        )
+
+
 def _starts_from_cu_seq_lens(cu_seq_lens, width: int):
     """bool (1, T): True at each non-empty segment's first token, once ``cu_seq_lens`` is checked to split ``T``."""
     import torch
 
     cu = _tensor(cu_seq_lens).reshape(-1).long()
+    check_boundary_count(cu)
     first, last, falls = torch.stack((cu[0], cu[-1], cu.diff().clamp(max=0).sum())).tolist()  # one host read
     if first != 0 or last != width or falls:
         raise ValueError(

@@ -30,7 +30,7 @@ from ..checks import (
 )
 from ..loss import HEAD_CHECK_TOKENS
 from ._autocast import training_autocast
-from ._launch import refuse_data_parallel
+from ._launch import refuse_data_parallel, refuse_dispatched_rows
 from ._neftune import refuse_row_scaled_neftune
 
 try:
@@ -106,6 +106,7 @@ class PackingCheckCallback(TrainerCallback):
         refuse_data_parallel(args, "PackingCheckCallback")  # python train.py on several GPUs: DataParallel
         if model is None or train_dataloader is None:
             return
+        refuse_dispatched_rows(train_dataloader, unwrap_model(model), "PackingCheckCallback")  # a stream, sliced
         refuse_row_scaled_neftune(model)  # the stock Trainer's NEFTune: noise per packed row (PackingTrainer's is not)
         dataset, collate_fn = train_dataloader.dataset, train_dataloader.collate_fn
         check_training_data(unwrap_model(model), dataset)

@@ -72,3 +72,44 @@ def test_one_process_still_trains(tmp_path):
         trainer = PackingTrainer(model=tiny_model("llama"), args=args, train_dataset=dataset(), packing_probe=False)
         trainer.train()
         assert trainer.state.global_step == 1
+
+
+@pytest.fixture
+def reference_kernel(monkeypatch):
+    """packing_varlen runs on CPU with a per-segment sdpa kernel of varlen_attn's signature."""
+    from _tiny_models import reference_varlen_attn
+
+    from packing_collators import register_varlen_attention
+    from packing_collators.attention import _varlen
+
+    register_varlen_attention()
+    monkeypatch.setattr(_varlen, "_load_varlen_attn", lambda query: reference_varlen_attn)
+
+
+def _stream_run(tmp_path, attention: str, **accelerator):
+    """The stock Trainer on a stream of examples with FlatteningCollator and the check callback: its losses, and
+    the boundaries each step's model call received."""
+    model = tiny_model("llama", attn=attention)
+    args = training_args(tmp_path, max_steps=2, **({"accelerator_config": accelerator} if accelerator else {}))
+    trainer = Trainer(model=model, args=args, train_dataset=dataset().to_iterable_dataset(),
+                      data_collator=FlatteningCollator(), callbacks=[PackingCheckCallback()])  # fmt: skip
+    seen = []
+    model.register_forward_pre_hook(lambda m, a, k: seen.append(k["cu_seq_lens_q"].numel()) if torch.is_grad_enabled() else None,
+                                    with_kwargs=True)  # fmt: skip
+    trainer.train()
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry], seen
+
+
+def test_a_dispatched_stream_is_refused_where_the_model_reads_the_boundaries_it_cuts(tmp_path, reference_kernel):
+    """accelerate dispatches a stream's batches (slicing each tensor along dim 0): a packed row's cu_seq_lens_q/k
+    keep one entry. sdpa numbers the examples from position_ids, which survive: its losses are those of the same
+    stream undispatched. packing_varlen reads the boundaries (it received [0] and failed inside the kernel):
+    refused when training begins, naming dispatch_batches=False, with which it trains."""
+    dispatched, seen = _stream_run(tmp_path / "sdpa", "sdpa")
+    whole, seen_whole = _stream_run(tmp_path / "sdpa_whole", "sdpa", dispatch_batches=False)
+    assert set(seen) == {1} and min(seen_whole) > 2  # the slicing, measured
+    assert dispatched == pytest.approx(whole, rel=1e-6)
+    with pytest.raises(ValueError, match=r'PackingCheckCallback: accelerate dispatches .*"dispatch_batches": False'):
+        _stream_run(tmp_path / "varlen", "packing_varlen")
+    losses, seen = _stream_run(tmp_path / "varlen_whole", "packing_varlen", dispatch_batches=False)
+    assert losses == pytest.approx(whole, rel=1e-5) and min(seen) > 2
