@@ -30,6 +30,7 @@ from ..checks import (
 )
 from ..loss import HEAD_CHECK_TOKENS
 from ._autocast import training_autocast
+from ._label_count import warn_unshifted_count
 from ._launch import refuse_data_parallel, refuse_dispatched_rows
 from ._neftune import refuse_row_scaled_neftune
 
@@ -107,6 +108,7 @@ class PackingCheckCallback(TrainerCallback):
         if model is None or train_dataloader is None:
             return
         refuse_dispatched_rows(train_dataloader, unwrap_model(model), "PackingCheckCallback")  # a stream, sliced
+        warn_unshifted_count(unwrap_model(model), "PackingCheckCallback")  # GPT-2's padded count: one more per example
         refuse_row_scaled_neftune(model)  # the stock Trainer's NEFTune: noise per packed row (PackingTrainer's is not)
         dataset, collate_fn = train_dataloader.dataset, train_dataloader.collate_fn
         check_training_data(unwrap_model(model), dataset)
