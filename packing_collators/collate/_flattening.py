@@ -136,8 +136,9 @@ class FlatteningCollator:
         empty = np.flatnonzero(columns.lengths == 0)
         if len(empty):
             raise ValueError(
-                f"Example {int(empty[0])} has no tokens ({len(empty)} empty example(s) in this batch). "
-                "Filter empty examples out of the dataset before training."
+                f"Example {int(empty[0])} of this batch (its place among the batch's {len(columns.lengths)}, in the "
+                f"sampler's order) has no tokens ({len(empty)} empty example(s) in this batch). Filter empty examples "
+                "out of the dataset before training (dataset.filter(lambda e: len(e['input_ids']) > 0))."
             )
         tokens = token_features(columns, collator="FlatteningCollator")
         media = read_media(features)

@@ -110,8 +110,11 @@ def _layout(lengths: np.ndarray, padded_length) -> tuple[int, int]:
 
 
 def report_dropped(sampler) -> None:
-    """Log how many examples ``overflow='drop'`` left out (nothing is lost without a count)."""
+    """Log how many examples ``overflow='drop'`` left out, and how many empty ones (no token) no batch holds:
+    nothing is left out without a count."""
     stats = sampler.stats() if callable(getattr(sampler, "stats", None)) else {}
+    if stats.get("empty_examples"):
+        logger.warning("PackingTrainer: %d empty example(s) (no token) are in no batch.", stats["empty_examples"])
     if stats.get("overflow_dropped_examples"):
         logger.warning(
             "PackingTrainer: overflow='drop' leaves out %d example(s) (%d tokens) longer than max_tokens_per_batch=%d.",

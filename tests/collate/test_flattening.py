@@ -116,7 +116,7 @@ def test_does_not_modify_its_inputs():
     [
         ([], r"empty batch"),
         ([{"input_ids": [1]}, {"labels": [1]}], r"Example 1 has no 'input_ids'"),
-        ([{"input_ids": [1, 2]}, {"input_ids": []}], r"Example 1 has no tokens \(1 empty example"),
+        ([{"input_ids": [1, 2]}, {"input_ids": []}], r"Example 1 of this batch \(its place among the batch.s 2, in the sampler.s order\) has no tokens \(1 empty example"),
         ([{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [3]}], r"Example 1 has no 'labels'"),
         ([{"input_ids": [1, 2], "labels": [1]}], r"Example 0: labels has 1 tokens but input_ids has 2"),
         (

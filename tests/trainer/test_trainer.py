@@ -474,6 +474,15 @@ def test_overflow_drop_is_accepted_and_counted(tmp_path, caplog):
     )
 
 
+def test_empty_examples_are_in_no_batch_and_counted_in_the_log(tmp_path, caplog):
+    examples = random_examples(LENGTHS, seed=7, completion_only=True) + [{"input_ids": [], "labels": []}] * 2
+    trainer = PackingTrainer(model=tiny_model("llama"), args=training_args(tmp_path, max_steps=2),
+                             train_dataset=datasets.Dataset.from_list(examples))  # fmt: skip
+    with caplog.at_level("WARNING", logger="packing_collators"):
+        trainer.train()
+    assert "2 empty example(s) (no token) are in no batch" in caplog.text
+
+
 def test_the_probe_runs_when_training_begins_and_can_be_turned_off(tmp_path):
     trainer = PackingTrainer(
         model=tiny_model("llama"), args=training_args(tmp_path, max_steps=1), train_dataset=dataset()
