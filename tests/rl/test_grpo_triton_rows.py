@@ -51,3 +51,17 @@ def test_packed_grpo_on_the_triton_rows_trains_as_trl(tmp_path, checkpoint, trit
     # the shared layout on the kernel is tests/preference/test_dpo_vs_trl.py's (the same head, one row per pair)
     _compare(tmp_path, checkpoint, False, entropy_coef=0.05, top_entropy_quantile=0.5, beta=0.1)
     assert triton_rows["chunk"] > 0 and triton_rows["row_stats"] > 0  # the backward's pass and the statistics
+
+
+def test_a_head_cast_to_float32_on_the_triton_rows_projects_as_trls(tmp_path, tmp_path_factory, triton_rows):
+    """cast_lm_head_to_fp32 under TRL's default bf16, the chunk pass on the kernel: the float32 projection reaches it
+    in float32 (a model without decoder layers, so only the head can differ; tests/rl/test_grpo_setups.py)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("rl_triton_head") / "head_only"
+    config = AutoConfig.for_model("llama", **{**SMALL, "num_hidden_layers": 0})
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    _compare(tmp_path, path, False, bf16=True, cast_lm_head_to_fp32=True)
+    assert triton_rows["chunk"] > 0
