@@ -45,7 +45,7 @@ def log_pair_metrics(trainer, mode: str, inputs: dict, policy: PairLogProbs, val
     rejected_rewards = trainer.beta * (values.rejected - values.ref_rejected).detach()
     # TRL's log averages the entries: one mean per micro-batch of its fixed pair count. Micro-batches of a token
     # budget hold unequal counts, so there each pair is an entry: the same per-pair mean over the logged pairs
-    per_pair = getattr(trainer, "max_tokens_per_batch", None) is not None
+    per_pair = mode == "train" and getattr(trainer, "max_tokens_per_batch", None) is not None  # eval: TRL's batches
     for name, value in (("rewards/chosen", chosen_rewards), ("rewards/rejected", rejected_rewards),
                         ("rewards/accuracies", (chosen_rewards > rejected_rewards).float()),
                         ("rewards/margins", chosen_rewards - rejected_rewards),

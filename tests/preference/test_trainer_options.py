@@ -189,6 +189,27 @@ def test_under_a_token_budget_every_pair_of_a_step_weighs_the_same(tmp_path, los
         assert ours[name] == pytest.approx(theirs[name], rel=1e-4, abs=1e-6), name
 
 
+def test_evaluation_under_a_token_budget_logs_what_trl_logs(tmp_path):
+    """Evaluation runs TRL's eval batches (the budget plans training's), so its pair metrics are each batch's mean
+    averaged, as TRL's: with a short last batch (5 pairs, batches of 4) they once were the pairs' mean instead."""
+    from trl import DPOTrainer
+
+    found = {}
+    for packed in (False, True):
+        model = tiny_model("llama", vocab_size=64, initializer_range=0.05)
+        reference = copy.deepcopy(model).eval()
+        with torch.no_grad():
+            for parameter in reference.parameters():
+                parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)))
+        common = dict(model=model, ref_model=reference, args=_config(tmp_path / str(packed), per_device_eval_batch_size=4),
+                      train_dataset=_pairs(False), eval_dataset=datasets.Dataset.from_list(text_pairs(5, seed=3)),
+                      processing_class=word_tokenizer())  # fmt: skip
+        trainer = PackingDPOTrainer(**common, max_tokens_per_batch=200) if packed else DPOTrainer(**common)
+        found[packed] = trainer.evaluate()
+    for name in ("eval_loss", *(f"eval_{name}" for name in PER_PAIR_METRICS)):
+        assert found[True][name] == pytest.approx(found[False][name], rel=1e-4, abs=1e-6), name
+
+
 def test_a_loss_that_sorts_its_micro_batch_is_refused_under_a_token_budget(tmp_path):
     with pytest.raises(ValueError, match=r"loss_type \['aot'\] sorts each micro-batch's pairs .* max_tokens_per_batch=None"):
         _trainer(tmp_path, max_tokens_per_batch=96, loss_type=["sigmoid", "aot"], loss_weights=[1.0, 1.0])
