@@ -221,13 +221,21 @@ class CheckedHeads:
     (:class:`OutputHead`), as a trainer that cast its models' heads to float32 computes them."""
 
     def __init__(self, who: str, float32: bool = False) -> None:
-        self.who, self.float32, self._heads = who, float32, {}
+        self.who, self.float32, self._heads, self._why = who, float32, {}, {}
 
     def __call__(self, model) -> OutputHead | None:
         inner = unwrap_model(model)
         if id(inner) not in self._heads:
-            self._heads[id(inner)], why = checked_head(inner)
+            self._heads[id(inner)], self._why[id(inner)] = checked_head(inner)
+            why = self._why[id(inner)]
             if self._heads[id(inner)] is None:
                 logger.warning("%s: %s: log-probabilities from the full logits (%s)", self.who, type(inner).__name__, why)
         head = self._heads[id(inner)]
+        if head is None and self.float32:
+            raise ValueError(
+                f"{self.who}: cast_lm_head_to_fp32=True, and {type(inner).__name__}'s head is one the packed path scores "
+                f"through the model's own logits ({self._why[id(inner)]}), which it cannot project in float32 outside "
+                "autocast as TRL does. Set cast_lm_head_to_fp32=False, or keep lm_head out of the PEFT adapter "
+                "(modules_to_save)."
+            )
         return dataclasses.replace(head, float32=True) if head is not None and self.float32 else head

@@ -40,6 +40,8 @@ class RLCheckCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         trainer = self.trainer
         _warn_dropout(probe_module(model), type(trainer).__name__)
+        for each in [model] + ([trainer.ref_model] if trainer.ref_model is not None else []):
+            trainer._heads(each)  # each head checked (and a head that cannot project as TRL's refused) before step 1
         if self.probe:
             for each in [model] + ([trainer.ref_model] if trainer.ref_model is not None else []):
                 report = probe_packing(probe_module(each), FlatteningCollator(), autocast=training_autocast(args, each))
@@ -83,11 +85,11 @@ class RLCheckCallback(TrainerCallback):
         """The rows' log-probabilities, laid in the order given: a changed completion would otherwise move its group's
         others to new offsets in training's order, which rounds them anew without leaking."""
         trainer = self.trainer
-        was, trainer.share_prompt, trainer.rows_as_given = trainer.share_prompt, share, True
+        was, trainer.share_prompt = trainer.share_prompt, share
         try:
-            return trainer._get_per_token_logps_and_entropies(module, ids, mask, keep)[0].float()
+            return trainer._get_per_token_logps_and_entropies(module, ids, mask, keep, rows_as_given=True)[0].float()
         finally:
-            trainer.share_prompt, trainer.rows_as_given = was, False
+            trainer.share_prompt = was
 
     def _judge(self, found, leaked, module, args) -> None:
         difference = float((found[0] - found[1]).abs().max())

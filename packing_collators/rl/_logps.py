@@ -41,10 +41,12 @@ class PackedLogProbs:
     The trainer sets ``share_prompt`` and ``temperature`` (TRL's), and keeps ``_heads`` (``loss.CheckedHeads``)."""
 
     share_prompt: bool = False
-    rows_as_given: bool = False  # lay the rows in the order they come (the shared layout's check, which changes one)
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
+                                           compute_entropy=False, compute_aux_loss=False, *, rows_as_given=False,
+                                           **multimodal):  # fmt: skip
+        """TRL's method on packed rows; ``rows_as_given``: lay the rows in the order they come instead of sorting them
+        (the shared layout's check, which changes one row and must find the others where they were)."""
         given = sorted(name for name, value in multimodal.items() if value is not None)
         if given:
             raise ValueError(
@@ -53,7 +55,7 @@ class PackedLogProbs:
             )
         batch_size = batch_size or input_ids.size(0)  # TRL's chunks: the same rows per forward
         found = [self._packed_chunk(model, input_ids[s : s + batch_size], attention_mask[s : s + batch_size],
-                                    logits_to_keep, compute_entropy, compute_aux_loss)
+                                    logits_to_keep, compute_entropy, compute_aux_loss, rows_as_given)
                  for s in range(0, input_ids.size(0), batch_size)]  # fmt: skip
         logps = torch.cat([f[0] for f in found])
         entropies = None
@@ -63,12 +65,13 @@ class PackedLogProbs:
         aux = torch.stack([f[2] for f in found]).mean() if compute_aux_loss else None
         return logps, entropies, aux
 
-    def _packed_chunk(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy, compute_aux_loss):
-        order = None if self.rows_as_given else row_order(input_ids, attention_mask, logits_to_keep)
+    def _packed_chunk(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy, compute_aux_loss,
+                      rows_as_given=False):  # fmt: skip
+        order = None if rows_as_given else row_order(input_ids, attention_mask, logits_to_keep)
         if order is not None:  # the rows as TRL's shuffle left them: in one order, the values put back in TRL's
             inverse = torch.argsort(order)
             logps, entropies, aux = self._packed_chunk(model, input_ids[order], attention_mask[order], logits_to_keep,
-                                                       compute_entropy, compute_aux_loss)  # fmt: skip
+                                                       compute_entropy, compute_aux_loss, rows_as_given=True)  # fmt: skip
             return logps[inverse], entropies[inverse] if entropies is not None else None, aux
         rows = padded_rows(input_ids, attention_mask, logits_to_keep)
         groups = rows.groups(self.share_prompt)

@@ -121,7 +121,6 @@ def first_same_context(input_ids: torch.Tensor, attention_mask: torch.Tensor, lo
     return torch.as_tensor(out, device=input_ids.device)
 
 
-
 def row_order(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> torch.Tensor | None:
     """int64 (B,): the rows in one order for a set of rows, whatever order they came in (by prompt, then completion,
     compared as their tokens' bytes), None where they already are in it. TRL shuffles a generation's rows before its

@@ -34,8 +34,6 @@ def _packing_setup(trainer, packing_probe: bool) -> None:
     from ..models import SHARED_ATTENTION, enable_packing
     from ._checks import RLCheckCallback
 
-    # TRL cast the heads' weights to float32 (cast_lm_head_to_fp32): the packed head projects as TRL's does
-    trainer._heads.float32 = bool(getattr(trainer.args, "cast_lm_head_to_fp32", False))
     for model in (trainer.model, trainer.ref_model):
         if model is not None:
             enable_packing(unwrap_model(model))
@@ -62,8 +60,9 @@ class _PackingRL(PackedLogProbs):
     def __init__(self, *args: Any, share_prompt: bool = False, packing_probe: bool = True, **kwargs: Any) -> None:
         self.share_prompt = validate_flag("share_prompt", share_prompt)
         packing_probe = validate_flag("packing_probe", packing_probe)
-        self._heads = CheckedHeads(type(self).__name__)
         super().__init__(*args, **kwargs)
+        # TRL cast the heads' weights to float32 (cast_lm_head_to_fp32): the packed head projects as TRL's does
+        self._heads = CheckedHeads(type(self).__name__, float32=bool(getattr(self.args, "cast_lm_head_to_fp32", False)))
         _packing_setup(self, packing_probe)
 
     def _generate_single_turn(self, *args: Any, **kwargs: Any):

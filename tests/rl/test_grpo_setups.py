@@ -120,6 +120,19 @@ def test_a_vision_language_model_on_text_prompts_trains_as_trl(tmp_path, checkpo
     _compare(tmp_path, checkpoints[model_type], share_prompt)
 
 
+def test_a_head_cast_to_float32_that_only_the_full_logits_can_score_is_refused_before_training(tmp_path, checkpoints):
+    """A PEFT copy of the head (modules_to_save) is scored through the model's own logits, which the packed path
+    cannot project in float32 outside autocast as TRL's cast_lm_head_to_fp32 does: refused when training begins
+    (it ran under autocast, 6e-3 from TRL's float32 head)."""
+    peft = pytest.importorskip("peft")
+    from packing_collators import PackingGRPOTrainer
+
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"], lora_dropout=0.0)
+    with pytest.raises(ValueError, match=r"cast_lm_head_to_fp32=True, and .* model's own logits .*modules_to_save"):
+        _run(tmp_path, checkpoints["llama"], PackingGRPOTrainer, trainer_options={"peft_config": config},
+             cast_lm_head_to_fp32=True, max_steps=1)  # fmt: skip
+
+
 def _liger_stand_in(monkeypatch, norm):
     """Liger Kernel as transformers applies it at train() (Triton does not run here): ``liger_kernel`` importable, and
     its ``_apply_liger_kernel_to_instance`` putting ``norm`` (hidden, weight, eps) in every RMSNorm's forward; the

@@ -83,12 +83,13 @@ def test_rloo_trains_as_trl(tmp_path, checkpoints, share_prompt):
     _compare(tmp_path, checkpoints["llama"], share_prompt, rloo=True)
 
 
-@pytest.mark.parametrize("share_prompt", [False, True])
-def test_rloos_sequence_ratio_is_one_as_trls_after_trls_shuffle(tmp_path, checkpoints, share_prompt):
+def test_rloos_sequence_ratio_is_one_as_trls_after_trls_shuffle(tmp_path, checkpoints):
     """RLOO scores the old policy's log-probabilities in generation order and its loss's after TRL's shuffle; its
     ratio is a sum over each sequence, times advantages it does not scale. The same rows make the same packed row in
-    both passes, so the ratio is exactly 1, as TRL's: the loss within 1e-6 of TRL's."""
-    _compare(tmp_path, checkpoints["llama"], share_prompt, rloo=True, loss_abs=1e-6, num_generations=2,
+    both passes, so the ratio is exactly 1, as TRL's: the loss within 1e-6 of TRL's (3e-5 off laid as they came).
+    Shared prompts: unshared rows round alike whatever their neighbours on a CPU, so only the shared layout shows it
+    here."""
+    _compare(tmp_path, checkpoints["llama"], True, rloo=True, loss_abs=1e-6, num_generations=2,
              per_device_train_batch_size=8, max_completion_length=64)  # fmt: skip
 
 
