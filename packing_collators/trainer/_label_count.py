@@ -6,7 +6,7 @@ model's class declares the causal-LM loss (``loss_type``), else as ``labels != -
     padded, unshifted count   [a b c], [d e]      labels a..e: 5 counted, 3 scored (b, c, e)
     packed (any model)        [-100 b c -100 e]   3 counted: each example's first label is -100 in the row
 
-A class without a declared loss type (GPT-2, CTRL, OpenAI-GPT, XLNet, ...) still shifts its labels (transformers
+A class without a declared loss type (GPT-2, CTRL, OpenAI-GPT, ...) still shifts its labels (transformers
 falls back to the causal-LM loss), so padded training there divides the scored tokens' loss by more tokens than it
 scores: the packed loss is the mean over the targets (as TRL's ``padding_free``), the padded one that times
 ``(targets) / (targets + examples whose first token has a label)``. Said once, when training begins.
