@@ -146,6 +146,16 @@ def test_a_pair_over_the_budget_is_named_with_the_fixes_this_trainer_takes(tmp_p
     assert "overflow" not in str(error.value)  # PackingDPOTrainer takes no overflow option
 
 
+def _policy_and_other_reference(scale: float):
+    """A tiny policy and a reference unlike it (its weights moved by ``scale`` noise): rewards that are not all 0."""
+    model = tiny_model("llama", vocab_size=64, initializer_range=0.05)
+    reference = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(scale * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)))
+    return model, reference
+
+
 PER_PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
                     "logps/rejected")  # fmt: skip
 
@@ -166,11 +176,7 @@ def test_under_a_token_budget_every_pair_of_a_step_weighs_the_same(tmp_path, los
     pairs = text_pairs(3, seed=1, prompt=(3, 5), completion=(1, 4)) + text_pairs(1, seed=2, prompt=(30, 31), completion=(8, 9))
     runs = {}
     for packed in (False, True):
-        model = tiny_model("llama", vocab_size=64, initializer_range=0.05)
-        reference = copy.deepcopy(model).eval()
-        with torch.no_grad():
-            for parameter in reference.parameters():
-                parameter.add_(0.02 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)))
+        model, reference = _policy_and_other_reference(0.02)
         common = dict(model=model, ref_model=reference, train_dataset=datasets.Dataset.from_list(pairs),
                       processing_class=word_tokenizer())  # fmt: skip
         if packed:
@@ -196,11 +202,7 @@ def test_evaluation_under_a_token_budget_logs_what_trl_logs(tmp_path):
 
     found = {}
     for packed in (False, True):
-        model = tiny_model("llama", vocab_size=64, initializer_range=0.05)
-        reference = copy.deepcopy(model).eval()
-        with torch.no_grad():
-            for parameter in reference.parameters():
-                parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)))
+        model, reference = _policy_and_other_reference(0.05)
         common = dict(model=model, ref_model=reference, args=_config(tmp_path / str(packed), per_device_eval_batch_size=4),
                       train_dataset=_pairs(False), eval_dataset=datasets.Dataset.from_list(text_pairs(5, seed=3)),
                       processing_class=word_tokenizer())  # fmt: skip
