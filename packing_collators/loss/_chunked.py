@@ -395,14 +395,15 @@ def _log_prob_and_entropy_grad(z, targets, grad_log_prob, grad_entropy, transfor
     return grad
 
 
-_STATS = ("entropy", "mean_logits", "is_top1")
+_STATS = ("entropy", "mean_logits", "is_top1", "log_sum_sq_probs")
 
 
 def _token_stats(logits: torch.Tensor, targets: torch.Tensor, rows: slice, stats: dict, total: int) -> None:
-    """Per-token entropy, mean logit and whether the target is the top token, into ``stats`` (float32 (N,) each)."""
+    """Per-token entropy, mean logit, whether the target is the top token and ``log sum p**2`` (WPO's weights), into
+    ``stats`` (float32 (N,) each)."""
     log_p = torch.log_softmax(logits, dim=-1)
     found = {"entropy": -(log_p.exp() * log_p).sum(-1), "mean_logits": logits.mean(-1),
-             "is_top1": (logits.argmax(-1) == targets).float()}  # fmt: skip
+             "is_top1": (logits.argmax(-1) == targets).float(), "log_sum_sq_probs": torch.logsumexp(2 * log_p, -1)}  # fmt: skip
     _keep_stats(found, rows, stats, total)
 
 

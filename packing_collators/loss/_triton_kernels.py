@@ -24,7 +24,7 @@ def _transform(raw, scale, softcap, inv_temperature, SOFTCAP: tl.constexpr):
 
 @triton.jit
 def rows(z_ptr, stride, targets_ptr, weights_ptr, lse_ptr, chosen_ptr, loss_ptr, entropy_ptr, mean_ptr, top_ptr,
-         scale, softcap, inv_temperature, vocab: tl.constexpr,
+         square_ptr, scale, softcap, inv_temperature, vocab: tl.constexpr,
          SOFTCAP: tl.constexpr, WANT_GRAD: tl.constexpr, STATS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """One program per row of ``z``: pass 1 its lse, chosen logit, weighted loss (and the statistics), pass 2 the
     gradient over it (``WANT_GRAD``). ``vocab`` a constant: one compile per vocabulary, its loops' bounds known (and
@@ -36,6 +36,7 @@ def rows(z_ptr, stride, targets_ptr, weights_ptr, lse_ptr, chosen_ptr, loss_ptr,
     m = tl.full([BLOCK], -1e30, tl.float32)  # finite: a lane that only sees masked (-inf) columns adds exp(0) * 0
     s = tl.zeros([BLOCK], tl.float32)
     t = tl.zeros([BLOCK], tl.float32)
+    q = tl.zeros([BLOCK], tl.float32)
     total = tl.zeros([BLOCK], tl.float32)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_at = tl.zeros([BLOCK], tl.int64)
@@ -52,6 +53,7 @@ def rows(z_ptr, stride, targets_ptr, weights_ptr, lse_ptr, chosen_ptr, loss_ptr,
         if STATS:
             kept = tl.where(inside, x, 0.0)  # not e * x at a masked column: 0 * -inf
             t = t * alpha + e * kept
+            q = q * alpha * alpha + e * e  # sum e^(2(x-m)): log sum p^2 = log q + 2 m - 2 lse
             total += kept
             better = x > best  # strictly: each lane keeps its first largest column, as argmax does
             best = tl.where(better, x, best)
@@ -72,6 +74,7 @@ def rows(z_ptr, stride, targets_ptr, weights_ptr, lse_ptr, chosen_ptr, loss_ptr,
         largest = tl.max(best, 0)
         first = tl.min(tl.where(best == largest, best_at, vocab), 0)
         tl.store(top_ptr + row, (first == target).to(tl.float32))
+        tl.store(square_ptr + row, tl.log(tl.sum(q * rescale * rescale, 0)) + 2.0 * (top - lse))
     if WANT_GRAD:
         coefficient = weight * scale * inv_temperature
         for start in range(0, vocab, BLOCK):

@@ -3,7 +3,8 @@
     z (r, V) the chunk's logits, bf16 on the GPU path (the projection's output, as nn.Linear returns it)
     program i, row z[i]:
       pass 1: read z[i] once      x = transform(z[i]) in float32    online, per lane: max m, sum e^(x-m)
-                                  (stats: sum e^(x-m) x for the entropy, sum x, the first largest x)
+                                  (stats: sum e^(x-m) x for the entropy, sum x, the first largest x,
+                                  sum e^(2(x-m)) for log sum p^2)
               lse[i] = log sum e^x;  chosen[i] = x[target];  loss[i] = weight[i] (lse[i] - chosen[i])
       pass 2 (gradient): read z[i] again, write over it  g = weight[i] (e^(x - lse) - onehot) dx/dz
 
@@ -81,13 +82,13 @@ _trusted = DeviceCheck(_check, "the chunked loss's Triton kernel", "torch's soft
 def _launch(z, targets, weights, scale: float, softcap, temperature: float, want_grad: bool, stats: bool):
     rows_count, vocab = z.shape
     assert z.stride(1) == 1 and targets.shape == (rows_count,), "the chunk's rows must be contiguous"
-    out = _outputs(6 if stats else 3, rows_count, z.device)
+    out = _outputs(7 if stats else 3, rows_count, z.device)
     if weights is None:
         weights = out[2]  # any float32 (r,): the loss it weights is not read
     if rows_count:  # imported here: Triton is optional, and its jit reads TRITON_INTERPRET when the module loads
         importlib.import_module("packing_collators.loss._triton_kernels").rows[(rows_count,)](
             z, z.stride(0), targets.contiguous(), weights.contiguous(), out[0], out[1], out[2],
-            *(out[3:] if stats else (out[0], out[0], out[0])), float(scale), float(softcap or 1.0),
+            *(out[3:] if stats else (out[0], out[0], out[0], out[0])), float(scale), float(softcap or 1.0),
             1.0 / float(temperature), vocab=vocab, SOFTCAP=bool(softcap), WANT_GRAD=want_grad, STATS=stats, BLOCK=_BLOCK,
             num_warps=_WARPS,
         )  # fmt: skip
@@ -115,6 +116,6 @@ def chunk(z, targets, weights, scale: float, softcap, want_grad: bool, temperatu
 
 def row_stats(z, targets, scale: float, softcap, temperature: float = 1.0) -> dict:
     """One pass over ``z`` (r, V), left as it is: each row's ``lse``, ``chosen`` (the target's transformed logit),
-    ``entropy``, ``mean_logits`` and ``is_top1``, float32 (r,) each, of the transformed logits."""
+    ``entropy``, ``mean_logits``, ``is_top1`` and ``log_sum_sq_probs``, float32 (r,) each, of the transformed logits."""
     out = _launch(z, targets, None, scale, softcap, temperature, want_grad=False, stats=True)
-    return dict(zip(("lse", "chosen", "loss", "entropy", "mean_logits", "is_top1"), out))
+    return dict(zip(("lse", "chosen", "loss", "entropy", "mean_logits", "is_top1", "log_sum_sq_probs"), out))

@@ -211,6 +211,8 @@ def test_token_statistics_are_the_full_logits_ones(small_chunks, chunk_path, tra
     torch.testing.assert_close(stats["mean_logits"], logits.mean(-1).detach(), rtol=1e-5, atol=1e-6)
     assert torch.equal(stats["is_top1"], (logits.argmax(-1) == targets).float())
     assert 0 < float(stats["is_top1"].sum()) < len(targets)  # some tokens are top-1, some not
+    square = torch.log((log_p.exp() ** 2).sum(-1)).detach()  # WPO's log sum p^2
+    torch.testing.assert_close(stats["log_sum_sq_probs"], square, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(("chunk_path", "transform"), PATHS, indirect=["chunk_path"])
@@ -256,6 +258,7 @@ def test_the_triton_rows_compute_the_eager_chunks_numbers_over_several_vocabular
     torch.testing.assert_close(found["entropy"], -(log_p.exp() * log_p).sum(-1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(found["mean_logits"], logits.mean(-1), rtol=1e-5, atol=1e-6)
     assert torch.equal(found["is_top1"], (logits.argmax(-1) == targets).float()) and found["is_top1"][5] == 0
+    torch.testing.assert_close(found["log_sum_sq_probs"], torch.log((log_p.exp() ** 2).sum(-1)), rtol=1e-5, atol=1e-5)
     # bf16 logits, as the GPU path holds them: float32 arithmetic from them, the gradient rounded once in place
     low = z.to(torch.bfloat16)
     expected = chunked._chunk_eager(low.float(), targets, weights, transform.scale, transform.softcap, torch.bfloat16, True, t)
