@@ -40,6 +40,7 @@ class PairValues:
     chosen_lengths: torch.Tensor
     rejected_lengths: torch.Tensor
     sft: torch.Tensor  # -mean log p over the chosen completions' tokens (the "sft" loss)
+    weights: torch.Tensor | None = None  # (B,) each pair's WPO weight (use_weighting), without gradients
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,8 @@ class PreferenceLoss:
         weights = self.loss_weights or (1.0,) * len(self.loss_types)
         total = 0.0
         for loss_type, weight in zip(self.loss_types, weights):
-            total = total + _per_pair(self, loss_type, v).mean() * weight
+            per_pair = _per_pair(self, loss_type, v)
+            total = total + (per_pair if v.weights is None else per_pair * v.weights).mean() * weight
         return total
 
 

@@ -46,6 +46,7 @@ BATCH_SORTED_LOSSES = ("aot", "aot_unpaired")  # sort the micro-batch's pairs: t
 
 
 def _refuse_options(args, max_tokens_per_batch=None) -> None:
+    loss = PreferenceLoss.from_config(args)
     if max_tokens_per_batch is not None:
         sorted_types = sorted(set(PreferenceLoss.from_config(args).loss_types) & set(BATCH_SORTED_LOSSES))
         if sorted_types:
@@ -55,12 +56,12 @@ def _refuse_options(args, max_tokens_per_batch=None) -> None:
                 "other than TRL's batches would: the loss would not be TRL's. Use max_tokens_per_batch=None "
                 "(per_device_train_batch_size pairs per micro-batch, as TRL's), or another loss type."
             )
-    if getattr(args, "use_weighting", False):
+    if getattr(args, "use_weighting", False) and max_tokens_per_batch is not None and "sft" in loss.loss_types:
         raise ValueError(
-            "PackingDPOTrainer does not implement use_weighting=True (WPO's weights need each token's sum of squared "
-            "probabilities); train with DPOTrainer, or set use_weighting=False."
+            "use_weighting=True with the 'sft' loss under max_tokens_per_batch: WPO weighs TRL's batch mean of 'sft' by "
+            "the batch's pair weights, and a budget's micro-batches are not TRL's batches. Use max_tokens_per_batch=None "
+            "(per_device_train_batch_size pairs per micro-batch, as TRL's), or leave 'sft' out."
         )
-    loss = PreferenceLoss.from_config(args)
     if loss.f_divergence_type != "reverse_kl" and not set(loss.loss_types) <= F_DIVERGENCE_LOSSES:
         raise ValueError(f"f_divergence_type={loss.f_divergence_type!r} works with {sorted(F_DIVERGENCE_LOSSES)} only.")
 
@@ -95,7 +96,7 @@ class PackingDPOTrainer(DPOTrainer):
 
     Without a ``ref_model`` (and no PEFT adapter or precomputed reference), the reference is TRL's own (loaded
     from the policy's name) or, for a model built in memory, a deep copy of it. Vision-language preference data
-    is refused. ``use_weighting`` is not implemented (refused).
+    is refused. ``use_weighting`` (WPO) weighs each pair as TRL's does.
     """
 
     def __init__(
@@ -210,6 +211,8 @@ class PackingDPOTrainer(DPOTrainer):
             ref_chosen, ref_rejected = _with_ld_alpha(ref, self.ld_alpha)
         values = _pair_values(policy, inputs["pair_completion_tokens"], chosen, rejected, ref_chosen, ref_rejected,
                               self._sft_scale(inputs))  # fmt: skip
+        if self.use_weighting:
+            values.weights = _wpo_weights(policy)
         loss = self._loss(values) * self._pair_weight(inputs)
         aux = _aux_loss(self, policy)
         if aux is not None:
@@ -331,6 +334,17 @@ def _pair_values(policy: PairLogProbs, completion_tokens, chosen, rejected, ref_
     sft = -picked.mean() if sft_scale is None else -picked.sum() * sft_scale
     ref_chosen, ref_rejected = (torch.as_tensor(r, device=chosen.device).to(chosen.dtype) for r in (ref_chosen, ref_rejected))
     return PairValues(chosen, rejected, ref_chosen, ref_rejected, lengths[0::2], lengths[1::2], sft)
+
+
+def _wpo_weights(policy: PairLogProbs) -> torch.Tensor:
+    """(B,) each pair's WPO weight (``use_weighting``, Eq. 2 of the WPO paper, as TRL's): for each completion
+    ``exp(mean over its targets of log p - log sum_v p_v**2)``, the pair's the product of its two; no gradient."""
+    with torch.no_grad():
+        where = policy.sequence >= 0
+        aligned = (policy.per_token - policy.stats["log_sum_sq_probs"].to(policy.per_token.device))[where]
+        sums = torch.zeros_like(policy.sums).index_add(0, policy.sequence[where], aligned)
+        weights = torch.exp(sums / policy.target_counts().clamp(min=1))
+    return weights[0::2] * weights[1::2]
 
 
 def _aux_loss(trainer, policy: PairLogProbs):

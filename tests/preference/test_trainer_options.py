@@ -130,9 +130,32 @@ def test_a_lora_policy_that_trains_its_head_logs_what_trl_logs(tmp_path):
             assert mine[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-6), name
 
 
-def test_weighting_and_a_leaking_attention_with_share_prompt_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="does not implement use_weighting=True"):
-        _trainer(tmp_path, use_weighting=True)
+@pytest.mark.parametrize("options", [
+    {"use_weighting": True},
+    {"use_weighting": True, "loss_type": ["sigmoid", "bco_pair"], "loss_weights": [1.0, 0.5]},  # (TRL fails with "sft")
+    {"use_weighting": True, "loss_type": ["ipo"]},
+])  # fmt: skip
+def test_wpo_weighting_logs_what_trl_logs(tmp_path, options):
+    """use_weighting (WPO): each pair's loss weighted by its completions' exp(mean log p - log sum p^2), the last
+    from the chunked head's statistics (refused before: not implemented). A reference unlike the policy, so the
+    weights and the losses they weigh are not those of a tie."""
+    from trl import DPOTrainer
+
+    found = {}
+    for packed in (False, True):
+        model, reference = _policy_and_other_reference(0.05)
+        args = _config(tmp_path / str(packed), **options)
+        common = dict(model=model, ref_model=reference, args=args, train_dataset=_pairs(False),
+                      processing_class=word_tokenizer())  # fmt: skip
+        found[packed] = _logs(PackingDPOTrainer(**common) if packed else DPOTrainer(**common))
+    for mine, reference in zip(found[True], found[False], strict=True):
+        for name in ("loss", "grad_norm", "rewards/margins", "logps/chosen"):
+            assert mine[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-6), (name, options)
+
+
+def test_wpo_with_sft_under_a_token_budget_and_a_leaking_attention_with_share_prompt_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="use_weighting=True with the 'sft' loss under max_tokens_per_batch"):
+        _trainer(tmp_path, use_weighting=True, loss_type=["sigmoid", "sft"], max_tokens_per_batch=96)
     model = tiny_model("llama", vocab_size=64, initializer_range=0.05)
     model.config._attn_implementation = "flex_attention"
     with pytest.raises(ValueError, match="share_prompt=True needs an attention"):
