@@ -23,6 +23,7 @@ from transformers import TrainerCallback
 
 from .._compat import attn_implementation
 from .._model_unwrap import probe_module, text_config
+from .._rank_agreement import refuse_together
 from ..attention import attention_kind
 from ..checks import check_packing_support, probe_packing, refuse_failed_probe, refuse_shared_layout_change
 from ..collate import FlatteningCollator
@@ -55,10 +56,14 @@ class PreferenceCheckCallback(TrainerCallback):
         sequences = [s for i, pair in enumerate(pairs) for s in trainer.data_collator.sequences(pair, i)]
         batch = FlatteningCollator()(sequences)
         models = [model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
-        for each in models:
-            self._check(each, batch, args)
-        if trainer.share_prompt and self.probe:
-            self._check_shared(model, pairs, args)
+
+        def checks() -> None:
+            for each in models:
+                self._check(each, batch, args)
+            if trainer.share_prompt and self.probe:
+                self._check_shared(model, pairs, args)
+
+        refuse_together(checks, next(probe_module(model).parameters()).device, "PackingDPOTrainer")  # every rank alike
         longest = max(len(s["input_ids"]) for s in sequences) if sequences else 0
         # the policy's warm-up compiles the kernels the frozen reference's forward reuses
         warm_up_packed_attention(model, max(longest, trainer.args.max_length or 0) if longest else 0, args)

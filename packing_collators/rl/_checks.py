@@ -20,6 +20,7 @@ import torch
 from transformers import TrainerCallback
 
 from .._compat import attn_implementation
+from .._rank_agreement import refuse_together
 from .._model_unwrap import probe_module, text_config
 from ..attention import attention_kind
 from ..checks import probe_dtype, probe_packing, refuse_failed_probe, refuse_shared_layout_change, tokenwise_experts
@@ -40,6 +41,13 @@ class RLCheckCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         trainer = self.trainer
         _warn_dropout(probe_module(model), type(trainer).__name__)
+        device = next(probe_module(model).parameters()).device
+        refuse_together(lambda: self._checks(model, args), device, type(trainer).__name__)  # on every rank alike
+        warm_up_packed_attention(model, _longest(trainer, probe_module(model)), args)
+
+    def _checks(self, model, args) -> None:
+        """The heads, the probe and the shared layout's check: a ValueError refuses the set-up."""
+        trainer = self.trainer
         for each in [model] + ([trainer.ref_model] if trainer.ref_model is not None else []):
             trainer._heads(each)  # each head checked (and a head that cannot project as TRL's refused) before step 1
         if self.probe:
@@ -50,7 +58,6 @@ class RLCheckCallback(TrainerCallback):
                 refuse_failed_probe(report, attention_kind(attn_implementation(text_config(each))))
             if trainer.share_prompt:
                 self._check_shared(model, args)
-        warm_up_packed_attention(model, _longest(trainer, probe_module(model)), args)
 
     def _check_shared(self, model, args) -> None:
         """Refuse a model on which the shared layout changes a completion's log-probabilities or leaks."""

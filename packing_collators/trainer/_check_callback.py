@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from .._compat import attn_implementation
+from .._rank_agreement import refuse_together
 from .._model_unwrap import probe_module, text_config, unwrap_model
 from ..attention import FA4_ATTENTION, FA4_MANY, attention_kind, run_warm_up, warm_up_layouts
 from ..checks import (
@@ -99,7 +100,8 @@ class PackingCheckCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         started = time.perf_counter()
         try:
-            self._check(args, model, train_dataloader)
+            device = next(unwrap_model(model).parameters()).device if model is not None else "cpu"
+            refuse_together(lambda: self._check(args, model, train_dataloader), device, "PackingCheckCallback")
         finally:
             self.seconds = time.perf_counter() - started
 

@@ -74,3 +74,34 @@ def test_two_gloo_ranks_take_equal_steps_on_their_own_batches(tmp_path):
                 covered.update(batch)
         assert covered == set(ranks[0]["keys"])
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-6)
+
+
+REFUSE = r"""
+import sys
+sys.path.insert(0, {tests!r})
+import torch.distributed as dist
+from packing_collators._rank_agreement import refuse_together
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+
+def check():
+    if rank == 1:
+        raise ValueError("packing probe FAILED on this rank")
+
+try:
+    refuse_together(check, "cpu", "PackingTrainer")
+    found = "passed"
+except ValueError as error:
+    found = str(error)
+refuse_together(lambda: None, "cpu", "PackingTrainer")  # a check every rank passes: no error, no hang
+open(sys.argv[1] + f"/rank{{rank}}.txt", "w").write(found)
+"""
+
+
+def test_a_refusal_on_one_rank_is_raised_on_every_rank_before_the_first_step(tmp_path):
+    # the other rank went on into the first step and waited in its collectives: gloo "connection closed by peer"
+    run_two_ranks(REFUSE, tmp_path, timeout=120)
+    zero, one = ((tmp_path / f"rank{r}.txt").read_text() for r in range(2))
+    assert one == "packing probe FAILED on this rank"
+    assert zero.startswith("PackingTrainer: rank 1 of this job refused the set-up before the first step")
