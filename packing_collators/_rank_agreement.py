@@ -15,7 +15,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["refuse_together"]
+__all__ = ["failing_ranks", "refuse_together"]
+
+
+def failing_ranks(failed: bool, device) -> list[int]:
+    """The ranks of the job where ``failed`` is True (one all_gather, on ``device``); without a process group,
+    this process's verdict alone (``[0]`` or ``[]``).
+
+    >>> failing_ranks(True, "cpu"), failing_ranks(False, "cpu")
+    ([0], [])
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [0] if failed else []
+    flag = torch.tensor([int(failed)], device=device)
+    every = [torch.zeros_like(flag) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, flag)
+    return [rank for rank, each in enumerate(every) if int(each.item())]
 
 
 def refuse_together(check: Callable[[], None], device, who: str) -> None:
@@ -24,24 +42,14 @@ def refuse_together(check: Callable[[], None], device, who: str) -> None:
 
     >>> refuse_together(lambda: None, "cpu", "PackingTrainer")  # one process: the check as it is
     """
-    import torch
-    import torch.distributed as dist
-
     try:
         check()
         error = None
     except ValueError as refused:
         error = refused
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        if error is not None:
-            raise error
-        return
-    passed = torch.tensor([0 if error else 1], device=device)
-    every = [torch.zeros_like(passed) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, passed)
+    refused = failing_ranks(error is not None, device)
     if error is not None:
         raise error
-    refused = [rank for rank, flag in enumerate(every) if not int(flag.item())]
     if refused:
         raise ValueError(
             f"{who}: rank {', '.join(map(str, refused))} of this job refused the set-up before the first step (its log "

@@ -60,11 +60,14 @@ class SequenceLogProbs:
         flat = self.sequence.reshape(-1).clamp(min=0)
         return torch.where(where.reshape(-1), cumulative - before[flat], 0).reshape(self.sequence.shape)
 
+    def per_sequence(self, values: torch.Tensor) -> torch.Tensor:
+        """float32 (S,): each sequence's sum of ``values`` (shaped like ``per_token``) over its targets."""
+        where = self.sequence >= 0
+        return torch.zeros_like(self.sums).index_add(0, self.sequence[where], values.to(self.sums.device)[where])
+
     def weighted_sums(self, weight: torch.Tensor) -> torch.Tensor:
         """float32 (S,): each sequence's sum of ``weight * per_token`` over its targets."""
-        where = self.sequence >= 0
-        sums = torch.zeros_like(self.sums)
-        return sums.index_add(0, self.sequence[where], (self.per_token * weight)[where])
+        return self.per_sequence(self.per_token * weight)
 
 
 def sequence_log_probs(

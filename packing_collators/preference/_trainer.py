@@ -340,10 +340,8 @@ def _wpo_weights(policy: PairLogProbs) -> torch.Tensor:
     """(B,) each pair's WPO weight (``use_weighting``, Eq. 2 of the WPO paper, as TRL's): for each completion
     ``exp(mean over its targets of log p - log sum_v p_v**2)``, the pair's the product of its two; no gradient."""
     with torch.no_grad():
-        where = policy.sequence >= 0
-        aligned = (policy.per_token - policy.stats["log_sum_sq_probs"].to(policy.per_token.device))[where]
-        sums = torch.zeros_like(policy.sums).index_add(0, policy.sequence[where], aligned)
-        weights = torch.exp(sums / policy.target_counts().clamp(min=1))
+        aligned = policy.per_sequence(policy.per_token - policy.stats["log_sum_sq_probs"].to(policy.per_token.device))
+        weights = torch.exp(aligned / policy.target_counts().clamp(min=1))
     return weights[0::2] * weights[1::2]
 
 

@@ -349,14 +349,10 @@ def _takes_over_checkpointing(fsdp, model) -> bool:
 def _agreed(why: str, device) -> str:
     """``why`` where every process of the job compiles too ("" on each): a process left eager would skip the warm-up's
     steps that the others run through their collectives. Else the reason (this process's, or another's)."""
-    import torch
-    import torch.distributed as dist
+    from .._rank_agreement import failing_ranks
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return why
-    flag = torch.tensor([0 if why else 1], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return why or ("" if flag.item() else "another process of the job cannot compile its layers (its log says why)")
+    failed = failing_ranks(bool(why), device)
+    return why or ("another process of the job cannot compile its layers (its log says why)" if failed else "")
 
 
 def _prepare_uncompiled(accelerator) -> None:
